@@ -1,0 +1,307 @@
+"""Run one cell attempt: spawn, spool, watch, kill, grade, classify, clean.
+
+The harness is someone else's program. It runs from an argv list (never a shell
+string) in its own session, with stdout+stderr spooled to a per-cell launcher log, and
+with ``AUTOPILOT_CELL_ID`` / ``AUTOPILOT_CELL_DEADLINE`` (epoch seconds) in its
+environment so it can wrap up in time. Each poll tick feeds cheap ``os.stat``
+observations to the pure ``watchdog.decide``; a KILL is carried out on the exact process
+tree (``procs``). A previous attempt's outputs are moved aside, never deleted, so the
+evidence of an INVALID attempt survives its retry.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+
+from autopilot.config import Preset, render, render_argv
+from autopilot.endpoints.keeper import Keeper
+from autopilot.fsutil import read_json
+from autopilot.grading import run_grader
+from autopilot.plan import Cell
+from autopilot.procs import OWNED, TOKEN_ENV, Tracker, identify, kill_tree
+from autopilot.validity import Checks, Classification, GradeOutcome, RunOutcome, classify, lookup
+from autopilot.watchdog import Limits, Observation, WatchState, cell_deadline, decide
+
+log = structlog.get_logger(__name__)
+
+Emit = Callable[..., dict[str, Any]]
+
+
+@dataclass
+class CellContext:
+    """What a cell run needs from the supervisor (and nothing more)."""
+
+    preset: Preset
+    state_dir: Path
+    keeper: Keeper
+    emit: Emit
+    stopping: Callable[[], bool]
+    forced: Callable[[], bool]
+    clock: Callable[[], float] = time.monotonic
+    on_tick: Callable[[str, WatchState, str], None] = lambda cid, s, tier: None
+    env_overrides: dict[str, str] = field(default_factory=dict)
+
+
+def template_context(
+    preset: Preset, cell: Cell, attempt: int, state_dir: Path, keeper: Keeper
+) -> dict[str, str]:
+    task = preset.task(cell.task)
+    arm = preset.arm(cell.arm)
+    ep = keeper.ep
+    ctx: dict[str, str] = {
+        **preset.vars, **task.vars, **arm.vars,
+        "cell": cell.id, "task": cell.task, "arm": cell.arm, "mode": arm.mode,
+        "n": str(cell.n), "attempt": str(attempt), "port": str(ep.port), "host": ep.host,
+        "base_url": ep.api_base, "model": arm.model or preset.model,
+        "served_model": ep.served_model, "state_dir": str(state_dir),
+        "python": sys.executable,
+    }
+    ctx["output_dir"] = render(preset.harness.output_dir, ctx)
+    ctx["transcript"] = render(preset.harness.transcript, ctx)
+    ctx["grade_file"] = render(preset.grader.grade_file, ctx)
+    ctx["scratch_dir"] = str(state_dir / "scratch" / cell.id)
+    return ctx
+
+
+def move_aside(output_dir: Path, state_dir: Path, cell_id: str, attempt: int) -> Path | None:
+    """Move a previous attempt's outputs to ``attempts/<cell>/attempt-<k>``."""
+    if not output_dir.exists() or not any(output_dir.iterdir()):
+        return None
+    dest = state_dir / "attempts" / cell_id / f"attempt-{attempt}"
+    k = 1
+    while dest.exists():  # an earlier move of the same attempt number (interrupted run)
+        dest = dest.with_name(f"attempt-{attempt}.{k}")
+        k += 1
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(output_dir), str(dest))
+    return dest
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
+
+
+class CellRun:
+    def __init__(self, cx: CellContext, cell: Cell, attempt: int) -> None:
+        self.cx = cx
+        self.cell = cell
+        self.attempt = attempt
+        self.p = cx.preset
+        self.ctx = template_context(cx.preset, cell, attempt, cx.state_dir, cx.keeper)
+        self.output_dir = Path(self.ctx["output_dir"])
+        self.transcript = Path(self.ctx["transcript"])
+        self.spool = cx.state_dir / "logs" / f"{cell.id}.launcher.log"
+        self.grade_log = cx.state_dir / "logs" / f"{cell.id}.grade.log"
+        self.completion = [Path(render(c, self.ctx)) for c in self.p.harness.completion]
+        self.token = uuid.uuid4().hex
+        self.tracker: Tracker | None = None
+        self.abandoned = False
+
+    # ------------------------------------------------------------------ helpers
+
+    def _completion_present(self) -> bool:
+        return all(p.exists() for p in self.completion)
+
+    def _limits(self, start_mono: float) -> Limits:
+        w = self.p.watchdog
+        task = self.p.task(self.cell.task)
+        budget = task.wall_budget_secs or self.p.harness.wall_budget_secs
+        env = self.cx.env_overrides
+        return Limits(
+            warn_secs=float(env.get("AUTOPILOT_STALL_WARN_S", w.warn_secs)),
+            probe_secs=float(env.get("AUTOPILOT_STALL_PROBE_S", w.probe_secs)),
+            kill_secs=float(env.get("AUTOPILOT_STALL_KILL_S", w.kill_secs)),
+            stuck_secs=task.stuck_secs or w.stuck_secs,
+            teardown_grace_secs=float(env.get("AUTOPILOT_STALL_GRACE_S", w.teardown_grace_secs)),
+            deadline=cell_deadline(start_mono, budget, w.deadline_overhead_secs,
+                                   w.deadline_cap_secs),
+        )
+
+    def _env(self, deadline_epoch: float) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({k: render(v, self.ctx) for k, v in self.p.harness.env.items()})
+        env.update({
+            "AUTOPILOT_CELL_ID": self.cell.id,
+            "AUTOPILOT_CELL_ATTEMPT": str(self.attempt),
+            "AUTOPILOT_CELL_DEADLINE": f"{deadline_epoch:.0f}",
+            TOKEN_ENV: self.token,
+        })
+        return env
+
+    async def _kill(self, grace: float) -> list[int]:
+        if self.tracker is None:
+            return []
+        return await anyio.to_thread.run_sync(kill_tree, self.tracker, grace)
+
+    # ------------------------------------------------------------------ run
+
+    async def run(self) -> Classification | None:
+        """The attempt's classification, or None when abandoned by a shutdown."""
+        structlog.contextvars.bind_contextvars(cell=self.cell.id, attempt=self.attempt)
+        try:
+            return await self._run()
+        finally:
+            structlog.contextvars.unbind_contextvars("cell", "attempt")
+
+    async def _run(self) -> Classification | None:
+        cx = self.cx
+        moved = move_aside(self.output_dir, cx.state_dir, self.cell.id, self.attempt - 1)
+        if moved:
+            log.info("attempt_moved_aside", to=str(moved))
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.spool.parent.mkdir(parents=True, exist_ok=True)
+        argv = render_argv(self.p.harness.argv, self.ctx)
+        cwd = render(self.p.harness.cwd, self.ctx) if self.p.harness.cwd else None
+        start_mono = cx.clock()
+        limits = self._limits(start_mono)
+        deadline_epoch = time.time() + (limits.deadline - start_mono)
+        start_wall = cx.clock()
+        with self.spool.open("ab") as spool:
+            spool.write(f"--- attempt {self.attempt} argv: {argv}\n".encode())
+            spool.flush()
+            try:
+                proc = await anyio.open_process(
+                    argv, cwd=cwd, env=self._env(deadline_epoch), stdout=spool,
+                    stderr=subprocess.STDOUT, start_new_session=True,
+                )
+            except OSError as e:
+                cx.emit("cell_started", cell=self.cell.id, attempt=self.attempt, pid=None,
+                        create_time=None, token=self.token)
+                cx.emit("cell_exited", cell=self.cell.id, attempt=self.attempt, code=None,
+                        error=f"spawn failed: {e.strerror}: {argv[0]}")
+                return classify(RunOutcome(exit_code=127), None, self.p.grader.verdicts)
+        OWNED.add(proc.pid)
+        ident = identify(proc.pid)
+        self.tracker = Tracker(ident, self.token) if ident else None
+        cx.emit("cell_started", cell=self.cell.id, attempt=self.attempt, pid=proc.pid,
+                create_time=ident.create_time if ident else None, token=self.token)
+        killed: str | None = None
+        kill_reason: str | None = None
+        state = WatchState.begin(start_mono)
+        spool_size = 0
+        try:
+            while proc.returncode is None:
+                with anyio.move_on_after(self.p.watchdog.poll_secs):
+                    await proc.wait()
+                if proc.returncode is not None:
+                    break
+                if cx.stopping():
+                    self.abandoned = True
+                    grace = 0.0 if cx.forced() else self.p.watchdog.kill_grace_secs
+                    await self._kill(grace)
+                    break
+                if self.tracker is not None:
+                    self.tracker.remember()
+                spool_size = _size(self.spool) or 0
+                obs = Observation(
+                    now=cx.clock(), transcript_size=_size(self.transcript),
+                    spool_size=spool_size, completion=self._completion_present(),
+                    alive=True,
+                )
+                state, d = decide(state, obs, limits)
+                cx.on_tick(self.cell.id, state, d.action)
+                if d.changed:
+                    cx.emit("cell_watchdog", cell=self.cell.id, attempt=self.attempt,
+                            tier=d.action, reason=d.reason, idle_secs=round(d.idle_secs, 1),
+                            frozen_secs=round(d.frozen_secs, 1))
+                if d.action == "KILL":
+                    killed, kill_reason = d.kind, d.reason
+                    pids = await self._kill(self.p.watchdog.kill_grace_secs)
+                    cx.emit("cell_killed", cell=self.cell.id, attempt=self.attempt,
+                            kind=d.kind, reason=d.reason, pids=pids)
+                    break
+            with anyio.CancelScope(shield=True):
+                await proc.wait()
+                # Whatever the root left behind (daemonised helpers) dies with the cell.
+                if self.tracker is not None and self.tracker.collect():
+                    leftover = await self._kill(1.0)
+                    log.info("cell_leftovers_killed", pids=leftover)
+        finally:
+            OWNED.discard(proc.pid)
+        end_wall = cx.clock()
+        cx.emit("cell_exited", cell=self.cell.id, attempt=self.attempt, code=proc.returncode,
+                elapsed_secs=round(end_wall - start_wall, 3))
+        if self.abandoned:
+            cx.emit("cell_abandoned", cell=self.cell.id, attempt=self.attempt,
+                    why="supervisor stopping")
+            return None
+        try:
+            return await self._grade_and_classify(proc.returncode, killed, kill_reason,
+                                                  start_wall, end_wall)
+        finally:
+            self._clean_scratch()
+
+    async def _grade_and_classify(
+        self, code: int | None, killed: str | None, kill_reason: str | None,
+        start: float, end: float,
+    ) -> Classification:
+        completion = self._completion_present()
+        outcome = RunOutcome(
+            exit_code=code,
+            killed=killed if killed in ("stall", "deadline", "teardown") else None,  # type: ignore[arg-type]
+            completion=completion,
+            endpoint_down=self.cx.keeper.outage_overlaps(start, end),
+            kill_reason=kill_reason,
+        )
+        grade: GradeOutcome | None = None
+        checks = self._checks() if completion else Checks()
+        if completion and not checks.mismatches and not (
+            checks.tokens_checked and not (checks.tokens and checks.tokens > 0)
+        ):
+            grade = await self._grade()
+        return classify(outcome, grade, self.p.grader.verdicts, checks,
+                        self.p.grader.verdict_field)
+
+    def _checks(self) -> Checks:
+        t = self.p.trust
+        tokens: float | None = None
+        if t.tokens:
+            doc = read_json(Path(render(t.tokens.file, self.ctx)))
+            value = lookup(doc, t.tokens.field)
+            tokens = float(value) if isinstance(value, int | float) else None
+        mismatches = []
+        for chk in t.arm_checks:
+            doc = read_json(Path(render(chk.file, self.ctx)))
+            got = lookup(doc, chk.field)
+            want = render(chk.expect, self.ctx)
+            if got is None or str(got) != want:
+                mismatches.append(f"{chk.field}: requested {want!r}, executed {got!r}")
+        return Checks(tokens=tokens, tokens_checked=t.tokens is not None,
+                      mismatches=tuple(mismatches))
+
+    async def _grade(self) -> GradeOutcome:
+        g = self.p.grader
+        argv = render_argv(g.argv, self.ctx)
+        extract = None
+        if g.extract:
+            extract = (Path(render(g.extract.archive, self.ctx)),
+                       Path(render(g.extract.into, self.ctx)))
+        self.grade_log.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env["AUTOPILOT_CELL_ID"] = self.cell.id
+        return await run_grader(
+            argv, cwd=render(g.cwd, self.ctx) if g.cwd else None, env=env,
+            timeout=g.timeout_secs, grade_file=Path(self.ctx["grade_file"]),
+            log_path=self.grade_log, extract=extract,
+        )
+
+    def _clean_scratch(self) -> None:
+        for tmpl in self.p.harness.scratch_dirs:
+            path = Path(render(tmpl, self.ctx))  # exact path, never a glob
+            if path.exists():
+                shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,143 @@
+"""``autopilot``: argument parsing and exit codes.
+
+    autopilot --target-n 20 --preset NAME [flags]     drive a run (the systemd form)
+    autopilot presets                                 list presets
+    autopilot validate / report / ...                 later verbs, read-only
+
+Exit codes: 0 COMPLETE, 1 INCOMPLETE, 2 bad config / usage / preflight, 3 double drive,
+130 / 143 stopped by SIGINT / SIGTERM. Bad input is one line on stderr and nothing is
+written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import anyio
+
+from autopilot import __version__
+from autopilot.config import list_presets, load_preset
+from autopilot.errors import EXIT_USAGE, AutopilotError, ConfigError, LockHeld, StateDirError
+from autopilot.fsutil import atomic_write_json, check_writable_dir
+from autopilot.plan import Plan
+
+DEFAULT_STATE_DIR = "/tmp/bench-autopilot"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
+def default_state_dir() -> str:
+    return os.environ.get("AUTOPILOT_STATE_DIR") or DEFAULT_STATE_DIR
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = OneLineParser(
+        prog="autopilot",
+        description="Self-healing supervisor for long LLM benchmark runs.",
+        epilog="exit codes: 0 complete, 1 incomplete, 2 bad config/usage, 3 double drive, "
+        "130/143 stopped by signal",
+    )
+    ap.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    ap.add_argument("--preset", help="preset name (see `autopilot presets`) or a .toml path")
+    ap.add_argument("--config", help="TOML or JSON overlay, deep-merged over the preset")
+    ap.add_argument("--target-n", type=positive_int, help="replicates per task x arm")
+    ap.add_argument("--concurrency", type=positive_int, help="cells at once")
+    ap.add_argument("--max-passes", type=positive_int, help="sweeps over pending cells")
+    ap.add_argument("--state-dir", default=None,
+                    help=f"default $AUTOPILOT_STATE_DIR or {DEFAULT_STATE_DIR}")
+    ap.add_argument("--once", action="store_true",
+                    help="write one status snapshot rebuilt from the journal, then exit")
+    ap.add_argument("--allow-plan-change", action="store_true",
+                    help="resume a state dir whose plan identity differs")
+    ap.add_argument("--quiet", action="store_true", help="no console log (file log only)")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    sub.add_parser("presets", help="list presets with a one-line description")
+    return ap
+
+
+def _state_dir(args: argparse.Namespace) -> Path:
+    return Path(args.state_dir or default_state_dir()).absolute()
+
+
+def cmd_presets() -> int:
+    rows = list_presets()
+    width = max((len(n) for n, _ in rows), default=0)
+    for name, desc in rows:
+        print(f"{name:<{width}}  {desc}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from autopilot import logsetup
+    from autopilot.supervisor import RunOptions, Supervisor, check_plan_identity, snapshot_once
+
+    flags: dict[str, Any] = {
+        "target_n": args.target_n, "concurrency": args.concurrency,
+        "max_passes": args.max_passes,
+    }
+    preset = load_preset(args.preset, overlay=args.config, flags=flags)
+    if preset.run.target_n is None:
+        raise ConfigError("--target-n: not set (and the preset has no run.target_n)")
+    plan = Plan(preset, preset.run.target_n)
+    state_dir = _state_dir(args)
+    why = check_writable_dir(state_dir)
+    if why:
+        raise StateDirError(f"--state-dir {why}")
+    check_plan_identity(state_dir, plan, args.allow_plan_change)
+
+    if args.once:
+        from autopilot.lock import lock_held
+        from autopilot.status import oneline
+
+        snap = snapshot_once(preset, plan, state_dir)
+        if lock_held(state_dir) is None:
+            atomic_write_json(state_dir / "status.json", snap)
+        print(oneline(snap))
+        return 0
+
+    logsetup.configure(state_dir / "autopilot.log", console=not args.quiet)
+    sup = Supervisor(preset, plan, RunOptions(state_dir, args.allow_plan_change))
+    return anyio.run(sup.run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "presets":
+            return cmd_presets()
+        if not args.preset:
+            parser.error("--preset is required to run (try `autopilot presets`)")
+        return cmd_run(args)
+    except LockHeld as e:
+        print(f"AUTOPILOT_ABORTED_DOUBLE_DRIVE: another autopilot drives this run: {e}",
+              file=sys.stderr)
+        return e.exit_code
+    except AutopilotError as e:
+        print(f"autopilot: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""SIMULATED OpenAI-compatible endpoint (a fake, for the demo and the tests).
+
+Serves ``/health``, ``/v1/models`` and ``/v1/chat/completions`` on loopback with the
+shape of llama.cpp's / vLLM's answers, including ``usage`` token counts. The answer is
+``FINAL: correct`` or ``FINAL: wrong``, decided deterministically from the seed and the
+``task= arm= n=`` marker the demo harness puts in its system prompt.
+
+Fault knobs: ``--crash-after K`` exits hard after K chat requests (as a crashed server
+would); ``--startup-delay S`` answers 503 on /health for S seconds (llama.cpp's loading
+phase); ``--never-ready`` never leaves that phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from autopilot.demo import PASS_RATE, unit
+
+MARKER = re.compile(r"task=(\S+) arm=(\S+) n=(\d+)")
+
+
+def answer_for(seed: str, task: str, arm: str, n: str) -> str:
+    rate = PASS_RATE.get(task, 0.5)
+    if "nothink" not in arm and "think" in arm:
+        rate = min(1.0, rate + 0.1)
+    return "correct" if unit(seed, task, arm, n) < rate else "wrong"
+
+
+def make_handler(args: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
+    started = time.monotonic()
+    lock = threading.Lock()
+    count = [0]
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, fmt: str, *a: Any) -> None:  # quiet: the harness logs
+            pass
+
+        def _send(self, code: int, body: dict[str, Any]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _loading(self) -> bool:
+            return args.never_ready or time.monotonic() - started < args.startup_delay
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                if self._loading():
+                    self._send(503, {"error": {"message": "Loading model", "code": 503}})
+                else:
+                    self._send(200, {"status": "ok"})
+            elif self.path == "/v1/models":
+                self._send(200, {"object": "list", "data": [
+                    {"id": args.model, "object": "model", "owned_by": "autopilot-demo-sim"}]})
+            else:
+                self._send(404, {"error": "not found"})
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            try:
+                req = json.loads(self.rfile.read(length) or b"{}")
+            except ValueError:
+                self._send(400, {"error": "bad json"})
+                return
+            if self.path != "/v1/chat/completions":
+                self._send(404, {"error": "not found"})
+                return
+            if self._loading():
+                self._send(503, {"error": {"message": "Loading model"}})
+                return
+            with lock:
+                count[0] += 1
+                n_req = count[0]
+            if args.crash_after and n_req > args.crash_after:
+                os._exit(70)  # fault knob: die like a crashed server, mid-request
+            if args.latency:
+                time.sleep(args.latency)
+            messages = req.get("messages") or []
+            text = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+            m = MARKER.search(text)
+            turn = sum(1 for x in messages if isinstance(x, dict) and x.get("role") == "user")
+            final = req.get("final", False) or "Give your FINAL answer" in text
+            if final and m:
+                content = f"FINAL: {answer_for(args.seed, *m.groups())}"
+            else:
+                content = f"Working on step {turn}: reading files, running tools."
+            prompt_tokens = max(1, len(text) // 4)
+            completion_tokens = max(1, len(content) // 4)
+            self._send(200, {
+                "id": f"chatcmpl-sim-{n_req}",
+                "object": "chat.completion",
+                "model": args.model,
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": content}}],
+                "usage": {"prompt_tokens": prompt_tokens,
+                          "completion_tokens": completion_tokens,
+                          "total_tokens": prompt_tokens + completion_tokens},
+            })
+
+    return Handler
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="SIMULATED OpenAI-compatible endpoint (demo)")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--model", default="demo-sim-1")
+    ap.add_argument("--seed", default=os.environ.get("AUTOPILOT_DEMO_SEED", "7"))
+    ap.add_argument("--latency", type=float, default=0.0)
+    ap.add_argument("--startup-delay", type=float, default=0.0)
+    ap.add_argument("--crash-after", type=int, default=0)
+    ap.add_argument("--never-ready", action="store_true")
+    args = ap.parse_args(argv)
+    ThreadingHTTPServer.allow_reuse_address = True
+    ThreadingHTTPServer.daemon_threads = True
+    server = ThreadingHTTPServer((args.host, args.port), make_handler(args))
+    print(f"demo-sim endpoint (SIMULATED) listening on {args.host}:{args.port}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Demo harness: one cell against the (simulated) endpoint, like the origin harness.py.
+
+Writes, under ``--out``: ``receipt.json`` before the loop (requested model, API URL,
+temperature, this file's sha256), ``transcript.jsonl`` one row per turn with token
+counts, the deliverable ``answer.txt``, then ``summary.json`` (``finish_reason``,
+``iterations``, token totals, ``elapsed_s``, served ``model``) and ``timing.json``.
+
+Fault knob ``--hang-share``: on a cell's first attempt, that share of cells freeze after
+one turn and sleep forever (a stuck cell for the watchdog to kill; the retry heals).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from autopilot.demo import unit
+
+
+def _append(path: Path, row: dict[str, Any]) -> None:
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+
+
+def _write(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def _chat(client: httpx.Client, url: str, body: dict[str, Any], retry_secs: float) -> Any:
+    deadline = time.monotonic() + retry_secs
+    while True:
+        try:
+            r = client.post(url, json=body)
+            if r.status_code == 200:
+                return r.json()
+            err = f"HTTP {r.status_code}"
+        except httpx.HTTPError as e:
+            err = type(e).__name__
+        if time.monotonic() >= deadline:
+            print(f"endpoint unreachable: {err}", file=sys.stderr, flush=True)
+            sys.exit(3)
+        time.sleep(0.2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="bench-autopilot demo harness")
+    ap.add_argument("cell")
+    ap.add_argument("--task", required=True)
+    ap.add_argument("--arm", required=True)
+    ap.add_argument("--n", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", default="7")
+    ap.add_argument("--attempt", type=int, default=1)
+    ap.add_argument("--think-secs", type=float, default=0.05)
+    ap.add_argument("--hang-share", type=float, default=0.0)
+    ap.add_argument("--retry-secs", type=float, default=8.0)
+    ap.add_argument("--temperature", type=float, default=0.3)
+    a = ap.parse_args(argv)
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    url = f"http://{a.host}:{a.port}/v1/chat/completions"
+    _write(out / "receipt.json", {
+        "cell": a.cell, "model": a.model, "api_url": url, "temperature": a.temperature,
+        "stuck_threshold": None,
+        "harness_sha256": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+    })
+    transcript = out / "transcript.jsonl"
+    print(f"cell {a.cell} attempt {a.attempt} starting", flush=True)
+    turns = 2 + int(unit(a.seed, "turns", a.cell) * 3)
+    hang = a.attempt == 1 and unit(a.seed, "hang", a.cell) < a.hang_share
+    system = f"You are a demo agent. task={a.task} arm={a.arm} n={a.n}"
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+    tot_p = tot_c = 0
+    served = a.model
+    content = ""
+    with httpx.Client(timeout=30, trust_env=False) as client:
+        for turn in range(1, turns + 1):
+            final = turn == turns
+            user = "Give your FINAL answer." if final else f"Continue with step {turn}."
+            messages.append({"role": "user", "content": user})
+            resp = _chat(client, url, {"model": a.model, "messages": messages,
+                                       "temperature": a.temperature}, a.retry_secs)
+            content = resp["choices"][0]["message"]["content"]
+            usage = resp.get("usage", {})
+            served = resp.get("model", served)
+            tot_p += int(usage.get("prompt_tokens", 0))
+            tot_c += int(usage.get("completion_tokens", 0))
+            messages.append({"role": "assistant", "content": content})
+            _append(transcript, {"turn": turn, "role": "assistant", "content": content,
+                                 "prompt_tokens": usage.get("prompt_tokens"),
+                                 "completion_tokens": usage.get("completion_tokens"),
+                                 "ts": time.time()})
+            if hang:
+                print("fault knob: hanging (frozen transcript)", flush=True)
+                while True:
+                    time.sleep(3600)
+            time.sleep(a.think_secs)
+    answer = content.removeprefix("FINAL:").strip()
+    (out / "answer.txt").write_text(answer + "\n")
+    _write(out / "summary.json", {
+        "finish_reason": "stop", "iterations": turns, "total_prompt_tokens": tot_p,
+        "total_completion_tokens": tot_c, "elapsed_s": round(time.time() - t0, 3),
+        "model": served,
+    })
+    _write(out / "timing.json", {"start": t0, "stop": time.time(), "pid": os.getpid()})
+    print(f"cell {a.cell} done: {answer}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

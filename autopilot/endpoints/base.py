@@ -1,0 +1,191 @@
+"""The endpoint interface and the process-backed implementation most engines share.
+
+Alive means answering (uvicorn's multiprocess supervisor): a process that exists but
+whose ``/health`` does not answer is down. Readiness polls ``/health`` (llama.cpp answers
+503 while it loads) and then ``/v1/models``, while checking that the process has not
+exited, and gives up after ``startup_timeout_secs`` with the tail of the endpoint log.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, ClassVar
+
+import anyio
+import httpx
+import structlog
+from anyio.abc import Process
+
+from autopilot.config import EndpointCommon, Preset
+from autopilot.errors import EndpointCrashed, EndpointError, EndpointStartTimeout
+from autopilot.procs import OWNED, Tracker, identify, kill_tree
+
+log = structlog.get_logger(__name__)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def log_tail(path: Path, lines: int = 8) -> str:
+    try:
+        with path.open("rb") as f:
+            tail = deque(f, maxlen=lines)
+    except OSError:
+        return ""
+    return " | ".join(b.decode("utf-8", "replace").rstrip() for b in tail)
+
+
+class Endpoint:
+    """Base: an endpoint we may own (start/stop/restart) or only watch (attach)."""
+
+    engine: ClassVar[str] = ""
+    owns_lifecycle: ClassVar[bool] = True
+
+    def __init__(self, preset: Preset, state_dir: Path) -> None:
+        self.preset = preset
+        self.cfg: EndpointCommon = preset.endpoint
+        self.state_dir = state_dir
+        self.log_path = state_dir / "endpoint.log"
+        self.host = self.cfg.host
+        self.port = self.cfg.port or free_port(self.cfg.host)
+        self.served_model = preset.model
+        self.generation = 0
+        self.proc: Process | None = None
+        self.tracker: Tracker | None = None
+        self._client: httpx.AsyncClient | None = None
+
+    # ------------------------------------------------------------------ describe
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def api_base(self) -> str:
+        return f"{self.url}/v1"
+
+    @property
+    def attached(self) -> bool:
+        return self.cfg.attach or not self.owns_lifecycle
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "engine": self.engine,
+            "url": self.api_base,
+            "model": self.served_model,
+            "pid": self.proc.pid if self.proc else None,
+            "attached": self.attached,
+        }
+
+    def argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def env(self) -> dict[str, str]:
+        return dict(os.environ)
+
+    def headers(self) -> dict[str, str]:
+        return {}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                timeout=self.cfg.probe_timeout_secs, headers=self.headers(), trust_env=False
+            )
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def start(self) -> None:
+        if not self.attached:
+            argv = self.argv()
+            log.info("endpoint_argv", engine=self.engine, argv=argv, generation=self.generation)
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.log_path.open("ab") as logf:
+                logf.write(f"--- start generation {self.generation} ---\n".encode())
+                logf.flush()
+                self.proc = await anyio.open_process(
+                    argv, stdout=logf, stderr=subprocess.STDOUT, env=self.env(),
+                    start_new_session=True,
+                )
+            OWNED.add(self.proc.pid)
+            ident = identify(self.proc.pid)
+            if ident is not None:
+                self.tracker = Tracker(ident)
+        await self.wait_ready()
+
+    async def wait_ready(self) -> None:
+        deadline = time.monotonic() + self.cfg.startup_timeout_secs
+        why = "no answer yet"
+        while True:
+            if self.proc is not None and self.proc.returncode is not None:
+                raise EndpointCrashed(
+                    f"{self.engine} endpoint exited with code {self.proc.returncode} while "
+                    f"starting; endpoint.log: {log_tail(self.log_path)}"
+                )
+            ok, why = await self.probe(check_model=True)
+            if ok:
+                log.info("endpoint_ready", engine=self.engine, url=self.api_base)
+                return
+            if time.monotonic() >= deadline:
+                raise EndpointStartTimeout(
+                    f"{self.engine} endpoint not ready after {self.cfg.startup_timeout_secs:.0f}s"
+                    f" ({why}); endpoint.log: {log_tail(self.log_path)}"
+                )
+            await anyio.sleep(0.2)
+
+    async def probe(self, check_model: bool = False) -> tuple[bool, str]:
+        """(answering, why). Raises EndpointError for a permanent misconfiguration."""
+        try:
+            r = await self.client().get(f"{self.url}/health")
+            if r.status_code != 200:
+                return False, f"/health answered {r.status_code}"
+            if check_model:
+                return await self._check_models()
+            return True, "ok"
+        except httpx.HTTPError as e:
+            return False, f"{type(e).__name__}"
+
+    async def _check_models(self) -> tuple[bool, str]:
+        r = await self.client().get(f"{self.api_base}/models")
+        if r.status_code != 200:
+            return False, f"/v1/models answered {r.status_code}"
+        ids = [m.get("id") for m in r.json().get("data", []) if isinstance(m, dict)]
+        if self.served_model not in ids:
+            raise EndpointError(
+                f"served model {self.served_model!r} not in {self.api_base}/models "
+                f"(there: {', '.join(map(str, ids)) or 'none'})"
+            )
+        return True, "ok"
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def stop(self) -> None:
+        """Exact-PID kill of the endpoint tree we started. Never touches an attached one."""
+        if self.attached or self.proc is None:
+            return
+        if self.tracker is not None:
+            await anyio.to_thread.run_sync(kill_tree, self.tracker, 5.0)
+        with anyio.CancelScope(shield=True):
+            await self.proc.wait()
+        OWNED.discard(self.proc.pid)
+        log.info("endpoint_stopped", engine=self.engine, pid=self.proc.pid,
+                 code=self.proc.returncode)
+
+    async def restart(self) -> None:
+        await self.stop()
+        self.generation += 1
+        await self.start()

@@ -1,0 +1,149 @@
+"""The endpoint keeper: start, probe, restart with backoff, or give up.
+
+Runs as one task in the supervisor's task group. The endpoint is *down* from the first
+failed probe; down longer than ``down_restart_secs`` it is restarted (only if we own it;
+an attached endpoint is watched and alerted on, never killed). While it is down no new
+cell is launched: ``wait_up`` blocks the workers. Cells that end during an outage are
+classified INVALID(endpoint_down), never FAIL — ``outage_overlaps`` tells the runner.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import structlog
+
+from autopilot.endpoints.base import Endpoint
+from autopilot.endpoints.policy import restart_action
+from autopilot.errors import EndpointError, EndpointFailed
+
+log = structlog.get_logger(__name__)
+
+Emit = Callable[..., Any]
+
+
+class Keeper:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        emit: Emit,
+        milestone: Emit,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ep = endpoint
+        self.cfg = endpoint.cfg
+        self.emit = emit
+        self.milestone = milestone
+        self.clock = clock
+        self.state = "starting"
+        self.down_since: float | None = None
+        self.restarts: list[float] = []
+        self.outages: list[tuple[float, float | None]] = []  # (down, up) on self.clock
+        self.failed: str | None = None
+        self._up = anyio.Event()
+
+    @property
+    def is_up(self) -> bool:
+        return self.state == "up"
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **self.ep.describe(),
+            "state": self.state,
+            "restarts": len(self.restarts),
+            "down_secs": round(self.clock() - self.down_since, 1) if self.down_since else None,
+            "failed": self.failed,
+        }
+
+    def outage_overlaps(self, start: float, end: float) -> bool:
+        for down, up in self.outages:
+            if down <= end and (up is None or up >= start):
+                return True
+        return False
+
+    async def wait_up(self) -> None:
+        while not self.is_up:
+            if self.failed:
+                raise EndpointFailed(self.failed)
+            await self._up.wait()
+
+    def _mark_up(self) -> None:
+        if self.down_since is not None and self.outages and self.outages[-1][1] is None:
+            self.outages[-1] = (self.outages[-1][0], self.clock())
+        self.down_since = None
+        self.state = "up"
+        self._up.set()
+
+    def _mark_down(self, why: str) -> None:
+        if self.down_since is None:
+            self.down_since = self.clock()
+            self.outages.append((self.down_since, None))
+            self.state = "down"
+            self._up = anyio.Event()
+            self.emit("endpoint_down", why=why)
+
+    async def start(self) -> None:
+        """Start (or attach to) the endpoint; raises EndpointError if it cannot."""
+        await self.ep.start()
+        self._mark_up()
+        self.emit("endpoint_started", **self.ep.describe())
+
+    async def watch(self) -> None:
+        """Keep it alive until cancelled or the restart budget is spent."""
+        try:
+            await self._watch()
+        finally:
+            self._up.set()  # release any waiter so it can see `failed`
+
+    async def _watch(self) -> None:
+        while True:
+            await anyio.sleep(self.cfg.probe_interval_secs if self.is_up else
+                              min(self.cfg.probe_interval_secs, 1.0))
+            try:
+                ok, why = await self.ep.probe()
+            except EndpointError as e:
+                ok, why = False, str(e)
+            if ok:
+                if self.state != "up":
+                    down = self.clock() - (self.down_since or self.clock())
+                    self._mark_up()
+                    self.emit("endpoint_up", down_secs=round(down, 1))
+                continue
+            self._mark_down(why)
+            action = restart_action(self.down_since, self.clock(), self.restarts, self.cfg)
+            if action == "restart" and not self.ep.attached:
+                await self._restart()
+            elif action == "give_up" or (action == "restart" and self.ep.attached):
+                if self.ep.attached:
+                    # Never kill what we did not start: alert once per outage and wait on.
+                    if self.state != "alerted":
+                        self.state = "alerted"
+                        self.milestone("endpoint_failed", why=f"attached endpoint down: {why}")
+                    continue
+                self.failed = (
+                    f"endpoint restarted {len(self.restarts)} times within "
+                    f"{self.cfg.restart_window_secs:.0f}s and is still down ({why})"
+                )
+                self.state = "failed"
+                self.emit("endpoint_failed", why=self.failed)
+                self.milestone("endpoint_failed", why=self.failed)
+                return
+
+    async def _restart(self) -> None:
+        now = self.clock()
+        down = now - (self.down_since or now)
+        self.restarts.append(now)
+        self.state = "restarting"
+        self.emit("endpoint_restart", down_secs=round(down, 1), restarts=len(self.restarts))
+        self.milestone("endpoint_restart", down_secs=round(down, 1), restarts=len(self.restarts))
+        try:
+            await self.ep.restart()
+        except EndpointError as e:
+            log.warning("endpoint_restart_failed", error=str(e))
+            self.state = "down"
+            return
+        self._mark_up()
+        self.emit("endpoint_started", **self.ep.describe())

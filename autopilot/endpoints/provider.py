@@ -1,0 +1,67 @@
+"""A hosted OpenAI-compatible provider: no lifecycle, an authenticated models-list probe.
+
+Health is ``GET {base_url}/models`` with the key; the key's *value* is read from the env
+var the preset names and never reaches a log, the journal or status.json.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from autopilot.config import Preset
+from autopilot.config import ProviderEndpoint as ProviderConfig
+from autopilot.endpoints.base import Endpoint
+from autopilot.errors import EndpointError
+
+
+class ProviderEndpoint(Endpoint):
+    engine = "provider"
+    owns_lifecycle = False
+
+    def __init__(self, preset: Preset, state_dir: Path) -> None:
+        super().__init__(preset, state_dir)
+        assert isinstance(self.cfg, ProviderConfig)
+        self.base_url = self.cfg.base_url.rstrip("/")
+        self.key_env = self.cfg.api_key_env
+
+    @property
+    def url(self) -> str:
+        return self.base_url
+
+    @property
+    def api_base(self) -> str:
+        return self.base_url
+
+    def headers(self) -> dict[str, str]:
+        key = os.environ.get(self.key_env, "") if self.key_env else ""
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "api_key_env": self.key_env}
+
+    async def probe(self, check_model: bool = False) -> tuple[bool, str]:
+        try:
+            r = await self.client().get(f"{self.base_url}/models")
+        except httpx.HTTPError as e:
+            return False, type(e).__name__
+        if r.status_code in (401, 403):
+            raise EndpointError(
+                f"provider {self.base_url} rejected the key in ${self.key_env} "
+                f"(HTTP {r.status_code})"
+            )
+        if r.status_code != 200:
+            return False, f"/models answered {r.status_code}"
+        if check_model:
+            ids = [str(m.get("id")) for m in r.json().get("data", []) if isinstance(m, dict)]
+            if self.served_model not in ids:
+                close = difflib.get_close_matches(self.served_model, ids, n=3, cutoff=0.3)
+                raise EndpointError(
+                    f"model {self.served_model!r} not offered by {self.base_url} "
+                    f"(closest: {', '.join(close) or 'none'})"
+                )
+        return True, "ok"

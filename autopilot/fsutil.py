@@ -1,0 +1,80 @@
+"""Atomic writes and small filesystem helpers.
+
+A reader (the dashboard, an operator's jq) must never see half a file, and a crash
+mid-write must leave the previous version intact: write a temp file in the same
+directory, fsync it, ``os.replace`` it over the target, then fsync the directory so the
+rename itself is durable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=False) + "\n")
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_json(path: Path) -> Any | None:
+    """The parsed file, or None when it is missing or not valid JSON (tolerant read)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def iso(ts: float | None = None) -> str:
+    dt = datetime.fromtimestamp(ts, UTC) if ts is not None else utcnow()
+    return dt.isoformat(timespec="milliseconds")
+
+
+def check_writable_dir(path: Path) -> str | None:
+    """Why ``path`` cannot be used as a writable directory, or None if it can.
+
+    Does not create anything: bad input must leave nothing half-written.
+    """
+    p = path
+    while not p.exists():
+        if p.parent == p:
+            return f"{path}: no existing parent directory"
+        p = p.parent
+    if not p.is_dir():
+        return f"{p}: not a directory"
+    if not os.access(p, os.W_OK | os.X_OK):
+        return f"{p}: not writable"
+    return None

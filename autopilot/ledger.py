@@ -1,0 +1,190 @@
+"""Run state folded from journal events, and the pure trust decisions over it.
+
+``Ledger.apply(event)`` is the only way state changes, both when replaying a journal on
+start and live (the supervisor appends an event, then applies that same record), so a
+resumed run and a run that never stopped cannot disagree.
+
+Vocabulary (DESIGN.md): a cell is ABSENT until it first starts; PASS / FAIL come from
+the grader; INVALID(reason) means the cell could not be trusted and is excluded from
+aggregates; after ``infra_retries`` INVALID attempts the cell is quarantined, which is
+reported and never counted as success.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from autopilot.plan import Plan
+
+Status = Literal["pending", "running", "PASS", "FAIL", "invalid", "quarantined"]
+VALID = ("PASS", "FAIL")
+
+
+@dataclass
+class CellState:
+    id: str
+    task: str
+    arm: str
+    n: int
+    status: Status = "pending"
+    attempts: int = 0
+    invalid_attempts: int = 0
+    reasons: list[str] = field(default_factory=list)
+    reason: str | None = None
+    word: str | None = None
+    caveat: str | None = None
+    teardown_masked: bool = False
+    pid: int | None = None
+    create_time: float | None = None
+    started_ts: str | None = None
+    finished_ts: str | None = None
+    # runtime only (not journaled): refreshed by the watchdog
+    frozen_secs: float = 0.0
+    tier: str = "OK"
+    last_signal: str | None = None
+
+    @property
+    def valid(self) -> bool:
+        return self.status in VALID
+
+    @property
+    def absent(self) -> bool:
+        return self.attempts == 0
+
+
+def should_quarantine(invalid_attempts: int, infra_retries: int) -> bool:
+    """Retry an INVALID cell ``infra_retries`` times; the next INVALID quarantines it."""
+    return invalid_attempts > infra_retries
+
+
+@dataclass
+class StreakState:
+    count: int = 0
+    alarmed: bool = False
+
+
+def streak_step(state: StreakState, is_break: bool, threshold: int) -> tuple[StreakState, bool]:
+    """Harness-break streak: True exactly once when a run of ``threshold`` consecutive
+    breaks is reached; a healthy grade resets it so a later streak alarms again."""
+    if not is_break:
+        return StreakState(), False
+    count = state.count + 1
+    fire = count >= threshold and not state.alarmed
+    return StreakState(count=count, alarmed=state.alarmed or fire), fire
+
+
+class Ledger:
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.cells: dict[str, CellState] = {
+            c.id: CellState(c.id, c.task, c.arm, c.n) for c in plan.cells
+        }
+        self.recent: list[dict[str, Any]] = []
+        self.fails: list[dict[str, Any]] = []
+        self.endpoint_restarts = 0
+        self.completed_ts: list[str] = []
+
+    def _cell(self, cid: str) -> CellState | None:
+        # Events of cells outside this plan (an earlier, bigger --target-n) are kept in
+        # the journal but do not count towards this plan.
+        return self.cells.get(cid)
+
+    def apply(self, ev: dict[str, Any]) -> None:
+        kind = ev.get("event")
+        if kind == "endpoint_restart":
+            self.endpoint_restarts += 1
+            return
+        cid = ev.get("cell")
+        if not isinstance(cid, str):
+            return
+        cell = self._cell(cid)
+        if cell is None:
+            return
+        if kind == "cell_started":
+            cell.status = "running"
+            cell.attempts = int(ev.get("attempt", cell.attempts + 1))
+            cell.pid = ev.get("pid")
+            cell.create_time = ev.get("create_time")
+            cell.started_ts = ev.get("ts")
+            cell.frozen_secs, cell.tier, cell.last_signal = 0.0, "OK", None
+        elif kind == "cell_abandoned":
+            cell.status = "pending"
+            cell.pid = cell.create_time = None
+        elif kind == "cell_verdict":
+            self._verdict(cell, ev)
+        elif kind == "cell_quarantined":
+            cell.status = "quarantined"
+            cell.pid = cell.create_time = None
+
+    def _verdict(self, cell: CellState, ev: dict[str, Any]) -> None:
+        verdict = ev.get("verdict")
+        cell.pid = cell.create_time = None
+        cell.finished_ts = ev.get("ts")
+        cell.word = ev.get("word")
+        cell.caveat = ev.get("caveat")
+        cell.teardown_masked = bool(ev.get("teardown_masked"))
+        if verdict in VALID:
+            cell.status = verdict
+            cell.reason = None
+        else:
+            cell.status = "invalid"
+            cell.reason = str(ev.get("reason") or "unknown")
+            cell.invalid_attempts += 1
+            cell.reasons.append(cell.reason)
+        row = {
+            "cell": cell.id,
+            "verdict": verdict if verdict in VALID else f"INVALID({cell.reason})",
+            "ts": ev.get("ts"),
+            "attempt": ev.get("attempt"),
+            "teardown_masked": cell.teardown_masked,
+        }
+        self.recent = [*self.recent[-19:], row]
+        if verdict != "PASS":
+            self.fails = [*self.fails[-49:], row]
+        if verdict in VALID:
+            self.completed_ts.append(str(ev.get("ts")))
+
+    # ------------------------------------------------------------------ queries
+
+    def pending(self) -> list[CellState]:
+        """Cells to run in the next pass, in plan order."""
+        return [c for c in self.cells.values() if c.status in ("pending", "invalid")]
+
+    def complete(self) -> bool:
+        return all(c.valid for c in self.cells.values())
+
+    def counts(self, cells: list[CellState] | None = None) -> dict[str, int]:
+        cells = list(self.cells.values()) if cells is None else cells
+        c = Counter(x.status for x in cells)
+        return {
+            "total": len(cells),
+            "pass": c["PASS"],
+            "fail": c["FAIL"],
+            "invalid": c["invalid"],
+            "quarantined": c["quarantined"],
+            "running": c["running"],
+            "pending": c["pending"],
+            "done": c["PASS"] + c["FAIL"],
+        }
+
+    def trust(self) -> dict[str, Any]:
+        """The fail-closed accounting block shown everywhere aggregates are shown."""
+        cells = list(self.cells.values())
+        by_reason: Counter[str] = Counter()
+        excluded = []
+        for c in cells:
+            by_reason.update(c.reasons)
+            if c.status in ("invalid", "quarantined"):
+                excluded.append({"cell": c.id, "status": c.status, "reasons": c.reasons})
+        return {
+            "valid_cells": sum(c.valid for c in cells),
+            "invalid_cells": sum(c.status == "invalid" for c in cells),
+            "invalid_attempts": sum(c.invalid_attempts for c in cells),
+            "invalid_by_reason": dict(sorted(by_reason.items())),
+            "teardown_masked_cells": sum(c.valid and c.teardown_masked for c in cells),
+            "quarantined_cells": sum(c.status == "quarantined" for c in cells),
+            "retried_cells": sum(c.attempts > 1 for c in cells),
+            "excluded": excluded,
+        }

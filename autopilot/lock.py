@@ -1,0 +1,115 @@
+"""Double-drive guard: an exclusive flock plus a fresh-heartbeat check.
+
+Two supervisors on one state dir fight over the endpoint and the sandboxes (origin doc
+004), so the second must refuse to start, touching nothing. The kernel releases a flock
+when its holder dies, even by SIGKILL, so a crashed run can be taken over at once; the
+lock fd is close-on-exec so no cell inherits it. ``heartbeat.json`` (pid + process start
+time, host, phase) is a second, human-readable signal: a heartbeat younger than
+``FRESH_SECS`` that names a live process on this host (same pid *and* start time, so a
+recycled pid does not count) also blocks.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from autopilot.errors import LockHeld
+from autopilot.fsutil import atomic_write_json, iso, read_json
+
+FRESH_SECS = 120.0
+HEARTBEAT_SECS = 10.0
+LOCK_NAME = "autopilot.lock"
+HEARTBEAT_NAME = "heartbeat.json"
+
+
+def _me() -> tuple[int, float]:
+    return os.getpid(), psutil.Process().create_time()
+
+
+def heartbeat_holder(state_dir: Path, now: float | None = None) -> dict[str, Any] | None:
+    """The heartbeat's content if it is fresh and names a live process on this host."""
+    hb = read_json(state_dir / HEARTBEAT_NAME)
+    if not isinstance(hb, dict):
+        return None
+    now = time.time() if now is None else now
+    if now - float(hb.get("epoch", 0)) > FRESH_SECS:
+        return None
+    if hb.get("host") != socket.gethostname():
+        return None  # another host's process cannot be checked; flock covers local runs
+    try:
+        p = psutil.Process(int(hb["pid"]))
+        if abs(p.create_time() - float(hb["create_time"])) > 0.05:
+            return None
+    except (psutil.NoSuchProcess, KeyError, ValueError, TypeError):
+        return None
+    if int(hb["pid"]) == os.getpid():
+        return None
+    return hb
+
+
+def describe_holder(hb: dict[str, Any] | None) -> str:
+    if not hb:
+        return "holder unknown (lock held)"
+    return f"pid {hb.get('pid')} on host {hb.get('host')} since {hb.get('started_at')}"
+
+
+def lock_held(state_dir: Path) -> dict[str, Any] | None:
+    """Read-only probe for readers (dashboard, --once): who holds the run, if anyone."""
+    path = state_dir / LOCK_NAME
+    if path.exists():
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return read_json(state_dir / HEARTBEAT_NAME) or {}
+        finally:
+            os.close(fd)
+    return heartbeat_holder(state_dir)
+
+
+@dataclass
+class RunLock:
+    state_dir: Path
+    fd: int = -1
+    started_at: str = ""
+
+    def acquire(self) -> None:
+        """Take the run or raise LockHeld. Creates nothing when the run is held."""
+        hb = heartbeat_holder(self.state_dir)
+        if hb is not None:
+            raise LockHeld(describe_holder(hb))
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.state_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise LockHeld(describe_holder(read_json(self.state_dir / HEARTBEAT_NAME))) from None
+        # Re-check under the lock: a holder may have written its heartbeat and exited
+        # between our first look and the flock.
+        hb = heartbeat_holder(self.state_dir)
+        if hb is not None:
+            os.close(fd)
+            raise LockHeld(describe_holder(hb))
+        self.fd = fd
+        self.started_at = iso()
+
+    def beat(self, phase: str) -> None:
+        pid, ct = _me()
+        atomic_write_json(self.state_dir / HEARTBEAT_NAME, {
+            "pid": pid, "create_time": ct, "host": socket.gethostname(),
+            "started_at": self.started_at, "ts": iso(), "epoch": time.time(), "phase": phase,
+        })
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

@@ -1,0 +1,95 @@
+"""structlog set-up: JSON lines to ``<state-dir>/autopilot.log``, readable console on stderr.
+
+Events are snake_case names with context as key/values; per-cell context is bound once
+with ``bind_contextvars``. A redaction processor replaces the values of the secret env
+vars the preset names (and any bearer token) wherever they would appear, so a key can
+never reach the log even when it sneaks into an argv or an error message.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Iterable, MutableMapping
+from pathlib import Path
+from typing import Any, TextIO
+
+import structlog
+
+REDACTED = "***"
+_BEARER = re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
+
+
+class Redactor:
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        self.secrets = sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True)
+
+    def scrub(self, value: Any) -> Any:
+        if isinstance(value, str):
+            for s in self.secrets:
+                value = value.replace(s, REDACTED)
+            return _BEARER.sub(r"\1" + REDACTED, value)
+        if isinstance(value, dict):
+            return {k: (REDACTED if str(k).lower() == "authorization" else self.scrub(v))
+                    for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.scrub(v) for v in value]
+        return value
+
+    def __call__(self, _: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any:
+        return {k: self.scrub(v) for k, v in event_dict.items()}
+
+
+class _Tee:
+    """Final processor: write the JSON line to the file, hand the dict to the console."""
+
+    def __init__(self, file: TextIO | None) -> None:
+        self.file = file
+
+    def __call__(self, _: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any:
+        if self.file is not None:
+            self.file.write(json.dumps(dict(event_dict), default=str) + "\n")
+            self.file.flush()
+        return event_dict
+
+
+_current_file: TextIO | None = None
+
+
+def configure(log_path: Path | None, secrets: Iterable[str] = (), console: bool = True,
+              level: str = "info") -> Redactor:
+    global _current_file
+    if _current_file is not None:
+        _current_file.close()
+        _current_file = None
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        _current_file = log_path.open("a", encoding="utf-8")
+    redactor = Redactor(secrets)
+    processors: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.format_exc_info,
+        redactor,
+        _Tee(_current_file),
+    ]
+    if console:
+        processors.append(structlog.dev.ConsoleRenderer(colors=False))
+    else:
+        processors.append(_drop)
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    return redactor
+
+
+def _drop(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any:
+    raise structlog.DropEvent
+
+
+_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}

@@ -1,0 +1,69 @@
+"""The matrix of cells, and the identity of a plan.
+
+A cell is one (task, arm, replicate); its id ``{task}_{arm}_v{n}`` is what every file,
+journal event and container name is keyed by. Cells are ordered replicate-major inside
+each arm (all tasks' v1, then all v2, ...) so a run that stops early still has an even
+spread of replicates to read.
+
+The plan identity is a digest of what makes a cell *mean* something: the tasks and their
+fields, the arms, the model, the harness and grader argv and the verdict mapping. N is
+deliberately not part of it, so raising ``--target-n`` is an ordinary resume that adds
+replicates; changing a task's prompt is not, and is refused unless the operator says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from functools import cached_property
+
+from autopilot.config import Preset
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    task: str
+    arm: str
+    n: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.task}_{self.arm}_v{self.n}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    preset: Preset
+    target_n: int
+
+    @cached_property
+    def cells(self) -> tuple[Cell, ...]:
+        return tuple(
+            Cell(t.id, a.label, n)
+            for a in self.preset.arms
+            for n in range(1, self.target_n + 1)
+            for t in self.preset.tasks
+        )
+
+    @cached_property
+    def by_id(self) -> dict[str, Cell]:
+        return {c.id: c for c in self.cells}
+
+    @property
+    def identity(self) -> str:
+        return plan_identity(self.preset)
+
+
+def plan_identity(p: Preset) -> str:
+    defining = {
+        "model": p.model,
+        "vars": p.vars,
+        "tasks": [t.model_dump(mode="json") for t in p.tasks],
+        "arms": [a.model_dump(mode="json") for a in p.arms],
+        "harness_argv": p.harness.argv,
+        "grader_argv": p.grader.argv,
+        "verdicts": {k: v.model_dump(mode="json") for k, v in p.grader.verdicts.items()},
+    }
+    blob = json.dumps(defining, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]

@@ -1,0 +1,194 @@
+"""Exact-PID process-tree kill (psutil, identity-checked).
+
+Never by name, never by pattern: origin doc 004's ``pkill -f harness`` would have killed
+every concurrent cell. A process is identified by (pid, create_time) captured at spawn,
+and every signal goes to a process whose identity was verified just before, so a pid the
+kernel recycled for someone else's process is never signalled.
+
+Finding the whole tree is the hard part: a harness may ``setsid`` or double-fork, and
+its grandchildren are then re-parented away from it. Three nets catch them:
+  1. psutil's recursive children of the verified root;
+  2. descendants seen on earlier polls (``Tracker.remember``), re-verified by identity;
+  3. an exact per-attempt token in the environment (``AUTOPILOT_CELL_TOKEN``), which every
+     descendant inherits unless it scrubs its environment; matched for equality, and only
+     on processes created after the root.
+The supervisor also makes itself a child subreaper (``PR_SET_CHILD_SUBREAPER``) so
+orphans re-parent to it rather than to init, and it reaps the zombies of those adoptees.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import psutil
+
+TOKEN_ENV = "AUTOPILOT_CELL_TOKEN"
+_PR_SET_CHILD_SUBREAPER = 36
+_CT_TOLERANCE = 0.05  # psutil create_time resolution is a clock tick
+
+# Pids we spawned through asyncio: its child watcher reaps them, so we must not.
+OWNED: set[int] = set()
+
+
+@dataclass(frozen=True, slots=True)
+class ProcIdentity:
+    pid: int
+    create_time: float
+
+    def to_json(self) -> dict[str, float]:
+        return {"pid": self.pid, "create_time": self.create_time}
+
+
+def identify(pid: int) -> ProcIdentity | None:
+    try:
+        return ProcIdentity(pid, psutil.Process(pid).create_time())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def verify(ident: ProcIdentity) -> psutil.Process | None:
+    """The live process with exactly this identity, or None (gone, zombie or recycled)."""
+    try:
+        p = psutil.Process(ident.pid)
+        if abs(p.create_time() - ident.create_time) > _CT_TOLERANCE:
+            return None  # the pid was recycled: not ours
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return p
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def enable_subreaper() -> bool:
+    """Make orphaned descendants re-parent to us (Linux >= 3.4); False if unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+class Tracker:
+    """The known tree of one cell attempt: root identity, token, descendants seen."""
+
+    def __init__(self, root: ProcIdentity, token: str | None = None) -> None:
+        self.root = root
+        self.token = token
+        self.seen: set[ProcIdentity] = set()
+
+    def remember(self) -> None:
+        """Record the current descendants so a later re-parenting cannot hide them."""
+        root = verify(self.root)
+        if root is None:
+            return
+        try:
+            for child in root.children(recursive=True):
+                self.seen.add(ProcIdentity(child.pid, child.create_time()))
+        except psutil.NoSuchProcess:
+            pass
+
+    def collect(self) -> dict[int, psutil.Process]:
+        found: dict[int, psutil.Process] = {}
+
+        def add(p: psutil.Process) -> None:
+            if _alive(p):
+                found[p.pid] = p
+                try:
+                    for c in p.children(recursive=True):
+                        if _alive(c):
+                            found[c.pid] = c
+                except psutil.NoSuchProcess:
+                    pass
+
+        root = verify(self.root)
+        if root is not None:
+            add(root)
+        for ident in list(self.seen):
+            p = verify(ident)
+            if p is not None:
+                add(p)
+        if self.token:
+            for p in _token_holders(self.token, self.root.create_time):
+                add(p)
+        found.pop(os.getpid(), None)
+        return found
+
+    def alive(self) -> bool:
+        return bool(self.collect())
+
+
+def _token_holders(token: str, not_before: float) -> Iterable[psutil.Process]:
+    for p in psutil.process_iter(["create_time"]):
+        try:
+            if p.info["create_time"] + _CT_TOLERANCE < not_before or p.pid == os.getpid():
+                continue
+            if p.environ().get(TOKEN_ENV) == token:
+                yield p
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+
+
+def _signal_all(procs: Iterable[psutil.Process], sig: int) -> list[int]:
+    sent = []
+    for p in procs:
+        try:
+            # psutil re-checks (pid, create_time) before signalling and raises
+            # NoSuchProcess on a recycled pid: identity is verified just before the kill.
+            p.send_signal(sig)
+            sent.append(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return sent
+
+
+def kill_tree(tracker: Tracker, grace: float) -> list[int]:
+    """SIGTERM the whole tree, wait ``grace``, SIGKILL what is left. Blocking: run it in
+    a worker thread. Returns every pid that was signalled."""
+    signalled: set[int] = set()
+    procs = tracker.collect()
+    if not procs:
+        return []
+    signalled.update(_signal_all(procs.values(), signal.SIGTERM))
+    _, alive = psutil.wait_procs(list(procs.values()), timeout=grace)
+    # Survivors, plus anything forked meanwhile: collect again each round.
+    for _ in range(5):
+        procs = tracker.collect()
+        if not procs:
+            break
+        signalled.update(_signal_all(procs.values(), signal.SIGKILL))
+        psutil.wait_procs(list(procs.values()), timeout=2)
+    reap_adopted(signalled)
+    return sorted(signalled)
+
+
+def reap_adopted(pids: Iterable[int] | None = None) -> list[int]:
+    """waitpid() zombies re-parented to us as subreaper. Only pids given (or, with None,
+    our zombie children that no asyncio watcher owns) are reaped."""
+    reaped = []
+    me = psutil.Process()
+    try:
+        children = {c.pid: c for c in me.children()}
+    except psutil.NoSuchProcess:
+        return reaped
+    wanted = (set(children) if pids is None else set(pids) & set(children)) - OWNED
+    for pid in wanted:
+        try:
+            if children[pid].status() != psutil.STATUS_ZOMBIE:
+                continue
+            got, _ = os.waitpid(pid, os.WNOHANG)
+            if got:
+                reaped.append(pid)
+        except (ChildProcessError, psutil.NoSuchProcess):
+            continue
+    return reaped

@@ -1,0 +1,460 @@
+"""The supervisor: one anyio task group that drives a run to its target N.
+
+Order of a start, chosen so that bad input and double drive touch nothing:
+  1. validate the state dir and the plan identity (read-only);
+  2. take the run lock (exit 3 if another supervisor holds it);
+  3. replay the journal, sweep orphans a SIGKILLed predecessor left, start the endpoint;
+  4. passes: each sweeps the pending cells in plan order, ``concurrency`` at a time.
+Every state change goes through ``emit``: journal append (fsync'd) -> ledger.apply ->
+log -> status mark. A resumed run and one that never stopped therefore cannot disagree.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+
+from autopilot import sdnotify
+from autopilot.cells import CellContext, CellRun
+from autopilot.config import Preset
+from autopilot.endpoints import make_endpoint
+from autopilot.endpoints.keeper import Keeper
+from autopilot.errors import (
+    EXIT_COMPLETE,
+    EXIT_INCOMPLETE,
+    EXIT_SIGINT,
+    EXIT_SIGTERM,
+    EndpointError,
+    EndpointFailed,
+    PlanChangedError,
+)
+from autopilot.fsutil import atomic_write_json, iso, read_json
+from autopilot.journal import Journal, read_events
+from autopilot.ledger import Ledger, StreakState, should_quarantine, streak_step
+from autopilot.lock import HEARTBEAT_SECS, RunLock
+from autopilot.plan import Plan
+from autopilot.procs import ProcIdentity, Tracker, enable_subreaper, kill_tree, reap_adopted
+from autopilot.status import SCHEMA_VERSION, StatusWriter, eta_secs, oneline
+from autopilot.validity import Classification
+
+log = structlog.get_logger(__name__)
+
+Milestone = Callable[[str, dict[str, Any]], Any]
+
+PRIORITY = {
+    "run_started": "normal", "endpoint_restart": "high", "endpoint_failed": "emergency",
+    "arm_complete": "normal", "run_complete": "high", "run_incomplete": "high",
+    "harness_anomaly": "emergency",
+}
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    state_dir: Path
+    allow_plan_change: bool = False
+
+
+def check_plan_identity(state_dir: Path, plan: Plan, allow_change: bool) -> dict[str, Any] | None:
+    """Refuse a state dir made by another plan. Read-only."""
+    recorded = read_json(state_dir / "plan.json")
+    if not isinstance(recorded, dict):
+        return None
+    if recorded.get("identity") != plan.identity and not allow_change:
+        raise PlanChangedError(
+            f"{state_dir}: holds a run of preset {recorded.get('preset')!r} with plan "
+            f"identity {recorded.get('identity')}, but this preset gives {plan.identity} "
+            "(tasks, arms, model, harness or grader changed); use another --state-dir "
+            "or pass --allow-plan-change"
+        )
+    return recorded
+
+
+class Supervisor:
+    def __init__(
+        self,
+        preset: Preset,
+        plan: Plan,
+        opts: RunOptions,
+        *,
+        notifier: Milestone | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.preset = preset
+        self.plan = plan
+        self.opts = opts
+        self.state_dir = opts.state_dir
+        self.clock = clock
+        self.notifier = notifier
+        self.ledger = Ledger(plan)
+        self.journal: Journal | None = None
+        self.lock = RunLock(self.state_dir)
+        self.keeper: Keeper | None = None
+        self.phase = "starting"
+        self.outcome_reason = ""
+        self.pass_no = 0
+        self.started_at = iso()
+        self.t0 = clock()
+        self.done_this_session = 0
+        self.streak = StreakState()
+        self.anomaly_alarms = 0
+        self.announced_arms: set[str] = set()
+        self.orphans_cleaned: list[dict[str, Any]] = []
+        self.stop_signal: int | None = None
+        self.forced = False
+        self.status = StatusWriter(
+            self.state_dir / "status.json", self.snapshot, preset.run.status_debounce_secs
+        )
+        self._last_status_line = ""
+
+    # ------------------------------------------------------------------ events
+
+    def emit(self, event: str, **fields: Any) -> dict[str, Any]:
+        assert self.journal is not None
+        record = self.journal.append(event, **fields)
+        self.ledger.apply(record)
+        log.info(event, **{k: v for k, v in fields.items() if k != "token"})
+        self.status.mark()
+        return record
+
+    def milestone(self, kind: str, **info: Any) -> None:
+        priority = PRIORITY.get(kind, "normal")
+        payload = {
+            "kind": kind, "priority": priority, "preset": self.preset.name,
+            "model": self.preset.model, "progress": self.progress_line(), **info,
+        }
+        self.emit("milestone", **payload)
+        if self.notifier is not None:
+            try:
+                self.notifier(kind, payload)
+            except Exception as e:  # notifications must never break the run
+                log.warning("notify_failed", kind=kind, error=str(e))
+
+    def progress_line(self) -> str:
+        return oneline(self.snapshot(light=True))
+
+    # ------------------------------------------------------------------ status
+
+    def snapshot(self, light: bool = False) -> dict[str, Any]:
+        led = self.ledger
+        totals = led.counts()
+        elapsed = self.clock() - self.t0
+        remaining = totals["total"] - totals["done"] - totals["quarantined"]
+        snap: dict[str, Any] = {
+            "schema_version": SCHEMA_VERSION,
+            "phase": self.phase,
+            "outcome_reason": self.outcome_reason,
+            "preset": self.preset.name,
+            "description": self.preset.description,
+            "model": self.preset.model,
+            "engine": self.preset.endpoint.engine,
+            "target_n": self.plan.target_n,
+            "plan_identity": self.plan.identity,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started_at": self.started_at,
+            "updated_at": iso(),
+            "elapsed_secs": round(elapsed, 1),
+            "eta_secs": eta_secs(remaining, self.done_this_session, elapsed),
+            "pass": self.pass_no,
+            "max_passes": self.preset.run.max_passes,
+            "concurrency": self.preset.run.concurrency,
+            "totals": totals,
+            "trust": led.trust(),
+            "endpoint": self.keeper.describe() if self.keeper else {
+                "engine": self.preset.endpoint.engine, "state": "not running"},
+        }
+        if light:
+            return snap
+        cells = list(led.cells.values())
+        snap["arms"] = {a.label: led.counts([c for c in cells if c.arm == a.label])
+                        for a in self.preset.arms}
+        snap["tasks"] = {
+            a.label: {t.id: led.counts([c for c in cells if c.arm == a.label and c.task == t.id])
+                      for t in self.preset.tasks}
+            for a in self.preset.arms
+        }
+        snap["running"] = [
+            {"cell": c.id, "attempt": c.attempts, "pid": c.pid,
+             "frozen_secs": round(c.frozen_secs, 1), "tier": c.tier,
+             "last_signal": c.last_signal, "started_at": c.started_ts}
+            for c in cells if c.status == "running"
+        ]
+        snap["recent_cells"] = led.recent[-10:]
+        snap["fails"] = led.fails[-20:]
+        snap["anomaly"] = {"streak": self.streak.count, "alarms": self.anomaly_alarms}
+        snap["orphans_cleaned"] = self.orphans_cleaned
+        snap["arms_order"] = [a.label for a in self.preset.arms]
+        snap["tasks_order"] = [t.id for t in self.preset.tasks]
+        return snap
+
+    def _on_tick(self, cid: str, state: Any, tier: str) -> None:
+        cell = self.ledger.cells.get(cid)
+        if cell is not None:
+            cell.frozen_secs = self.clock() - state.last_transcript
+            cell.tier = tier
+            cell.last_signal = state.last_signal
+            self.status.mark()
+
+    # ------------------------------------------------------------------ start-up
+
+    def _replay(self) -> None:
+        result = read_events(self.state_dir / "journal.jsonl")
+        if result.torn_lines:
+            log.warning("journal_torn_lines_skipped", lines=result.torn_lines)
+        for ev in result.events:
+            self.ledger.apply(ev)
+            if ev.get("event") == "milestone" and ev.get("kind") == "arm_complete":
+                self.announced_arms.add(str(ev.get("arm")))
+
+    def _sweep_orphans(self) -> None:
+        """Cells the journal shows running belong to a dead predecessor: kill exactly
+        the processes whose recorded identity still matches, then mark them abandoned."""
+        for cell in list(self.ledger.cells.values()):
+            if cell.status != "running":
+                continue
+            pids: list[int] = []
+            if cell.pid and cell.create_time:
+                token = self._token_of(cell.id)
+                tracker = Tracker(ProcIdentity(cell.pid, cell.create_time), token)
+                pids = kill_tree(tracker, self.preset.watchdog.kill_grace_secs)
+            self.orphans_cleaned.append({"cell": cell.id, "pids": pids})
+            self.emit("cell_abandoned", cell=cell.id, attempt=cell.attempts,
+                      why="supervisor restarted", killed_pids=pids)
+
+    def _token_of(self, cid: str) -> str | None:
+        token = None
+        for ev in read_events(self.state_dir / "journal.jsonl").events:
+            if ev.get("event") == "cell_started" and ev.get("cell") == cid:
+                token = ev.get("token")
+        return token
+
+    def _record_plan(self) -> None:
+        path = self.state_dir / "plan.json"
+        recorded = read_json(path)
+        if isinstance(recorded, dict) and recorded.get("identity") == self.plan.identity:
+            return
+        if isinstance(recorded, dict):
+            self.emit("plan_changed", old=recorded.get("identity"), new=self.plan.identity)
+        atomic_write_json(path, {
+            "preset": self.preset.name, "identity": self.plan.identity,
+            "tasks": [t.id for t in self.preset.tasks],
+            "arms": [a.label for a in self.preset.arms], "recorded_at": iso(),
+        })
+
+    # ------------------------------------------------------------------ the run
+
+    async def run(self) -> int:
+        """Drive the run; returns the process exit code. The caller took care of config
+        and state-dir validation; the lock is taken here (raises LockHeld)."""
+        check_plan_identity(self.state_dir, self.plan, self.opts.allow_plan_change)
+        self.lock.acquire()
+        try:
+            self.journal = Journal(self.state_dir / "journal.jsonl")
+            self._replay()
+            self._record_plan()
+            enable_subreaper()
+            self.lock.beat(self.phase)
+            await anyio.to_thread.run_sync(self._sweep_orphans)
+            return await self._drive()
+        finally:
+            if self.journal is not None:
+                self.journal.close()
+            self.lock.release()
+
+    async def _drive(self) -> int:
+        ep = make_endpoint(self.preset, self.state_dir)
+        self.keeper = Keeper(ep, self.emit, self.milestone, self.clock)
+        code = EXIT_INCOMPLETE
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self.status.run)
+                tg.start_soon(self._signals, tg.cancel_scope)
+                tg.start_soon(self._heartbeat)
+                await self.status.write_now()
+                try:
+                    await self.keeper.start()
+                except EndpointError as e:
+                    self.outcome_reason = f"endpoint failed to start: {e}"
+                    self.milestone("endpoint_failed", why=str(e))
+                else:
+                    tg.start_soon(self.keeper.watch)
+                    self.emit("run_started", target_n=self.plan.target_n,
+                              identity=self.plan.identity, pid=os.getpid(),
+                              preset=self.preset.name)
+                    sdnotify.notify("READY=1")
+                    self.milestone("run_started", target_n=self.plan.target_n,
+                                   cells=len(self.plan.cells))
+                    await self._passes()
+                code = await self._finish()
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                sdnotify.notify("STOPPING=1")
+                await ep.stop()
+                await ep.aclose()
+                self.phase_final_write()
+        return code
+
+    def phase_final_write(self) -> None:
+        atomic_write_json(self.state_dir / "status.json", self.snapshot())
+        try:
+            self.lock.beat(self.phase)
+        except OSError:
+            pass
+
+    async def _passes(self) -> None:
+        for pass_no in range(1, self.preset.run.max_passes + 1):
+            if self.stop_signal or self.ledger.complete():
+                return
+            pending = self.ledger.pending()
+            if not pending:
+                return
+            self.pass_no = pass_no
+            self.phase = f"run:pass{pass_no}"
+            self.emit("pass_started", **{"pass": pass_no, "pending": len(pending)})
+            try:
+                await self._run_pass(pending)
+            except EndpointFailed as e:
+                self.outcome_reason = str(e)
+                return
+
+    async def _run_pass(self, pending: list[Any]) -> None:
+        assert self.keeper is not None
+        slots = anyio.Semaphore(self.preset.run.concurrency)
+        async with anyio.create_task_group() as tg:
+            for cell_state in pending:
+                await slots.acquire()
+                if self.stop_signal:
+                    slots.release()
+                    break
+                try:
+                    await self.keeper.wait_up()
+                except EndpointFailed:
+                    slots.release()
+                    raise
+                if self.stop_signal:
+                    slots.release()
+                    break
+                cell = self.plan.by_id[cell_state.id]
+                tg.start_soon(self._run_cell, cell, cell_state.attempts + 1, slots)
+
+    async def _run_cell(self, cell: Any, attempt: int, slots: anyio.Semaphore) -> None:
+        assert self.keeper is not None
+        try:
+            cx = CellContext(
+                preset=self.preset, state_dir=self.state_dir, keeper=self.keeper,
+                emit=self.emit, stopping=lambda: self.stop_signal is not None,
+                forced=lambda: self.forced, clock=self.clock, on_tick=self._on_tick,
+                env_overrides={k: v for k, v in os.environ.items()
+                               if k.startswith("AUTOPILOT_STALL_")},
+            )
+            try:
+                result = await CellRun(cx, cell, attempt).run()
+            except Exception as e:  # a bug in our own code must not take the run down
+                log.exception("cell_internal_error", cell=cell.id)
+                self.emit("cell_abandoned", cell=cell.id, attempt=attempt,
+                          why=f"internal error: {type(e).__name__}: {e}")
+                return
+            if result is not None:
+                self._record_verdict(cell.id, attempt, result)
+        finally:
+            slots.release()
+            reap_adopted()
+
+    def _record_verdict(self, cid: str, attempt: int, c: Classification) -> None:
+        self.emit("cell_verdict", cell=cid, attempt=attempt, verdict=c.verdict, reason=c.reason,
+                  word=c.word, caveat=c.caveat, teardown_masked=c.teardown_masked,
+                  detail=c.detail)
+        state = self.ledger.cells[cid]
+        if c.verdict in ("PASS", "FAIL"):
+            self.done_this_session += 1
+        elif should_quarantine(state.invalid_attempts, self.preset.trust.infra_retries):
+            self.emit("cell_quarantined", cell=cid, attempts=state.attempts,
+                      reasons=state.reasons)
+        self.streak, fire = streak_step(self.streak, c.harness_break,
+                                        self.preset.trust.anomaly_streak)
+        if fire:
+            self.anomaly_alarms += 1
+            self.milestone("harness_anomaly", streak=self.streak.count, last_cell=cid,
+                           reason=c.reason,
+                           advice="harness or grader looks broken; check grade logs")
+        arm = state.arm
+        if arm not in self.announced_arms and all(
+            x.valid for x in self.ledger.cells.values() if x.arm == arm
+        ):
+            self.announced_arms.add(arm)
+            counts = self.ledger.counts([x for x in self.ledger.cells.values() if x.arm == arm])
+            self.milestone("arm_complete", arm=arm, passed=counts["pass"], valid=counts["done"])
+
+    async def _finish(self) -> int:
+        if self.stop_signal:
+            self.phase = "stopped"
+            self.outcome_reason = f"stopped by {signal.Signals(self.stop_signal).name}"
+            self.emit("run_finished", outcome="stopped", reason=self.outcome_reason)
+            return EXIT_SIGINT if self.stop_signal == signal.SIGINT else EXIT_SIGTERM
+        if self.ledger.complete():
+            self.phase = "COMPLETE"
+            self.outcome_reason = ""
+            self.emit("run_finished", outcome="COMPLETE")
+            self.milestone("run_complete", trust=self.ledger.trust()["invalid_by_reason"])
+            print("AUTOPILOT_COMPLETE", flush=True)
+            return EXIT_COMPLETE
+        self.phase = "INCOMPLETE"
+        trust = self.ledger.trust()
+        if not self.outcome_reason:
+            q = [e["cell"] for e in trust["excluded"] if e["status"] == "quarantined"]
+            if q:
+                self.outcome_reason = f"{len(q)} quarantined: {', '.join(q[:5])}"
+            else:
+                self.outcome_reason = f"max passes ({self.preset.run.max_passes}) reached"
+        self.emit("run_finished", outcome="INCOMPLETE", reason=self.outcome_reason)
+        self.milestone("run_incomplete", why=self.outcome_reason,
+                       excluded=[e["cell"] for e in trust["excluded"]][:10])
+        print(f"AUTOPILOT_INCOMPLETE {self.outcome_reason}", flush=True)
+        return EXIT_INCOMPLETE
+
+    # ------------------------------------------------------------------ background
+
+    async def _signals(self, scope: anyio.CancelScope) -> None:
+        # Signals become events (uvicorn): the handler only records; the loop acts.
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for sig in signals:
+                if self.stop_signal is None:
+                    self.stop_signal = sig
+                    log.warning("stop_requested", signal=signal.Signals(sig).name,
+                                note="terminating running cells; a second signal forces")
+                    self.status.mark()
+                else:
+                    self.forced = True
+                    log.warning("stop_forced", signal=signal.Signals(sig).name)
+
+    async def _heartbeat(self) -> None:
+        interval = min(HEARTBEAT_SECS, sdnotify.watchdog_interval() or HEARTBEAT_SECS)
+        while True:
+            await anyio.to_thread.run_sync(self.lock.beat, self.phase)
+            sdnotify.notify("WATCHDOG=1")
+            line = self.progress_line()
+            if line != self._last_status_line:
+                self._last_status_line = line
+                sdnotify.notify(f"STATUS={line}")
+            await anyio.sleep(interval)
+
+
+def snapshot_once(preset: Preset, plan: Plan, state_dir: Path) -> dict[str, Any]:
+    """``--once``: a status snapshot rebuilt from the journal, without driving anything."""
+    sup = Supervisor(preset, plan, RunOptions(state_dir))
+    sup._replay()
+    sup.phase = "COMPLETE" if sup.ledger.complete() else "stopped"
+    prior = read_json(state_dir / "status.json")
+    if isinstance(prior, dict) and prior.get("started_at"):
+        sup.started_at = prior["started_at"]
+    return sup.snapshot()

@@ -1,0 +1,120 @@
+"""Fail-closed validity classification: what is on disk + what happened -> a verdict.
+
+Pure: the cell runner gathers plain data (exit code, watchdog kill, artifacts present,
+the parsed grade, token counts, executed-vs-requested configuration) and this module
+decides. PASS / FAIL only ever come from a well-formed grade whose verdict word the
+preset recognises; everything else is INVALID with exactly one reason from
+``config.INVALID_REASONS`` (origin doc 000: never a silent 0, never a silent pass).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from autopilot.config import VerdictRule
+
+Verdict = Literal["PASS", "FAIL", "INVALID"]
+# Reasons that point at a broken harness or grader rather than at the model.
+STREAK_REASONS = frozenset({"grader_failed", "missing_output"})
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What happened to the harness process."""
+
+    exit_code: int | None
+    killed: Literal["stall", "deadline", "teardown"] | None = None
+    completion: bool = False
+    endpoint_down: bool = False
+    kill_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class GradeOutcome:
+    ok: bool  # grader ran and exited 0 within its timeout
+    detail: str = ""
+    grade: Any = None  # parsed grade file, None when missing or unparsable
+
+
+@dataclass(frozen=True)
+class Checks:
+    """Accounting and configuration evidence, read from the harness's own files."""
+
+    tokens: float | None = None  # None: not checked; NaN: missing
+    tokens_checked: bool = False
+    mismatches: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Classification:
+    verdict: Verdict
+    reason: str | None = None
+    word: str | None = None
+    caveat: str | None = None
+    teardown_masked: bool = False
+    detail: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def harness_break(self) -> bool:
+        return self.reason in STREAK_REASONS
+
+    def label(self) -> str:
+        return self.verdict if self.verdict != "INVALID" else f"INVALID({self.reason})"
+
+
+def _invalid(reason: str, detail: str, **kw: Any) -> Classification:
+    return Classification("INVALID", reason=reason, detail=detail, **kw)
+
+
+def classify(
+    run: RunOutcome,
+    grade: GradeOutcome | None,
+    rules: Mapping[str, VerdictRule],
+    checks: Checks = Checks(),
+    verdict_field: str = "verdict",
+) -> Classification:
+    masked = run.killed == "teardown"
+    if not run.completion:
+        if run.killed in ("stall", "deadline"):
+            return _invalid(run.killed, run.kill_reason or run.killed)
+        if run.endpoint_down:
+            return _invalid("endpoint_down", "harness ended without outputs during an outage")
+        if run.exit_code not in (0, None):
+            return _invalid("harness_crash", f"exit code {run.exit_code}, no completion artifacts")
+        return _invalid("missing_output", "harness ended without its completion artifacts")
+    if checks.mismatches:
+        return _invalid("arm_mismatch", "; ".join(checks.mismatches), teardown_masked=masked)
+    if checks.tokens_checked and not (checks.tokens and checks.tokens > 0):
+        return _invalid("zero_tokens", "token accounting missing or zero", teardown_masked=masked)
+    if grade is None or not grade.ok:
+        detail = grade.detail if grade else "grader did not run"
+        return _invalid("grader_failed", detail, teardown_masked=masked)
+    g = grade.grade
+    if not isinstance(g, Mapping):
+        return _invalid("malformed_grade", "grade file missing or not a JSON object",
+                        teardown_masked=masked)
+    word = g.get(verdict_field)
+    if not isinstance(word, str) or not word:
+        return _invalid("malformed_grade", f"no {verdict_field!r} in grade",
+                        teardown_masked=masked)
+    rule = rules.get(word)
+    if rule is None:
+        return _invalid("malformed_grade", f"unknown verdict word {word!r}", word=word,
+                        teardown_masked=masked)
+    if rule.verdict == "INVALID":
+        assert rule.reason is not None
+        return _invalid(rule.reason, f"grader said {word}", word=word, teardown_masked=masked)
+    return Classification(rule.verdict, word=word, caveat=rule.caveat, teardown_masked=masked)
+
+
+def lookup(doc: Any, dotted: str) -> Any:
+    """``a.b.c`` inside nested dicts; None when any step is missing."""
+    cur = doc
+    for part in dotted.split("."):
+        if not isinstance(cur, Mapping) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur

@@ -1,0 +1,1 @@
+"""Presets shipped with bench-autopilot (TOML files; this file only makes them a package)."""
