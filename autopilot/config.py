@@ -402,9 +402,9 @@ def _template_sites(p: Preset) -> Iterable[tuple[str, str, bool]]:
         yield "grader.extract.into", p.grader.extract.into, False
     if p.trust.tokens:
         yield "trust.tokens.file", p.trust.tokens.file, False
-    for i, c in enumerate(p.trust.arm_checks):
-        yield f"trust.arm_checks[{i}].file", c.file, False
-        yield f"trust.arm_checks[{i}].expect", c.expect, False
+    for i, chk in enumerate(p.trust.arm_checks):
+        yield f"trust.arm_checks[{i}].file", chk.file, False
+        yield f"trust.arm_checks[{i}].expect", chk.expect, False
 
 
 def check_templates(p: Preset) -> None:
@@ -488,10 +488,7 @@ def _read_doc(path: Path) -> dict[str, Any]:
     except OSError as e:
         raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
     try:
-        if path.suffix == ".json":
-            doc = json.loads(raw)
-        else:
-            doc = tomllib.loads(raw.decode("utf-8"))
+        doc = json.loads(raw) if path.suffix == ".json" else tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as e:
         kind = "JSON" if path.suffix == ".json" else "TOML"
         raise ConfigError(f"{path}: malformed {kind}: {e}") from None

@@ -66,7 +66,9 @@ def iso(ts: float | None = None) -> str:
 def check_writable_dir(path: Path) -> str | None:
     """Why ``path`` cannot be used as a writable directory, or None if it can.
 
-    Does not create anything: bad input must leave nothing half-written.
+    Leaves nothing behind (bad input must not half-write a state dir). ``os.access`` is
+    not enough: it says yes to root on an immutable or read-only-bound directory, so
+    the nearest existing ancestor is probed with an anonymous temp file.
     """
     p = path
     while not p.exists():
@@ -74,7 +76,10 @@ def check_writable_dir(path: Path) -> str | None:
             return f"{path}: no existing parent directory"
         p = p.parent
     if not p.is_dir():
-        return f"{p}: not a directory"
-    if not os.access(p, os.W_OK | os.X_OK):
-        return f"{p}: not writable"
+        return f"{path}: {p} is not a directory"
+    try:
+        with tempfile.TemporaryFile(dir=p):
+            pass
+    except OSError as e:
+        return f"{path}: {p} is not writable ({e.strerror})"
     return None

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import psutil
 
-TOKEN_ENV = "AUTOPILOT_CELL_TOKEN"
+TOKEN_ENV = "AUTOPILOT_CELL_TOKEN"  # noqa: S105 - an env var name, not a secret
 _PR_SET_CHILD_SUBREAPER = 36
 _CT_TOLERANCE = 0.05  # psutil create_time resolution is a clock tick
 
@@ -74,7 +74,7 @@ def enable_subreaper() -> bool:
 
 def _alive(p: psutil.Process) -> bool:
     try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        return bool(p.is_running() and p.status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
 
@@ -160,7 +160,7 @@ def kill_tree(tracker: Tracker, grace: float) -> list[int]:
     if not procs:
         return []
     signalled.update(_signal_all(procs.values(), signal.SIGTERM))
-    _, alive = psutil.wait_procs(list(procs.values()), timeout=grace)
+    psutil.wait_procs(list(procs.values()), timeout=grace)
     # Survivors, plus anything forked meanwhile: collect again each round.
     for _ in range(5):
         procs = tracker.collect()
@@ -175,7 +175,7 @@ def kill_tree(tracker: Tracker, grace: float) -> list[int]:
 def reap_adopted(pids: Iterable[int] | None = None) -> list[int]:
     """waitpid() zombies re-parented to us as subreaper. Only pids given (or, with None,
     our zombie children that no asyncio watcher owns) are reaped."""
-    reaped = []
+    reaped: list[int] = []
     me = psutil.Process()
     try:
         children = {c.pid: c for c in me.children()}

@@ -45,7 +45,7 @@ def eta_secs(remaining: int, done_this_session: int, session_elapsed: float) -> 
 def fmt_secs(secs: float | None) -> str:
     if secs is None:
         return "?"
-    secs = int(round(secs))
+    secs = round(secs)
     h, rem = divmod(secs, 3600)
     m, s = divmod(rem, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"

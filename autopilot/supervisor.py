@@ -230,6 +230,22 @@ class Supervisor:
             self.emit("cell_abandoned", cell=cell.id, attempt=cell.attempts,
                       why="supervisor restarted", killed_pids=pids)
 
+    def _sweep_endpoint(self) -> None:
+        """An endpoint process a SIGKILLed predecessor started is still serving on its
+        old port: stop exactly that process (identity-checked), never an attached one."""
+        last: dict[str, Any] | None = None
+        for ev in read_events(self.state_dir / "journal.jsonl").events:
+            if ev.get("event") == "endpoint_started":
+                last = ev
+            elif ev.get("event") == "run_finished":
+                last = None
+        if not last or last.get("attached") or not last.get("pid") or not last.get("create_time"):
+            return
+        pids = kill_tree(Tracker(ProcIdentity(int(last["pid"]), float(last["create_time"]))), 5.0)
+        if pids:
+            self.orphans_cleaned.append({"endpoint": last.get("engine"), "pids": pids})
+            log.info("orphan_endpoint_killed", pids=pids)
+
     def _token_of(self, cid: str) -> str | None:
         token = None
         for ev in read_events(self.state_dir / "journal.jsonl").events:
@@ -264,6 +280,7 @@ class Supervisor:
             enable_subreaper()
             self.lock.beat(self.phase)
             await anyio.to_thread.run_sync(self._sweep_orphans)
+            await anyio.to_thread.run_sync(self._sweep_endpoint)
             return await self._drive()
         finally:
             if self.journal is not None:

@@ -53,7 +53,7 @@ def make_handler(args: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
         def _loading(self) -> bool:
-            return args.never_ready or time.monotonic() - started < args.startup_delay
+            return bool(args.never_ready or time.monotonic() - started < args.startup_delay)
 
         def do_GET(self) -> None:
             if self.path == "/health":

@@ -82,6 +82,7 @@ class Endpoint:
             "url": self.api_base,
             "model": self.served_model,
             "pid": self.proc.pid if self.proc else None,
+            "create_time": self.tracker.root.create_time if self.tracker else None,
             "attached": self.attached,
         }
 

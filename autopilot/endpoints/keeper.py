@@ -59,10 +59,7 @@ class Keeper:
         }
 
     def outage_overlaps(self, start: float, end: float) -> bool:
-        for down, up in self.outages:
-            if down <= end and (up is None or up >= start):
-                return True
-        return False
+        return any(down <= end and (up is None or up >= start) for down, up in self.outages)
 
     async def wait_up(self) -> None:
         while not self.is_up:

@@ -1,0 +1,135 @@
+"""Preset loading, overlay merge, and every validation error, named file + key path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autopilot.config import load_preset, render_argv
+from autopilot.errors import ConfigError
+
+DEMO = "demo"
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def minimal(extra: str = "", arms: str | None = None) -> str:
+    arms = arms if arms is not None else (
+        '[[arms]]\nlabel = "m-think"\nmode = "think"\n'
+        '[[arms]]\nlabel = "m-nothink"\nmode = "nothink"\n'
+    )
+    return (
+        'model = "m"\n'
+        '[endpoint]\nengine = "builtin"\n'
+        '[harness]\nargv = ["prog", "{cell}", ["--input", "{input_dir}"]]\n'
+        '[grader]\nargv = ["grade", "{output_dir}"]\n'
+        '[[tasks]]\nid = "t1"\nvars = { input_dir = "in1" }\n'
+        '[[tasks]]\nid = "t2"\n'
+        + arms + extra
+    )
+
+
+def test_builtin_preset_loads_with_name_and_defaults() -> None:
+    p = load_preset(DEMO)
+    assert p.name == "demo"
+    assert p.endpoint.engine == "builtin"
+    assert [a.label for a in p.arms] == ["demo-nothink", "demo-think"]
+    assert p.run.max_passes == 6
+
+
+def test_overlay_deep_merges_and_flags_win(tmp_path: Path) -> None:
+    over = write(tmp_path, "over.json", json.dumps(
+        {"run": {"concurrency": 7, "max_passes": 2}, "watchdog": {"stuck_secs": 99}}))
+    p = load_preset(DEMO, overlay=over, flags={"max_passes": 4, "target_n": None})
+    assert p.run.concurrency == 7  # overlay over preset
+    assert p.run.max_passes == 4  # flag over overlay
+    assert p.run.target_n == 3  # untouched preset value survives the merge (additive)
+    assert p.watchdog.stuck_secs == 99
+    assert p.watchdog.poll_secs == 0.2  # sibling key kept
+
+
+def test_toml_overlay(tmp_path: Path) -> None:
+    over = write(tmp_path, "o.toml", '[run]\nconcurrency = 3\n')
+    assert load_preset(DEMO, overlay=over).run.concurrency == 3
+
+
+def test_preset_by_path_and_env_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, "mine.toml", minimal())
+    assert load_preset(path).name == "mine"
+    monkeypatch.setenv("AUTOPILOT_PRESETS_DIR", str(tmp_path))
+    assert load_preset("mine").model == "m"
+
+
+def test_optional_argv_group_drops_when_unset() -> None:
+    ctx = {"cell": "c", "input_dir": ""}
+    assert render_argv(["p", "{cell}", ["--input", "{input_dir}"]], ctx) == ["p", "c"]
+    ctx["input_dir"] = "dir"
+    assert render_argv(["p", "{cell}", ["--input", "{input_dir}"]], ctx) == [
+        "p", "c", "--input", "dir"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("model = \n", "malformed TOML"),
+        (minimal('bogus = 1\n'), "bogus: unknown key"),
+        (minimal('[run]\nconcurrency = "lots"\n'),
+         "run.concurrency: Input should be a valid integer"),
+        (minimal('[run]\nconcurrency = 0\n'),
+         "run.concurrency: Input should be greater than or equal to 1"),
+        (minimal(arms='[[arms]]\nlabel = "x-think"\nmode = "think"\n'
+                      '[[arms]]\nlabel = "x-think"\nmode = "think"\n'), "collide"),
+        (minimal(arms='[[arms]]\nlabel = "x"\nmode = "think"\n'), "does not encode its mode"),
+        (minimal(arms='[[arms]]\nlabel = "x-nothink"\nmode = "think"\n'),
+         "does not encode its mode"),
+        (minimal('[watchdog]\nwarn_secs = 500\n'), "warn_secs <= probe_secs <= kill_secs"),
+        (minimal().replace('"grade", "{output_dir}"', '"grade", "{outptu_dir}"'),
+         "grader.argv[1]: unknown placeholder {outptu_dir}"),
+        (minimal().replace('id = "t2"', 'id = "t 2"'), "tasks[1].id: task id 't 2' may only use"),
+        (minimal().replace('engine = "builtin"', 'engine = "tgi"'), "endpoint"),
+        (minimal('[grader.verdicts]\nODD = { verdict = "INVALID" }\n'), "needs a reason"),
+    ],
+)
+def test_validation_errors_name_file_and_key(tmp_path: Path, text: str, expected: str) -> None:
+    path = write(tmp_path, "bad.toml", text)
+    with pytest.raises(ConfigError) as e:
+        load_preset(path)
+    msg = str(e.value)
+    assert expected in msg
+    assert str(path) in msg
+    assert "\n" not in msg
+
+
+def test_error_in_overlay_names_the_overlay(tmp_path: Path) -> None:
+    over = write(tmp_path, "over.json", json.dumps({"run": {"concurrency": "x"}}))
+    with pytest.raises(ConfigError) as e:
+        load_preset(DEMO, overlay=over)
+    assert str(e.value).startswith(f"{over}: run.concurrency")
+
+
+def test_malformed_json_overlay(tmp_path: Path) -> None:
+    over = write(tmp_path, "over.json", "{not json")
+    with pytest.raises(ConfigError, match="malformed JSON"):
+        load_preset(DEMO, overlay=over)
+
+
+def test_flag_error_names_the_flag() -> None:
+    with pytest.raises(ConfigError, match=r"^--concurrency: "):
+        load_preset(DEMO, flags={"concurrency": 0})
+
+
+def test_unknown_preset_lists_available() -> None:
+    with pytest.raises(ConfigError, match=r"unknown preset \(available: .*demo"):
+        load_preset("nope")
+
+
+def test_config_is_frozen() -> None:
+    p = load_preset(DEMO)
+    with pytest.raises(Exception):
+        p.run.concurrency = 9  # type: ignore[misc]

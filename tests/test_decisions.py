@@ -1,0 +1,147 @@
+"""Pure decision functions, table-driven with a fake clock: watchdog tiers, validity,
+retry/quarantine, harness-break streaks, restart policy, ETA."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autopilot.config import DEFAULT_VERDICTS, BuiltinEndpoint
+from autopilot.endpoints.policy import backoff_secs, restart_action
+from autopilot.ledger import StreakState, should_quarantine, streak_step
+from autopilot.status import eta_secs, fmt_secs, oneline
+from autopilot.validity import Checks, GradeOutcome, RunOutcome, classify
+from autopilot.watchdog import Limits, Observation, WatchState, cell_deadline, decide
+
+LIM = Limits(warn_secs=90, probe_secs=180, kill_secs=300, stuck_secs=1200,
+             teardown_grace_secs=10, deadline=5000)
+
+
+def drive(trace: list[tuple[float, int | None, int, bool, bool]], limits: Limits = LIM):
+    """trace rows: (t, transcript_size, spool_size, completion, alive) -> decisions"""
+    s = WatchState.begin(0.0)
+    out = []
+    for t, tr, sp, comp, alive in trace:
+        s, d = decide(s, Observation(now=t, transcript_size=tr, spool_size=sp,
+                                     completion=comp, alive=alive), limits)
+        out.append(d)
+    return out
+
+
+def test_tiers_on_no_progress() -> None:
+    ds = drive([(10, 10, 5, False, True), (100, 10, 5, False, True),
+                (190, 10, 5, False, True), (311, 10, 5, False, True)])
+    assert [d.action for d in ds] == ["OK", "WARN", "PROBE", "KILL"]
+    assert ds[-1].kind == "stall" and all(d.changed for d in ds[1:])
+
+
+def test_slow_but_progressing_is_never_stuck() -> None:
+    trace = [(t, t, 0, False, True) for t in range(0, 4000, 60)]  # grows every minute
+    no_deadline = Limits(**{**LIM.__dict__, "deadline": 1e9})
+    assert {d.action for d in drive(trace, no_deadline)} == {"OK"}
+
+
+def test_transcript_freeze_kills_even_while_spool_grows() -> None:
+    trace = [(t, 100, t, False, True) for t in range(10, 1300, 10)]  # writes forever
+    ds = drive(trace)
+    kill = next(d for d in ds if d.action == "KILL")
+    assert kill.kind == "stall" and "transcript frozen" in kill.reason
+    assert kill.frozen_secs >= 1200
+
+
+def test_deadline() -> None:
+    ds = drive([(t, t, 0, False, True) for t in range(0, 5100, 50)])
+    kill = next(d for d in ds if d.action == "KILL")
+    assert kill.kind == "deadline"
+
+
+def test_hung_teardown_after_grace() -> None:
+    ds = drive([(5, 10, 0, False, True), (6, 20, 0, True, True), (12, 20, 0, True, True),
+                (17, 20, 0, True, True)])
+    assert [d.action for d in ds] == ["OK", "OK", "OK", "KILL"]
+    assert ds[-1].kind == "teardown"
+
+
+def test_teardown_not_flagged_when_process_exits() -> None:
+    ds = drive([(6, 20, 0, True, True), (30, 20, 0, True, False)])
+    assert [d.action for d in ds] == ["OK", "OK"]
+
+
+def test_cell_deadline_cap() -> None:
+    assert cell_deadline(100, 600, 600, 3600) == 1300
+    assert cell_deadline(100, 5000, 600, 3600) == 3700
+
+
+R = DEFAULT_VERDICTS
+DONE = RunOutcome(exit_code=0, completion=True)
+GOOD = GradeOutcome(True, grade={"verdict": "PASS"})
+
+
+@pytest.mark.parametrize(
+    ("run", "grade", "checks", "label"),
+    [
+        (DONE, GOOD, Checks(), "PASS"),
+        (DONE, GradeOutcome(True, grade={"verdict": "FAIL"}), Checks(), "FAIL"),
+        (DONE, GradeOutcome(True, grade={"verdict": "STRUCTURAL_PASS"}), Checks(), "PASS"),
+        (RunOutcome(None, killed="stall"), None, Checks(), "INVALID(stall)"),
+        (RunOutcome(None, killed="deadline"), None, Checks(), "INVALID(deadline)"),
+        (RunOutcome(2), None, Checks(), "INVALID(harness_crash)"),
+        (RunOutcome(0), None, Checks(), "INVALID(missing_output)"),
+        (RunOutcome(3, endpoint_down=True), None, Checks(), "INVALID(endpoint_down)"),
+        (DONE, GradeOutcome(False, "exit 1"), Checks(), "INVALID(grader_failed)"),
+        (DONE, GradeOutcome(True, grade=None), Checks(), "INVALID(malformed_grade)"),
+        (DONE, GradeOutcome(True, grade={"score": 1}), Checks(), "INVALID(malformed_grade)"),
+        (DONE, GradeOutcome(True, grade={"verdict": "MAYBE"}), Checks(),
+         "INVALID(malformed_grade)"),
+        (DONE, GradeOutcome(True, grade={"verdict": "MISSING_OUTPUT"}), Checks(),
+         "INVALID(missing_output)"),
+        (DONE, GOOD, Checks(tokens=0, tokens_checked=True), "INVALID(zero_tokens)"),
+        (DONE, GOOD, Checks(tokens=None, tokens_checked=True), "INVALID(zero_tokens)"),
+        (DONE, GOOD, Checks(tokens=math.nan, tokens_checked=True), "INVALID(zero_tokens)"),
+        (DONE, GOOD, Checks(mismatches=("model: a vs b",)), "INVALID(arm_mismatch)"),
+    ],
+)
+def test_classify_table(run, grade, checks, label) -> None:
+    assert classify(run, grade, R, checks).label() == label
+
+
+def test_teardown_masked_is_valid_and_flagged() -> None:
+    c = classify(RunOutcome(-9, killed="teardown", completion=True), GOOD, R)
+    assert c.label() == "PASS" and c.teardown_masked
+
+
+def test_retry_then_quarantine() -> None:
+    assert [should_quarantine(k, 2) for k in (1, 2, 3)] == [False, False, True]
+
+
+def test_streak_fires_once_per_streak() -> None:
+    s, fired = StreakState(), []
+    for brk in [True, True, True, True, False, True, True, True]:
+        s, f = streak_step(s, brk, 3)
+        fired.append(f)
+    assert fired == [False, False, True, False, False, False, False, True]
+
+
+def test_restart_policy() -> None:
+    cfg = BuiltinEndpoint(engine="builtin", down_restart_secs=90, max_restarts=3,
+                          restart_window_secs=1000, restart_backoff_secs=10)
+    assert restart_action(None, 0, [], cfg) == "ok"
+    assert restart_action(0, 50, [], cfg) == "wait"
+    assert restart_action(0, 95, [], cfg) == "restart"
+    assert restart_action(0, 100, [95], cfg) == "wait"  # backoff 10 after one restart
+    assert restart_action(0, 106, [95], cfg) == "restart"
+    assert restart_action(0, 300, [100, 200, 290], cfg) == "give_up"
+    assert restart_action(0, 2000, [100, 200, 290], cfg) == "restart"  # window passed
+    assert [backoff_secs(k, 5, 30) for k in range(5)] == [0, 5, 10, 20, 30]
+
+
+def test_eta_and_oneline() -> None:
+    assert eta_secs(10, 0, 100) is None
+    assert eta_secs(10, 5, 100) == 200
+    assert eta_secs(0, 0, 0) == 0
+    assert fmt_secs(31) == "0:31" and fmt_secs(3725) == "1:02:05"
+    line = oneline({"phase": "run:pass1", "preset": "demo", "eta_secs": 31,
+                    "totals": {"done": 14, "total": 24, "pass": 9, "fail": 5, "invalid": 0,
+                               "running": 2}})
+    assert line == "run:pass1 demo 14/24 done P9 F5 I0 | 2 running | eta 0:31"

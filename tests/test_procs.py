@@ -1,0 +1,77 @@
+"""Exact-PID kill against adversarial process trees; a recycled pid is never signalled."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import psutil
+
+from autopilot.procs import TOKEN_ENV, ProcIdentity, Tracker, identify, kill_tree, verify
+
+HERE = Path(__file__).parent
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_kills_term_ignoring_double_forked_setsid_tree() -> None:
+    token = uuid.uuid4().hex
+    env = {**os.environ, TOKEN_ENV: token}
+    proc = subprocess.Popen([sys.executable, str(HERE / "adversaries" / "unkillable_tree.py")],
+                            stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    line = proc.stdout.readline().split()  # handshake: the tree is fully built
+    assert line[0] == "READY"
+    root_pid, grandchild = int(line[1]), int(line[2])
+    assert psutil.Process(grandchild).ppid() != root_pid  # it escaped the parent chain
+    tracker = Tracker(identify(root_pid), token)
+    killed = kill_tree(tracker, grace=0.5)
+    proc.wait(10)
+    assert {root_pid, grandchild} <= set(killed)
+    assert gone(root_pid) and gone(grandchild)
+    assert tracker.collect() == {}
+
+
+def test_recycled_pid_is_never_signalled() -> None:
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        real = identify(victim.pid)
+        stale = ProcIdentity(victim.pid, real.create_time - 1000)  # same pid, older process
+        assert verify(stale) is None
+        assert kill_tree(Tracker(stale), grace=0.1) == []
+        assert victim.poll() is None and psutil.Process(victim.pid).is_running()
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_dead_identity_is_a_no_op() -> None:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    ident = identify(p.pid)
+    p.wait()
+    assert ident is None or kill_tree(Tracker(ident), grace=0.1) == []
+
+
+def test_token_match_is_exact() -> None:
+    n = 3
+    token = uuid.uuid4().hex
+    others = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                               env={**os.environ, TOKEN_ENV: token + "x"}) for _ in range(n)]
+    mine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            env={**os.environ, TOKEN_ENV: token})
+    try:
+        killed = kill_tree(Tracker(identify(mine.pid), token), grace=0.5)
+        assert killed == [mine.pid]
+        assert all(o.poll() is None for o in others)
+    finally:
+        for o in others:
+            o.kill()
+            o.wait()
+        mine.wait()

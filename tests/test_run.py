@@ -1,0 +1,205 @@
+"""Whole runs of the embedded demo through the real CLI, real subprocesses.
+
+Handshakes, not sleeps: tests wait on journal events the supervisor fsyncs before it
+acts. No assertion on wall-clock duration.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import (
+    alive_identities,
+    events,
+    run_cli,
+    spawn_cli,
+    token_holders,
+    wait_for,
+    write_overlay,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def valid_verdicts(evs):
+    return Counter(e["cell"] for e in evs
+                   if e["event"] == "cell_verdict" and e["verdict"] in ("PASS", "FAIL"))
+
+
+def assert_each_cell_once_and_never_rerun(evs, n_cells: int) -> None:
+    counts = valid_verdicts(evs)
+    assert len(counts) == n_cells
+    assert set(counts.values()) == {1}, {c: k for c, k in counts.items() if k != 1}
+    done: set[str] = set()
+    for e in evs:  # no cell starts again after its valid verdict
+        if e["event"] == "cell_started":
+            assert e["cell"] not in done, f"{e['cell']} re-run after completion"
+        if e["event"] == "cell_verdict" and e["verdict"] in ("PASS", "FAIL"):
+            done.add(e["cell"])
+
+
+def max_overlap(intervals: list[tuple[float, float]]) -> int:
+    points = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals],
+                    key=lambda p: (p[0], p[1]))
+    cur = best = 0
+    for _, d in points:
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+def test_demo_runs_to_complete_within_concurrency(state_dir: Path, tmp_path: Path) -> None:
+    over = write_overlay(tmp_path / "o.json", {"vars": {"think_secs": "0.1"}})
+    r = run_cli("--preset", "demo", "--target-n", "2", "--concurrency", "3",
+                "--config", str(over), "--state-dir", str(state_dir), "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "AUTOPILOT_COMPLETE"
+    status = json.loads((state_dir / "status.json").read_text())
+    assert status["phase"] == "COMPLETE" and status["schema_version"] == 1
+    assert status["totals"]["done"] == status["totals"]["total"] == 24
+    assert 0 < status["totals"]["pass"] < 24  # the demo scorecard is not trivial
+    assert status["trust"]["invalid_cells"] == 0
+    evs = events(state_dir)
+    assert_each_cell_once_and_never_rerun(evs, 24)
+    spans = []
+    for timing in state_dir.rglob("timing.json"):
+        t = json.loads(timing.read_text())
+        spans.append((t["start"], t["stop"]))
+    assert len(spans) >= 24
+    assert max_overlap(spans) <= 3
+    assert max_overlap(spans) >= 2  # it did run cells concurrently
+    for cell_dir in (state_dir / "cells").iterdir():
+        rows = (cell_dir / "transcript.jsonl").read_text().splitlines()
+        assert rows and all("completion_tokens" in json.loads(x) for x in rows)
+        summary = json.loads((cell_dir / "summary.json").read_text())
+        assert summary["total_completion_tokens"] > 0 and summary["finish_reason"] == "stop"
+    assert alive_identities(evs) == []
+    line = run_cli("--oneline", "--state-dir", str(state_dir), prog="dashboard")
+    assert line.returncode == 0
+    assert line.stdout.startswith("COMPLETE demo 24/24 done P")
+    # Re-running a complete run does nothing but confirm it.
+    again = run_cli("--preset", "demo", "--target-n", "2", "--config", str(over),
+                    "--state-dir", str(state_dir), "--quiet")
+    assert again.returncode == 0
+    assert [e for e in events(state_dir)[len(evs):] if e["event"] == "cell_started"] == []
+    # Raising N is a normal resume that adds replicates.
+    more = run_cli("--preset", "demo", "--target-n", "3", "--config", str(over),
+                   "--state-dir", str(state_dir), "--quiet")
+    assert more.returncode == 0
+    started = {e["cell"] for e in events(state_dir)[len(evs):] if e["event"] == "cell_started"}
+    assert started and all(c.endswith("_v3") for c in started)
+
+
+def test_kill9_resume_counts_every_cell_once(state_dir: Path, tmp_path: Path) -> None:
+    over = write_overlay(tmp_path / "o.json", {"vars": {"think_secs": "0.25"}})
+    args = ["--preset", "demo", "--target-n", "2", "--concurrency", "3", "--config", str(over),
+            "--state-dir", str(state_dir), "--quiet"]
+    proc = spawn_cli(*args, log=tmp_path / "first.log")
+
+    def mid_run():
+        evs = events(state_dir)
+        verdicts = sum(e["event"] == "cell_verdict" for e in evs)
+        running = {e["cell"] for e in evs if e["event"] == "cell_started"} - {
+            e["cell"] for e in evs if e["event"] == "cell_verdict"}
+        return verdicts >= 4 and running
+
+    wait_for(mid_run, 90, "cells running mid-run")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    before = events(state_dir)
+    orphans = alive_identities(before)
+    assert orphans, "the killed supervisor should have left its cells and endpoint behind"
+
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stderr[-2000:]
+    evs = events(state_dir)
+    assert_each_cell_once_and_never_rerun(evs, 24)
+    abandoned = [e for e in evs[len(before):] if e["event"] == "cell_abandoned"]
+    assert abandoned and all(e["why"] == "supervisor restarted" for e in abandoned)
+    for pid in orphans:  # the sweep killed exactly the recorded processes
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+    status = json.loads((state_dir / "status.json").read_text())
+    assert status["phase"] == "COMPLETE" and status["orphans_cleaned"]
+
+
+def test_sigterm_stops_gracefully_and_leaves_no_child(state_dir: Path, tmp_path: Path) -> None:
+    over = write_overlay(tmp_path / "o.json", {"vars": {"think_secs": "0.5"}})
+    args = ["--preset", "demo", "--target-n", "2", "--concurrency", "3", "--config", str(over),
+            "--state-dir", str(state_dir), "--quiet"]
+    proc = spawn_cli(*args, log=tmp_path / "run.log")
+
+    def running():
+        evs = events(state_dir)
+        started = [e for e in evs if e["event"] == "cell_started"]
+        return len(started) >= 3
+
+    wait_for(running, 60, "three cells started")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 143
+    evs = events(state_dir)
+    assert alive_identities(evs) == []
+    tokens = {e["token"] for e in evs if e["event"] == "cell_started"}
+    assert token_holders(tokens) == []
+    status = json.loads((state_dir / "status.json").read_text())
+    assert status["phase"] == "stopped"
+    assert any(e["event"] == "cell_abandoned" for e in evs)
+    assert [e for e in evs if e["event"] == "run_finished"][-1]["outcome"] == "stopped"
+    # and the run resumes to completion
+    r = run_cli(*args)
+    assert r.returncode == 0
+    assert_each_cell_once_and_never_rerun(events(state_dir), 24)
+
+
+def test_once_rebuilds_status_from_journal(state_dir: Path, tmp_path: Path) -> None:
+    over = write_overlay(tmp_path / "o.json", {"vars": {"think_secs": "0"}})
+    args = ["--preset", "demo", "--target-n", "1", "--config", str(over),
+            "--state-dir", str(state_dir), "--quiet"]
+    assert run_cli(*args).returncode == 0
+    (state_dir / "status.json").unlink()
+    n_events = len(events(state_dir))
+    r = run_cli(*args, "--once")
+    assert r.returncode == 0 and r.stdout.startswith("COMPLETE demo 12/12 done")
+    status = json.loads((state_dir / "status.json").read_text())
+    assert status["totals"]["done"] == 12
+    assert len(events(state_dir)) == n_events  # --once drives nothing
+
+
+def test_plan_change_refused_then_allowed(state_dir: Path, tmp_path: Path) -> None:
+    over = write_overlay(tmp_path / "o.json", {"vars": {"think_secs": "0"}})
+    base = ["--preset", "demo", "--target-n", "1", "--state-dir", str(state_dir), "--quiet"]
+    assert run_cli(*base, "--config", str(over)).returncode == 0
+    changed = write_overlay(tmp_path / "c.json", {"vars": {"think_secs": "0", "seed": "99"}})
+    r = run_cli(*base, "--config", str(changed))
+    assert r.returncode == 2 and "--allow-plan-change" in r.stderr
+    r = run_cli(*base, "--config", str(changed), "--allow-plan-change")
+    assert r.returncode == 0
+    assert any(e["event"] == "plan_changed" for e in events(state_dir))
+
+
+def test_demo_chaos_heals_itself(state_dir: Path) -> None:
+    r = run_cli("--preset", "demo-chaos", "--target-n", "2", "--state-dir", str(state_dir),
+                "--quiet", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    evs = events(state_dir)
+    kinds = [e["kind"] for e in evs if e["event"] == "milestone"]
+    assert "endpoint_restart" in kinds and "harness_anomaly" in kinds
+    assert kinds.count("harness_anomaly") == 1
+    reasons = Counter(e["reason"] for e in evs
+                      if e["event"] == "cell_verdict" and e["verdict"] == "INVALID")
+    assert reasons["grader_failed"] == 3
+    assert reasons["stall"] >= 1
+    assert "FAIL" not in {e["verdict"] for e in evs if e["event"] == "cell_verdict"
+                          and e.get("reason") in ("endpoint_down",)}
+    assert_each_cell_once_and_never_rerun(evs, 24)
+    status = json.loads((state_dir / "status.json").read_text())
+    assert status["trust"]["retried_cells"] >= 4
+    # evidence of the INVALID attempts survives under attempts/
+    moved = defaultdict(list)
+    for p in (state_dir / "attempts").glob("*/attempt-*"):
+        moved[p.parent.name].append(p.name)
+    assert len(moved) >= 4
