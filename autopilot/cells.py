@@ -30,7 +30,7 @@ from autopilot.endpoints.keeper import Keeper
 from autopilot.fsutil import read_json
 from autopilot.grading import run_grader
 from autopilot.plan import Cell
-from autopilot.procs import OWNED, TOKEN_ENV, Tracker, identify, kill_tree
+from autopilot.procs import OWNED, TOKEN_ENV, Tracker, identify, kill_tree, spawn
 from autopilot.validity import Checks, Classification, GradeOutcome, RunOutcome, classify, lookup
 from autopilot.watchdog import Limits, Observation, WatchState, cell_deadline, decide
 
@@ -175,7 +175,7 @@ class CellRun:
             spool.write(f"--- attempt {self.attempt} argv: {argv}\n".encode())
             spool.flush()
             try:
-                proc = await anyio.open_process(
+                proc = await spawn(
                     argv, cwd=cwd, env=self._env(deadline_epoch), stdout=spool,
                     stderr=subprocess.STDOUT, start_new_session=True,
                 )
@@ -185,7 +185,6 @@ class CellRun:
                 cx.emit("cell_exited", cell=self.cell.id, attempt=self.attempt, code=None,
                         error=f"spawn failed: {e.strerror}: {argv[0]}")
                 return classify(RunOutcome(exit_code=127), None, self.p.grader.verdicts)
-        OWNED.add(proc.pid)
         ident = identify(proc.pid)
         self.tracker = Tracker(ident, self.token) if ident else None
         cx.emit("cell_started", cell=self.cell.id, attempt=self.attempt, pid=proc.pid,

@@ -68,9 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="write one status snapshot rebuilt from the journal, then exit")
     ap.add_argument("--allow-plan-change", action="store_true",
                     help="resume a state dir whose plan identity differs")
+    ap.add_argument("--notify-config", help="apprise config file (YAML or text, with tags)")
     ap.add_argument("--quiet", action="store_true", help="no console log (file log only)")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("presets", help="list presets with a one-line description")
+    nt = sub.add_parser("notify-test", help="send one test message to each configured URL")
+    nt.add_argument("--preset", dest="nt_preset", help="also use this preset's [notify] urls")
+    nt.add_argument("--notify-config", dest="nt_config", help="apprise config file")
     return ap
 
 
@@ -86,8 +90,27 @@ def cmd_presets() -> int:
     return 0
 
 
+def cmd_notify_test(args: argparse.Namespace) -> int:
+    from autopilot.notify import MILESTONES, Message, Notifier, urls_from_env
+
+    urls = urls_from_env()
+    if args.nt_preset:
+        urls = [*load_preset(args.nt_preset).notify.urls, *urls]
+    config = args.nt_config or args.notify_config
+    notifier = Notifier(urls, config)
+    if not notifier.enabled:
+        raise ConfigError("notify-test: no URLs (set [notify].urls in the preset, "
+                          "AUTOPILOT_NOTIFY_URLS, or --notify-config)")
+    ntype, priority = MILESTONES["test"]
+    msg = Message("test", "bench-autopilot test", "If you can read this, milestones reach you.",
+                  ntype, priority)
+    results = anyio.run(notifier.send, msg)
+    for url, ok in results:
+        print(f"{'ok  ' if ok else 'FAIL'}  {url}")
+    return 0 if results and all(ok for _, ok in results) else 1
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    from autopilot import logsetup
     from autopilot.supervisor import RunOptions, Supervisor, check_plan_identity, snapshot_once
 
     flags: dict[str, Any] = {
@@ -114,8 +137,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(oneline(snap))
         return 0
 
-    logsetup.configure(state_dir / "autopilot.log", console=not args.quiet)
-    sup = Supervisor(preset, plan, RunOptions(state_dir, args.allow_plan_change))
+    sup = Supervisor(preset, plan, RunOptions(state_dir, args.allow_plan_change,
+                                              args.notify_config, console_log=not args.quiet))
     return anyio.run(sup.run)
 
 
@@ -125,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "presets":
             return cmd_presets()
+        if args.command == "notify-test":
+            return cmd_notify_test(args)
         if not args.preset:
             parser.error("--preset is required to run (try `autopilot presets`)")
         return cmd_run(args)

@@ -17,7 +17,7 @@ from pathlib import Path
 import anyio
 
 from autopilot.fsutil import read_json
-from autopilot.procs import OWNED, Tracker, identify, kill_tree
+from autopilot.procs import OWNED, Tracker, identify, kill_tree, spawn
 from autopilot.validity import GradeOutcome
 
 
@@ -51,13 +51,12 @@ async def run_grader(
         grade_file.unlink(missing_ok=True)  # a stale grade must never be read as fresh
         with log_path.open("ab") as log:
             try:
-                proc = await anyio.open_process(
+                proc = await spawn(
                     argv, cwd=cwd, env=dict(env), stdout=log, stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
             except OSError as e:
                 return GradeOutcome(False, f"grader could not start: {e.strerror}")
-            OWNED.add(proc.pid)  # asyncio reaps it; our subreaper sweep must not
             try:
                 with anyio.move_on_after(timeout) as scope:
                     code = await proc.wait()

@@ -23,15 +23,33 @@ import os
 import signal
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
+import anyio
 import psutil
+from anyio.abc import Process
 
 TOKEN_ENV = "AUTOPILOT_CELL_TOKEN"  # noqa: S105 - an env var name, not a secret
 _PR_SET_CHILD_SUBREAPER = 36
 _CT_TOLERANCE = 0.05  # psutil create_time resolution is a clock tick
 
-# Pids we spawned through asyncio: its child watcher reaps them, so we must not.
+# Pids we spawned through asyncio: its child watcher reaps them, so we must not. While a
+# spawn is in flight its pid is not known yet, so the blanket zombie sweep waits.
 OWNED: set[int] = set()
+_spawning = 0
+
+
+async def spawn(argv: list[str], **kwargs: Any) -> Process:
+    """``anyio.open_process`` that registers the child as asyncio-owned atomically with
+    respect to ``reap_adopted`` (both run on the event loop thread)."""
+    global _spawning
+    _spawning += 1
+    try:
+        proc = await anyio.open_process(argv, **kwargs)
+        OWNED.add(proc.pid)
+        return proc
+    finally:
+        _spawning -= 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +194,8 @@ def reap_adopted(pids: Iterable[int] | None = None) -> list[int]:
     """waitpid() zombies re-parented to us as subreaper. Only pids given (or, with None,
     our zombie children that no asyncio watcher owns) are reaped."""
     reaped: list[int] = []
+    if pids is None and _spawning:
+        return reaped  # a fresh child may already be a zombie its watcher has not seen
     me = psutil.Process()
     try:
         children = {c.pid: c for c in me.children()}

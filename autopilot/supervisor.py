@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 import structlog
 
-from autopilot import sdnotify
+from autopilot import logsetup, sdnotify
 from autopilot.cells import CellContext, CellRun
 from autopilot.config import Preset
 from autopilot.endpoints import make_endpoint
@@ -41,6 +41,7 @@ from autopilot.fsutil import atomic_write_json, iso, read_json
 from autopilot.journal import Journal, read_events
 from autopilot.ledger import Ledger, StreakState, should_quarantine, streak_step
 from autopilot.lock import HEARTBEAT_SECS, RunLock
+from autopilot.notify import MILESTONES, Notifier, urls_from_env
 from autopilot.plan import Plan
 from autopilot.procs import ProcIdentity, Tracker, enable_subreaper, kill_tree, reap_adopted
 from autopilot.status import SCHEMA_VERSION, StatusWriter, eta_secs, oneline
@@ -48,19 +49,14 @@ from autopilot.validity import Classification
 
 log = structlog.get_logger(__name__)
 
-Milestone = Callable[[str, dict[str, Any]], Any]
-
-PRIORITY = {
-    "run_started": "normal", "endpoint_restart": "high", "endpoint_failed": "emergency",
-    "arm_complete": "normal", "run_complete": "high", "run_incomplete": "high",
-    "harness_anomaly": "emergency",
-}
 
 
 @dataclass(frozen=True)
 class RunOptions:
     state_dir: Path
     allow_plan_change: bool = False
+    notify_config: str | None = None
+    console_log: bool = True
 
 
 def check_plan_identity(state_dir: Path, plan: Plan, allow_change: bool) -> dict[str, Any] | None:
@@ -85,7 +81,6 @@ class Supervisor:
         plan: Plan,
         opts: RunOptions,
         *,
-        notifier: Milestone | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.preset = preset
@@ -93,7 +88,11 @@ class Supervisor:
         self.opts = opts
         self.state_dir = opts.state_dir
         self.clock = clock
-        self.notifier = notifier
+        self.notifier = Notifier(
+            [*preset.notify.urls, *urls_from_env()], opts.notify_config,
+            cooldown_secs=preset.notify.cooldown_secs, timeout_secs=preset.notify.timeout_secs,
+            on_failure=self._notify_failed, clock=clock,
+        )
         self.ledger = Ledger(plan)
         self.journal: Journal | None = None
         self.lock = RunLock(self.state_dir)
@@ -126,17 +125,20 @@ class Supervisor:
         return record
 
     def milestone(self, kind: str, **info: Any) -> None:
-        priority = PRIORITY.get(kind, "normal")
+        priority = MILESTONES.get(kind, ("", "normal"))[1]
         payload = {
             "kind": kind, "priority": priority, "preset": self.preset.name,
             "model": self.preset.model, "progress": self.progress_line(), **info,
         }
         self.emit("milestone", **payload)
-        if self.notifier is not None:
-            try:
-                self.notifier(kind, payload)
-            except Exception as e:  # notifications must never break the run
-                log.warning("notify_failed", kind=kind, error=str(e))
+        try:
+            self.notifier.submit(kind, payload)
+        except Exception as e:  # notifications must never break the run
+            log.warning("notify_failed", kind=kind, error=str(e))
+
+    def _notify_failed(self, kind: str, url: str, why: str) -> None:
+        if self.journal is not None:
+            self.emit("notify_failed", kind=kind, url=url, why=why)
 
     def progress_line(self) -> str:
         return oneline(self.snapshot(light=True))
@@ -274,6 +276,9 @@ class Supervisor:
         check_plan_identity(self.state_dir, self.plan, self.opts.allow_plan_change)
         self.lock.acquire()
         try:
+            # Logging starts only once we own the run: a refused second supervisor
+            # must not even append to the holder's autopilot.log.
+            logsetup.configure(self.state_dir / "autopilot.log", console=self.opts.console_log)
             self.journal = Journal(self.state_dir / "journal.jsonl")
             self._replay()
             self._record_plan()
@@ -294,6 +299,7 @@ class Supervisor:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.status.run)
+                tg.start_soon(self.notifier.run)
                 tg.start_soon(self._signals, tg.cancel_scope)
                 tg.start_soon(self._heartbeat)
                 await self.status.write_now()
@@ -312,6 +318,7 @@ class Supervisor:
                                    cells=len(self.plan.cells))
                     await self._passes()
                 code = await self._finish()
+                await self.notifier.drain(self.preset.notify.timeout_secs + 1)
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
@@ -401,7 +408,8 @@ class Supervisor:
                                         self.preset.trust.anomaly_streak)
         if fire:
             self.anomaly_alarms += 1
-            self.milestone("harness_anomaly", streak=self.streak.count, last_cell=cid,
+            self.milestone("harness_anomaly", alarm=self.anomaly_alarms,
+                           streak=self.streak.count, last_cell=cid,
                            reason=c.reason,
                            advice="harness or grader looks broken; check grade logs")
         arm = state.arm

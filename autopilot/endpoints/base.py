@@ -23,7 +23,7 @@ from anyio.abc import Process
 
 from autopilot.config import EndpointCommon, Preset
 from autopilot.errors import EndpointCrashed, EndpointError, EndpointStartTimeout
-from autopilot.procs import OWNED, Tracker, identify, kill_tree
+from autopilot.procs import OWNED, Tracker, identify, kill_tree, spawn
 
 log = structlog.get_logger(__name__)
 
@@ -117,11 +117,10 @@ class Endpoint:
             with self.log_path.open("ab") as logf:
                 logf.write(f"--- start generation {self.generation} ---\n".encode())
                 logf.flush()
-                self.proc = await anyio.open_process(
+                self.proc = await spawn(
                     argv, stdout=logf, stderr=subprocess.STDOUT, env=self.env(),
                     start_new_session=True,
                 )
-            OWNED.add(self.proc.pid)
             ident = identify(self.proc.pid)
             if ident is not None:
                 self.tracker = Tracker(ident)
