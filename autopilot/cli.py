@@ -91,7 +91,10 @@ def cmd_presets() -> int:
 
 
 def cmd_notify_test(args: argparse.Namespace) -> int:
+    from autopilot import logsetup
     from autopilot.notify import MILESTONES, Message, Notifier, urls_from_env
+
+    logsetup.configure(None)  # events to stderr; stdout is the per-URL result table
 
     urls = urls_from_env()
     if args.nt_preset:

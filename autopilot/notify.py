@@ -80,11 +80,11 @@ def format_message(kind: str, payload: dict[str, Any]) -> tuple[str, str]:
     what = kind.replace("_", " ")
     subject = payload.get("arm") or payload.get("model") or ""
     title = f"[{payload.get('preset', 'autopilot')}] {what}" + (f": {subject}" if subject else "")
-    lines = [str(payload.get("progress", ""))]
+    lines = [str(payload.get("progress") or what)]
     for key in ("why", "reason", "down_secs", "restarts", "passed", "valid", "streak",
                 "last_cell"):
         if payload.get(key) not in (None, ""):
-            lines.append(f"{key}: {payload[key]}")
+            lines.append(f"{key}: {str(payload[key])[:200]}")
     if kind in ADVICE:
         lines.append(ADVICE[kind])
     return title[:120], "\n".join(x for x in lines if x)[:900]

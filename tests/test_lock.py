@@ -12,10 +12,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import ROOT, cli_env, events, write_overlay
 
 from autopilot.errors import LockHeld
 from autopilot.lock import RunLock
-from conftest import ROOT, cli_env, events, write_overlay
 
 HOLD = (
     "import sys, time; from pathlib import Path; from autopilot.lock import RunLock\n"
