@@ -17,8 +17,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +27,11 @@ import structlog
 
 from autopilot.config import Preset, render, render_argv
 from autopilot.endpoints.keeper import Keeper
-from autopilot.fsutil import read_json
-from autopilot.grading import run_grader
+from autopilot.grading import judge_cell
 from autopilot.plan import Cell
 from autopilot.procs import OWNED, TOKEN_ENV, Tracker, identify, kill_tree, spawn
-from autopilot.validity import Checks, Classification, GradeOutcome, RunOutcome, classify, lookup
+from autopilot.substance import SubstanceState, check_substance
+from autopilot.validity import Classification, Killed, RunOutcome
 from autopilot.watchdog import Limits, Observation, WatchState, cell_deadline, decide
 
 log = structlog.get_logger(__name__)
@@ -52,6 +52,10 @@ class CellContext:
     clock: Callable[[], float] = time.monotonic
     on_tick: Callable[[str, WatchState, str], None] = lambda cid, s, tier: None
     env_overrides: dict[str, str] = field(default_factory=dict)
+    redact: Callable[[str], str] = lambda s: s
+    # Docker hooks (None when no sandbox is configured or Docker is not in use)
+    remove_sandbox: Callable[[str], Awaitable[Any]] | None = None
+    sandbox_activity: Callable[[dict[str, str]], Awaitable[int | None]] | None = None
 
 
 def template_context(
@@ -87,6 +91,10 @@ def move_aside(output_dir: Path, state_dir: Path, cell_id: str, attempt: int) ->
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.move(str(output_dir), str(dest))
     return dest
+
+
+_KILLED: dict[str, Killed] = {
+    "stall": "stall", "substance": "stall", "deadline": "deadline", "teardown": "teardown"}
 
 
 def _size(path: Path) -> int | None:
@@ -150,15 +158,19 @@ class CellRun:
 
     # ------------------------------------------------------------------ run
 
-    async def run(self) -> Classification | None:
-        """The attempt's classification, or None when abandoned by a shutdown."""
+    async def execute(self) -> RunOutcome | None:
+        """Run the harness to its end; None when abandoned by a shutdown."""
         structlog.contextvars.bind_contextvars(cell=self.cell.id, attempt=self.attempt)
         try:
-            return await self._run()
+            return await self._execute()
         finally:
             structlog.contextvars.unbind_contextvars("cell", "attempt")
+            if self.cx.remove_sandbox is not None and self.p.harness.sandbox_container:
+                name = render(self.p.harness.sandbox_container, self.ctx)
+                with anyio.CancelScope(shield=True):
+                    await self.cx.remove_sandbox(name)
 
-    async def _run(self) -> Classification | None:
+    async def _execute(self) -> RunOutcome | None:
         cx = self.cx
         moved = move_aside(self.output_dir, cx.state_dir, self.cell.id, self.attempt - 1)
         if moved:
@@ -170,9 +182,8 @@ class CellRun:
         start_mono = cx.clock()
         limits = self._limits(start_mono)
         deadline_epoch = time.time() + (limits.deadline - start_mono)
-        start_wall = cx.clock()
         with self.spool.open("ab") as spool:
-            spool.write(f"--- attempt {self.attempt} argv: {argv}\n".encode())
+            spool.write(f"--- attempt {self.attempt} argv: {cx.redact(str(argv))}\n".encode())
             spool.flush()
             try:
                 proc = await spawn(
@@ -184,15 +195,15 @@ class CellRun:
                         create_time=None, token=self.token)
                 cx.emit("cell_exited", cell=self.cell.id, attempt=self.attempt, code=None,
                         error=f"spawn failed: {e.strerror}: {argv[0]}")
-                return classify(RunOutcome(exit_code=127), None, self.p.grader.verdicts)
+                return RunOutcome(exit_code=127)
         ident = identify(proc.pid)
         self.tracker = Tracker(ident, self.token) if ident else None
         cx.emit("cell_started", cell=self.cell.id, attempt=self.attempt, pid=proc.pid,
                 create_time=ident.create_time if ident else None, token=self.token)
-        killed: str | None = None
+        killed: Killed | None = None
         kill_reason: str | None = None
         state = WatchState.begin(start_mono)
-        spool_size = 0
+        substance = SubstanceState()
         try:
             while proc.returncode is None:
                 with anyio.move_on_after(self.p.watchdog.poll_secs):
@@ -206,20 +217,30 @@ class CellRun:
                     break
                 if self.tracker is not None:
                     self.tracker.remember()
-                spool_size = _size(self.spool) or 0
+                activity = await cx.sandbox_activity(self.ctx) if cx.sandbox_activity else None
                 obs = Observation(
                     now=cx.clock(), transcript_size=_size(self.transcript),
-                    spool_size=spool_size, completion=self._completion_present(),
-                    alive=True,
+                    spool_size=_size(self.spool) or 0, activity=activity,
+                    completion=self._completion_present(), alive=True,
                 )
                 state, d = decide(state, obs, limits)
+                if self.p.watchdog.substance and d.action != "KILL":
+                    substance, sd = check_substance(substance, self.transcript, obs.now,
+                                                    self.p.watchdog)
+                    if sd is not None and sd.changed:
+                        cx.emit("cell_watchdog", cell=self.cell.id, attempt=self.attempt,
+                                tier=sd.action, reason=sd.reason)
+                    if sd is not None and sd.action == "KILL":
+                        d = sd
                 cx.on_tick(self.cell.id, state, d.action)
-                if d.changed:
+                if d.changed and d.kind != "substance":
                     cx.emit("cell_watchdog", cell=self.cell.id, attempt=self.attempt,
                             tier=d.action, reason=d.reason, idle_secs=round(d.idle_secs, 1),
                             frozen_secs=round(d.frozen_secs, 1))
                 if d.action == "KILL":
-                    killed, kill_reason = d.kind, d.reason
+                    # a substance kill is a stall with a reason: INVALID(stall)
+                    killed = _KILLED.get(d.kind or "stall", "stall")
+                    kill_reason = d.reason
                     pids = await self._kill(self.p.watchdog.kill_grace_secs)
                     cx.emit("cell_killed", cell=self.cell.id, attempt=self.attempt,
                             kind=d.kind, reason=d.reason, pids=pids)
@@ -232,72 +253,33 @@ class CellRun:
                     log.info("cell_leftovers_killed", pids=leftover)
         finally:
             OWNED.discard(proc.pid)
-        end_wall = cx.clock()
+        end_mono = cx.clock()
+        outcome = RunOutcome(
+            exit_code=proc.returncode, killed=killed, completion=self._completion_present(),
+            endpoint_down=cx.keeper.outage_overlaps(start_mono, end_mono),
+            kill_reason=kill_reason,
+        )
         cx.emit("cell_exited", cell=self.cell.id, attempt=self.attempt, code=proc.returncode,
-                elapsed_secs=round(end_wall - start_wall, 3))
+                elapsed_secs=round(end_mono - start_mono, 3), outcome=asdict(outcome))
         if self.abandoned:
             cx.emit("cell_abandoned", cell=self.cell.id, attempt=self.attempt,
                     why="supervisor stopping")
             return None
+        return outcome
+
+    async def judge(self, outcome: RunOutcome) -> Classification:
+        """Checks, grader and classification of a finished attempt."""
         try:
-            return await self._grade_and_classify(proc.returncode, killed, kill_reason,
-                                                  start_wall, end_wall)
+            return await judge_cell(self.p, self.ctx, outcome, self.grade_log)
         finally:
             self._clean_scratch()
 
-    async def _grade_and_classify(
-        self, code: int | None, killed: str | None, kill_reason: str | None,
-        start: float, end: float,
-    ) -> Classification:
-        completion = self._completion_present()
-        outcome = RunOutcome(
-            exit_code=code,
-            killed=killed if killed in ("stall", "deadline", "teardown") else None,  # type: ignore[arg-type]
-            completion=completion,
-            endpoint_down=self.cx.keeper.outage_overlaps(start, end),
-            kill_reason=kill_reason,
-        )
-        grade: GradeOutcome | None = None
-        checks = self._checks() if completion else Checks()
-        if completion and not checks.mismatches and not (
-            checks.tokens_checked and not (checks.tokens and checks.tokens > 0)
-        ):
-            grade = await self._grade()
-        return classify(outcome, grade, self.p.grader.verdicts, checks,
-                        self.p.grader.verdict_field)
-
-    def _checks(self) -> Checks:
-        t = self.p.trust
-        tokens: float | None = None
-        if t.tokens:
-            doc = read_json(Path(render(t.tokens.file, self.ctx)))
-            value = lookup(doc, t.tokens.field)
-            tokens = float(value) if isinstance(value, int | float) else None
-        mismatches = []
-        for chk in t.arm_checks:
-            doc = read_json(Path(render(chk.file, self.ctx)))
-            got = lookup(doc, chk.field)
-            want = render(chk.expect, self.ctx)
-            if got is None or str(got) != want:
-                mismatches.append(f"{chk.field}: requested {want!r}, executed {got!r}")
-        return Checks(tokens=tokens, tokens_checked=t.tokens is not None,
-                      mismatches=tuple(mismatches))
-
-    async def _grade(self) -> GradeOutcome:
-        g = self.p.grader
-        argv = render_argv(g.argv, self.ctx)
-        extract = None
-        if g.extract:
-            extract = (Path(render(g.extract.archive, self.ctx)),
-                       Path(render(g.extract.into, self.ctx)))
-        self.grade_log.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        env["AUTOPILOT_CELL_ID"] = self.cell.id
-        return await run_grader(
-            argv, cwd=render(g.cwd, self.ctx) if g.cwd else None, env=env,
-            timeout=g.timeout_secs, grade_file=Path(self.ctx["grade_file"]),
-            log_path=self.grade_log, extract=extract,
-        )
+    async def run(self) -> Classification | None:
+        """Execute then judge (per-cell grading)."""
+        outcome = await self.execute()
+        if outcome is None:
+            return None
+        return await self.judge(outcome)
 
     def _clean_scratch(self) -> None:
         for tmpl in self.p.harness.scratch_dirs:

@@ -14,16 +14,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 
 import anyio
 
 from autopilot import __version__
-from autopilot.config import list_presets, load_preset
+from autopilot.config import Preset, find_preset, list_presets, load_preset
 from autopilot.errors import EXIT_USAGE, AutopilotError, ConfigError, LockHeld, StateDirError
 from autopilot.fsutil import atomic_write_json, check_writable_dir
 from autopilot.plan import Plan
+from autopilot.preflight import run_preflight
 
 DEFAULT_STATE_DIR = "/tmp/bench-autopilot"
 
@@ -69,9 +71,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--allow-plan-change", action="store_true",
                     help="resume a state dir whose plan identity differs")
     ap.add_argument("--notify-config", help="apprise config file (YAML or text, with tags)")
+    ap.add_argument("--offline", action="store_true", help="skip live preflight probes")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="preflight (offline), print the plan, launch nothing")
     ap.add_argument("--quiet", action="store_true", help="no console log (file log only)")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("presets", help="list presets with a one-line description")
+    va = sub.add_parser("validate", help="postflight: classify what is on disk; exit 1 if "
+                        "any cell is INVALID")
+    va.add_argument("--state-dir", dest="sub_state_dir")
     nt = sub.add_parser("notify-test", help="send one test message to each configured URL")
     nt.add_argument("--preset", dest="nt_preset", help="also use this preset's [notify] urls")
     nt.add_argument("--notify-config", dest="nt_config", help="apprise config file")
@@ -113,6 +121,53 @@ def cmd_notify_test(args: argparse.Namespace) -> int:
     return 0 if results and all(ok for _, ok in results) else 1
 
 
+def dry_run_text(preset: Preset, plan: Plan, state_dir: Path, warnings: list[str]) -> str:
+    from autopilot.journal import read_events
+    from autopilot.ledger import Ledger
+
+    led = Ledger(plan)
+    for ev in read_events(state_dir / "journal.jsonl").events:
+        led.apply(ev)
+    c = led.counts()
+    lines = [
+        f"plan: preset {preset.name} (identity {plan.identity}), model {preset.model}, "
+        f"engine {preset.endpoint.engine}",
+        f"arms ({len(preset.arms)}): " + ", ".join(a.label for a in preset.arms),
+        f"tasks ({len(preset.tasks)}): " + ", ".join(t.id for t in preset.tasks),
+        f"N: {plan.target_n}",
+        f"cells: {c['total']} total | {c['done']} valid | "
+        f"{c['pending'] + c['running'] + c['grading']} pending | {c['invalid']} invalid | "
+        f"{c['quarantined']} quarantined",
+    ]
+    lines += [f"warning: {w}" for w in warnings]
+    lines.append("dry run: nothing launched")
+    return "\n".join(lines)
+
+
+def load_recorded(state_dir: Path) -> tuple[Preset, Plan]:
+    """The preset and plan a state dir was run with (from plan.json), for read-only verbs."""
+    from autopilot.fsutil import read_json
+
+    rec = read_json(state_dir / "plan.json")
+    if not isinstance(rec, dict):
+        raise ConfigError(f"{state_dir}: no plan.json here (not a state dir of a run)")
+    preset_ref = rec.get("preset_path") or rec.get("preset")
+    if rec.get("preset_path") and not Path(rec["preset_path"]).is_file():
+        preset_ref = rec.get("preset")
+    preset = load_preset(str(preset_ref), overlay=rec.get("config_path"))
+    return preset, Plan(preset, int(rec.get("target_n") or preset.run.target_n or 1))
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from autopilot.validate import render_table, validate_run
+
+    state_dir = Path(args.sub_state_dir or args.state_dir or default_state_dir()).absolute()
+    preset, plan = load_recorded(state_dir)
+    result = validate_run(preset, plan, state_dir)
+    print(render_table(result))
+    return 0 if result.ok else 1
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from autopilot.supervisor import RunOptions, Supervisor, check_plan_identity, snapshot_once
 
@@ -130,6 +185,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise StateDirError(f"--state-dir {why}")
     check_plan_identity(state_dir, plan, args.allow_plan_change)
 
+    report = anyio.run(partial(run_preflight, preset, plan, state_dir,
+                               offline=args.offline or args.dry_run))
+    if args.dry_run:
+        print(dry_run_text(preset, plan, state_dir, report.warnings))
+        return 0
+
     if args.once:
         from autopilot.lock import lock_held
         from autopilot.status import oneline
@@ -140,8 +201,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(oneline(snap))
         return 0
 
-    sup = Supervisor(preset, plan, RunOptions(state_dir, args.allow_plan_change,
-                                              args.notify_config, console_log=not args.quiet))
+    opts = RunOptions(
+        state_dir, args.allow_plan_change, args.notify_config, console_log=not args.quiet,
+        preset_path=str(find_preset(args.preset).absolute()),
+        config_path=str(Path(args.config).absolute()) if args.config else None,
+        identity=report.identity, warnings=tuple(report.warnings),
+    )
+    sup = Supervisor(preset, plan, opts)
     return anyio.run(sup.run)
 
 
@@ -153,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_presets()
         if args.command == "notify-test":
             return cmd_notify_test(args)
+        if args.command == "validate":
+            return cmd_validate(args)
         if not args.preset:
             parser.error("--preset is required to run (try `autopilot presets`)")
         return cmd_run(args)

@@ -224,7 +224,7 @@ class Grader(_Frozen):
     timeout_secs: float = Field(default=600, gt=0)
     grade_file: str = "{output_dir}/grade.json"
     verdict_field: str = "verdict"
-    mode: Literal["per-cell"] = "per-cell"
+    mode: Literal["per-cell", "per-arm"] = "per-cell"
     extract: Extract | None = None
     verdicts: dict[str, VerdictRule] = Field(default_factory=lambda: dict(DEFAULT_VERDICTS))
 
@@ -247,6 +247,13 @@ class Watchdog(_Frozen):
     kill_grace_secs: float = Field(default=5, ge=0)
     deadline_overhead_secs: float = Field(default=600, ge=0)
     deadline_cap_secs: float = Field(default=3600, gt=0)
+    # substance checks over the transcript (liveness is not progress)
+    substance: bool = False
+    substance_kill: bool = False
+    scroll_loop_streak: int = Field(default=30, ge=2)
+    runaway_secs: float = Field(default=0, ge=0)  # 0 = off
+    tool_field: str = "tool_calls"
+    role_field: str = "role"
 
     @model_validator(mode="after")
     def _tiers(self) -> Watchdog:
@@ -292,6 +299,18 @@ class Notify(_Frozen):
     timeout_secs: float = Field(default=20, gt=0)
 
 
+class Preflight(_Frozen):
+    """Fail-closed checks before anything is launched or spent (autopilot.preflight)."""
+
+    env: list[str] = Field(default_factory=list)  # env var NAMES that must be set
+    secrets: list[str] = Field(default_factory=list)  # env var NAMES whose values are redacted
+    files: list[str] = Field(default_factory=list)  # templates of files that must exist
+    pins: dict[str, str] = Field(default_factory=dict)  # file template -> sha256
+    pin: Literal["warn", "strict"] = "warn"
+    min_free_gb: float = Field(default=1.0, ge=0)
+    docker: bool = False  # require a reachable Docker engine even if nothing else says so
+
+
 class Preset(_Frozen):
     name: str = ""
     description: str = ""
@@ -306,6 +325,7 @@ class Preset(_Frozen):
     watchdog: Watchdog = Field(default_factory=Watchdog)
     trust: Trust = Field(default_factory=Trust)
     notify: Notify = Field(default_factory=Notify)
+    preflight: Preflight = Field(default_factory=Preflight)
     baseline: Baseline | None = None
     comparators: dict[str, float] = Field(default_factory=dict)
     rate_card: dict[str, tuple[float, float]] = Field(default_factory=dict)
@@ -402,6 +422,10 @@ def _template_sites(p: Preset) -> Iterable[tuple[str, str, bool]]:
         yield "grader.extract.into", p.grader.extract.into, False
     if p.trust.tokens:
         yield "trust.tokens.file", p.trust.tokens.file, False
+    for i, f in enumerate(p.preflight.files):
+        yield f"preflight.files[{i}]", f, False
+    for f in p.preflight.pins:
+        yield f"preflight.pins.{f}", f, False
     for i, chk in enumerate(p.trust.arm_checks):
         yield f"trust.arm_checks[{i}].file", chk.file, False
         yield f"trust.arm_checks[{i}].expect", chk.expect, False

@@ -8,6 +8,7 @@ afterwards, whatever happens. What the grade *means* is decided by ``validity``.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tarfile
@@ -16,9 +17,10 @@ from pathlib import Path
 
 import anyio
 
+from autopilot.config import Preset, render, render_argv
 from autopilot.fsutil import read_json
 from autopilot.procs import OWNED, Tracker, identify, kill_tree, spawn
-from autopilot.validity import GradeOutcome
+from autopilot.validity import Checks, Classification, GradeOutcome, RunOutcome, classify, lookup
 
 
 def _extract(archive: Path, into: Path) -> None:
@@ -75,3 +77,45 @@ async def run_grader(
     finally:
         if scratch is not None and scratch.exists():
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def read_checks(p: Preset, ctx: Mapping[str, str]) -> Checks:
+    """Token accounting and executed-vs-requested configuration, from the harness's files."""
+    t = p.trust
+    tokens: float | None = None
+    if t.tokens:
+        value = lookup(read_json(Path(render(t.tokens.file, ctx))), t.tokens.field)
+        tokens = float(value) if isinstance(value, int | float) else None
+    mismatches = []
+    for chk in t.arm_checks:
+        got = lookup(read_json(Path(render(chk.file, ctx))), chk.field)
+        want = render(chk.expect, ctx)
+        if got is None or str(got) != want:
+            mismatches.append(f"{chk.field}: requested {want!r}, executed {got!r}")
+    return Checks(tokens=tokens, tokens_checked=t.tokens is not None,
+                  mismatches=tuple(mismatches))
+
+
+async def judge_cell(
+    p: Preset, ctx: Mapping[str, str], outcome: RunOutcome, grade_log: Path
+) -> Classification:
+    """Gather evidence for a finished attempt, run the grader when it can count, classify."""
+    checks = read_checks(p, ctx) if outcome.completion else Checks()
+    grade: GradeOutcome | None = None
+    untrusted = checks.mismatches or (
+        checks.tokens_checked and not (checks.tokens and checks.tokens > 0))
+    if outcome.completion and not untrusted:
+        g = p.grader
+        extract = None
+        if g.extract:
+            extract = (Path(render(g.extract.archive, ctx)), Path(render(g.extract.into, ctx)))
+        grade_log.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env["AUTOPILOT_CELL_ID"] = ctx["cell"]
+        env["AUTOPILOT_CELL_ATTEMPT"] = ctx["attempt"]
+        grade = await run_grader(
+            render_argv(g.argv, ctx), cwd=render(g.cwd, ctx) if g.cwd else None, env=env,
+            timeout=g.timeout_secs, grade_file=Path(ctx["grade_file"]), log_path=grade_log,
+            extract=extract,
+        )
+    return classify(outcome, grade, p.grader.verdicts, checks, p.grader.verdict_field)

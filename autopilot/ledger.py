@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from autopilot.plan import Plan
 
-Status = Literal["pending", "running", "PASS", "FAIL", "invalid", "quarantined"]
+Status = Literal["pending", "running", "ran", "PASS", "FAIL", "invalid", "quarantined"]
 VALID = ("PASS", "FAIL")
 
 
@@ -40,6 +40,7 @@ class CellState:
     create_time: float | None = None
     started_ts: str | None = None
     finished_ts: str | None = None
+    ran_outcome: dict[str, Any] | None = None  # per-arm grading: outputs awaiting a grade
     # runtime only (not journaled): refreshed by the watchdog
     frozen_secs: float = 0.0
     tier: str = "OK"
@@ -114,6 +115,10 @@ class Ledger:
             cell.pid = cell.create_time = None
         elif kind == "cell_verdict":
             self._verdict(cell, ev)
+        elif kind == "cell_ran":
+            cell.status = "ran"
+            cell.ran_outcome = ev.get("outcome")
+            cell.pid = cell.create_time = None
         elif kind == "cell_quarantined":
             cell.status = "quarantined"
             cell.pid = cell.create_time = None
@@ -165,6 +170,7 @@ class Ledger:
             "invalid": c["invalid"],
             "quarantined": c["quarantined"],
             "running": c["running"],
+            "grading": c["ran"],
             "pending": c["pending"],
             "done": c["PASS"] + c["FAIL"],
         }

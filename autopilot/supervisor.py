@@ -11,12 +11,13 @@ log -> status mark. A resumed run and one that never stopped therefore cannot di
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ from autopilot.notify import MILESTONES, Notifier, urls_from_env
 from autopilot.plan import Plan
 from autopilot.procs import ProcIdentity, Tracker, enable_subreaper, kill_tree, reap_adopted
 from autopilot.status import SCHEMA_VERSION, StatusWriter, eta_secs, oneline
-from autopilot.validity import Classification
+from autopilot.validity import Classification, RunOutcome, classify
 
 log = structlog.get_logger(__name__)
 
@@ -57,6 +58,18 @@ class RunOptions:
     allow_plan_change: bool = False
     notify_config: str | None = None
     console_log: bool = True
+    preset_path: str | None = None
+    config_path: str | None = None
+    identity: dict[str, Any] | None = None  # preflight's per-launch identity record
+    warnings: tuple[str, ...] = ()
+
+
+def secret_values(preset: Preset) -> list[str]:
+    """Values of the env vars the preset names as secret (never logged anywhere)."""
+    names = list(preset.preflight.secrets)
+    if preset.endpoint.engine == "provider" and preset.endpoint.api_key_env:
+        names.append(preset.endpoint.api_key_env)
+    return [os.environ[n] for n in names if os.environ.get(n)]
 
 
 def check_plan_identity(state_dir: Path, plan: Plan, allow_change: bool) -> dict[str, Any] | None:
@@ -113,6 +126,10 @@ class Supervisor:
             self.state_dir / "status.json", self.snapshot, preset.run.status_debounce_secs
         )
         self._last_status_line = ""
+        self._grading = anyio.Lock()
+        self.redactor = logsetup.Redactor(secret_values(preset))
+        self.remove_sandbox: Callable[[str], Awaitable[Any]] | None = None
+        self.sandbox_activity: Callable[[dict[str, str]], Awaitable[int | None]] | None = None
 
     # ------------------------------------------------------------------ events
 
@@ -258,15 +275,21 @@ class Supervisor:
     def _record_plan(self) -> None:
         path = self.state_dir / "plan.json"
         recorded = read_json(path)
-        if isinstance(recorded, dict) and recorded.get("identity") == self.plan.identity:
-            return
-        if isinstance(recorded, dict):
+        if isinstance(recorded, dict) and recorded.get("identity") != self.plan.identity:
             self.emit("plan_changed", old=recorded.get("identity"), new=self.plan.identity)
+        # Enough for read-only tools (validate, report, dashboard) to rebuild the plan.
         atomic_write_json(path, {
-            "preset": self.preset.name, "identity": self.plan.identity,
+            "preset": self.preset.name, "preset_path": self.opts.preset_path,
+            "config_path": self.opts.config_path, "target_n": self.plan.target_n,
+            "identity": self.plan.identity,
             "tasks": [t.id for t in self.preset.tasks],
             "arms": [a.label for a in self.preset.arms], "recorded_at": iso(),
         })
+        if self.opts.identity:
+            with (self.state_dir / "identity.jsonl").open("a", encoding="utf-8") as f:
+                f.write(json.dumps(self.opts.identity) + "\n")
+        for w in self.opts.warnings:
+            log.warning("preflight_warning", warning=w)
 
     # ------------------------------------------------------------------ the run
 
@@ -278,7 +301,8 @@ class Supervisor:
         try:
             # Logging starts only once we own the run: a refused second supervisor
             # must not even append to the holder's autopilot.log.
-            logsetup.configure(self.state_dir / "autopilot.log", console=self.opts.console_log)
+            logsetup.configure(self.state_dir / "autopilot.log", console=self.opts.console_log,
+                               secrets=secret_values(self.preset))
             self.journal = Journal(self.state_dir / "journal.jsonl")
             self._replay()
             self._record_plan()
@@ -336,6 +360,8 @@ class Supervisor:
             pass
 
     async def _passes(self) -> None:
+        if self.preset.grader.mode == "per-arm":
+            await self._grade_ready_arms(force=True)  # ran before a restart, not graded
         for pass_no in range(1, self.preset.run.max_passes + 1):
             if self.stop_signal or self.ledger.complete():
                 return
@@ -350,6 +376,8 @@ class Supervisor:
             except EndpointFailed as e:
                 self.outcome_reason = str(e)
                 return
+            if self.preset.grader.mode == "per-arm" and not self.stop_signal:
+                await self._grade_ready_arms(force=True)
 
     async def _run_pass(self, pending: list[Any]) -> None:
         assert self.keeper is not None
@@ -371,18 +399,26 @@ class Supervisor:
                 cell = self.plan.by_id[cell_state.id]
                 tg.start_soon(self._run_cell, cell, cell_state.attempts + 1, slots)
 
-    async def _run_cell(self, cell: Any, attempt: int, slots: anyio.Semaphore) -> None:
+    def _cell_context(self) -> CellContext:
         assert self.keeper is not None
+        return CellContext(
+            preset=self.preset, state_dir=self.state_dir, keeper=self.keeper,
+            emit=self.emit, stopping=lambda: self.stop_signal is not None,
+            forced=lambda: self.forced, clock=self.clock, on_tick=self._on_tick,
+            env_overrides={k: v for k, v in os.environ.items()
+                           if k.startswith("AUTOPILOT_STALL_")},
+            redact=self.redactor.scrub, remove_sandbox=self.remove_sandbox,
+            sandbox_activity=self.sandbox_activity,
+        )
+
+    async def _run_cell(self, cell: Any, attempt: int, slots: anyio.Semaphore) -> None:
         try:
-            cx = CellContext(
-                preset=self.preset, state_dir=self.state_dir, keeper=self.keeper,
-                emit=self.emit, stopping=lambda: self.stop_signal is not None,
-                forced=lambda: self.forced, clock=self.clock, on_tick=self._on_tick,
-                env_overrides={k: v for k, v in os.environ.items()
-                               if k.startswith("AUTOPILOT_STALL_")},
-            )
+            run = CellRun(self._cell_context(), cell, attempt)
             try:
-                result = await CellRun(cx, cell, attempt).run()
+                if self.preset.grader.mode == "per-cell":
+                    result = await run.run()
+                else:
+                    result = await self._execute_per_arm(run)
             except Exception as e:  # a bug in our own code must not take the run down
                 log.exception("cell_internal_error", cell=cell.id)
                 self.emit("cell_abandoned", cell=cell.id, attempt=attempt,
@@ -393,6 +429,38 @@ class Supervisor:
         finally:
             slots.release()
             reap_adopted()
+        if self.preset.grader.mode == "per-arm":
+            await self._grade_ready_arms(force=False)
+
+    async def _execute_per_arm(self, run: CellRun) -> Classification | None:
+        """Per-arm grading (the origin's way): a finished attempt with its outputs is
+        journaled as ``cell_ran`` and graded once its whole arm has run; one without
+        outputs is INVALID at once (no grader could change that)."""
+        outcome = await run.execute()
+        if outcome is None:
+            return None
+        if not outcome.completion:
+            return classify(outcome, None, self.preset.grader.verdicts)
+        self.emit("cell_ran", cell=run.cell.id, attempt=run.attempt, outcome=asdict(outcome))
+        return None
+
+    async def _grade_ready_arms(self, force: bool) -> None:
+        """Grade the ``ran`` cells of every arm with nothing left to run (or of every arm,
+        with ``force``, at the end of a pass so retries can go in the next one)."""
+        async with self._grading:
+            for arm in self.preset.arms:
+                cells = [c for c in self.ledger.cells.values() if c.arm == arm.label]
+                ran = [c for c in cells if c.status == "ran"]
+                if not ran:
+                    continue
+                busy = any(c.status in ("running", "pending", "invalid") for c in cells)
+                if busy and not force:
+                    continue
+                self.emit("arm_grading", arm=arm.label, cells=len(ran))
+                for c in ran:
+                    run = CellRun(self._cell_context(), self.plan.by_id[c.id], c.attempts)
+                    outcome = RunOutcome(**(c.ran_outcome or {}))
+                    self._record_verdict(c.id, c.attempts, await run.judge(outcome))
 
     def _record_verdict(self, cid: str, attempt: int, c: Classification) -> None:
         self.emit("cell_verdict", cell=cid, attempt=attempt, verdict=c.verdict, reason=c.reason,

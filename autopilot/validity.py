@@ -16,6 +16,7 @@ from typing import Any, Literal
 from autopilot.config import VerdictRule
 
 Verdict = Literal["PASS", "FAIL", "INVALID"]
+Killed = Literal["stall", "deadline", "teardown"]
 # Reasons that point at a broken harness or grader rather than at the model.
 STREAK_REASONS = frozenset({"grader_failed", "missing_output"})
 
@@ -25,7 +26,7 @@ class RunOutcome:
     """What happened to the harness process."""
 
     exit_code: int | None
-    killed: Literal["stall", "deadline", "teardown"] | None = None
+    killed: Killed | None = None
     completion: bool = False
     endpoint_down: bool = False
     kill_reason: str | None = None

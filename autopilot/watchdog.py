@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 Action = Literal["OK", "WARN", "PROBE", "KILL"]
-KillKind = Literal["stall", "deadline", "teardown"]
+KillKind = Literal["stall", "deadline", "teardown", "substance"]
 
 
 @dataclass(frozen=True)

@@ -145,3 +145,49 @@ def test_eta_and_oneline() -> None:
                     "totals": {"done": 14, "total": 24, "pass": 9, "fail": 5, "invalid": 0,
                                "running": 2}})
     assert line == "run:pass1 demo 14/24 done P9 F5 I0 | 2 running | eta 0:31"
+
+
+def _wd(**kw):
+    from autopilot.config import Watchdog
+
+    return Watchdog(**{"substance": True, "scroll_loop_streak": 30, "runaway_secs": 600, **kw})
+
+
+def _call(page: int) -> dict:
+    return {"role": "assistant", "tool_calls": [
+        {"function": {"name": "read", "arguments": f'{{"file": "a.py", "page": {page}}}'}}]}
+
+
+def test_scroll_loop_tail_streak_ignores_digits() -> None:
+    from autopilot.substance import substance_decision
+
+    rows = [{"role": "assistant", "content": "hi"}] + [_call(p) for p in range(30)]
+    assert substance_decision(rows, 0, _wd()) == (
+        "WARN", "scroll loop: 30 identical tool calls in a row")
+    assert substance_decision(rows, 0, _wd(substance_kill=True))[0] == "KILL"
+    assert substance_decision(rows[:30], 0, _wd()) is None  # 29 is not a streak
+    broken = [*rows[:15], {"role": "assistant", "tool_calls": [{"function": {"name": "x"}}]}]
+    assert substance_decision(broken + [_call(1)] * 5, 0, _wd()) is None
+
+
+def test_runaway_generation() -> None:
+    from autopilot.substance import substance_decision
+
+    rows = [_call(1), {"role": "assistant", "content": "thinking " * 1000}]
+    assert substance_decision(rows, 601, _wd())[1].startswith("runaway generation")
+    assert substance_decision(rows, 599, _wd()) is None
+    assert substance_decision(rows[:1], 5000, _wd()) is None  # a tool call is pending
+    assert substance_decision(rows, 5000, _wd(runaway_secs=0)) is None  # off
+
+
+def test_check_substance_reads_transcript_tail(tmp_path) -> None:
+    import json as _json
+
+    from autopilot.substance import SubstanceState, check_substance
+
+    t = tmp_path / "transcript.jsonl"
+    t.write_text("".join(_json.dumps(_call(i)) + "\n" for i in range(40)) + '{"torn')
+    s, d = check_substance(SubstanceState(), t, 0.0, _wd(substance_kill=True))
+    assert d is not None and d.action == "KILL" and d.kind == "substance" and d.changed
+    s, d = check_substance(s, t, 1.0, _wd(substance_kill=True))
+    assert d is not None and not d.changed

@@ -5,6 +5,9 @@ shape of llama.cpp's / vLLM's answers, including ``usage`` token counts. The ans
 ``FINAL: correct`` or ``FINAL: wrong``, decided deterministically from the seed and the
 ``task= arm= n=`` marker the demo harness puts in its system prompt.
 
+``--require-key-env NAME`` makes it an honest fake *hosted provider*: every ``/v1``
+request needs ``Authorization: Bearer $NAME`` (401 otherwise), as a hosted API would.
+
 Fault knobs: ``--crash-after K`` exits hard after K chat requests (as a crashed server
 would); ``--startup-delay S`` answers 503 on /health for S seconds (llama.cpp's loading
 phase); ``--never-ready`` never leaves that phase.
@@ -55,15 +58,27 @@ def make_handler(args: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
         def _loading(self) -> bool:
             return bool(args.never_ready or time.monotonic() - started < args.startup_delay)
 
+        def _authorized(self) -> bool:
+            if not args.require_key_env:
+                return True
+            want = os.environ.get(args.require_key_env, "")
+            if want and self.headers.get("Authorization") == f"Bearer {want}":
+                return True
+            self._send(401, {"error": {"message": "invalid api key", "type": "auth"}})
+            return False
+
         def do_GET(self) -> None:
+            if self.path.startswith("/v1") and not self._authorized():
+                return
             if self.path == "/health":
                 if self._loading():
                     self._send(503, {"error": {"message": "Loading model", "code": 503}})
                 else:
                     self._send(200, {"status": "ok"})
             elif self.path == "/v1/models":
+                ids = [args.model, *filter(None, args.extra_models.split(","))]
                 self._send(200, {"object": "list", "data": [
-                    {"id": args.model, "object": "model", "owned_by": "autopilot-demo-sim"}]})
+                    {"id": m, "object": "model", "owned_by": "autopilot-demo-sim"} for m in ids]})
             else:
                 self._send(404, {"error": "not found"})
 
@@ -73,6 +88,8 @@ def make_handler(args: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
                 req = json.loads(self.rfile.read(length) or b"{}")
             except ValueError:
                 self._send(400, {"error": "bad json"})
+                return
+            if not self._authorized():
                 return
             if self.path != "/v1/chat/completions":
                 self._send(404, {"error": "not found"})
@@ -122,6 +139,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--startup-delay", type=float, default=0.0)
     ap.add_argument("--crash-after", type=int, default=0)
     ap.add_argument("--never-ready", action="store_true")
+    ap.add_argument("--require-key-env", default="")
+    ap.add_argument("--extra-models", default="", help="more ids for /v1/models, comma separated")
     args = ap.parse_args(argv)
     ThreadingHTTPServer.allow_reuse_address = True
     ThreadingHTTPServer.daemon_threads = True

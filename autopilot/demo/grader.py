@@ -1,9 +1,11 @@
 """Demo grader: reads the deliverable, writes ``grade.json`` with a verdict word.
 
 ``PASS`` when the answer is correct, ``FAIL`` when wrong, ``MISSING_OUTPUT`` when there
-is no deliverable. Fault knob ``--fail-first K``: the first K invocations of a run (a
-counter file under ``--counter``) crash with exit 1, a harness-break streak for the
-anomaly alarm and the retry budget to absorb.
+is no deliverable. Fault knobs: ``--fail-first K`` (the first K invocations of a run, by
+a counter file under ``--counter``, crash with exit 1: a harness-break streak for the
+anomaly alarm and the retry budget to absorb), ``--fail-invocations 1-3,7-9`` (the
+same, for chosen invocation numbers), and ``--fail-cells A,B --fail-until-attempt K``
+(those cells' grader crashes on attempts below K; K large = always).
 """
 
 from __future__ import annotations
@@ -11,22 +13,30 @@ from __future__ import annotations
 import argparse
 import fcntl
 import json
+import os
 import sys
 from pathlib import Path
 
 
-def _take_failure(counter: Path, limit: int) -> bool:
+def _invocation(counter: Path) -> int:
+    """This invocation's number (1-based) in the run, counted under a file lock."""
     counter.parent.mkdir(parents=True, exist_ok=True)
     with counter.open("a+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         f.seek(0)
-        used = int(f.read().strip() or 0)
-        if used >= limit:
-            return False
+        n = int(f.read().strip() or 0) + 1
         f.seek(0)
         f.truncate()
-        f.write(str(used + 1))
-        return True
+        f.write(str(n))
+        return n
+
+
+def _in_ranges(n: int, spec: str) -> bool:
+    for part in filter(None, spec.split(",")):
+        lo, _, hi = part.partition("-")
+        if int(lo) <= n <= int(hi or lo):
+            return True
+    return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,9 +45,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--fail-first", type=int, default=0)
     ap.add_argument("--counter", default="")
+    ap.add_argument("--fail-invocations", default="")
+    ap.add_argument("--fail-cells", default="")
+    ap.add_argument("--fail-until-attempt", type=int, default=0)
     a = ap.parse_args(argv)
-    if a.fail_first and a.counter and _take_failure(Path(a.counter), a.fail_first):
+    spec = a.fail_invocations or (f"1-{a.fail_first}" if a.fail_first else "")
+    if spec and a.counter and _in_ranges(_invocation(Path(a.counter)), spec):
         print("fault knob: grader crash", file=sys.stderr)
+        return 1
+    cell = os.environ.get("AUTOPILOT_CELL_ID", "")
+    attempt = int(os.environ.get("AUTOPILOT_CELL_ATTEMPT", "1"))
+    if cell and cell in a.fail_cells.split(",") and attempt < a.fail_until_attempt:
+        print(f"fault knob: grader crash for {cell} attempt {attempt}", file=sys.stderr)
         return 1
     answer_file = Path(a.outputs) / "answer.txt"
     if not answer_file.is_file():

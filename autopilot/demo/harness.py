@@ -69,12 +69,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hang-share", type=float, default=0.0)
     ap.add_argument("--retry-secs", type=float, default=8.0)
     ap.add_argument("--temperature", type=float, default=0.3)
+    ap.add_argument("--base-url", default="", help="OpenAI-compatible base URL (…/v1); "
+                    "overrides --host/--port")
+    ap.add_argument("--api-key-env", default="", help="NAME of the env var with the API key")
     a = ap.parse_args(argv)
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    url = f"http://{a.host}:{a.port}/v1/chat/completions"
+    base = a.base_url.rstrip("/") or f"http://{a.host}:{a.port}/v1"
+    url = f"{base}/chat/completions"
+    key = os.environ.get(a.api_key_env, "") if a.api_key_env else ""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     _write(out / "receipt.json", {
         "cell": a.cell, "model": a.model, "api_url": url, "temperature": a.temperature,
         "stuck_threshold": None,
@@ -89,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     tot_p = tot_c = 0
     served = a.model
     content = ""
-    with httpx.Client(timeout=30, trust_env=False) as client:
+    with httpx.Client(timeout=30, trust_env=False, headers=headers) as client:
         for turn in range(1, turns + 1):
             final = turn == turns
             user = "Give your FINAL answer." if final else f"Continue with step {turn}."

@@ -1,0 +1,140 @@
+"""Postflight: the same fail-closed classification, re-done over what is on disk.
+
+``autopilot validate`` re-reads every cell's artifacts (completion files, token and arm
+evidence, the grade file; it never re-runs a grader) together with the journal's record
+of how each attempt ended, and reports every cell that cannot be trusted. It also flags
+grade or summary files in directories that map to no cell of the plan — the origin's
+"arm-less directory" bug signature (a run whose arm label was lost wrote its scores
+where no aggregate would ever look).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autopilot.config import Preset, render
+from autopilot.fsutil import read_json
+from autopilot.grading import read_checks
+from autopilot.journal import read_events
+from autopilot.plan import Plan
+from autopilot.validity import Checks, GradeOutcome, RunOutcome, classify
+
+ARTIFACT_NAMES = ("grade.json", "summary.json")
+
+
+@dataclass
+class CellCheck:
+    cell: str
+    verdict: str  # PASS / FAIL / INVALID / ABSENT
+    reason: str = ""
+    detail: str = ""
+
+
+@dataclass
+class ValidationResult:
+    cells: list[CellCheck] = field(default_factory=list)
+    armless: list[str] = field(default_factory=list)
+
+    @property
+    def invalid(self) -> list[CellCheck]:
+        return [c for c in self.cells if c.verdict == "INVALID"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.invalid and not self.armless
+
+
+def _cell_ctx(preset: Preset, plan_cell: Any, attempt: int, state_dir: Path) -> dict[str, str]:
+    task, arm = preset.task(plan_cell.task), preset.arm(plan_cell.arm)
+    ctx = {**preset.vars, **task.vars, **arm.vars, "cell": plan_cell.id, "task": task.id,
+           "arm": arm.label, "mode": arm.mode, "n": str(plan_cell.n), "attempt": str(attempt),
+           "port": "0", "host": "127.0.0.1", "base_url": "", "model": arm.model or preset.model,
+           "served_model": preset.model, "state_dir": str(state_dir), "python": sys.executable,
+           "deadline": "0"}
+    ctx["output_dir"] = render(preset.harness.output_dir, ctx)
+    ctx["transcript"] = render(preset.harness.transcript, ctx)
+    ctx["grade_file"] = render(preset.grader.grade_file, ctx)
+    ctx["scratch_dir"] = str(state_dir / "scratch" / plan_cell.id)
+    return ctx
+
+
+def validate_run(preset: Preset, plan: Plan, state_dir: Path) -> ValidationResult:
+    last_outcome: dict[str, dict[str, Any]] = {}
+    attempts: dict[str, int] = {}
+    quarantined: set[str] = set()
+    for ev in read_events(state_dir / "journal.jsonl").events:
+        cid = ev.get("cell")
+        if not isinstance(cid, str):
+            continue
+        if ev["event"] == "cell_started":
+            attempts[cid] = int(ev.get("attempt", 1))
+            last_outcome.pop(cid, None)
+        elif ev["event"] in ("cell_exited", "cell_ran") and isinstance(ev.get("outcome"), dict):
+            last_outcome[cid] = ev["outcome"]
+        elif ev["event"] == "cell_quarantined":
+            quarantined.add(cid)
+    result = ValidationResult()
+    for cell in plan.cells:
+        ctx = _cell_ctx(preset, cell, attempts.get(cell.id, 1), state_dir)
+        out_dir = Path(ctx["output_dir"])
+        if cell.id in quarantined:
+            result.cells.append(CellCheck(cell.id, "INVALID", "quarantined"))
+            continue
+        if cell.id not in attempts and not out_dir.exists():
+            result.cells.append(CellCheck(cell.id, "ABSENT"))
+            continue
+        completion = all(Path(render(c, ctx)).exists() for c in preset.harness.completion)
+        rec = last_outcome.get(cell.id, {})
+        outcome = RunOutcome(
+            exit_code=rec.get("exit_code", 0 if completion else None),
+            killed=rec.get("killed"), completion=completion,
+            endpoint_down=bool(rec.get("endpoint_down")), kill_reason=rec.get("kill_reason"),
+        )
+        grade_path = Path(ctx["grade_file"])
+        grade = (GradeOutcome(True, grade=read_json(grade_path)) if grade_path.exists()
+                 else GradeOutcome(False, "no grade file"))
+        checks = read_checks(preset, ctx) if completion else Checks()
+        c = classify(outcome, grade, preset.grader.verdicts, checks, preset.grader.verdict_field)
+        result.cells.append(CellCheck(cell.id, c.verdict, c.reason or "", c.detail))
+    result.armless = armless_dirs(preset, plan, state_dir)
+    return result
+
+
+def armless_dirs(preset: Preset, plan: Plan, state_dir: Path) -> list[str]:
+    """Directories beside the cells' output dirs, holding grade/summary files, whose name
+    is no cell of this plan's tasks x arms (any replicate number)."""
+    tasks = "|".join(re.escape(t.id) for t in preset.tasks)
+    arms = "|".join(re.escape(a.label) for a in preset.arms)
+    cell_re = re.compile(rf"^(?:{tasks})_(?:{arms})_v\d+$")
+    parents = {Path(_cell_ctx(preset, c, 1, state_dir)["output_dir"]).parent
+               for c in plan.cells[:1]}
+    flagged = []
+    for parent in parents:
+        if not parent.is_dir():
+            continue
+        for d in sorted(parent.iterdir()):
+            if not d.is_dir() or cell_re.match(d.name):
+                continue
+            found = [n for n in ARTIFACT_NAMES if (d / n).exists()]
+            if found:
+                flagged.append(f"{d} ({', '.join(found)})")
+    return flagged
+
+
+def render_table(result: ValidationResult) -> str:
+    counts: dict[str, int] = {}
+    for c in result.cells:
+        counts[c.verdict] = counts.get(c.verdict, 0) + 1
+    lines = ["validate: " + " ".join(f"{k}={v}" for k, v in sorted(counts.items()))]
+    if result.invalid:
+        width = max(len(c.cell) for c in result.invalid)
+        lines.append(f"{'cell':<{width}}  reason            detail")
+        for c in result.invalid:
+            lines.append(f"{c.cell:<{width}}  {c.reason:<16}  {c.detail}")
+    for d in result.armless:
+        lines.append(f"ARM-LESS DIRECTORY: {d} maps to no cell of the plan")
+    return "\n".join(lines)

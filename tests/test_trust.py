@@ -1,0 +1,286 @@
+"""Fail-closed trust: every INVALID reason from real on-disk fixtures, retry then
+quarantine with real subprocess cells, the harness-break alarm, preflight, validate,
+per-arm grading, secret hygiene."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import anyio
+import pytest
+from conftest import ROOT, cli_env, events, run_cli, write_overlay
+from fakes import FakeProvider
+
+from autopilot.config import load_preset
+from autopilot.grading import judge_cell
+from autopilot.validity import RunOutcome
+
+PRESET = str(ROOT / "tests" / "presets" / "fake-provider.toml")
+
+
+def origin_summary(tokens: int = 812, model: str = "demo-sim-1") -> dict:
+    return {"finish_reason": "stop", "iterations": 7, "total_prompt_tokens": 5000,
+            "total_completion_tokens": tokens, "elapsed_s": 41.2, "model": model}
+
+
+def make_cell(tmp: Path, *, summary: dict | None = None, receipt_model: str = "demo-sim-1",
+              answer: str | None = "correct", grade_text: str | None = None) -> dict[str, str]:
+    out = tmp / "cells" / "p1_bugfix_demo-think_v1"
+    out.mkdir(parents=True)
+    if summary is not None:
+        (out / "summary.json").write_text(json.dumps(summary))
+    (out / "receipt.json").write_text(json.dumps({"model": receipt_model}))
+    if answer is not None:
+        (out / "answer.txt").write_text(answer)
+    ctx = {"cell": "p1_bugfix_demo-think_v1", "attempt": "1", "output_dir": str(out),
+           "grade_file": str(out / "grade.json"), "state_dir": str(tmp), "model": "demo-sim-1",
+           "python": sys.executable, "grader_fail_first": "0"}
+    if grade_text is not None:
+        ctx["_grade_text"] = grade_text
+    return ctx
+
+
+def judge(tmp: Path, ctx: dict[str, str], outcome: RunOutcome, grader: list[str] | None = None):
+    overlay = {}
+    if grader is not None:
+        overlay["grader"] = {"argv": grader}
+    over = write_overlay(tmp / "over.json", overlay)
+    preset = load_preset("demo", overlay=str(over))
+    return anyio.run(judge_cell, preset, ctx, outcome, tmp / "grade.log")
+
+
+FAIL_GRADER = ["{python}", "-c", "import sys; sys.exit(1)"]
+BAD_JSON_GRADER = ["{python}", "-c",
+                   "import sys; open(sys.argv[1], 'w').write('{{not json')", "{grade_file}"]
+WORD_GRADER = ["{python}", "-c",
+               "import sys, json; json.dump({{'verdict': 'MAYBE'}}, open(sys.argv[1], 'w'))",
+               "{grade_file}"]
+MISSING_GRADER = ["{python}", "-m", "autopilot.demo.grader", "{output_dir}", "--out",
+                  "{grade_file}"]
+
+
+@pytest.mark.parametrize(
+    ("fixture", "outcome", "grader", "label"),
+    [
+        ({"summary": origin_summary()}, RunOutcome(0, completion=True), None, "PASS"),
+        ({"summary": origin_summary(), "answer": "wrong"}, RunOutcome(0, completion=True),
+         None, "FAIL"),
+        ({}, RunOutcome(None, killed="stall"), None, "INVALID(stall)"),
+        ({}, RunOutcome(None, killed="deadline"), None, "INVALID(deadline)"),
+        ({}, RunOutcome(1), None, "INVALID(harness_crash)"),
+        ({}, RunOutcome(0), None, "INVALID(missing_output)"),
+        ({}, RunOutcome(3, endpoint_down=True), None, "INVALID(endpoint_down)"),
+        ({"summary": origin_summary()}, RunOutcome(0, completion=True), FAIL_GRADER,
+         "INVALID(grader_failed)"),
+        ({"summary": origin_summary()}, RunOutcome(0, completion=True), BAD_JSON_GRADER,
+         "INVALID(malformed_grade)"),
+        ({"summary": origin_summary()}, RunOutcome(0, completion=True), WORD_GRADER,
+         "INVALID(malformed_grade)"),
+        ({"summary": origin_summary(), "answer": None}, RunOutcome(0, completion=True),
+         MISSING_GRADER, "INVALID(missing_output)"),
+        ({"summary": origin_summary(tokens=0)}, RunOutcome(0, completion=True), None,
+         "INVALID(zero_tokens)"),
+        ({"summary": {k: v for k, v in origin_summary().items()
+                      if k != "total_completion_tokens"}},
+         RunOutcome(0, completion=True), None, "INVALID(zero_tokens)"),
+        ({"summary": origin_summary(), "receipt_model": "other-model"},
+         RunOutcome(0, completion=True), None, "INVALID(arm_mismatch)"),
+    ],
+)
+def test_every_reason_from_disk(tmp_path: Path, fixture, outcome, grader, label) -> None:
+    ctx = make_cell(tmp_path, **fixture)
+    assert judge(tmp_path, ctx, outcome, grader).label() == label
+
+
+def test_teardown_masked_is_graded_and_flagged(tmp_path: Path) -> None:
+    ctx = make_cell(tmp_path, summary=origin_summary())
+    c = judge(tmp_path, ctx, RunOutcome(-9, killed="teardown", completion=True))
+    assert c.label() == "PASS" and c.teardown_masked
+
+
+@pytest.mark.slow
+def test_grader_fails_twice_then_valid_with_attempts_kept(state_dir: Path, tmp_path: Path) -> None:
+    cell = "p1_bugfix_demo-nothink_v1"
+    over = write_overlay(tmp_path / "o.json", {
+        "vars": {"think_secs": "0"}, "tasks": [{"id": "p1_bugfix"}, {"id": "p2_extract"}],
+        "grader": {"argv": ["{python}", "-m", "autopilot.demo.grader", "{output_dir}", "--out",
+                            "{grade_file}", "--fail-cells", cell, "--fail-until-attempt", "3"]}})
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                "--state-dir", str(state_dir), "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    verdicts = [(e["attempt"], e["verdict"], e["reason"]) for e in events(state_dir)
+                if e["event"] == "cell_verdict" and e["cell"] == cell]
+    assert verdicts[:2] == [(1, "INVALID", "grader_failed"), (2, "INVALID", "grader_failed")]
+    assert verdicts[2][1] in ("PASS", "FAIL") and len(verdicts) == 3
+    kept = sorted(p.name for p in (state_dir / "attempts" / cell).iterdir())
+    assert kept == ["attempt-1", "attempt-2"]
+    assert (state_dir / "attempts" / cell / "attempt-1" / "summary.json").exists()
+    status = json.loads((state_dir / "status.json").read_text())
+    assert status["trust"]["retried_cells"] == 1
+    assert status["trust"]["invalid_by_reason"] == {"grader_failed": 2}
+
+
+@pytest.mark.slow
+def test_always_failing_grader_quarantines_and_run_is_incomplete(state_dir: Path,
+                                                                  tmp_path: Path) -> None:
+    cell = "p1_bugfix_demo-nothink_v1"
+    over = write_overlay(tmp_path / "o.json", {
+        "vars": {"think_secs": "0"}, "tasks": [{"id": "p1_bugfix"}, {"id": "p2_extract"}],
+        "grader": {"argv": ["{python}", "-m", "autopilot.demo.grader", "{output_dir}", "--out",
+                            "{grade_file}", "--fail-cells", cell, "--fail-until-attempt", "99"]}})
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                "--state-dir", str(state_dir), "--quiet")
+    assert r.returncode == 1
+    assert r.stdout.strip().startswith("AUTOPILOT_INCOMPLETE") and cell in r.stdout
+    evs = events(state_dir)
+    assert [e["cell"] for e in evs if e["event"] == "cell_quarantined"] == [cell]
+    assert sum(e["event"] == "cell_started" and e["cell"] == cell for e in evs) == 3
+    status = json.loads((state_dir / "status.json").read_text())
+    assert status["phase"] == "INCOMPLETE"
+    assert status["trust"]["quarantined_cells"] == 1
+    assert status["totals"]["pass"] + status["totals"]["fail"] == 3  # never counted
+    q = (state_dir / "journal.jsonl").read_text()
+    assert "cell_quarantined" in q
+    v = run_cli("validate", "--state-dir", str(state_dir))
+    assert v.returncode == 1 and "quarantined" in v.stdout
+
+
+@pytest.mark.slow
+def test_harness_break_alarm_once_per_streak(state_dir: Path, tmp_path: Path) -> None:
+    over = write_overlay(tmp_path / "o.json", {
+        "vars": {"think_secs": "0"}, "run": {"concurrency": 1},
+        "grader": {"argv": ["{python}", "-m", "autopilot.demo.grader", "{output_dir}", "--out",
+                            "{grade_file}", "--counter", "{state_dir}/grader-count",
+                            "--fail-invocations", "1-4,7-9"]}})
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                "--state-dir", str(state_dir), "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    alarms = [e for e in events(state_dir)
+              if e["event"] == "milestone" and e["kind"] == "harness_anomaly"]
+    assert len(alarms) == 2
+    assert alarms[0]["priority"] == "emergency"
+    status = json.loads((state_dir / "status.json").read_text())
+    assert status["anomaly"]["alarms"] == 2
+
+
+@pytest.mark.slow
+def test_per_arm_grading(state_dir: Path, tmp_path: Path) -> None:
+    over = write_overlay(tmp_path / "o.json", {"vars": {"think_secs": "0"},
+                                                "grader": {"mode": "per-arm"}})
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                "--state-dir", str(state_dir), "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    evs = events(state_dir)
+    kinds = [e["event"] for e in evs]
+    assert kinds.count("cell_ran") == 12 and kinds.count("arm_grading") == 2
+    first_grading = kinds.index("arm_grading")
+    nothink_ran = [i for i, e in enumerate(evs) if e["event"] == "cell_ran"
+                   and "nothink" in e["cell"]]
+    assert max(nothink_ran) < first_grading  # graded only once the whole arm ran
+    assert sum(e["event"] == "cell_verdict" for e in evs) == 12
+
+
+def _nothing_written(state_dir: Path) -> None:
+    assert not (state_dir / "journal.jsonl").exists()
+    assert not (state_dir / "endpoint.log").exists()
+
+
+def test_preflight_missing_key(state_dir: Path, tmp_path: Path) -> None:
+    fake = FakeProvider("k-123456")
+    try:
+        r = run_cli("--preset", PRESET, "--config", str(fake.overlay(tmp_path / "o.json")),
+                    "--state-dir", str(state_dir))
+    finally:
+        fake.close()
+    assert r.returncode == 2 and "FAKE_PROVIDER_KEY" in r.stderr
+    _nothing_written(state_dir)
+
+
+@pytest.mark.parametrize(("key", "model", "needle"), [
+    ("wrong-key-999", "sim-pro-1", "rejected the key in $FAKE_PROVIDER_KEY (HTTP 401)"),
+    ("k-123456", "sim-pro-3", "(closest: sim-pro-2, sim-pro-1"),
+])
+def test_preflight_live_probe(state_dir: Path, tmp_path: Path, key: str, model: str,
+                              needle: str) -> None:
+    fake = FakeProvider("k-123456")
+    try:
+        over = fake.overlay(tmp_path / "o.json", model=model)
+        r = run_cli("--preset", PRESET, "--config", str(over), "--state-dir", str(state_dir),
+                    env=cli_env(FAKE_PROVIDER_KEY=key))
+    finally:
+        fake.close()
+    assert r.returncode == 2, r.stderr
+    assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert key not in r.stderr
+    _nothing_written(state_dir)
+
+
+def test_preflight_harness_missing_and_docker_unreachable(state_dir: Path,
+                                                          tmp_path: Path) -> None:
+    over = write_overlay(tmp_path / "o.json", {"harness": {"argv": ["/nonexistent/harness"]}})
+    r = run_cli("--preset", "demo", "--config", str(over), "--state-dir", str(state_dir))
+    assert r.returncode == 2 and "harness program /nonexistent/harness not found" in r.stderr
+    _nothing_written(state_dir)
+    over = write_overlay(tmp_path / "o.json", {"preflight": {"docker": True}})
+    r = run_cli("--preset", "demo", "--config", str(over), "--state-dir", str(state_dir),
+                env=cli_env(DOCKER_HOST=f"unix://{tmp_path}/no-docker.sock"))
+    assert r.returncode == 2 and "Docker unreachable" in r.stderr
+    _nothing_written(state_dir)
+
+
+def test_key_from_dotenv_and_secret_never_written(state_dir: Path, tmp_path: Path) -> None:
+    secret = "sk-SECRET-planted-8f3a9c"
+    fake = FakeProvider(secret)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / ".env").write_text(f"FAKE_PROVIDER_KEY={secret}\n")
+    try:
+        import subprocess
+
+        over = fake.overlay(tmp_path / "o.json")
+        r = subprocess.run(
+            [sys.executable, "-m", "autopilot.cli", "--preset", PRESET, "--config", str(over),
+             "--state-dir", str(state_dir)],
+            cwd=work, env={**cli_env(), "PYTHONPATH": str(ROOT)}, capture_output=True,
+            text=True, timeout=120)
+    finally:
+        fake.close()
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert secret not in r.stdout + r.stderr
+    for path in state_dir.rglob("*"):
+        if path.is_file():
+            assert secret not in path.read_text(errors="replace"), path
+    assert Counter(e["verdict"] for e in events(state_dir)
+                   if e["event"] == "cell_verdict")["INVALID"] == 0
+
+
+def test_dry_run_prints_plan_and_writes_nothing(state_dir: Path) -> None:
+    r = run_cli("--preset", "demo", "--target-n", "4", "--dry-run", "--state-dir", str(state_dir))
+    assert r.returncode == 0
+    assert "cells: 48 total | 0 valid | 48 pending | 0 invalid | 0 quarantined" in r.stdout
+    assert "arms (2): demo-nothink, demo-think" in r.stdout
+    assert not state_dir.exists()
+
+
+@pytest.mark.slow
+def test_validate_exit_codes_and_armless_dirs(state_dir: Path, tmp_path: Path) -> None:
+    over = write_overlay(tmp_path / "o.json", {"vars": {"think_secs": "0"}})
+    assert run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                   "--state-dir", str(state_dir), "--quiet").returncode == 0
+    ok = run_cli("validate", "--state-dir", str(state_dir))
+    assert ok.returncode == 0 and "INVALID" not in ok.stdout
+    stray = state_dir / "cells" / "p1_bugfix_None_v1"
+    stray.mkdir()
+    (stray / "grade.json").write_text('{"verdict": "PASS"}')
+    bad = run_cli("validate", "--state-dir", str(state_dir))
+    assert bad.returncode == 1 and "ARM-LESS DIRECTORY" in bad.stdout
+    stray.joinpath("grade.json").unlink()
+    victim = state_dir / "cells" / "p2_extract_demo-think_v1" / "grade.json"
+    victim.write_text("{truncated")
+    bad = run_cli("validate", "--state-dir", str(state_dir))
+    assert bad.returncode == 1
+    assert "p2_extract_demo-think_v1" in bad.stdout and "malformed_grade" in bad.stdout
+    assert run_cli("validate", "--state-dir", str(tmp_path / "none")).returncode == 2
