@@ -12,6 +12,7 @@ recycled pid does not count) also blocks.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import socket
 import time
@@ -92,7 +93,7 @@ class RunLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise LockHeld(describe_holder(read_json(self.state_dir / HEARTBEAT_NAME))) from None
+            raise LockHeld(describe_holder(self._holder_record())) from None
         # Re-check under the lock: a holder may have written its heartbeat and exited
         # between our first look and the flock.
         hb = heartbeat_holder(self.state_dir)
@@ -101,6 +102,22 @@ class RunLock:
             raise LockHeld(describe_holder(hb))
         self.fd = fd
         self.started_at = iso()
+        # The holder's identity goes into the lock file itself at once, so a loser of a
+        # simultaneous start can name it before the first heartbeat is written.
+        pid, ct = _me()
+        record = {"pid": pid, "create_time": ct, "host": socket.gethostname(),
+                  "started_at": self.started_at}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+
+    def _holder_record(self) -> dict[str, Any] | None:
+        # The holder writes its record right after taking the flock: wait briefly for it.
+        for _ in range(40):
+            rec = read_json(self.state_dir / LOCK_NAME)
+            if isinstance(rec, dict) and rec.get("pid"):
+                return rec
+            time.sleep(0.025)
+        return read_json(self.state_dir / HEARTBEAT_NAME)
 
     def beat(self, phase: str) -> None:
         pid, ct = _me()

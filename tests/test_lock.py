@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -75,7 +76,7 @@ def test_fresh_heartbeat_of_live_process_blocks_even_without_flock(tmp_path: Pat
 def test_pairs_started_together_exactly_one_drives(tmp_path: Path) -> None:
     over = write_overlay(tmp_path / "o.json", {
         "vars": {"think_secs": "0"}, "tasks": [{"id": "p1_bugfix"}]})
-    pairs = 6
+    pairs = int(os.environ.get("AUTOPILOT_TEST_PAIRS", "8"))
     for i in range(pairs):
         state = tmp_path / f"s{i}"
         args = [sys.executable, "-m", "autopilot.cli", "--preset", "demo", "--target-n", "1",
