@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -28,7 +27,7 @@ import structlog
 from autopilot.config import Preset, render, render_argv
 from autopilot.endpoints.keeper import Keeper
 from autopilot.grading import judge_cell
-from autopilot.plan import Cell
+from autopilot.plan import Cell, cell_context
 from autopilot.procs import OWNED, TOKEN_ENV, Tracker, identify, kill_tree, spawn
 from autopilot.substance import SubstanceState, check_substance
 from autopilot.validity import Classification, Killed, RunOutcome
@@ -61,21 +60,9 @@ class CellContext:
 def template_context(
     preset: Preset, cell: Cell, attempt: int, state_dir: Path, keeper: Keeper
 ) -> dict[str, str]:
-    task = preset.task(cell.task)
-    arm = preset.arm(cell.arm)
     ep = keeper.ep
-    ctx: dict[str, str] = {
-        **preset.vars, **task.vars, **arm.vars,
-        "cell": cell.id, "task": cell.task, "arm": cell.arm, "mode": arm.mode,
-        "n": str(cell.n), "attempt": str(attempt), "port": str(ep.port), "host": ep.host,
-        "base_url": ep.api_base, "model": arm.model or preset.model,
-        "served_model": ep.served_model, "state_dir": str(state_dir),
-        "python": sys.executable,
-    }
-    ctx["output_dir"] = render(preset.harness.output_dir, ctx)
-    ctx["transcript"] = render(preset.harness.transcript, ctx)
-    ctx["grade_file"] = render(preset.grader.grade_file, ctx)
-    ctx["scratch_dir"] = str(state_dir / "scratch" / cell.id)
+    ctx = cell_context(preset, cell, attempt, state_dir, ep.port, ep.host, ep.api_base)
+    ctx["served_model"] = ep.served_model
     return ctx
 
 

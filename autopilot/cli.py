@@ -80,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     va = sub.add_parser("validate", help="postflight: classify what is on disk; exit 1 if "
                         "any cell is INVALID")
     va.add_argument("--state-dir", dest="sub_state_dir")
+    cl = sub.add_parser("cleanup", help="remove the plan's sandbox containers and scratch "
+                        "dirs (exact names); refuses while a supervisor holds the run")
+    cl.add_argument("--state-dir", dest="sub_state_dir")
+    cl.add_argument("--endpoint", action="store_true", help="also the endpoint container")
     nt = sub.add_parser("notify-test", help="send one test message to each configured URL")
     nt.add_argument("--preset", dest="nt_preset", help="also use this preset's [notify] urls")
     nt.add_argument("--notify-config", dest="nt_config", help="apprise config file")
@@ -168,6 +172,23 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    from autopilot.cleanup import cleanup
+    from autopilot.lock import describe_holder, lock_held
+
+    state_dir = Path(args.sub_state_dir or args.state_dir or default_state_dir()).absolute()
+    holder = lock_held(state_dir)
+    if holder is not None:
+        raise LockHeld(f"refusing to clean up a run in progress: {describe_holder(holder)}")
+    preset, plan = load_recorded(state_dir)
+    removed = anyio.run(partial(cleanup, preset, plan, state_dir, endpoint=args.endpoint))
+    for item in removed:
+        print(f"removed {item}")
+    if not removed:
+        print("nothing to clean up")
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from autopilot.supervisor import RunOptions, Supervisor, check_plan_identity, snapshot_once
 
@@ -221,12 +242,17 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_notify_test(args)
         if args.command == "validate":
             return cmd_validate(args)
+        if args.command == "cleanup":
+            return cmd_cleanup(args)
         if not args.preset:
             parser.error("--preset is required to run (try `autopilot presets`)")
         return cmd_run(args)
     except LockHeld as e:
-        print(f"AUTOPILOT_ABORTED_DOUBLE_DRIVE: another autopilot drives this run: {e}",
-              file=sys.stderr)
+        if args.command == "cleanup":
+            print(f"autopilot: error: {e}", file=sys.stderr)
+        else:
+            print(f"AUTOPILOT_ABORTED_DOUBLE_DRIVE: another autopilot drives this run: {e}",
+                  file=sys.stderr)
         return e.exit_code
     except AutopilotError as e:
         print(f"autopilot: error: {e}", file=sys.stderr)

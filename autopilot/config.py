@@ -113,28 +113,39 @@ class BuiltinEndpoint(EndpointCommon):
 
     engine: Literal["builtin"]
     crash_after_requests: int = Field(default=0, ge=0)  # fault knob; 0 = never
+    crash_every_generation: bool = False  # fault knob: a crash loop restarts cannot heal
     latency_secs: float = Field(default=0.0, ge=0)
     startup_delay_secs: float = Field(default=0.0, ge=0)  # a 503 "loading" phase
     never_ready: bool = False  # fault knob: /health answers 503 forever
 
 
+class DockerFields(_Frozen):
+    """How an engine runs as a container (mode = "docker"), created through aiodocker."""
+
+    image: str = ""
+    container_name: str = ""
+    gpus: str = "all"  # "all", "none", or device ids "0,1"
+    network: Literal["host", "bridge"] = "host"  # bridge: port published on 127.0.0.1
+    model_dir: str = ""  # mounted read-only at the same path
+    binds: list[str] = Field(default_factory=list)  # extra "host:container[:ro]" mounts
+
+
 class LlamaCppEndpoint(EndpointCommon):
     engine: Literal["llamacpp"]
-    mode: Literal["process"] = "process"
+    mode: Literal["process", "docker"] = "process"
+    docker: DockerFields = Field(default_factory=DockerFields)
     binary: str = "llama-server"
     model_path: str = ""
     ctx_size: int = Field(default=8192, gt=0)
     reasoning_format: str = "none"
     args: list[str] = Field(default_factory=list)
-    image: str = "ghcr.io/ggml-org/llama.cpp:server-cuda"
-    container_name: str = "llama-autopilot"
-    gpus: str = "all"
     env: dict[str, str] = Field(default_factory=dict)
 
 
 class VllmEndpoint(EndpointCommon):
     engine: Literal["vllm"]
-    mode: Literal["process"] = "process"
+    mode: Literal["process", "docker"] = "process"
+    docker: DockerFields = Field(default_factory=DockerFields)
     binary: str = "vllm"
     model_path: str = ""
     served_model_name: str = ""
@@ -143,9 +154,6 @@ class VllmEndpoint(EndpointCommon):
     reasoning_parser: str = ""
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     args: list[str] = Field(default_factory=list)
-    image: str = "vllm/vllm-openai:latest"
-    container_name: str = "vllm-autopilot"
-    gpus: str = "all"
     env: dict[str, str] = Field(default_factory=dict)
 
 

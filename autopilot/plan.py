@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 
-from autopilot.config import Preset
+from autopilot.config import Preset, render
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,3 +69,25 @@ def plan_identity(p: Preset) -> str:
     }
     blob = json.dumps(defining, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def cell_context(
+    preset: Preset, cell: Cell, attempt: int, state_dir: Path, port: int = 0,
+    host: str = "127.0.0.1", base_url: str = "",
+) -> dict[str, str]:
+    """The placeholders of a cell without a live endpoint (sweeps, cleanup, postflight)."""
+    task = preset.task(cell.task)
+    arm = preset.arm(cell.arm)
+    ctx: dict[str, str] = {
+        **preset.vars, **task.vars, **arm.vars,
+        "cell": cell.id, "task": cell.task, "arm": cell.arm, "mode": arm.mode,
+        "n": str(cell.n), "attempt": str(attempt), "port": str(port), "host": host,
+        "base_url": base_url, "model": arm.model or preset.model,
+        "served_model": preset.model, "state_dir": str(state_dir),
+        "python": sys.executable, "deadline": "0",
+    }
+    ctx["output_dir"] = render(preset.harness.output_dir, ctx)
+    ctx["transcript"] = render(preset.harness.transcript, ctx)
+    ctx["grade_file"] = render(preset.grader.grade_file, ctx)
+    ctx["scratch_dir"] = str(state_dir / "scratch" / cell.id)
+    return ctx

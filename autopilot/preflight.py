@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from dotenv import dotenv_values
 from autopilot.config import Preset, render, render_argv
 from autopilot.errors import EndpointError, PreflightError
 from autopilot.fsutil import iso
-from autopilot.plan import Plan
+from autopilot.plan import Cell, Plan, cell_context
 
 
 @dataclass
@@ -35,17 +34,7 @@ class PreflightReport:
 
 
 def _static_ctx(preset: Preset, task_id: str, arm_label: str, state_dir: Path) -> dict[str, str]:
-    task, arm = preset.task(task_id), preset.arm(arm_label)
-    ctx = {**preset.vars, **task.vars, **arm.vars,
-           "cell": f"{task_id}_{arm_label}_v1", "task": task_id, "arm": arm_label,
-           "mode": arm.mode, "n": "1", "attempt": "1", "port": "0", "host": "127.0.0.1",
-           "base_url": "", "model": arm.model or preset.model, "served_model": preset.model,
-           "state_dir": str(state_dir), "python": sys.executable, "deadline": "0"}
-    ctx["output_dir"] = render(preset.harness.output_dir, ctx)
-    ctx["transcript"] = render(preset.harness.transcript, ctx)
-    ctx["grade_file"] = render(preset.grader.grade_file, ctx)
-    ctx["scratch_dir"] = str(state_dir / "scratch" / ctx["cell"])
-    return ctx
+    return cell_context(preset, Cell(task_id, arm_label, 1), 1, state_dir)
 
 
 def _program_problems(argv: list[str], cwd: str | None, what: str) -> list[str]:

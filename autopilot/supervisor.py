@@ -26,7 +26,7 @@ import structlog
 
 from autopilot import logsetup, sdnotify
 from autopilot.cells import CellContext, CellRun
-from autopilot.config import Preset
+from autopilot.config import Preset, render
 from autopilot.endpoints import make_endpoint
 from autopilot.endpoints.keeper import Keeper
 from autopilot.errors import (
@@ -43,8 +43,10 @@ from autopilot.journal import Journal, read_events
 from autopilot.ledger import Ledger, StreakState, should_quarantine, streak_step
 from autopilot.lock import HEARTBEAT_SECS, RunLock
 from autopilot.notify import MILESTONES, Notifier, urls_from_env
-from autopilot.plan import Plan
+from autopilot.plan import Plan, cell_context
+from autopilot.preflight import needs_docker
 from autopilot.procs import ProcIdentity, Tracker, enable_subreaper, kill_tree, reap_adopted
+from autopilot.sandbox import Docker
 from autopilot.status import SCHEMA_VERSION, StatusWriter, eta_secs, oneline
 from autopilot.validity import Classification, RunOutcome, classify
 
@@ -316,7 +318,35 @@ class Supervisor:
                 self.journal.close()
             self.lock.release()
 
+    async def _docker_setup(self) -> Docker | None:
+        """Connect to Docker when the preset needs it, wire the sandbox hooks, and sweep
+        containers a dead predecessor left: ours by label, harness sandboxes of this
+        plan by their exact names."""
+        if not needs_docker(self.preset):
+            return None
+        docker = Docker()
+        template = self.preset.harness.sandbox_container
+        if template:
+            self.remove_sandbox = docker.remove
+
+            async def activity(ctx: dict[str, str]) -> int | None:
+                return await docker.activity(render(template, ctx))
+
+            self.sandbox_activity = activity
+            names = [render(template, self._static_ctx(c)) for c in self.plan.cells]
+            for name in await docker.remove_exact(names):
+                self.orphans_cleaned.append({"container": name})
+        for name in await docker.remove_labelled(str(self.state_dir)):
+            self.orphans_cleaned.append({"container": name})
+        if self.orphans_cleaned:
+            log.info("orphans_swept", cleaned=self.orphans_cleaned)
+        return docker
+
+    def _static_ctx(self, cell: Any) -> dict[str, str]:
+        return cell_context(self.preset, cell, 1, self.state_dir)
+
     async def _drive(self) -> int:
+        docker = await self._docker_setup()
         ep = make_endpoint(self.preset, self.state_dir)
         self.keeper = Keeper(ep, self.emit, self.milestone, self.clock)
         code = EXIT_INCOMPLETE
@@ -349,6 +379,8 @@ class Supervisor:
                 sdnotify.notify("STOPPING=1")
                 await ep.stop()
                 await ep.aclose()
+                if docker is not None:
+                    await docker.close()
                 self.phase_final_write()
         return code
 
@@ -371,10 +403,9 @@ class Supervisor:
             self.pass_no = pass_no
             self.phase = f"run:pass{pass_no}"
             self.emit("pass_started", **{"pass": pass_no, "pending": len(pending)})
-            try:
-                await self._run_pass(pending)
-            except EndpointFailed as e:
-                self.outcome_reason = str(e)
+            await self._run_pass(pending)
+            if self.keeper is not None and self.keeper.failed:
+                self.outcome_reason = self.keeper.failed
                 return
             if self.preset.grader.mode == "per-arm" and not self.stop_signal:
                 await self._grade_ready_arms(force=True)
@@ -391,8 +422,10 @@ class Supervisor:
                 try:
                     await self.keeper.wait_up()
                 except EndpointFailed:
+                    # Not raised through the task group (it would arrive wrapped in an
+                    # ExceptionGroup): running cells finish, the pass ends, the run stops.
                     slots.release()
-                    raise
+                    break
                 if self.stop_signal:
                     slots.release()
                     break

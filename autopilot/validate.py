@@ -11,7 +11,6 @@ where no aggregate would ever look).
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from autopilot.config import Preset, render
 from autopilot.fsutil import read_json
 from autopilot.grading import read_checks
 from autopilot.journal import read_events
-from autopilot.plan import Plan
+from autopilot.plan import Plan, cell_context
 from autopilot.validity import Checks, GradeOutcome, RunOutcome, classify
 
 ARTIFACT_NAMES = ("grade.json", "summary.json")
@@ -48,20 +47,6 @@ class ValidationResult:
         return not self.invalid and not self.armless
 
 
-def _cell_ctx(preset: Preset, plan_cell: Any, attempt: int, state_dir: Path) -> dict[str, str]:
-    task, arm = preset.task(plan_cell.task), preset.arm(plan_cell.arm)
-    ctx = {**preset.vars, **task.vars, **arm.vars, "cell": plan_cell.id, "task": task.id,
-           "arm": arm.label, "mode": arm.mode, "n": str(plan_cell.n), "attempt": str(attempt),
-           "port": "0", "host": "127.0.0.1", "base_url": "", "model": arm.model or preset.model,
-           "served_model": preset.model, "state_dir": str(state_dir), "python": sys.executable,
-           "deadline": "0"}
-    ctx["output_dir"] = render(preset.harness.output_dir, ctx)
-    ctx["transcript"] = render(preset.harness.transcript, ctx)
-    ctx["grade_file"] = render(preset.grader.grade_file, ctx)
-    ctx["scratch_dir"] = str(state_dir / "scratch" / plan_cell.id)
-    return ctx
-
-
 def validate_run(preset: Preset, plan: Plan, state_dir: Path) -> ValidationResult:
     last_outcome: dict[str, dict[str, Any]] = {}
     attempts: dict[str, int] = {}
@@ -79,7 +64,7 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path) -> ValidationResul
             quarantined.add(cid)
     result = ValidationResult()
     for cell in plan.cells:
-        ctx = _cell_ctx(preset, cell, attempts.get(cell.id, 1), state_dir)
+        ctx = cell_context(preset, cell, attempts.get(cell.id, 1), state_dir)
         out_dir = Path(ctx["output_dir"])
         if cell.id in quarantined:
             result.cells.append(CellCheck(cell.id, "INVALID", "quarantined"))
@@ -110,7 +95,7 @@ def armless_dirs(preset: Preset, plan: Plan, state_dir: Path) -> list[str]:
     tasks = "|".join(re.escape(t.id) for t in preset.tasks)
     arms = "|".join(re.escape(a.label) for a in preset.arms)
     cell_re = re.compile(rf"^(?:{tasks})_(?:{arms})_v\d+$")
-    parents = {Path(_cell_ctx(preset, c, 1, state_dir)["output_dir"]).parent
+    parents = {Path(cell_context(preset, c, 1, state_dir)["output_dir"]).parent
                for c in plan.cells[:1]}
     flagged = []
     for parent in parents:

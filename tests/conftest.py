@@ -103,3 +103,76 @@ def token_holders(tokens: set[str]) -> list[int]:
 @pytest.fixture
 def state_dir(tmp_path: Path) -> Path:
     return tmp_path / "state"
+
+
+FAKEBIN = ROOT / "tests" / "fakebin"
+
+
+def _start_private_dockerd(tmp: Path) -> str | None:
+    r = subprocess.run([str(ROOT / "tools" / "dockerd"), "start", str(tmp)],
+                       capture_output=True, text=True, timeout=180)
+    if r.returncode != 0:
+        return None
+    return r.stdout.strip().split("=", 1)[1]
+
+
+@pytest.fixture(scope="session")
+def docker_host(tmp_path_factory: pytest.TempPathFactory):
+    """A Docker engine for the tests: $AUTOPILOT_TEST_DOCKER_HOST, else a private dockerd
+    started with tools/dockerd (root only). Skips, with the reason, where neither works."""
+    host = os.environ.get("AUTOPILOT_TEST_DOCKER_HOST")
+    started: Path | None = None
+    if not host:
+        if os.geteuid() != 0:
+            pytest.skip("Docker tests need root to start a private dockerd "
+                        "(or set AUTOPILOT_TEST_DOCKER_HOST)")
+        started = Path("/tmp") / f"ap-dockerd-{os.getpid()}"
+        host = _start_private_dockerd(started)
+        if host is None:
+            log = (started / "dockerd.log").read_text()[-800:] if started.exists() else ""
+            pytest.skip(f"could not start a private dockerd: {log}")
+    yield host
+    if started is not None:
+        subprocess.run([str(ROOT / "tools" / "dockerd"), "stop", str(started)], timeout=120)
+
+
+def docker_cli(host: str, *args: str, check: bool = True,
+               input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(["docker", *args], env={**os.environ, "DOCKER_HOST": host},
+                          capture_output=True, check=check, input=input, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def test_images(docker_host: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Images built on the spot with `docker import` (no registry here): a static
+    busybox, and a FAKE llama-server whose entrypoint runs tests/fakebin/llama-server
+    with the host's Python bind-mounted read-only."""
+    import shutil
+    import tarfile
+
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        pytest.skip("busybox (Debian's busybox-static) is not installed")
+    root = tmp_path_factory.mktemp("rootfs")
+    (root / "bin").mkdir()
+    shutil.copy2(busybox, root / "bin" / "busybox")
+    for applet in ("sh", "sleep", "cat", "ls", "echo", "true"):
+        (root / "bin" / applet).symlink_to("busybox")
+    (root / "entry").mkdir()
+    entry = root / "entry" / "llama-server"
+    entry.write_text('#!/bin/sh\nexec "$FAKE_PYTHON" /repo/tests/fakebin/llama-server "$@"\n')
+    entry.chmod(0o755)
+    (root / "tmp").mkdir()
+    tar = tmp_path_factory.mktemp("img") / "rootfs.tar"
+    with tarfile.open(tar, "w") as tf:
+        tf.add(root, arcname=".")
+    data = tar.read_bytes()
+    docker_cli(docker_host, "import", "-", "autopilot-test/busybox:1", input=data)
+    docker_cli(docker_host, "import", "--change", 'ENTRYPOINT ["/entry/llama-server"]',
+               "-", "autopilot-test/fake-llama:1", input=data)
+    return {"busybox": "autopilot-test/busybox:1", "llama": "autopilot-test/fake-llama:1"}
+
+
+def container_names(host: str) -> set[str]:
+    out = docker_cli(host, "ps", "-a", "--format", "{{.Names}}").stdout.decode()
+    return set(out.split())

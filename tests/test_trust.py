@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 from conftest import ROOT, cli_env, events, run_cli, write_overlay
-from fakes import FakeProvider
+from provider_fake import FakeProvider
 
 from autopilot.config import load_preset
 from autopilot.grading import judge_cell

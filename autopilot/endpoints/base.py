@@ -19,11 +19,13 @@ from typing import Any, ClassVar
 import anyio
 import httpx
 import structlog
+from aiodocker.exceptions import DockerError
 from anyio.abc import Process
 
 from autopilot.config import EndpointCommon, Preset
 from autopilot.errors import EndpointCrashed, EndpointError, EndpointStartTimeout
 from autopilot.procs import OWNED, Tracker, identify, kill_tree, spawn
+from autopilot.sandbox import LABEL_ROLE, LABEL_STATE, Docker, gpu_requests
 
 log = structlog.get_logger(__name__)
 
@@ -61,6 +63,8 @@ class Endpoint:
         self.proc: Process | None = None
         self.tracker: Tracker | None = None
         self._client: httpx.AsyncClient | None = None
+        self._docker: Docker | None = None
+        self.container: Any = None
 
     # ------------------------------------------------------------------ describe
 
@@ -82,12 +86,101 @@ class Endpoint:
             "url": self.api_base,
             "model": self.served_model,
             "pid": self.proc.pid if self.proc else None,
+            "container": self.container_name() if self.mode == "docker" else None,
             "create_time": self.tracker.root.create_time if self.tracker else None,
             "attached": self.attached,
         }
 
     def argv(self) -> list[str]:
         raise NotImplementedError
+
+    # docker mode -----------------------------------------------------------------
+
+    default_image: ClassVar[str] = ""
+    default_container: ClassVar[str] = "autopilot-endpoint"
+
+    @property
+    def mode(self) -> str:
+        return str(getattr(self.cfg, "mode", "process"))
+
+    def container_cmd(self) -> list[str]:
+        """The container's command: the argv without the program (the image's entrypoint)."""
+        return self.argv()[1:]
+
+    def container_name(self) -> str:
+        d = getattr(self.cfg, "docker", None)
+        return (d.container_name if d and d.container_name else self.default_container)
+
+    def container_config(self) -> dict[str, Any]:
+        d = self.cfg.docker  # type: ignore[attr-defined]
+        env = {k: v for k, v in getattr(self.cfg, "env", {}).items()}
+        binds = [*(f"{d.model_dir}:{d.model_dir}:ro" for _ in [0] if d.model_dir), *d.binds]
+        host: dict[str, Any] = {"Binds": binds, "DeviceRequests": gpu_requests(d.gpus)}
+        if d.network == "host":
+            host["NetworkMode"] = "host"
+        else:
+            host["PortBindings"] = {f"{self.port}/tcp": [
+                {"HostIp": "127.0.0.1", "HostPort": str(self.port)}]}
+        return {
+            "Image": d.image or self.default_image,
+            "Cmd": self.container_cmd(),
+            "Env": [f"{k}={v}" for k, v in env.items()],
+            "Labels": {LABEL_STATE: str(self.state_dir), LABEL_ROLE: "endpoint"},
+            "ExposedPorts": {f"{self.port}/tcp": {}},
+            "HostConfig": host,
+        }
+
+    async def _start_container(self) -> None:
+        docker = self._docker_client()
+        name = self.container_name()
+        try:
+            existing = await docker.client.containers.get(name)
+        except DockerError as e:
+            if e.status != 404:
+                raise EndpointError(f"docker: cannot inspect {name}: {e}") from None
+            existing = None
+        if existing is not None:
+            labels = existing["Config"].get("Labels") or {}
+            if labels.get(LABEL_STATE) != str(self.state_dir):
+                raise EndpointError(
+                    f"container {name!r} exists and was not started by this run; remove it "
+                    "or set attach = true to use it")
+            await docker.remove(name)  # ours, from an earlier generation or a dead run
+        config = self.container_config()
+        log.info("endpoint_container", name=name, image=config["Image"], cmd=config["Cmd"],
+                 generation=self.generation)
+        try:
+            self.container = await docker.client.containers.run(config, name=name)
+        except DockerError as e:
+            raise EndpointCrashed(f"docker: cannot start {name}: {e}") from None
+
+    async def _container_exited(self) -> str | None:
+        if self.container is None:
+            return None
+        try:
+            await self.container.show()
+        except DockerError:
+            return "container is gone"
+        state = self.container["State"]
+        if state.get("Running"):
+            return None
+        return f"container exited with code {state.get('ExitCode')}"
+
+    async def _dump_container_logs(self) -> None:
+        if self.container is None:
+            return
+        try:
+            lines = await self.container.log(stdout=True, stderr=True, tail=200)
+        except DockerError:
+            return
+        with self.log_path.open("a", encoding="utf-8") as f:
+            f.write(f"--- container {self.container_name()} generation {self.generation} ---\n")
+            f.writelines(lines)
+
+    def _docker_client(self) -> Docker:
+        if self._docker is None:
+            self._docker = Docker()
+        return self._docker
 
     def env(self) -> dict[str, str]:
         return dict(os.environ)
@@ -108,9 +201,14 @@ class Endpoint:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+        if self._docker is not None:
+            await self._docker.close()
+            self._docker = None
 
     async def start(self) -> None:
-        if not self.attached:
+        if not self.attached and self.mode == "docker":
+            await self._start_container()
+        elif not self.attached:
             argv = self.argv()
             log.info("endpoint_argv", engine=self.engine, argv=argv, generation=self.generation)
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -135,11 +233,19 @@ class Endpoint:
                     f"{self.engine} endpoint exited with code {self.proc.returncode} while "
                     f"starting; endpoint.log: {log_tail(self.log_path)}"
                 )
+            if self.mode == "docker" and not self.attached:
+                gone = await self._container_exited()
+                if gone:
+                    await self._dump_container_logs()
+                    raise EndpointCrashed(f"{self.engine} endpoint {gone} while starting; "
+                                          f"endpoint.log: {log_tail(self.log_path)}")
             ok, why = await self.probe(check_model=True)
             if ok:
                 log.info("endpoint_ready", engine=self.engine, url=self.api_base)
                 return
             if time.monotonic() >= deadline:
+                if self.mode == "docker":
+                    await self._dump_container_logs()
                 raise EndpointStartTimeout(
                     f"{self.engine} endpoint not ready after {self.cfg.startup_timeout_secs:.0f}s"
                     f" ({why}); endpoint.log: {log_tail(self.log_path)}"
@@ -174,8 +280,17 @@ class Endpoint:
         return self.proc is not None and self.proc.returncode is None
 
     async def stop(self) -> None:
-        """Exact-PID kill of the endpoint tree we started. Never touches an attached one."""
-        if self.attached or self.proc is None:
+        """Exact-PID kill of the endpoint tree we started, or removal of the container we
+        created. Never touches an attached endpoint."""
+        if self.attached:
+            return
+        if self.mode == "docker":
+            if self.container is not None:
+                await self._dump_container_logs()
+                await self._docker_client().remove(self.container_name())
+                self.container = None
+            return
+        if self.proc is None:
             return
         if self.tracker is not None:
             await anyio.to_thread.run_sync(kill_tree, self.tracker, 5.0)

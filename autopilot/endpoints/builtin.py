@@ -21,7 +21,7 @@ class BuiltinEndpoint(Endpoint):
             "--latency", str(cfg.latency_secs), "--startup-delay", str(cfg.startup_delay_secs),
         ]
         # The crash fault fires in the first generation only, so a restart heals it.
-        if cfg.crash_after_requests and self.generation == 0:
+        if cfg.crash_after_requests and (self.generation == 0 or cfg.crash_every_generation):
             argv += ["--crash-after", str(cfg.crash_after_requests)]
         if cfg.never_ready:
             argv.append("--never-ready")

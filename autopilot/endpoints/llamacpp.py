@@ -33,6 +33,9 @@ class LlamaCppEndpoint(Endpoint):
             argv += ["--reasoning-format", c.reasoning_format]
         return argv + list(c.args)
 
+    default_image = "ghcr.io/ggml-org/llama.cpp:server-cuda"
+    default_container = "llama-autopilot"
+
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(self.c.env)

@@ -32,6 +32,14 @@ class VllmEndpoint(Endpoint):
             argv += ["--reasoning-parser", c.reasoning_parser]
         return argv + list(c.args)
 
+    default_image = "vllm/vllm-openai:latest"
+    default_container = "vllm-autopilot"
+
+    def container_cmd(self) -> list[str]:
+        # The vllm/vllm-openai image's entrypoint is the API server: no "serve" verb.
+        argv = self.argv()
+        return ["--model", argv[2], *argv[3:]]
+
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(self.c.env)

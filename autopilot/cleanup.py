@@ -1,0 +1,50 @@
+"""``autopilot cleanup``: reclaim the box once a run is done — exact names only.
+
+Removes the plan's sandbox containers (the preset's name template rendered for every
+cell of the plan), with ``--endpoint`` the endpoint container this state dir created
+(its label says so), and the scratch dirs (exact rendered paths, never a glob). It
+refuses while a supervisor holds the run.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from autopilot.config import Preset, render
+from autopilot.plan import Plan, cell_context
+from autopilot.preflight import needs_docker
+
+
+def scratch_paths(preset: Preset, plan: Plan, state_dir: Path) -> list[Path]:
+    paths: list[Path] = []
+    for cell in plan.cells:
+        ctx = cell_context(preset, cell, 1, state_dir)
+        paths.append(Path(ctx["scratch_dir"]))
+        paths += [Path(render(t, ctx)) for t in preset.harness.scratch_dirs]
+        if preset.grader.extract:
+            paths.append(Path(render(preset.grader.extract.into, ctx)))
+    return [p for p in dict.fromkeys(paths) if p.exists()]
+
+
+async def cleanup(preset: Preset, plan: Plan, state_dir: Path, *, endpoint: bool) -> list[str]:
+    removed: list[str] = []
+    if needs_docker(preset):
+        from autopilot.sandbox import Docker
+
+        docker = Docker()
+        try:
+            template = preset.harness.sandbox_container
+            if template:
+                names = [render(template, cell_context(preset, c, 1, state_dir))
+                         for c in plan.cells]
+                removed += [f"container {n}" for n in await docker.remove_exact(names)]
+            if endpoint:
+                removed += [f"container {n}" for n in
+                            await docker.remove_labelled(str(state_dir), role="endpoint")]
+        finally:
+            await docker.close()
+    for path in scratch_paths(preset, plan, state_dir):
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(f"dir {path}")
+    return removed

@@ -1,0 +1,107 @@
+"""Docker through aiodocker: endpoint containers, cell sandboxes, orphan sweeps.
+
+Containers the autopilot creates carry labels (``autopilot.state_dir``,
+``autopilot.role``, ``autopilot.cell``); sandbox containers a *harness* creates are
+matched by the exact name template of this plan's cells. Nothing is ever removed by a
+name prefix or pattern: a decoy named ``bench-sandbox-x-decoy`` survives a sweep of
+``bench-sandbox-x``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import aiodocker
+import structlog
+from aiodocker.exceptions import DockerError
+
+log = structlog.get_logger(__name__)
+
+LABEL_STATE = "autopilot.state_dir"
+LABEL_ROLE = "autopilot.role"
+LABEL_CELL = "autopilot.cell"
+
+
+class Docker:
+    """A thin, owned aiodocker client (``DOCKER_HOST`` honoured)."""
+
+    def __init__(self) -> None:
+        self.client = aiodocker.Docker()
+        self._activity: dict[str, tuple[float, int | None]] = {}
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def remove(self, name: str) -> bool:
+        """Force-remove the container with exactly this name; False if there was none."""
+        try:
+            c = await self.client.containers.get(name)
+            # Docker also resolves an id prefix: make sure this is exactly that name.
+            if str(c["Name"]).lstrip("/") != name:
+                return False
+            await c.delete(force=True, v=True)
+        except DockerError as e:
+            if e.status == 404:
+                return False
+            log.warning("container_remove_failed", name=name, error=str(e))
+            return False
+        log.info("container_removed", name=name)
+        return True
+
+    async def names(self, *, all_: bool = True, label: str | None = None) -> dict[str, str]:
+        kwargs: dict[str, Any] = {"all": "1" if all_ else "0"}
+        if label:
+            kwargs["filters"] = json.dumps({"label": [label]})
+        out = {}
+        for c in await self.client.containers.list(**kwargs):
+            for n in c["Names"] or []:
+                out[n.lstrip("/")] = c.id
+        return out
+
+    async def remove_exact(self, names: Iterable[str]) -> list[str]:
+        """Remove each existing container whose name is exactly one of ``names``."""
+        existing = await self.names()
+        removed = []
+        for name in names:
+            if name in existing and await self.remove(name):
+                removed.append(name)
+        return removed
+
+    async def remove_labelled(self, state_dir: str, role: str | None = None) -> list[str]:
+        removed = []
+        for name in await self.names(label=f"{LABEL_STATE}={state_dir}"):
+            c = await self.client.containers.get(name)
+            if role and (c["Config"].get("Labels") or {}).get(LABEL_ROLE) != role:
+                continue
+            if await self.remove(name):
+                removed.append(name)
+        return removed
+
+    async def activity(self, name: str, min_interval: float = 5.0) -> int | None:
+        """A counter that grows while the sandbox does work (CPU time), cached per
+        ``min_interval`` so polling stays cheap; None when there is no such container."""
+        now = time.monotonic()
+        cached = self._activity.get(name)
+        if cached and now - cached[0] < min_interval:
+            return cached[1]
+        value: int | None = None
+        try:
+            stats = await self.client._query_json(
+                f"containers/{name}/stats", params={"stream": "false", "one-shot": "true"})
+            value = int(stats.get("cpu_stats", {}).get("cpu_usage", {}).get("total_usage", 0))
+        except (DockerError, ValueError, TypeError):
+            value = None
+        self._activity[name] = (now, value)
+        return value
+
+
+def gpu_requests(gpus: str) -> list[dict[str, Any]]:
+    """``--gpus`` semantics: "all", "" / "none", or a comma list of device ids."""
+    if not gpus or gpus == "none":
+        return []
+    if gpus == "all":
+        return [{"Driver": "nvidia", "Count": -1, "Capabilities": [["gpu"]]}]
+    return [{"Driver": "nvidia", "DeviceIDs": gpus.split(","), "Capabilities": [["gpu"]]}]
