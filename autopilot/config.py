@@ -171,7 +171,7 @@ EndpointConfig = Annotated[
 
 class Extract(_Frozen):
     archive: str
-    into: str = "{state_dir}/scratch/grade_{cell}"
+    into: str = "{scratch_dir}"
 
 
 class VerdictRule(_Frozen):
@@ -504,14 +504,29 @@ def list_presets() -> list[tuple[str, str]]:
         if not d.is_dir():
             continue
         for path in sorted(d.glob("*.toml")):
-            if path.stem in found:
-                continue
+            if path.stem in found or path.stem.startswith("_"):
+                continue  # "_name": a base for `extends`, not runnable by itself
             try:
                 desc = str(_read_doc(path).get("description", ""))
             except ConfigError as e:
                 desc = f"(unreadable: {e})"
             found[path.stem] = desc.splitlines()[0] if desc else ""
     return sorted(found.items())
+
+
+def _read_with_extends(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A preset may say ``extends = "NAME"``: the named preset is loaded first and this
+    one deep-merged over it (shared task tables live in one file)."""
+    doc = _read_doc(path)
+    base = doc.pop("extends", None)
+    if base is None:
+        return doc
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: extends: expected a preset name")
+    base_path = find_preset(base)
+    if base_path.resolve() in seen:
+        raise ConfigError(f"{path}: extends: cycle through {base_path}")
+    return deep_merge(_read_with_extends(base_path, (*seen, path.resolve())), doc)
 
 
 def _read_doc(path: Path) -> dict[str, Any]:
@@ -527,6 +542,29 @@ def _read_doc(path: Path) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: expected a table at the top level")
     return doc
+
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def expand_env(value: Any, where: str = "") -> Any:
+    """``${NAME}`` / ``${NAME:-default}`` in string values, so machine-specific paths,
+    images and ports stay out of presets. An unset variable without a default is an
+    error naming it (a silently empty path would fail much later)."""
+    if isinstance(value, str):
+        def repl(m: re.Match[str]) -> str:
+            name, default = m.group(1), m.group(2)
+            if name in os.environ:
+                return os.environ[name]
+            if default is not None:
+                return default
+            raise _PathError(where, f"${{{name}}} is not set and has no default")
+        return _ENV_REF.sub(repl, value)
+    if isinstance(value, dict):
+        return {k: expand_env(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [expand_env(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    return value
 
 
 def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -569,7 +607,7 @@ def load_preset(
 ) -> Preset:
     """Load, merge and validate. Raises ConfigError with a one-line message."""
     preset_path = find_preset(preset)
-    doc = _read_doc(preset_path)
+    doc = _read_with_extends(preset_path)
     overlay_path = Path(overlay) if overlay else None
     overlay_keys: set[tuple[str, ...]] = set()
     if overlay_path is not None:
@@ -596,6 +634,12 @@ def load_preset(
             if keys[:i] in overlay_keys:
                 return str(overlay_path)
         return str(preset_path)
+
+    try:
+        doc = expand_env(doc)
+    except _PathError as e:
+        path = tuple(re.sub(r"\[\d+\]", "", e.path).split("."))
+        raise ConfigError(f"{origin(path)}: {e.path}: {e.msg}") from None
 
     try:
         result = Preset.model_validate(doc)

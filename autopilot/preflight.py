@@ -50,7 +50,8 @@ def _program_problems(argv: list[str], cwd: str | None, what: str) -> list[str]:
     if Path(prog).name.startswith("python") and len(argv) > 1 and not argv[1].startswith("-"):
         script = Path(argv[1]) if Path(argv[1]).is_absolute() else base / argv[1]
         if not script.is_file():
-            problems.append(f"{what} script {argv[1]} not found (cwd {base})")
+            where = "" if Path(argv[1]).is_absolute() else f" (cwd {base})"
+            problems.append(f"{what} script {argv[1]} not found{where}")
     return problems
 
 

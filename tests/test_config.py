@@ -133,3 +133,16 @@ def test_config_is_frozen() -> None:
     p = load_preset(DEMO)
     with pytest.raises(Exception):
         p.run.concurrency = 9  # type: ignore[misc]
+
+
+def test_env_expansion_with_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = minimal('[vars]\nroot = "${BENCH_ROOT:-/opt/bench}"\nmodel = "${BENCH_M}"\n')
+    path = write(tmp_path, "p.toml", text)
+    monkeypatch.setenv("BENCH_M", "m1")
+    monkeypatch.delenv("BENCH_ROOT", raising=False)
+    assert load_preset(path).vars == {"root": "/opt/bench", "model": "m1"}
+    monkeypatch.setenv("BENCH_ROOT", "/data/bench")
+    assert load_preset(path).vars["root"] == "/data/bench"
+    monkeypatch.delenv("BENCH_M")
+    with pytest.raises(ConfigError, match=r"vars.model: \$\{BENCH_M\} is not set"):
+        load_preset(path)

@@ -109,3 +109,19 @@ def test_double_drive_touches_nothing(tmp_path: Path) -> None:
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_cleanup_refuses_while_a_supervisor_holds_the_run(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(state)],
+                              stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert holder.stdout.readline().strip() == "HELD"
+        r = subprocess.run([sys.executable, "-m", "autopilot.cli", "cleanup", "--state-dir",
+                            str(state)], cwd=ROOT, env=cli_env(), capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 3 and "refusing to clean up a run in progress" in r.stderr
+        assert f"pid {holder.pid}" in r.stderr
+    finally:
+        holder.kill()
+        holder.wait()

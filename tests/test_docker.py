@@ -1,0 +1,153 @@
+"""Against a real (private) Docker engine: the endpoint container's lifecycle through
+aiodocker, sandbox removal after a cell, orphan sweeps after a SIGKILLed supervisor, and
+`cleanup` removing exactly the plan's containers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import (
+    ROOT,
+    cli_env,
+    container_names,
+    docker_cli,
+    events,
+    run_cli,
+    spawn_cli,
+    wait_for,
+    write_overlay,
+)
+
+pytestmark = pytest.mark.slow
+
+PY = os.path.realpath(sys.executable)
+BASE = sys.base_prefix
+
+
+def llama_overlay(tmp: Path, images: dict[str, str], name: str, **extra: object) -> str:
+    binds = [f"{ROOT}:/repo:ro", f"{BASE}:{BASE}:ro", "/usr:/usr:ro", "/lib:/lib:ro"]
+    if Path("/lib64").exists():
+        binds.append("/lib64:/lib64:ro")
+    doc = {
+        "endpoint": {
+            "engine": "llamacpp", "mode": "docker", "model_path": "/models/fake.gguf",
+            "startup_timeout_secs": 40, "probe_interval_secs": 0.5, "down_restart_secs": 1,
+            "restart_backoff_secs": 0.5,
+            "docker": {"image": images["llama"], "container_name": name, "gpus": "none",
+                       "binds": binds},
+            "env": {"FAKE_PYTHON": PY, "FAKE_AUTOPILOT_ROOT": "/repo"},
+        },
+        "vars": {"think_secs": "0.15"},
+        **extra,
+    }
+    return str(write_overlay(tmp / "docker.json", doc))
+
+
+def env(host: str) -> dict[str, str]:
+    return cli_env(DOCKER_HOST=host)
+
+
+def test_endpoint_container_killed_outside_is_recreated(docker_host: str, test_images,
+                                                         state_dir: Path,
+                                                         tmp_path: Path) -> None:
+    name = f"llama-autopilot-test-{os.getpid()}"
+    over = llama_overlay(tmp_path, test_images, name)
+    proc = spawn_cli("--preset", "demo", "--target-n", "2", "--config", over,
+                     "--state-dir", str(state_dir), "--quiet", env=env(docker_host),
+                     log=tmp_path / "run.log")
+    wait_for(lambda: sum(e["event"] == "cell_verdict" for e in events(state_dir)) >= 3, 120,
+             "cells graded against the container")
+    assert name in container_names(docker_host)
+    labels = json.loads(docker_cli(docker_host, "inspect", name).stdout)[0]["Config"]["Labels"]
+    assert labels["autopilot.state_dir"] == str(state_dir)
+    docker_cli(docker_host, "kill", name)
+    rc = proc.wait(240)
+    assert rc == 0, (tmp_path / "run.log").read_text()[-3000:]
+    evs = events(state_dir)
+    assert sum(e["event"] == "endpoint_restart" for e in evs) == 1
+    assert sum(e["event"] == "endpoint_started" for e in evs) == 2
+    assert name not in container_names(docker_host)  # nothing left behind
+    assert "container" in (state_dir / "endpoint.log").read_text()
+
+
+def test_sigkilled_supervisor_leftovers_are_swept(docker_host: str, test_images,
+                                                  state_dir: Path, tmp_path: Path) -> None:
+    name = f"llama-autopilot-sweep-{os.getpid()}"
+    over = llama_overlay(tmp_path, test_images, name)
+    args = ["--preset", "demo", "--target-n", "1", "--config", over,
+            "--state-dir", str(state_dir), "--quiet"]
+    proc = spawn_cli(*args, env=env(docker_host), log=tmp_path / "run.log")
+    first = wait_for(lambda: next((e for e in events(state_dir)
+                                   if e["event"] == "endpoint_started"), None), 120)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert name in container_names(docker_host)  # the orphan
+    old_id = json.loads(docker_cli(docker_host, "inspect", name).stdout)[0]["Id"]
+    r = run_cli(*args, env=env(docker_host), timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    status = json.loads((state_dir / "status.json").read_text())
+    assert {"container": name} in status["orphans_cleaned"]
+    assert name not in container_names(docker_host)
+    assert first["container"] == name and old_id
+
+
+HANG_WITH_SANDBOX = (
+    "import os, subprocess, sys, time\n"
+    "cell = sys.argv[1]\n"
+    "subprocess.run(['docker', 'run', '-d', '--network', 'none', '--name',\n"
+    "                'bench-sandbox-' + cell, sys.argv[2], 'sleep', '3600'], check=True)\n"
+    "print('sandbox up', flush=True)\n"
+    "time.sleep(3600)\n"
+)
+
+
+def test_killed_cell_sandbox_is_removed(docker_host: str, test_images, state_dir: Path,
+                                         tmp_path: Path) -> None:
+    script = tmp_path / "harness.py"
+    script.write_text(HANG_WITH_SANDBOX)
+    over = write_overlay(tmp_path / "o.json", {
+        "tasks": [{"id": "p1_bugfix"}], "arms": [{"label": "demo-nothink", "mode": "nothink"}],
+        "harness": {"argv": ["{python}", str(script), "{cell}", test_images["busybox"]],
+                    "sandbox_container": "bench-sandbox-{cell}"},
+        "watchdog": {"stuck_secs": 2, "warn_secs": 1, "probe_secs": 1.5, "kill_secs": 2},
+        "trust": {"infra_retries": 0}})
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                "--state-dir", str(state_dir), "--quiet", env=env(docker_host), timeout=240)
+    assert r.returncode == 1  # the one cell stalled and was quarantined
+    evs = events(state_dir)
+    assert any(e["event"] == "cell_killed" for e in evs)
+    assert "bench-sandbox-p1_bugfix_demo-nothink_v1" not in container_names(docker_host)
+
+
+def test_cleanup_removes_exactly_the_plan_containers(docker_host: str, test_images,
+                                                      state_dir: Path, tmp_path: Path) -> None:
+    over = write_overlay(tmp_path / "o.json", {
+        "vars": {"think_secs": "0"}, "tasks": [{"id": "p1_bugfix"}, {"id": "p2_extract"}],
+        "harness": {"sandbox_container": "bench-sandbox-{cell}"}})
+    args = ["--preset", "demo", "--target-n", "1", "--config", str(over),
+            "--state-dir", str(state_dir), "--quiet"]
+    assert run_cli(*args, env=env(docker_host)).returncode == 0
+    plan_names = ["bench-sandbox-p1_bugfix_demo-nothink_v1", "bench-sandbox-p2_extract_demo-think_v1"]
+    decoys = ["bench-sandbox-p1_bugfix_demo-nothink_v1-decoy", "bench-sandbox-p1_bugfix"]
+    for n in plan_names + decoys:
+        docker_cli(docker_host, "create", "--network", "none", "--name", n,
+                   test_images["busybox"], "sleep", "60")
+    endpoint = f"ep-{os.getpid()}"
+    docker_cli(docker_host, "create", "--network", "none", "--name", endpoint, "--label",
+               f"autopilot.state_dir={state_dir}", "--label", "autopilot.role=endpoint",
+               test_images["busybox"], "sleep", "60")
+    (state_dir / "scratch" / "p1_bugfix_demo-think_v1").mkdir(parents=True)
+    r = run_cli("cleanup", "--endpoint", "--state-dir", str(state_dir), env=env(docker_host))
+    assert r.returncode == 0, r.stderr
+    names = container_names(docker_host)
+    assert not set(plan_names) & names and endpoint not in names
+    assert set(decoys) <= names
+    assert f"removed container {endpoint}" in r.stdout
+    assert not (state_dir / "scratch" / "p1_bugfix_demo-think_v1").exists()
+    for n in decoys:
+        docker_cli(docker_host, "rm", "-f", n)
