@@ -132,7 +132,8 @@ def test_cleanup_removes_exactly_the_plan_containers(docker_host: str, test_imag
     args = ["--preset", "demo", "--target-n", "1", "--config", str(over),
             "--state-dir", str(state_dir), "--quiet"]
     assert run_cli(*args, env=env(docker_host)).returncode == 0
-    plan_names = ["bench-sandbox-p1_bugfix_demo-nothink_v1", "bench-sandbox-p2_extract_demo-think_v1"]
+    plan_names = ["bench-sandbox-p1_bugfix_demo-nothink_v1",
+                  "bench-sandbox-p2_extract_demo-think_v1"]
     decoys = ["bench-sandbox-p1_bugfix_demo-nothink_v1-decoy", "bench-sandbox-p1_bugfix"]
     for n in plan_names + decoys:
         docker_cli(docker_host, "create", "--network", "none", "--name", n,
