@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import psutil
 import structlog
 
 from autopilot.config import Preset, render, render_argv
@@ -138,6 +139,21 @@ class CellRun:
         })
         return env
 
+    def _probe(self, activity: int | None) -> dict[str, Any]:
+        """What PROBE records: is the tree alive, what is it doing, the sandbox's CPU."""
+        procs = self.tracker.collect() if self.tracker else {}
+        states: dict[str, int] = {}
+        cpu = 0.0
+        for p in procs.values():
+            try:
+                states[p.status()] = states.get(p.status(), 0) + 1
+                t = p.cpu_times()
+                cpu += t.user + t.system
+            except psutil.Error:
+                continue
+        return {"alive": bool(procs), "pids": len(procs), "states": states,
+                "cpu_secs": round(cpu, 2), "sandbox_activity": activity}
+
     async def _kill(self, grace: float) -> list[int]:
         if self.tracker is None:
             return []
@@ -221,9 +237,10 @@ class CellRun:
                         d = sd
                 cx.on_tick(self.cell.id, state, d.action)
                 if d.changed and d.kind != "substance":
+                    extra = {"probe": self._probe(activity)} if d.action == "PROBE" else {}
                     cx.emit("cell_watchdog", cell=self.cell.id, attempt=self.attempt,
                             tier=d.action, reason=d.reason, idle_secs=round(d.idle_secs, 1),
-                            frozen_secs=round(d.frozen_secs, 1))
+                            frozen_secs=round(d.frozen_secs, 1), **extra)
                 if d.action == "KILL":
                     # a substance kill is a stall with a reason: INVALID(stall)
                     killed = _KILLED.get(d.kind or "stall", "stall")

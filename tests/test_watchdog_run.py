@@ -1,0 +1,95 @@
+"""Watchdogs inside real runs, against adversarial harnesses (handshakes, no sleeps)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import ROOT, events, run_cli, write_overlay
+
+pytestmark = pytest.mark.slow
+ADV = ROOT / "tests" / "adversaries"
+CELL = "p1_bugfix_demo-nothink_v1"
+
+
+def run_one(state_dir: Path, tmp: Path, argv: list[str], **extra: object):
+    doc = {
+        "tasks": [{"id": "p1_bugfix"}], "arms": [{"label": "demo-nothink", "mode": "nothink"}],
+        "harness": {"argv": argv},
+        "watchdog": {"poll_secs": 0.2, "warn_secs": 1, "probe_secs": 1.5, "kill_secs": 2.5,
+                     "stuck_secs": 2, "kill_grace_secs": 0.5, "teardown_grace_secs": 1},
+        "trust": {"infra_retries": 0},
+        **extra,
+    }
+    over = write_overlay(tmp / "o.json", doc)
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                "--state-dir", str(state_dir), "--quiet")
+    return r, events(state_dir)
+
+
+def verdict(evs):
+    return next(e for e in evs if e["event"] == "cell_verdict")
+
+
+def test_term_ignoring_double_forked_setsid_tree_is_gone(state_dir: Path, tmp_path: Path) -> None:
+    r, evs = run_one(state_dir, tmp_path, ["{python}", str(ADV / "unkillable_tree.py")])
+    assert r.returncode == 1
+    v = verdict(evs)
+    assert (v["verdict"], v["reason"]) == ("INVALID", "stall")
+    spool = (state_dir / "logs" / f"{CELL}.launcher.log").read_text()
+    ready = next(line for line in spool.splitlines() if line.startswith("READY"))
+    root, grandchild = (int(x) for x in ready.split()[1:])
+    killed = next(e for e in evs if e["event"] == "cell_killed")
+    assert {root, grandchild} <= set(killed["pids"])
+    for pid in (root, grandchild):
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+    tiers = [e["tier"] for e in evs if e["event"] == "cell_watchdog"]
+    assert tiers == ["WARN", "PROBE", "KILL"]
+    probe = next(e for e in evs if e["event"] == "cell_watchdog" and e["tier"] == "PROBE")
+    assert probe["probe"]["alive"] is True and probe["probe"]["pids"] >= 2
+
+
+def test_writes_forever_but_transcript_frozen(state_dir: Path, tmp_path: Path) -> None:
+    r, evs = run_one(state_dir, tmp_path, ["{python}", str(ADV / "spew.py"), "{output_dir}"],
+                     watchdog={"poll_secs": 0.2, "warn_secs": 50, "probe_secs": 60,
+                               "kill_secs": 70, "stuck_secs": 2, "kill_grace_secs": 0.5})
+    assert r.returncode == 1
+    killed = next(e for e in evs if e["event"] == "cell_killed")
+    assert "transcript frozen" in killed["reason"]
+    assert verdict(evs)["reason"] == "stall"
+    assert (state_dir / "logs" / f"{CELL}.launcher.log").stat().st_size > 1000
+
+
+def test_early_exit_without_outputs(state_dir: Path, tmp_path: Path) -> None:
+    r, evs = run_one(state_dir, tmp_path, ["{python}", str(ADV / "early_exit.py"), "3"])
+    assert r.returncode == 1
+    assert (verdict(evs)["verdict"], verdict(evs)["reason"]) == ("INVALID", "harness_crash")
+    r, evs = run_one(tmp_path / "s2", tmp_path, ["{python}", str(ADV / "early_exit.py"), "0"])
+    assert verdict(evs)["reason"] == "missing_output"
+
+
+def test_finished_but_never_exits_is_teardown_masked(state_dir: Path, tmp_path: Path) -> None:
+    argv = ["{python}", str(ADV / "linger.py"), "{cell}", "--task", "{task}", "--arm", "{arm}",
+            "--n", "{n}", "--port", "{port}", "--model", "{model}", "--out", "{output_dir}",
+            "--think-secs", "0"]
+    r, evs = run_one(state_dir, tmp_path, argv)
+    assert r.returncode == 0, r.stderr[-2000:]
+    v = verdict(evs)
+    assert v["verdict"] in ("PASS", "FAIL") and v["teardown_masked"] is True
+    assert next(e for e in evs if e["event"] == "cell_killed")["kind"] == "teardown"
+    status = json.loads((state_dir / "status.json").read_text())
+    assert status["trust"]["teardown_masked_cells"] == 1
+
+
+def test_deadline_kill_is_invalid_deadline(state_dir: Path, tmp_path: Path) -> None:
+    argv = ["{python}", str(ADV / "spew.py"), "{output_dir}"]
+    r, evs = run_one(state_dir, tmp_path, argv,
+                     harness={"argv": argv, "wall_budget_secs": 1},
+                     watchdog={"poll_secs": 0.2, "warn_secs": 50, "probe_secs": 60,
+                               "kill_secs": 70, "stuck_secs": 100, "kill_grace_secs": 0.5,
+                               "deadline_overhead_secs": 0.5})
+    assert r.returncode == 1 and verdict(evs)["reason"] == "deadline"
+    spool = (state_dir / "logs" / f"{CELL}.launcher.log").read_text()
+    assert "argv" in spool
