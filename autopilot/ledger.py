@@ -13,10 +13,11 @@ reported and never counted as success.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from autopilot.plan import Plan
+from autopilot.plan import Cell, Plan
 
 Status = Literal["pending", "running", "ran", "PASS", "FAIL", "invalid", "quarantined"]
 VALID = ("PASS", "FAIL")
@@ -77,10 +78,13 @@ def streak_step(state: StreakState, is_break: bool, threshold: int) -> tuple[Str
 
 
 class Ledger:
-    def __init__(self, plan: Plan) -> None:
-        self.plan = plan
+    """Per-cell state of a plan (or of a bare list of cells, for read-only tools that
+    have the state dir but not the preset)."""
+
+    def __init__(self, plan: Plan | Sequence[Cell]) -> None:
+        cells = plan.cells if isinstance(plan, Plan) else plan
         self.cells: dict[str, CellState] = {
-            c.id: CellState(c.id, c.task, c.arm, c.n) for c in plan.cells
+            c.id: CellState(c.id, c.task, c.arm, c.n) for c in cells
         }
         self.recent: list[dict[str, Any]] = []
         self.fails: list[dict[str, Any]] = []

@@ -192,6 +192,9 @@ class Supervisor:
             "trust": led.trust(),
             "endpoint": self.keeper.describe() if self.keeper else {
                 "engine": self.preset.endpoint.engine, "state": "not running"},
+            "thresholds": {"warn_secs": self.preset.watchdog.warn_secs,
+                           "stuck_secs": self.preset.watchdog.stuck_secs},
+            "baseline": self.preset.baseline.model_dump() if self.preset.baseline else None,
         }
         if light:
             return snap
@@ -379,6 +382,8 @@ class Supervisor:
                 sdnotify.notify("STOPPING=1")
                 await ep.stop()
                 await ep.aclose()
+                if self.keeper is not None and not ep.attached:
+                    self.keeper.state = "stopped"
                 if docker is not None:
                     await docker.close()
                 self.phase_final_write()

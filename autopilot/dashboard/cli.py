@@ -8,31 +8,134 @@ message and exit 0, not a traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 from autopilot.cli import OneLineParser, default_state_dir
+from autopilot.dashboard import model
+from autopilot.errors import EXIT_USAGE
 from autopilot.fsutil import read_json
 from autopilot.status import oneline
 
 
+def positive_float(value: str) -> float:
+    try:
+        f = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {value!r}") from None
+    if f <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return f
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = OneLineParser(prog="dashboard", description="Read-only view of a bench-autopilot run.")
-    ap.add_argument("--state-dir", default=None, help="default $AUTOPILOT_STATE_DIR or "
-                    "/tmp/bench-autopilot")
-    ap.add_argument("--oneline", action="store_true", help="one compact status line")
+    ap.add_argument("--state-dir", default=None,
+                    help="default $AUTOPILOT_STATE_DIR or /tmp/bench-autopilot")
+    views = ap.add_mutually_exclusive_group()
+    views.add_argument("--oneline", action="store_true", help="one compact status line")
+    views.add_argument("--watch", nargs="?", type=positive_float, const=15.0, metavar="SECS",
+                       help="redraw in place every SECS (default 15); Ctrl-C exits")
+    views.add_argument("--html", metavar="FILE", help="write a self-contained HTML page")
+    views.add_argument("--json", action="store_true", help="compact machine-readable status")
+    views.add_argument("--trend", action="store_true",
+                       help="per-task cumulative pass rate over v1-3/5/10/20")
+    views.add_argument("--flips", action="store_true",
+                       help="per-task cells that differ from the modal verdict")
+    ap.add_argument("--no-color", action="store_true", help="no colour (also: NO_COLOR)")
+    ap.add_argument("--no-events", action="store_true", help="grid without recent events")
+    ap.add_argument("--no-sparkline", action="store_true", help="grid without the sparkline")
+    ap.add_argument("--width", type=int, default=None, help=argparse.SUPPRESS)
     return ap
+
+
+def _no_run(state_dir: Path) -> int:
+    print(f"no run yet: nothing readable in {state_dir} (status.json / plan.json missing)")
+    return 0
+
+
+def write_html(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)  # a browser refresh never sees half a page
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    state_dir = Path(args.state_dir or default_state_dir())
-    status = read_json(state_dir / "status.json")
-    if not isinstance(status, dict):
-        print(f"no run yet: {state_dir / 'status.json'} is missing or unreadable")
+    state_dir = Path(args.state_dir or default_state_dir()).absolute()
+    no_color = args.no_color or bool(os.environ.get("NO_COLOR"))
+    if args.oneline:
+        status = read_json(state_dir / "status.json")
+        if not isinstance(status, dict):
+            return _no_run(state_dir)
+        print(oneline(status))
         return 0
-    print(oneline(status))
+    if args.html:
+        out = Path(args.html).absolute()
+        if out.is_relative_to(state_dir):
+            print(f"dashboard: error: --html {out}: inside the state dir, which the dashboard "
+                  "never writes; choose another path", file=sys.stderr)
+            return EXIT_USAGE
+    if args.watch:
+        return watch(state_dir, args.watch, no_color, args)
+    data = model.load(state_dir)
+    if data is None:
+        return _no_run(state_dir)
+    if args.json:
+        from autopilot.dashboard.jsonview import to_json
+
+        print(to_json(data))
+        return 0
+    if args.html:
+        from autopilot.dashboard.html import render_html
+
+        write_html(Path(args.html).absolute(), render_html(data))
+        print(f"wrote {Path(args.html).absolute()}")
+        return 0
+    from autopilot.dashboard import term
+
+    console = term.make_console(no_color, args.width)
+    if args.trend:
+        console.print(term.trend_view(data))
+    elif args.flips:
+        console.print(term.flips_view(data))
+    else:
+        console.print(term.grid(data, events=not args.no_events, spark=not args.no_sparkline))
     return 0
+
+
+def watch(state_dir: Path, every: float, no_color: bool, args: argparse.Namespace) -> int:
+    from rich.console import Group, RenderableType
+    from rich.live import Live
+    from rich.text import Text
+
+    from autopilot.dashboard import term
+
+    console = term.make_console(no_color, args.width)
+
+    def frame(k: int) -> RenderableType:
+        data = model.load(state_dir)
+        stamp = Text(f"refresh #{k} every {every:g}s · {time.strftime('%H:%M:%S')} · Ctrl-C exits",
+                     style="dim")
+        if data is None:
+            return Group(stamp, Text(f"no run yet in {state_dir}"))
+        return Group(stamp, term.grid(data, events=not args.no_events,
+                                      spark=not args.no_sparkline))
+
+    k = 1
+    try:
+        with Live(frame(k), console=console, auto_refresh=False, transient=False) as live:
+            while True:
+                time.sleep(every)
+                k += 1
+                live.update(frame(k), refresh=True)
+    except KeyboardInterrupt:
+        return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,106 @@
+"""What the dashboard shows, loaded read-only from a state dir.
+
+The journal is the truth for every cell's state (the verdicts in it were read from the
+grade files by the validity classifier); status.json adds what only the live supervisor
+knows (phase, ETA, endpoint state, how long a running cell's transcript has been frozen).
+Nothing here writes, locks, or fails on sparse data: a missing file is an empty view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from autopilot.fsutil import read_json
+from autopilot.journal import read_events
+from autopilot.ledger import CellState, Ledger
+from autopilot.plan import Cell
+
+NOTABLE = {
+    "cell_verdict", "cell_quarantined", "cell_killed", "endpoint_down", "endpoint_restart",
+    "endpoint_failed", "milestone", "run_started", "run_finished", "notify_failed",
+}
+
+
+@dataclass
+class DashData:
+    state_dir: Path
+    status: dict[str, Any]
+    tasks: list[str]
+    arms: list[str]
+    target_n: int
+    cells: dict[str, CellState]
+    trust: dict[str, Any]
+    events: list[dict[str, Any]] = field(default_factory=list)
+    completions: list[float] = field(default_factory=list)
+    baseline: dict[str, Any] | None = None
+
+    def cell(self, task: str, arm: str, n: int) -> CellState | None:
+        return self.cells.get(f"{task}_{arm}_v{n}")
+
+    def matrix(self, arm: str) -> dict[str, dict[int, CellState]]:
+        out: dict[str, dict[int, CellState]] = {}
+        for t in self.tasks:
+            row = {}
+            for n in range(1, self.target_n + 1):
+                c = self.cell(t, arm, n)
+                if c is not None:
+                    row[n] = c
+            out[t] = row
+        return out
+
+
+def _epoch(ts: Any) -> float | None:
+    try:
+        return datetime.fromisoformat(str(ts)).timestamp()
+    except ValueError:
+        return None
+
+
+def load(state_dir: Path, recent: int = 8) -> DashData | None:
+    """The dashboard's view of ``state_dir``; None when there is no run there yet."""
+    status = read_json(state_dir / "status.json")
+    plan = read_json(state_dir / "plan.json")
+    if not isinstance(status, dict) and not isinstance(plan, dict):
+        return None
+    status = status if isinstance(status, dict) else {}
+    plan = plan if isinstance(plan, dict) else {}
+    tasks = [str(t) for t in plan.get("tasks") or status.get("tasks_order") or []]
+    arms = [str(a) for a in plan.get("arms") or status.get("arms_order") or []]
+    target_n = int(status.get("target_n") or plan.get("target_n") or 0)
+    cells = [Cell(t, a, n) for a in arms for n in range(1, target_n + 1) for t in tasks]
+    ledger = Ledger(cells)
+    events: list[dict[str, Any]] = []
+    completions: list[float] = []
+    for ev in read_events(state_dir / "journal.jsonl").events:
+        ledger.apply(ev)
+        if ev.get("event") in NOTABLE:
+            events.append(ev)
+        if ev.get("event") == "cell_verdict" and ev.get("verdict") in ("PASS", "FAIL"):
+            t = _epoch(ev.get("ts"))
+            if t is not None:
+                completions.append(t)
+    for run in status.get("running") or []:
+        c = ledger.cells.get(str(run.get("cell")))
+        if c is not None and c.status == "running":
+            c.frozen_secs = float(run.get("frozen_secs") or 0)
+            c.tier = str(run.get("tier") or "OK")
+    return DashData(
+        state_dir=state_dir, status=status, tasks=tasks, arms=arms, target_n=target_n,
+        cells=ledger.cells, trust=ledger.trust(), events=events[-recent:],
+        completions=completions, baseline=status.get("baseline"),
+    )
+
+
+def counts(cells: Iterable[CellState]) -> dict[str, int]:
+    out = {"pass": 0, "fail": 0, "invalid": 0, "quarantined": 0, "running": 0, "pending": 0}
+    for c in cells:
+        key = {"PASS": "pass", "FAIL": "fail", "invalid": "invalid",
+               "quarantined": "quarantined", "running": "running", "ran": "running"}.get(
+                   c.status, "pending")
+        out[key] += 1
+    out["valid"] = out["pass"] + out["fail"]
+    return out

@@ -1,0 +1,161 @@
+"""Terminal views with rich: the grid (default), trend and flips.
+
+Every cell shows a letter code as well as a colour, so the grid reads the same with
+``--no-color`` / ``NO_COLOR``; rates are over valid cells, next to the trust counts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from autopilot.dashboard import analysis
+from autopilot.dashboard.model import DashData, counts
+from autopilot.status import fmt_secs
+
+STYLE = {
+    "pass": "bold green", "fail": "bold red", "invalid": "bold yellow",
+    "quarantined": "bold magenta", "running": "bold cyan", "pending": "dim",
+}
+
+
+def header(d: DashData) -> list[str]:
+    s = d.status
+    ep = s.get("endpoint") or {}
+    lines = [
+        f"{s.get('phase', '?')} | preset {s.get('preset', '?')} | model {s.get('model', '?')} | "
+        f"engine {s.get('engine', '?')} (endpoint {ep.get('state', '?')}) | "
+        f"elapsed {fmt_secs(s.get('elapsed_secs'))} | eta {fmt_secs(s.get('eta_secs'))}",
+        trust_line(d.trust),
+    ]
+    if s.get("outcome_reason"):
+        lines.append(f"reason: {s['outcome_reason']}")
+    return lines
+
+
+def trust_line(t: dict[str, Any]) -> str:
+    reasons = ", ".join(f"{k} {v}" for k, v in (t.get("invalid_by_reason") or {}).items())
+    return (f"trust: valid {t.get('valid_cells', 0)} | invalid now {t.get('invalid_cells', 0)}"
+            f" | invalid attempts {t.get('invalid_attempts', 0)}"
+            f"{f' ({reasons})' if reasons else ''} | quarantined "
+            f"{t.get('quarantined_cells', 0)} | teardown-masked "
+            f"{t.get('teardown_masked_cells', 0)} | retried {t.get('retried_cells', 0)}")
+
+
+def delta(d: DashData, arm: str, task: str, passes: int, valid: int) -> str:
+    b = d.baseline
+    if not b or b.get("arm") != arm or not valid:
+        return ""
+    base = (b.get("passes") or {}).get(task)
+    if base is None:
+        return ""
+    pp = round((passes / valid - base / b["n"]) * 100)
+    return f"{pp:+d}pp"
+
+
+def grid_table(d: DashData, arm: str) -> Table:
+    warn = float((d.status.get("thresholds") or {}).get("warn_secs") or 0)
+    t = Table(box=None, pad_edge=False)
+    t.add_column("task", no_wrap=True)
+    for n in range(1, d.target_n + 1):
+        t.add_column(f"v{n}", justify="center", no_wrap=True)
+    t.add_column("pass/valid", justify="right")
+    has_base = bool(d.baseline and d.baseline.get("arm") == arm)
+    if has_base:
+        t.add_column(f"Δ vs base (N={d.baseline['n']})" if d.baseline else "", justify="right")
+    total_p = total_v = 0
+    for task, row in d.matrix(arm).items():
+        c = counts(row.values())
+        total_p += c["pass"]
+        total_v += c["valid"]
+        cells = []
+        for n in range(1, d.target_n + 1):
+            cell = row.get(n)
+            k = analysis.kind(cell).split()[0]
+            cells.append(Text(analysis.code(cell, warn), style=STYLE[k]))
+        extra = [delta(d, arm, task, c["pass"], c["valid"])] if has_base else []
+        t.add_row(Text(task), *cells, f"{c['pass']}/{c['valid']}", *extra)
+    t.add_row(Text("total", style="bold"), *[""] * d.target_n, f"{total_p}/{total_v}",
+              *([""] if has_base else []))
+    return t
+
+
+def events_text(d: DashData) -> list[str]:
+    out = []
+    for ev in d.events:
+        ts = str(ev.get("ts", ""))[11:19]
+        what = ev.get("event", "")
+        if what == "cell_verdict":
+            v = ev.get("verdict")
+            label = v if v != "INVALID" else f"INVALID({ev.get('reason')})"
+            detail = f"{ev.get('cell')} {label}" + (" teardown-masked" if ev.get(
+                "teardown_masked") else "")
+        elif what == "milestone":
+            detail = f"{ev.get('kind')} [{ev.get('priority')}]"
+        else:
+            detail = " ".join(str(ev.get(k)) for k in ("cell", "reason", "why", "outcome")
+                              if ev.get(k))
+        out.append(f"{ts} {what} {detail}".rstrip())
+    return out
+
+
+def grid(d: DashData, *, events: bool = True, spark: bool = True) -> RenderableType:
+    parts: list[RenderableType] = [Text(line) for line in header(d)]
+    for arm in d.arms:
+        parts.append(Text(""))
+        parts.append(Text(f"arm {arm}", style="bold"))
+        parts.append(grid_table(d, arm))
+    parts.append(Text(""))
+    parts.append(Text(analysis.LEGEND, style="dim"))
+    if spark and d.completions:
+        parts.append(Text(f"completions |{analysis.sparkline(analysis.bins(d.completions))}|"))
+    if events and d.events:
+        parts.append(Text("recent events:"))
+        parts.extend(Text("  " + line) for line in events_text(d))
+    return Group(*parts)
+
+
+def pct(p: int, v: int) -> str:
+    return f"{p}/{v} {round(100 * p / v):3d}%" if v else "-"
+
+
+def trend_view(d: DashData) -> RenderableType:
+    parts: list[RenderableType] = [Text(trust_line(d.trust))]
+    for arm in d.arms:
+        rows = analysis.trend(d.matrix(arm), d.target_n)
+        wins = list(rows[0].windows) if rows else []
+        t = Table(box=None, pad_edge=False)
+        t.add_column("task")
+        for w in wins:
+            t.add_column(f"v1-{w}", justify="right")
+        t.add_column("")
+        for r in rows:
+            t.add_row(r.task, *[pct(*r.windows[w]) for w in wins],
+                      "misleading at small N" if r.misleading else "")
+        parts += [Text(""), Text(f"arm {arm}: cumulative pass rate (valid cells only)",
+                                 style="bold"), t]
+    return Group(*parts)
+
+
+def flips_view(d: DashData) -> RenderableType:
+    parts: list[RenderableType] = [Text(trust_line(d.trust))]
+    for arm in d.arms:
+        t = Table(box=None, pad_edge=False)
+        t.add_column("task")
+        t.add_column("modal")
+        t.add_column("flips")
+        t.add_column("valid", justify="right")
+        for r in analysis.flips(d.matrix(arm)):
+            t.add_row(r.task, r.modal, " ".join(f"v{n}:{v[0]}" for n, v in r.flips) or "-",
+                      str(r.valid))
+        parts += [Text(""), Text(f"arm {arm}: cells that differ from the task's modal verdict",
+                                 style="bold"), t]
+    return Group(*parts)
+
+
+def make_console(no_color: bool, width: int | None = None, file: Any = None) -> Console:
+    return Console(no_color=no_color, color_system=None if no_color else "auto",
+                   width=width, file=file, highlight=False, soft_wrap=False)
