@@ -1,0 +1,206 @@
+"""The read-only dashboard: snapshots of every view over fixture state dirs, a real
+browser on the HTML page, --watch in a pseudo-terminal, and a live demo run."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, cli_env, events, spawn_cli, wait_for, write_overlay
+from dashfix import XSS_TASK, complete, partial, trust
+
+GOLDEN = ROOT / "tests" / "golden"
+VIEWS = {
+    "grid": ["--no-color", "--width", "120"],
+    "grid-bare": ["--no-color", "--width", "120", "--no-events", "--no-sparkline"],
+    "oneline": ["--oneline"],
+    "json": ["--json"],
+    "trend": ["--trend", "--no-color", "--width", "120"],
+    "flips": ["--flips", "--no-color", "--width", "120"],
+}
+
+
+def dash(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "autopilot.dashboard.cli", *args],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env=env or cli_env())
+
+
+def normalise(view: str, text: str) -> str:
+    if view == "json":
+        doc = json.loads(text)
+        doc["generated_at"] = "<generated>"
+        return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+    return text
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / f"{name}.txt"
+    if os.environ.get("UPDATE_GOLDEN") or not path.exists():
+        path.write_text(text)
+        if not os.environ.get("UPDATE_GOLDEN"):
+            pytest.fail(f"golden file {path.name} was missing; written, review and commit it")
+    assert text == path.read_text(), f"{name} differs from its golden file"
+
+
+def tree(state: Path) -> dict[str, int]:
+    return {str(p.relative_to(state)): p.stat().st_mtime_ns for p in state.rglob("*")}
+
+
+@pytest.mark.parametrize("fixture", [partial, complete, trust])
+@pytest.mark.parametrize("view", list(VIEWS))
+def test_snapshots(tmp_path: Path, fixture, view: str) -> None:
+    state = fixture(tmp_path)
+    before = tree(state)
+    r = dash("--state-dir", str(state), *VIEWS[view])
+    assert r.returncode == 0, r.stderr
+    check_golden(f"dash-{state.name}-{view}", normalise(view, r.stdout))
+    assert tree(state) == before  # read-only
+
+
+def test_empty_state_dir_every_view(tmp_path: Path) -> None:
+    for args in VIEWS.values():
+        r = dash("--state-dir", str(tmp_path / "nothing"), *args)
+        assert r.returncode == 0 and "no run yet" in r.stdout
+    r = dash("--state-dir", str(tmp_path / "nothing"), "--html", str(tmp_path / "x.html"))
+    assert r.returncode == 0 and "no run yet" in r.stdout
+    assert not (tmp_path / "nothing").exists()
+
+
+def test_grid_content_and_trust_visible(tmp_path: Path) -> None:
+    text = dash("--state-dir", str(trust(tmp_path)), "--no-color", "--width", "160").stdout
+    assert "P*" in text  # teardown-masked, readable without colour
+    assert "Q" in text and "invalid attempts 5" in text and "quarantined 1" in text
+    assert "teardown-masked 1" in text
+    text = dash("--state-dir", str(partial(tmp_path)), "--no-color", "--width", "120").stdout
+    assert "R2m" in text  # frozen past the warn threshold
+    assert " R " in text or "R  " in text
+
+
+def test_no_color_env_strips_ansi(tmp_path: Path) -> None:
+    state = complete(tmp_path)
+    env = cli_env(NO_COLOR="1", TERM="xterm-256color")
+    r = dash("--state-dir", str(state), env=env)
+    assert "\x1b[" not in r.stdout
+
+
+def test_trend_flags_misleading_small_n(tmp_path: Path) -> None:
+    text = dash("--state-dir", str(complete(tmp_path)), "--trend", "--no-color",
+                "--width", "160").stdout
+    gamma = next(line for line in text.splitlines() if line.strip().startswith("t_gamma"))
+    assert "3/3 100%" in gamma and "3/5  60%" in gamma and "misleading at small N" in gamma
+    beta = next(line for line in text.splitlines() if line.strip().startswith("t_beta"))
+    assert "misleading" not in beta
+    flips = dash("--state-dir", str(complete(tmp_path / "c2")), "--flips", "--no-color",
+                 "--width", "160").stdout
+    beta = next(line for line in flips.splitlines() if line.strip().startswith("t_beta"))
+    assert "FAIL" in beta and "v3:P" in beta
+
+
+def test_html_refuses_state_dir(tmp_path: Path) -> None:
+    state = complete(tmp_path)
+    r = dash("--state-dir", str(state), "--html", str(state / "dashboard.html"))
+    assert r.returncode == 2 and "never writes" in r.stderr
+    assert not (state / "dashboard.html").exists()
+
+
+def test_html_in_headless_chromium(tmp_path: Path) -> None:
+    chromium = next((c for c in ("chromium", "chromium-browser") if
+                     subprocess.run(["which", c], capture_output=True).returncode == 0), None)
+    if chromium is None:
+        pytest.skip("Debian's chromium is not installed (tools/test installs it)")
+    state = trust(tmp_path)
+    page = tmp_path / "out" / "dash.html"
+    assert dash("--state-dir", str(state), "--html", str(page)).returncode == 0
+    html = page.read_text()
+    assert "<script" not in html.replace("&lt;script", "")  # only escaped forms
+    assert 'http-equiv="refresh"' in html and "<svg" in html
+    assert not re.search(r"""(src|href)=["']https?://""", html)  # self-contained
+    r = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu",
+         "--disable-background-networking", "--disable-component-update", "--no-first-run",
+         f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=120)
+    dom = r.stdout
+    assert '<table class="grid" data-arm="m-nothink">' in dom
+    assert dom.count('<table class="grid"') == 2
+    assert "&lt;script&gt;document.body.setAttribute" in dom  # rendered as text
+    assert "data-pwned=\"1\"" not in dom  # and it never ran
+    assert "&lt;b&gt;zero_tokens&lt;/b&gt;" in dom or "INVALID(&lt;b&gt;" in dom
+    assert XSS_TASK not in dom
+
+
+def test_watch_redraws_and_exits_cleanly_on_sigint(tmp_path: Path) -> None:
+    state = partial(tmp_path)
+    pid, fd = pty.fork()
+    if pid == 0:  # child: the dashboard in a pseudo-terminal
+        os.chdir(ROOT)
+        os.execve(sys.executable, [sys.executable, "-m", "autopilot.dashboard.cli",
+                                   "--state-dir", str(state), "--watch", "0.2", "--no-color"],
+                  cli_env(TERM="xterm", COLUMNS="120", LINES="60"))
+    out = b""
+    try:
+        while b"refresh #2" not in out:
+            ready, _, _ = select.select([fd], [], [], 30)
+            assert ready, f"no second refresh; got {out[-500:]!r}"
+            out += os.read(fd, 65536)
+        os.kill(pid, signal.SIGINT)
+        while True:
+            ready, _, _ = select.select([fd], [], [], 10)
+            if not ready:
+                break
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert b"Traceback" not in out and b"t_alpha" in out
+
+
+@pytest.mark.slow
+def test_against_a_live_demo_run(state_dir: Path, tmp_path: Path) -> None:
+    over = write_overlay(tmp_path / "o.json", {"vars": {"think_secs": "0.3"}})
+    proc = spawn_cli("--preset", "demo", "--target-n", "2", "--config", str(over),
+                     "--state-dir", str(state_dir), "--quiet")
+    try:
+        def mid():
+            evs = events(state_dir)
+            done = sum(e["event"] == "cell_verdict" for e in evs)
+            s = state_dir / "status.json"
+            running = json.loads(s.read_text())["totals"]["running"] if s.exists() else 0
+            return done >= 2 and running >= 1
+
+        wait_for(mid, 90, "a run in progress")
+        grid = dash("--state-dir", str(state_dir), "--no-color", "--width", "120")
+        assert grid.returncode == 0 and "run:pass1" in grid.stdout and " R" in grid.stdout
+        js = json.loads(dash("--state-dir", str(state_dir), "--json").stdout)
+        assert js["arms"]["demo-nothink"]["totals"]["valid"] >= 1
+        one = dash("--state-dir", str(state_dir), "--oneline")
+        assert one.stdout.startswith("run:pass1 demo ")
+        assert proc.wait(120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.parametrize("fixture", [partial, complete, trust])
+def test_html_snapshots(tmp_path: Path, fixture) -> None:
+    state = fixture(tmp_path)
+    page = tmp_path / "page.html"
+    assert dash("--state-dir", str(state), "--html", str(page)).returncode == 0
+    html = re.sub(r"generated \S+ · read-only view of \S+", "generated <t> · read-only view of <d>",
+                  page.read_text())
+    check_golden(f"dash-{state.name}-html", html)
