@@ -382,7 +382,7 @@ class Supervisor:
                 sdnotify.notify("STOPPING=1")
                 await ep.stop()
                 await ep.aclose()
-                if self.keeper is not None and not ep.attached:
+                if self.keeper is not None and not ep.attached and self.keeper.state != "failed":
                     self.keeper.state = "stopped"
                 if docker is not None:
                     await docker.close()

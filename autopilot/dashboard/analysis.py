@@ -1,19 +1,12 @@
-"""Pure analysis over the verdict matrix: cell codes, trend windows, flips, sparkline.
-
-Only valid cells (PASS / FAIL) enter a rate; INVALID, quarantined and unfinished cells
-never do, and every view prints the trust counts next to the rates.
-"""
+"""Pure helpers of the dashboard views: cell codes and style classes, the sparkline.
+Trend and flips live in ``autopilot.stats`` (the report uses them too)."""
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from autopilot.ledger import CellState
 
-WINDOWS = (3, 5, 10, 20)
-MISLEADING_DELTA = 0.3  # a small-N rate this far from the full-N rate was misleading
 REASON_LETTER = {
     "stall": "s", "deadline": "d", "harness_crash": "c", "missing_output": "m",
     "grader_failed": "g", "malformed_grade": "j", "zero_tokens": "z", "arm_mismatch": "a",
@@ -53,61 +46,6 @@ def kind(c: CellState | None) -> str:
         " masked" if c.teardown_masked and c.status in ("PASS", "FAIL") else "")
 
 
-@dataclass(frozen=True)
-class TrendRow:
-    task: str
-    windows: dict[int, tuple[int, int]]  # window -> (passes, valid) over v1..window
-    misleading: bool
-
-
-def _rate(p: int, v: int) -> float | None:
-    return p / v if v else None
-
-
-def trend(matrix: Mapping[str, Mapping[int, CellState]], n_max: int,
-          windows: Sequence[int] = WINDOWS) -> list[TrendRow]:
-    wins = [w for w in windows if w <= n_max] or [n_max]
-    if n_max not in wins:
-        wins.append(n_max)
-    rows = []
-    for task, row in matrix.items():
-        got: dict[int, tuple[int, int]] = {}
-        for w in wins:
-            vals = [c.status for n, c in row.items() if n <= w and c.status in ("PASS", "FAIL")]
-            got[w] = (vals.count("PASS"), len(vals))
-        first, last = _rate(*got[wins[0]]), _rate(*got[wins[-1]])
-        misleading = (first is not None and last is not None and len(wins) > 1
-                      and abs(first - last) >= MISLEADING_DELTA)
-        rows.append(TrendRow(task, got, misleading))
-    return rows
-
-
-@dataclass(frozen=True)
-class FlipRow:
-    task: str
-    modal: str  # PASS / FAIL / tie / none
-    flips: list[tuple[int, str]]  # (replicate, verdict) that differ from the modal one
-    valid: int
-
-
-def flips(matrix: Mapping[str, Mapping[int, CellState]]) -> list[FlipRow]:
-    rows = []
-    for task, row in matrix.items():
-        valid = {n: c.status for n, c in row.items() if c.status in ("PASS", "FAIL")}
-        tally = Counter(valid.values())
-        if not tally:
-            rows.append(FlipRow(task, "none", [], 0))
-            continue
-        top = tally.most_common()
-        if len(top) > 1 and top[0][1] == top[1][1]:
-            rows.append(FlipRow(task, "tie", sorted(valid.items()), len(valid)))
-            continue
-        modal = top[0][0]
-        rows.append(FlipRow(task, modal, sorted((n, v) for n, v in valid.items() if v != modal),
-                            len(valid)))
-    return rows
-
-
 BLOCKS = "▁▂▃▄▅▆▇█"
 
 
@@ -129,3 +67,7 @@ def sparkline(counts: Sequence[int]) -> str:
     top = max(counts) or 1
     return "".join(BLOCKS[min(len(BLOCKS) - 1, round(c / top * (len(BLOCKS) - 1)))]
                    if c else " " for c in counts)
+
+
+def statuses(matrix: Mapping[str, Mapping[int, CellState]]) -> dict[str, dict[int, str]]:
+    return {t: {n: c.status for n, c in row.items()} for t, row in matrix.items()}

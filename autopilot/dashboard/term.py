@@ -12,6 +12,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from autopilot import stats
 from autopilot.dashboard import analysis
 from autopilot.dashboard.model import DashData, counts
 from autopilot.status import fmt_secs
@@ -125,7 +126,7 @@ def pct(p: int, v: int) -> str:
 def trend_view(d: DashData) -> RenderableType:
     parts: list[RenderableType] = [Text(trust_line(d.trust))]
     for arm in d.arms:
-        rows = analysis.trend(d.matrix(arm), d.target_n)
+        rows = stats.trend(analysis.statuses(d.matrix(arm)), d.target_n)
         wins = list(rows[0].windows) if rows else []
         t = Table(box=None, pad_edge=False)
         t.add_column("task")
@@ -148,7 +149,7 @@ def flips_view(d: DashData) -> RenderableType:
         t.add_column("modal")
         t.add_column("flips")
         t.add_column("valid", justify="right")
-        for r in analysis.flips(d.matrix(arm)):
+        for r in stats.flips(analysis.statuses(d.matrix(arm))):
             t.add_row(r.task, r.modal, " ".join(f"v{n}:{v[0]}" for n, v in r.flips) or "-",
                       str(r.valid))
         parts += [Text(""), Text(f"arm {arm}: cells that differ from the task's modal verdict",
