@@ -23,7 +23,7 @@ import anyio
 from autopilot import __version__
 from autopilot.config import Preset, find_preset, list_presets, load_preset
 from autopilot.errors import EXIT_USAGE, AutopilotError, ConfigError, LockHeld, StateDirError
-from autopilot.fsutil import atomic_write_json, check_writable_dir
+from autopilot.fsutil import atomic_write_json, atomic_write_text, check_writable_dir
 from autopilot.plan import Plan
 from autopilot.preflight import run_preflight
 
@@ -74,12 +74,24 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--offline", action="store_true", help="skip live preflight probes")
     ap.add_argument("--dry-run", action="store_true",
                     help="preflight (offline), print the plan, launch nothing")
+    ap.add_argument("--publish", action="store_true",
+                    help="on COMPLETE: scorecard.md + findings.md, committed to a "
+                    "bench-results-<date> branch of the results repo (never pushed)")
+    ap.add_argument("--results-repo", help="git repo for --publish (default: preset "
+                    "publish.results_repo, else the current directory's repo)")
     ap.add_argument("--quiet", action="store_true", help="no console log (file log only)")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("presets", help="list presets with a one-line description")
     va = sub.add_parser("validate", help="postflight: classify what is on disk; exit 1 if "
                         "any cell is INVALID")
     va.add_argument("--state-dir", dest="sub_state_dir")
+    rp = sub.add_parser("report", help="findings markdown from the per-cell artifacts")
+    rp.add_argument("--n", type=positive_int, help="up to replicate N (default: the run's)")
+    rp.add_argument("--out", help="write here instead of stdout")
+    rp.add_argument("--state-dir", dest="sub_state_dir")
+    sm = sub.add_parser("summarize", help="print an arm's PASS/FAIL table")
+    sm.add_argument("arm")
+    sm.add_argument("--state-dir", dest="sub_state_dir")
     cl = sub.add_parser("cleanup", help="remove the plan's sandbox containers and scratch "
                         "dirs (exact names); refuses while a supervisor holds the run")
     cl.add_argument("--state-dir", dest="sub_state_dir")
@@ -165,18 +177,53 @@ def load_recorded(state_dir: Path) -> tuple[Preset, Plan]:
 def cmd_validate(args: argparse.Namespace) -> int:
     from autopilot.validate import render_table, validate_run
 
-    state_dir = Path(args.sub_state_dir or args.state_dir or default_state_dir()).absolute()
+    state_dir = _sub_state_dir(args)
     preset, plan = load_recorded(state_dir)
     result = validate_run(preset, plan, state_dir)
     print(render_table(result))
     return 0 if result.ok else 1
 
 
+def _sub_state_dir(args: argparse.Namespace) -> Path:
+    return Path(args.sub_state_dir or args.state_dir or default_state_dir()).absolute()
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from autopilot import report
+
+    state_dir = _sub_state_dir(args)
+    preset, plan = load_recorded(state_dir)
+    text = report.render_findings(preset, args.n or plan.target_n, state_dir)
+    if args.out:
+        out = Path(args.out)
+        why = check_writable_dir(out.parent)
+        if why:
+            raise StateDirError(f"--out {why}")
+        atomic_write_text(out, text)
+        print(f"wrote {out}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_summarize(args: argparse.Namespace) -> int:
+    from autopilot import report
+
+    state_dir = _sub_state_dir(args)
+    preset, plan = load_recorded(state_dir)
+    if args.arm not in [a.label for a in preset.arms]:
+        raise ConfigError(f"summarize: unknown arm {args.arm!r} "
+                          f"(arms: {', '.join(a.label for a in preset.arms)})")
+    facts = report.collect(preset, plan.target_n, state_dir)
+    sys.stdout.write(report.arm_summary(preset, facts, args.arm))
+    return 0
+
+
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from autopilot.cleanup import cleanup
     from autopilot.lock import describe_holder, lock_held
 
-    state_dir = Path(args.sub_state_dir or args.state_dir or default_state_dir()).absolute()
+    state_dir = _sub_state_dir(args)
     holder = lock_held(state_dir)
     if holder is not None:
         raise LockHeld(f"refusing to clean up a run in progress: {describe_holder(holder)}")
@@ -227,6 +274,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         preset_path=str(find_preset(args.preset).absolute()),
         config_path=str(Path(args.config).absolute()) if args.config else None,
         identity=report.identity, warnings=tuple(report.warnings),
+        publish=args.publish, results_repo=args.results_repo,
     )
     sup = Supervisor(preset, plan, opts)
     return anyio.run(sup.run)
@@ -244,6 +292,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_validate(args)
         if args.command == "cleanup":
             return cmd_cleanup(args)
+        if args.command == "report":
+            return cmd_report(args)
+        if args.command == "summarize":
+            return cmd_summarize(args)
         if not args.preset:
             parser.error("--preset is required to run (try `autopilot presets`)")
         return cmd_run(args)

@@ -319,6 +319,11 @@ class Preflight(_Frozen):
     docker: bool = False  # require a reachable Docker engine even if nothing else says so
 
 
+class Publish(_Frozen):
+    results_repo: str = ""  # default: the git repo of the working directory
+    path: str = "bench-results/{preset}"  # where scorecard.md and findings.md go in it
+
+
 class Preset(_Frozen):
     name: str = ""
     description: str = ""
@@ -334,6 +339,7 @@ class Preset(_Frozen):
     trust: Trust = Field(default_factory=Trust)
     notify: Notify = Field(default_factory=Notify)
     preflight: Preflight = Field(default_factory=Preflight)
+    publish: Publish = Field(default_factory=Publish)
     baseline: Baseline | None = None
     comparators: dict[str, float] = Field(default_factory=dict)
     rate_card: dict[str, tuple[float, float]] = Field(default_factory=dict)

@@ -38,6 +38,7 @@ MILESTONES: dict[str, tuple[apprise.NotifyType, str]] = {
     "run_complete": (apprise.NotifyType.SUCCESS, "high"),
     "run_incomplete": (apprise.NotifyType.WARNING, "high"),
     "harness_anomaly": (apprise.NotifyType.FAILURE, "emergency"),
+    "publish_failed": (apprise.NotifyType.WARNING, "high"),
     "test": (apprise.NotifyType.INFO, "normal"),
 }
 _SERVICE_PRIORITY = {
@@ -52,6 +53,7 @@ ADVICE = {
     "harness_anomaly": "Harness or grader looks broken: check logs/<cell>.grade.log.",
     "run_incomplete": "Re-run the same command to resume; see `dashboard` for excluded cells.",
     "run_complete": "Generate the report and publish when ready.",
+    "publish_failed": "Results are safe in the state dir; fix the repo and re-run with --publish.",
 }
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -170,6 +171,17 @@ def _signal_all(procs: Iterable[psutil.Process], sig: int) -> list[int]:
     return sent
 
 
+def _wait_gone(procs: Iterable[psutil.Process], timeout: float) -> None:
+    """Wait until every process is gone or a zombie, *without reaping*: psutil's
+    wait_procs would waitpid() our direct children and steal asyncio's exit status."""
+    deadline = time.monotonic() + timeout
+    pending = list(procs)
+    while pending and time.monotonic() < deadline:
+        pending = [p for p in pending if _alive(p)]
+        if pending:
+            time.sleep(0.02)
+
+
 def kill_tree(tracker: Tracker, grace: float) -> list[int]:
     """SIGTERM the whole tree, wait ``grace``, SIGKILL what is left. Blocking: run it in
     a worker thread. Returns every pid that was signalled."""
@@ -178,14 +190,14 @@ def kill_tree(tracker: Tracker, grace: float) -> list[int]:
     if not procs:
         return []
     signalled.update(_signal_all(procs.values(), signal.SIGTERM))
-    psutil.wait_procs(list(procs.values()), timeout=grace)
+    _wait_gone(procs.values(), grace)
     # Survivors, plus anything forked meanwhile: collect again each round.
     for _ in range(5):
         procs = tracker.collect()
         if not procs:
             break
         signalled.update(_signal_all(procs.values(), signal.SIGKILL))
-        psutil.wait_procs(list(procs.values()), timeout=2)
+        _wait_gone(procs.values(), 2)
     reap_adopted(signalled)
     return sorted(signalled)
 

@@ -37,6 +37,7 @@ class CellFacts:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     caveat: str | None = None
+    invalid_attempts: tuple[str, ...] = ()  # reasons of earlier INVALID attempts (journal)
 
     @property
     def valid(self) -> bool:
@@ -48,12 +49,15 @@ def collect(preset: Preset, n: int, state_dir: Path) -> list[CellFacts]:
     checks = {c.cell: c for c in validate_run(preset, plan, state_dir).cells}
     masked: dict[str, bool] = {}
     attempts: Counter[str] = Counter()
+    invalid: dict[str, list[str]] = {}
     for ev in read_events(state_dir / "journal.jsonl").events:
         cid = ev.get("cell")
         if ev.get("event") == "cell_started" and isinstance(cid, str):
             attempts[cid] += 1
         elif ev.get("event") == "cell_verdict" and isinstance(cid, str):
             masked[cid] = bool(ev.get("teardown_masked"))
+            if ev.get("verdict") == "INVALID":
+                invalid.setdefault(cid, []).append(str(ev.get("reason")))
     facts = []
     for cell in plan.cells:
         chk = checks[cell.id]
@@ -72,6 +76,7 @@ def collect(preset: Preset, n: int, state_dir: Path) -> list[CellFacts]:
             prompt_tokens=_int(summary.get("total_prompt_tokens")),
             completion_tokens=_int(summary.get("total_completion_tokens")),
             caveat=rule.caveat if rule else None,
+            invalid_attempts=tuple(invalid.get(cell.id, [])),
         ))
     return facts
 
@@ -118,7 +123,9 @@ def _matrix(facts: list[CellFacts], arm: str) -> dict[str, dict[int, str]]:
 
 def trust_block(facts: list[CellFacts]) -> dict[str, Any]:
     reasons = Counter(f.reason for f in facts if f.verdict == "INVALID" and not f.quarantined)
+    attempts = Counter(r for f in facts for r in f.invalid_attempts)
     return {
+        "invalid_attempts_by_reason": dict(sorted(attempts.items())),
         "valid": sum(f.valid for f in facts),
         "invalid": sum(f.verdict == "INVALID" and not f.quarantined for f in facts),
         "invalid_by_reason": dict(sorted(reasons.items())),
@@ -134,6 +141,11 @@ def _trust_line(t: dict[str, Any]) -> str:
     return (f"valid {t['valid']} · invalid {t['invalid']}{f' ({reasons})' if reasons else ''}"
             f" · quarantined {t['quarantined']} · teardown-masked {t['teardown_masked']}"
             f" · retried {t['retried']} · not run {t['absent']}")
+
+
+def _attempts_line(t: dict[str, Any]) -> str:
+    a = t["invalid_attempts_by_reason"]
+    return ", ".join(f"{k} {v}" for k, v in a.items()) or "none"
 
 
 # ------------------------------------------------------------------ scorecard
@@ -269,7 +281,8 @@ def findings(preset: Preset, facts: list[CellFacts], n: int) -> str:
     out += [f"- quarantined cells: {t['quarantined']}",
             f"- teardown-masked cells (valid, killed after finishing, scored from outputs): "
             f"{t['teardown_masked']}",
-            f"- retried cells: {t['retried']}", f"- cells not run: {t['absent']}", ""]
+            f"- retried cells: {t['retried']} (INVALID attempts by reason: "
+            f"{_attempts_line(t)})", f"- cells not run: {t['absent']}", ""]
     excluded = [f for f in facts if f.verdict == "INVALID"]
     if excluded:
         out += ["Excluded from every aggregate:", ""]

@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 import structlog
 
-from autopilot import logsetup, sdnotify
+from autopilot import logsetup, publish, report, sdnotify
 from autopilot.cells import CellContext, CellRun
 from autopilot.config import Preset, render
 from autopilot.endpoints import make_endpoint
@@ -38,7 +38,7 @@ from autopilot.errors import (
     EndpointFailed,
     PlanChangedError,
 )
-from autopilot.fsutil import atomic_write_json, iso, read_json
+from autopilot.fsutil import atomic_write_json, atomic_write_text, iso, read_json
 from autopilot.journal import Journal, read_events
 from autopilot.ledger import Ledger, StreakState, should_quarantine, streak_step
 from autopilot.lock import HEARTBEAT_SECS, RunLock
@@ -64,6 +64,8 @@ class RunOptions:
     config_path: str | None = None
     identity: dict[str, Any] | None = None  # preflight's per-launch identity record
     warnings: tuple[str, ...] = ()
+    publish: bool = False
+    results_repo: str | None = None
 
 
 def secret_values(preset: Preset) -> list[str]:
@@ -129,6 +131,7 @@ class Supervisor:
         )
         self._last_status_line = ""
         self._grading = anyio.Lock()
+        self.publish_state: dict[str, Any] | None = None
         self.redactor = logsetup.Redactor(secret_values(preset))
         self.remove_sandbox: Callable[[str], Awaitable[Any]] | None = None
         self.sandbox_activity: Callable[[dict[str, str]], Awaitable[int | None]] | None = None
@@ -195,6 +198,7 @@ class Supervisor:
             "thresholds": {"warn_secs": self.preset.watchdog.warn_secs,
                            "stuck_secs": self.preset.watchdog.stuck_secs},
             "baseline": self.preset.baseline.model_dump() if self.preset.baseline else None,
+            "publish": self.publish_state,
         }
         if light:
             return snap
@@ -360,6 +364,15 @@ class Supervisor:
                 tg.start_soon(self._signals, tg.cancel_scope)
                 tg.start_soon(self._heartbeat)
                 await self.status.write_now()
+                if self.ledger.complete():
+                    # Nothing to run (e.g. a re-run with --publish): no endpoint needed.
+                    self.emit("run_started", target_n=self.plan.target_n,
+                              identity=self.plan.identity, pid=os.getpid(),
+                              preset=self.preset.name, already_complete=True)
+                    code = await self._finish()
+                    await self.notifier.drain(self.preset.notify.timeout_secs + 1)
+                    tg.cancel_scope.cancel()
+                    return code
                 try:
                     await self.keeper.start()
                 except EndpointError as e:
@@ -524,7 +537,17 @@ class Supervisor:
         ):
             self.announced_arms.add(arm)
             counts = self.ledger.counts([x for x in self.ledger.cells.values() if x.arm == arm])
+            self._write_arm_summary(arm)
             self.milestone("arm_complete", arm=arm, passed=counts["pass"], valid=counts["done"])
+
+    def _write_arm_summary(self, arm: str) -> None:
+        """summary-<arm>.txt, the origin's PASS/FAIL table, when an arm finishes."""
+        try:
+            facts = report.collect(self.preset, self.plan.target_n, self.state_dir)
+            atomic_write_text(self.state_dir / f"summary-{arm}.txt",
+                              report.arm_summary(self.preset, facts, arm))
+        except OSError as e:
+            log.warning("summary_write_failed", arm=arm, error=str(e))
 
     async def _finish(self) -> int:
         if self.stop_signal:
@@ -537,6 +560,8 @@ class Supervisor:
             self.outcome_reason = ""
             self.emit("run_finished", outcome="COMPLETE")
             self.milestone("run_complete", trust=self.ledger.trust()["invalid_by_reason"])
+            if self.opts.publish:
+                await self._publish()
             print("AUTOPILOT_COMPLETE", flush=True)
             return EXIT_COMPLETE
         self.phase = "INCOMPLETE"
@@ -552,6 +577,29 @@ class Supervisor:
                        excluded=[e["cell"] for e in trust["excluded"]][:10])
         print(f"AUTOPILOT_INCOMPLETE {self.outcome_reason}", flush=True)
         return EXIT_INCOMPLETE
+
+    async def _publish(self) -> None:
+        """scorecard.md + findings.md into the state dir, then a commit on the results
+        branch. A failure is logged, journaled, shown in status and notified; the run
+        stays COMPLETE."""
+        n = self.plan.target_n
+        facts = await anyio.to_thread.run_sync(report.collect, self.preset, n, self.state_dir)
+        card = report.scorecard(self.preset, facts, n)
+        found = report.findings(self.preset, facts, n)
+        atomic_write_text(self.state_dir / "scorecard.md", card)
+        atomic_write_text(self.state_dir / "findings.md", found)
+        repo = Path(self.opts.results_repo or self.preset.publish.results_repo or os.getcwd())
+        prefix = self.preset.publish.path.replace("{preset}", self.preset.name).strip("/")
+        files = {f"{prefix}/scorecard.md": card, f"{prefix}/findings.md": found}
+        msg = f"bench-autopilot: {self.preset.name} ({self.preset.model}) N={n} scorecard"
+        res = await anyio.to_thread.run_sync(publish.publish, repo, files, msg)
+        self.publish_state = {"ok": res.ok, "repo": str(repo), "branch": res.branch,
+                              "commit": res.commit, "created": res.created, "error": res.error}
+        if res.ok:
+            self.emit("published", **self.publish_state)
+        else:
+            self.emit("publish_failed", **self.publish_state)
+            self.milestone("publish_failed", why=res.error)
 
     # ------------------------------------------------------------------ background
 
