@@ -263,13 +263,13 @@ def findings(preset: Preset, facts: list[CellFacts], n: int) -> str:
                            f"{d} | {p_txt} | {verdict} |")
             out.append("")
 
-    out += ["## 4. Finish-reason audit", "", "From each cell's summary file.", ""]
-    reasons = sorted({f.finish_reason or "(none)" for f in facts if f.verdict != "ABSENT"})
+    out += ["## 4. Finish-reason audit", "", "From each cell's summary file (cells that "
+            "have one).", ""]
+    reasons = sorted({f.finish_reason for f in facts if f.finish_reason})
     out += ["| arm | task | " + " | ".join(reasons) + " |", "|---|---|" + "---|" * len(reasons)]
     for arm in arms:
         for task in [x.id for x in preset.tasks]:
-            c = Counter(f.finish_reason or "(none)" for f in _by(facts, arm, task)
-                        if f.verdict != "ABSENT")
+            c = Counter(f.finish_reason for f in _by(facts, arm, task) if f.finish_reason)
             if c:
                 out.append(f"| {arm} | {task} | " + " | ".join(str(c.get(r, 0))
                                                               for r in reasons) + " |")
@@ -286,8 +286,14 @@ def findings(preset: Preset, facts: list[CellFacts], n: int) -> str:
     excluded = [f for f in facts if f.verdict == "INVALID"]
     if excluded:
         out += ["Excluded from every aggregate:", ""]
-        out += [f"- {f.id}: {'quarantined' if f.quarantined else 'INVALID'}"
-                f"({f.reason})" for f in excluded]
+        for f in excluded:
+            if f.quarantined:
+                history = ", ".join(f"{r} {c}" for r, c in sorted(
+                    Counter(f.invalid_attempts).items()))
+                out.append(f"- {f.id}: quarantined after {len(f.invalid_attempts)} INVALID "
+                           f"attempts ({history or 'reasons not journaled'})")
+            else:
+                out.append(f"- {f.id}: INVALID({f.reason})")
         out.append("")
     caveats = Counter(f.caveat for f in facts if f.caveat)
     if caveats:
