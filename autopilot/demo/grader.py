@@ -14,6 +14,7 @@ import argparse
 import fcntl
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -48,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fail-invocations", default="")
     ap.add_argument("--fail-cells", default="")
     ap.add_argument("--fail-until-attempt", type=int, default=0)
+    ap.add_argument("--expect-regex", default="", help="PASS when the answer matches this "
+                    "regular expression (a real model's answer), instead of 'correct'")
     a = ap.parse_args(argv)
     spec = a.fail_invocations or (f"1-{a.fail_first}" if a.fail_first else "")
     if spec and a.counter and _in_ranges(_invocation(Path(a.counter)), spec):
@@ -63,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         grade = {"verdict": "MISSING_OUTPUT", "details": "no answer.txt"}
     else:
         answer = answer_file.read_text().strip()
-        grade = {"verdict": "PASS" if answer == "correct" else "FAIL", "answer": answer}
+        ok = bool(re.search(a.expect_regex, answer)) if a.expect_regex else answer == "correct"
+        grade = {"verdict": "PASS" if ok else "FAIL", "answer": answer[:500]}
     Path(a.out).write_text(json.dumps(grade) + "\n")
     return 0
 

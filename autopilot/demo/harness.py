@@ -5,6 +5,9 @@ temperature, this file's sha256), ``transcript.jsonl`` one row per turn with tok
 counts, the deliverable ``answer.txt``, then ``summary.json`` (``finish_reason``,
 ``iterations``, token totals, ``elapsed_s``, served ``model``) and ``timing.json``.
 
+With ``--prompt`` it is a plain single-turn harness for a *real* model (the
+``tiny-llamacpp`` preset): the prompt goes out as is and the reply is the deliverable.
+
 Fault knob ``--hang-share``: on a cell's first attempt, that share of cells freeze after
 one turn and sleep forever (a stuck cell for the watchdog to kill; the retry heals).
 """
@@ -72,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base-url", default="", help="OpenAI-compatible base URL (…/v1); "
                     "overrides --host/--port")
     ap.add_argument("--api-key-env", default="", help="NAME of the env var with the API key")
+    ap.add_argument("--prompt", default="", help="a real single-turn prompt (for a real "
+                    "model) instead of the simulator's scripted conversation")
+    ap.add_argument("--max-tokens", type=int, default=0)
     a = ap.parse_args(argv)
 
     out = Path(a.out)
@@ -88,21 +94,27 @@ def main(argv: list[str] | None = None) -> int:
     })
     transcript = out / "transcript.jsonl"
     print(f"cell {a.cell} attempt {a.attempt} starting", flush=True)
-    turns = 2 + int(unit(a.seed, "turns", a.cell) * 3)
+    turns = 1 if a.prompt else 2 + int(unit(a.seed, "turns", a.cell) * 3)
     hang = a.attempt == 1 and unit(a.seed, "hang", a.cell) < a.hang_share
     system = f"You are a demo agent. task={a.task} arm={a.arm} n={a.n}"
-    messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+    messages: list[dict[str, Any]] = [] if a.prompt else [{"role": "system", "content": system}]
     tot_p = tot_c = 0
     served = a.model
     content = ""
+    finish_reason = "stop"
     with httpx.Client(timeout=30, trust_env=False, headers=headers) as client:
         for turn in range(1, turns + 1):
             final = turn == turns
             user = "Give your FINAL answer." if final else f"Continue with step {turn}."
-            messages.append({"role": "user", "content": user})
-            resp = _chat(client, url, {"model": a.model, "messages": messages,
-                                       "temperature": a.temperature}, a.retry_secs)
-            content = resp["choices"][0]["message"]["content"]
+            messages.append({"role": "user", "content": a.prompt or user})
+            body: dict[str, Any] = {"model": a.model, "messages": messages,
+                                    "temperature": a.temperature}
+            if a.max_tokens:
+                body["max_tokens"] = a.max_tokens
+            resp = _chat(client, url, body, a.retry_secs)
+            choice = resp["choices"][0]
+            content = choice["message"].get("content") or ""
+            finish_reason = choice.get("finish_reason") or "stop"
             usage = resp.get("usage", {})
             served = resp.get("model", served)
             tot_p += int(usage.get("prompt_tokens", 0))
@@ -117,10 +129,10 @@ def main(argv: list[str] | None = None) -> int:
                 while True:
                     time.sleep(3600)
             time.sleep(a.think_secs)
-    answer = content.removeprefix("FINAL:").strip()
+    answer = content.strip() if a.prompt else content.removeprefix("FINAL:").strip()
     (out / "answer.txt").write_text(answer + "\n")
     _write(out / "summary.json", {
-        "finish_reason": "stop", "iterations": turns, "total_prompt_tokens": tot_p,
+        "finish_reason": finish_reason, "iterations": turns, "total_prompt_tokens": tot_p,
         "total_completion_tokens": tot_c, "elapsed_s": round(time.time() - t0, 3),
         "model": served,
     })

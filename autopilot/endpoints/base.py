@@ -65,6 +65,7 @@ class Endpoint:
         self._client: httpx.AsyncClient | None = None
         self._docker: Docker | None = None
         self.container: Any = None
+        self.readiness: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ describe
 
@@ -227,6 +228,7 @@ class Endpoint:
     async def wait_ready(self) -> None:
         deadline = time.monotonic() + self.cfg.startup_timeout_secs
         why = "no answer yet"
+        waited: list[str] = []  # why each not-ready probe failed (503 loading, refused...)
         while True:
             if self.proc is not None and self.proc.returncode is not None:
                 raise EndpointCrashed(
@@ -241,8 +243,12 @@ class Endpoint:
                                           f"endpoint.log: {log_tail(self.log_path)}")
             ok, why = await self.probe(check_model=True)
             if ok:
-                log.info("endpoint_ready", engine=self.engine, url=self.api_base)
+                self.readiness = {"not_ready_probes": len(waited),
+                                  "not_ready_reasons": sorted(set(waited))}
+                log.info("endpoint_ready", engine=self.engine, url=self.api_base,
+                         **self.readiness)
                 return
+            waited.append(why)
             if time.monotonic() >= deadline:
                 if self.mode == "docker":
                     await self._dump_container_logs()

@@ -86,7 +86,7 @@ class Keeper:
         """Start (or attach to) the endpoint; raises EndpointError if it cannot."""
         await self.ep.start()
         self._mark_up()
-        self.emit("endpoint_started", **self.ep.describe())
+        self.emit("endpoint_started", **self.ep.describe(), readiness=self.ep.readiness)
 
     async def watch(self) -> None:
         """Keep it alive until cancelled or the restart budget is spent."""
@@ -143,4 +143,4 @@ class Keeper:
             self.state = "down"
             return
         self._mark_up()
-        self.emit("endpoint_started", **self.ep.describe())
+        self.emit("endpoint_started", **self.ep.describe(), readiness=self.ep.readiness)

