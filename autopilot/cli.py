@@ -12,29 +12,20 @@ written.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from functools import partial
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import anyio
 
 from autopilot import __version__
+from autopilot.cliutil import DEFAULT_STATE_DIR, OneLineParser, default_state_dir
 from autopilot.config import Preset, find_preset, list_presets, load_preset
-from autopilot.errors import EXIT_USAGE, AutopilotError, ConfigError, LockHeld, StateDirError
+from autopilot.errors import AutopilotError, ConfigError, LockHeld, StateDirError
 from autopilot.fsutil import atomic_write_json, atomic_write_text, check_writable_dir
 from autopilot.plan import Plan
 from autopilot.preflight import run_preflight
-
-DEFAULT_STATE_DIR = "/tmp/bench-autopilot"
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line and exit code 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
 def positive_int(value: str) -> int:
@@ -45,10 +36,6 @@ def positive_int(value: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
     return n
-
-
-def default_state_dir() -> str:
-    return os.environ.get("AUTOPILOT_STATE_DIR") or DEFAULT_STATE_DIR
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,11 +14,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from autopilot.cli import OneLineParser, default_state_dir
-from autopilot.dashboard import model
+from autopilot.cliutil import OneLineParser, default_state_dir
 from autopilot.errors import EXIT_USAGE
 from autopilot.fsutil import read_json
-from autopilot.status import oneline
+from autopilot.progress import oneline
 
 
 def positive_float(value: str) -> float:
@@ -83,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_USAGE
     if args.watch:
         return watch(state_dir, args.watch, no_color, args)
+    from autopilot.dashboard import model  # the views need the journal; --oneline does not
+
     data = model.load(state_dir)
     if data is None:
         return _no_run(state_dir)
@@ -114,7 +115,7 @@ def watch(state_dir: Path, every: float, no_color: bool, args: argparse.Namespac
     from rich.live import Live
     from rich.text import Text
 
-    from autopilot.dashboard import term
+    from autopilot.dashboard import model, term
 
     console = term.make_console(no_color, args.width)
 
