@@ -12,7 +12,7 @@ reported and never counted as success.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -166,35 +166,72 @@ class Ledger:
 
     def counts(self, cells: list[CellState] | None = None) -> dict[str, int]:
         cells = list(self.cells.values()) if cells is None else cells
-        c = Counter(x.status for x in cells)
-        return {
-            "total": len(cells),
-            "pass": c["PASS"],
-            "fail": c["FAIL"],
-            "invalid": c["invalid"],
-            "quarantined": c["quarantined"],
-            "running": c["running"],
-            "grading": c["ran"],
-            "pending": c["pending"],
-            "done": c["PASS"] + c["FAIL"],
-        }
+        return _counts(Counter(x.status for x in cells))
 
     def trust(self) -> dict[str, Any]:
         """The fail-closed accounting block shown everywhere aggregates are shown."""
-        cells = list(self.cells.values())
+        return self.summary().trust
+
+    def summary(self) -> Summary:
+        """Totals, per-arm and per-(arm, task) counts and the trust block in ONE pass:
+        status.json is rebuilt on every transition, and a 20,000-cell plan must not
+        stall the event loop."""
+        groups: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
         by_reason: Counter[str] = Counter()
         excluded = []
-        for c in cells:
-            by_reason.update(c.reasons)
+        attempts = masked = retried = 0
+        for c in self.cells.values():
+            groups[(c.arm, c.task)][c.status] += 1
+            if c.reasons:
+                by_reason.update(c.reasons)
+                attempts += c.invalid_attempts
             if c.status in ("invalid", "quarantined"):
                 excluded.append({"cell": c.id, "status": c.status, "reasons": c.reasons})
-        return {
-            "valid_cells": sum(c.valid for c in cells),
-            "invalid_cells": sum(c.status == "invalid" for c in cells),
-            "invalid_attempts": sum(c.invalid_attempts for c in cells),
+            if c.teardown_masked and c.status in VALID:
+                masked += 1
+            if c.attempts > 1:
+                retried += 1
+        by_arm: dict[str, Counter[str]] = defaultdict(Counter)
+        for (arm, _), cnt in groups.items():
+            by_arm[arm].update(cnt)
+        total: Counter[str] = Counter()
+        for cnt in by_arm.values():
+            total.update(cnt)
+        trust = {
+            "valid_cells": total["PASS"] + total["FAIL"],
+            "invalid_cells": total["invalid"],
+            "invalid_attempts": attempts,
             "invalid_by_reason": dict(sorted(by_reason.items())),
-            "teardown_masked_cells": sum(c.valid and c.teardown_masked for c in cells),
-            "quarantined_cells": sum(c.status == "quarantined" for c in cells),
-            "retried_cells": sum(c.attempts > 1 for c in cells),
+            "teardown_masked_cells": masked,
+            "quarantined_cells": total["quarantined"],
+            "retried_cells": retried,
             "excluded": excluded,
         }
+        return Summary(
+            totals=_counts(total),
+            arms={a: _counts(c) for a, c in by_arm.items()},
+            tasks={k: _counts(c) for k, c in groups.items()},
+            trust=trust,
+        )
+
+
+@dataclass
+class Summary:
+    totals: dict[str, int]
+    arms: dict[str, dict[str, int]]
+    tasks: dict[tuple[str, str], dict[str, int]]
+    trust: dict[str, Any]
+
+
+def _counts(c: Counter[str]) -> dict[str, int]:
+    return {
+        "total": sum(c.values()),
+        "pass": c["PASS"],
+        "fail": c["FAIL"],
+        "invalid": c["invalid"],
+        "quarantined": c["quarantined"],
+        "running": c["running"],
+        "grading": c["ran"],
+        "pending": c["pending"],
+        "done": c["PASS"] + c["FAIL"],
+    }

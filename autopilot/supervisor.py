@@ -16,7 +16,6 @@ import os
 import signal
 import socket
 import time
-from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -170,7 +169,8 @@ class Supervisor:
 
     def snapshot(self, light: bool = False) -> dict[str, Any]:
         led = self.ledger
-        totals = led.counts()
+        summary = led.summary()
+        totals = summary.totals
         elapsed = self.clock() - self.t0
         remaining = totals["total"] - totals["done"] - totals["quarantined"]
         snap: dict[str, Any] = {
@@ -193,7 +193,7 @@ class Supervisor:
             "max_passes": self.preset.run.max_passes,
             "concurrency": self.preset.run.concurrency,
             "totals": totals,
-            "trust": led.trust(),
+            "trust": summary.trust,
             "endpoint": self.keeper.describe() if self.keeper else {
                 "engine": self.preset.endpoint.engine, "state": "not running"},
             "thresholds": {"warn_secs": self.preset.watchdog.warn_secs,
@@ -204,13 +204,10 @@ class Supervisor:
         if light:
             return snap
         cells = list(led.cells.values())
-        # One pass to group: 20,000 cells x 100 (arm, task) filters would stall the loop.
-        groups: dict[tuple[str, str], list[Any]] = defaultdict(list)
-        for c in cells:
-            groups[(c.arm, c.task)].append(c)
         arms, tasks = [a.label for a in self.preset.arms], [t.id for t in self.preset.tasks]
-        snap["arms"] = {a: led.counts([c for t in tasks for c in groups[(a, t)]]) for a in arms}
-        snap["tasks"] = {a: {t: led.counts(groups[(a, t)]) for t in tasks} for a in arms}
+        empty = led.counts([])
+        snap["arms"] = {a: summary.arms.get(a, empty) for a in arms}
+        snap["tasks"] = {a: {t: summary.tasks.get((a, t), empty) for t in tasks} for a in arms}
         snap["running"] = [
             {"cell": c.id, "attempt": c.attempts, "pid": c.pid,
              "frozen_secs": round(c.frozen_secs, 1), "tier": c.tier,

@@ -1,0 +1,467 @@
+"""bench-autopilot benchmarks: overhead, detection latency, scale, idle cost, chaos.
+
+    python tools/bench.py [--quick] [--write BENCHMARKS.md] [--only NAME ...]
+
+Figures are ratios taken side by side in one run wherever possible (absolute times drift
+on a shared machine). Prints a table: figure, measured value, target, comparison. Not
+part of the pass/fail unit tests; no test asserts on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+
+@dataclass
+class Row:
+    figure: str
+    value: str
+    target: str
+    against: str
+    ok: bool | None
+
+
+def env() -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("AUTOPILOT_", "NOTIFY_"))}
+    e["PYTHONUNBUFFERED"] = "1"
+    return e
+
+
+def autopilot(*args: str, timeout: float = 900, **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "autopilot.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env(), cwd=ROOT, **kw)
+
+
+def events(state: Path) -> list[dict[str, Any]]:
+    out = []
+    p = state / "journal.jsonl"
+    if p.exists():
+        for line in p.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
+def epoch(ts: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(ts).timestamp()
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+def overlay(tmp: Path, doc: dict[str, Any]) -> str:
+    p = tmp / f"o{random.randrange(10**9)}.json"
+    p.write_text(json.dumps(doc))
+    return str(p)
+
+
+# ------------------------------------------------------------------ overhead
+
+# One trivial cell: sleep 0.2 s, write the completion artifact; a trivial grader.
+HARNESS = ["/bin/sh", "-c", "sleep 0.2; mkdir -p \"$1\"; echo '{{\"total_completion_tokens\": 1}}'"
+           " > \"$1/summary.json\"", "cell", "{output_dir}"]
+GRADER = ["/bin/sh", "-c", "echo '{{\"verdict\": \"PASS\"}}' > \"$1\"", "grade", "{grade_file}"]
+
+
+def trivial_doc(k: int, conc: int) -> dict[str, Any]:
+    tasks = [{"id": f"t{i:03d}"} for i in range(k)]
+    return {"tasks": tasks, "arms": [{"label": "b-x", "mode": "x"}],
+            "harness": {"argv": HARNESS, "completion": ["{output_dir}/summary.json"]},
+            "grader": {"argv": GRADER}, "run": {"concurrency": conc},
+            "trust": {"arm_checks": []}, "baseline": None}
+
+
+BASELINE = r'''
+import asyncio, os, sys, time
+k, conc, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+H = ["/bin/sh", "-c", "sleep 0.2; mkdir -p \"$1\"; echo '{\"total_completion_tokens\": 1}' > \"$1/summary.json\"", "cell"]
+G = ["/bin/sh", "-c", "echo '{\"verdict\": \"PASS\"}' > \"$1\"", "grade"]
+async def cell(i, sem):
+    async with sem:
+        d = f"{out}/c{i}"
+        p = await asyncio.create_subprocess_exec(*H, d); await p.wait()
+        p = await asyncio.create_subprocess_exec(*G, f"{d}/grade.json"); await p.wait()
+async def main():
+    sem = asyncio.Semaphore(conc)
+    await asyncio.gather(*(cell(i, sem) for i in range(k)))
+t0 = time.monotonic(); asyncio.run(main()); print(time.monotonic() - t0)
+'''
+
+
+def bench_overhead(tmp: Path, k: int, conc: int) -> list[Row]:
+    walls_a, walls_b = [], []
+    for rep in range(2):
+        state = tmp / f"ov{rep}"
+        t0 = time.monotonic()
+        r = autopilot("--preset", "demo", "--target-n", "1", "--config",
+                      overlay(tmp, trivial_doc(k, conc)), "--state-dir", str(state), "--quiet")
+        walls_a.append(time.monotonic() - t0)
+        assert r.returncode == 0, r.stderr[-2000:]
+        out = tmp / f"base{rep}"
+        t0 = time.monotonic()
+        subprocess.run([PY, "-c", BASELINE, str(k), str(conc), str(out)], check=True,
+                       capture_output=True)
+        walls_b.append(time.monotonic() - t0)
+    a, b = min(walls_a), min(walls_b)
+    return [Row(f"overhead: {k} trivial cells at concurrency {conc}, wall(autopilot)/wall(bare)",
+                f"{a / b:.3f} ({a:.2f}s / {b:.2f}s)", "<= 1.10",
+                "bare asyncio loop running the same argv, same concurrency (best of 2)",
+                a / b <= 1.10)]
+
+
+# ------------------------------------------------------------------ detection latency
+
+FREEZE = ["{python}", "-c",
+          "import json, os, sys, time\n"
+          "os.makedirs(sys.argv[1], exist_ok=True)\n"
+          "t = time.time()\n"
+          "open(os.path.join(sys.argv[1], 'transcript.jsonl'), 'a').write("
+          "json.dumps({{'last_write': t}}) + '\\n')\n"
+          "time.sleep(3600)\n", "{output_dir}"]
+
+
+def bench_stuck(tmp: Path, trials: int) -> list[Row]:
+    state = tmp / "stuck"
+    doc = {"tasks": [{"id": f"s{i:02d}"} for i in range(trials)],
+           "arms": [{"label": "b-x", "mode": "x"}],
+           "harness": {"argv": FREEZE}, "run": {"concurrency": 4},
+           "watchdog": {"poll_secs": 0.25, "stuck_secs": 2, "warn_secs": 50, "probe_secs": 60,
+                        "kill_secs": 70, "kill_grace_secs": 0.5},
+           "trust": {"infra_retries": 0, "arm_checks": []}, "baseline": None}
+    autopilot("--preset", "demo", "--target-n", "1", "--config", overlay(tmp, doc),
+              "--state-dir", str(state), "--quiet")
+    lat = []
+    for ev in events(state):
+        if ev["event"] == "cell_killed":
+            row = json.loads((state / "cells" / ev["cell"] / "transcript.jsonl").read_text())
+            lat.append(epoch(ev["ts"]) - row["last_write"])
+    p95 = pct(lat, 0.95)
+    return [Row(f"stuck detection: last transcript write -> tree gone, p95 of {len(lat)}",
+                f"{p95:.2f}s (p50 {statistics.median(lat):.2f}s)", "<= stuck_secs 2 + 1 = 3.00s",
+                "stuck_secs = 2, poll 0.25s, TERM grace 0.5s", p95 <= 3.0 and len(lat) >= trials)]
+
+
+LONG = ["/bin/sh", "-c", "sleep 600", "cell"]
+
+
+def bench_endpoint(tmp: Path, trials: int) -> list[Row]:
+    state = tmp / "ep"
+    doc = {"tasks": [{"id": "long"}], "arms": [{"label": "b-x", "mode": "x"}],
+           "harness": {"argv": LONG}, "run": {"concurrency": 1},
+           "endpoint": {"probe_interval_secs": 0.25, "down_restart_secs": 2,
+                        "max_restarts": 1000, "restart_backoff_secs": 0},
+           "watchdog": {"stuck_secs": 3600, "kill_secs": 3600, "warn_secs": 3000,
+                        "probe_secs": 3000}, "baseline": None, "trust": {"arm_checks": []}}
+    proc = subprocess.Popen([PY, "-m", "autopilot.cli", "--preset", "demo", "--target-n", "1",
+                             "--config", overlay(tmp, doc), "--state-dir", str(state),
+                             "--quiet"], env=env(), cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    lat = []
+    try:
+        for i in range(trials):
+            deadline = time.monotonic() + 60
+            while True:
+                started = [e for e in events(state) if e["event"] == "endpoint_started"]
+                if len(started) == i + 1:
+                    break
+                assert time.monotonic() < deadline, "endpoint did not (re)start"
+                time.sleep(0.05)
+            p = psutil.Process(started[-1]["pid"])
+            killed_at = time.time()
+            p.send_signal(signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while True:
+                restarts = [e for e in events(state) if e["event"] == "endpoint_restart"]
+                if len(restarts) == i + 1:
+                    lat.append(epoch(restarts[-1]["ts"]) - killed_at)
+                    break
+                assert time.monotonic() < deadline, "no restart"
+                time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    p95 = pct(lat, 0.95)
+    return [Row(f"endpoint death -> restart started, p95 of {len(lat)}",
+                f"{p95:.2f}s (p50 {statistics.median(lat):.2f}s)",
+                "<= down_restart_secs 2 + 1 = 3.00s", "down_restart_secs = 2, probe every 0.25s",
+                p95 <= 3.0)]
+
+
+# ------------------------------------------------------------------ scale
+
+SCALE = r'''
+import asyncio, json, os, sys, time, threading
+from pathlib import Path
+import anyio, psutil
+from autopilot.config import load_preset
+from autopilot.plan import Plan
+from autopilot.supervisor import RunOptions, Supervisor
+from autopilot.journal import read_events
+from autopilot.fsutil import atomic_write_json
+state, overlay = Path(sys.argv[1]), sys.argv[2]
+preset = load_preset("demo", overlay=overlay)
+plan = Plan(preset, 200)
+t0 = time.perf_counter()
+sup = Supervisor(preset, plan, RunOptions(state))
+sup._replay()
+replay = time.perf_counter() - t0
+writes = []
+lag = []
+async def main():
+    stop = anyio.Event()
+    async def ticker():
+        while not stop.is_set():
+            t = time.perf_counter(); await anyio.sleep(0.005)
+            lag.append(time.perf_counter() - t - 0.005)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        for _ in range(40):
+            t = time.perf_counter()
+            await sup.status.write_now()
+            writes.append(time.perf_counter() - t)
+        stop.set()
+anyio.run(main)
+writes.sort(); lag.sort()
+print(json.dumps({"replay": replay, "p50": writes[len(writes)//2],
+                  "p95": writes[int(len(writes)*0.95)], "lag_max": lag[-1],
+                  "rss": psutil.Process().memory_info().rss, "cells": len(plan.cells),
+                  "status_bytes": (state / "status.json").stat().st_size}))
+'''
+
+
+def make_scale_state(tmp: Path) -> tuple[Path, str]:
+    state = tmp / "scale"
+    state.mkdir()
+    tasks = [f"task{i:02d}" for i in range(50)]
+    doc = {"tasks": [{"id": t} for t in tasks], "baseline": None}
+    ov = overlay(tmp, doc)
+    arms = ["demo-nothink", "demo-think"]
+    rnd = random.Random(7)
+    with (state / "journal.jsonl").open("w") as f:
+        n_ev = 0
+        for arm in arms:
+            for n in range(1, 201):
+                for t in tasks:
+                    cid = f"{t}_{arm}_v{n}"
+                    v = "PASS" if rnd.random() < 0.6 else "FAIL"
+                    for ev in ({"event": "cell_started", "cell": cid, "attempt": 1, "pid": 1},
+                               {"event": "cell_watchdog", "cell": cid, "tier": "WARN"},
+                               {"event": "cell_watchdog", "cell": cid, "tier": "OK"},
+                               {"event": "cell_exited", "cell": cid, "code": 0},
+                               {"event": "cell_verdict", "cell": cid, "attempt": 1,
+                                "verdict": v, "reason": None}):
+                        f.write(json.dumps({"ts": "2026-11-01T10:00:00.000+00:00", **ev}) + "\n")
+                        n_ev += 1
+    (state / "plan.json").write_text(json.dumps({"preset": "demo", "tasks": tasks,
+                                                 "arms": arms, "target_n": 200}))
+    return state, ov
+
+
+def timed(args: list[str], reps: int = 3) -> float:
+    best = 1e9
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        subprocess.run(args, capture_output=True, check=True, env=env(), cwd=ROOT)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def bench_scale(tmp: Path) -> list[Row]:
+    state, ov = make_scale_state(tmp)
+    n_events = sum(1 for _ in (state / "journal.jsonl").open())
+    r = subprocess.run([PY, "-c", SCALE, str(state), ov], capture_output=True, text=True,
+                       env=env(), cwd=ROOT, check=True)
+    m = json.loads(r.stdout.strip().splitlines()[-1])
+    dash = [PY, "-m", "autopilot.dashboard.cli", "--state-dir", str(state)]
+    t_one = timed([*dash, "--oneline"])
+    t_grid = timed([*dash, "--no-color", "--no-events"])
+    t_html = timed([*dash, "--html", str(tmp / "scale.html")])
+    mb = m["rss"] / 2**20
+    return [
+        Row(f"status.json write ({m['cells']} cells, {m['status_bytes'] // 1024} KiB), p50 / p95",
+            f"{m['p50'] * 1000:.1f} / {m['p95'] * 1000:.1f} ms", "p95 < 50 ms",
+            "snapshot build + temp/fsync/rename/dir-fsync", m["p95"] < 0.05),
+        Row("event-loop lag while writing status.json (max)", f"{m['lag_max'] * 1000:.1f} ms",
+            "< 50 ms", "5 ms ticker on the same loop", m["lag_max"] < 0.05),
+        Row(f"journal replay ({n_events} events)", f"{m['replay']:.2f} s", "< 1 s",
+            "read + fold into the ledger", m["replay"] < 1.0),
+        Row("dashboard --oneline (process, best of 3)", f"{t_one:.2f} s", "< 0.5 s",
+            "whole process incl. interpreter start", t_one < 0.5),
+        Row("dashboard grid (process, best of 3)", f"{t_grid:.2f} s", "(no target)",
+            "whole process incl. interpreter start", None),
+        Row("dashboard --html (process, best of 3)", f"{t_html:.2f} s", "< 2 s",
+            "whole process incl. interpreter start", t_html < 2.0),
+        Row("supervisor RSS with the 20,000-cell plan replayed", f"{mb:.0f} MB", "< 200 MB",
+            "after replay and 40 status writes", mb < 200),
+    ]
+
+
+# ------------------------------------------------------------------ idle cost
+
+def bench_idle(tmp: Path, secs: float) -> list[Row]:
+    state = tmp / "idle"
+    doc = {"tasks": [{"id": f"i{i}"} for i in range(8)], "arms": [{"label": "b-x", "mode": "x"}],
+           "harness": {"argv": ["/bin/sh", "-c", "sleep 600", "cell"]}, "run": {"concurrency": 8},
+           "watchdog": {"stuck_secs": 3600, "kill_secs": 3600, "warn_secs": 3000,
+                        "probe_secs": 3000}, "baseline": None, "trust": {"arm_checks": []}}
+    proc = subprocess.Popen([PY, "-m", "autopilot.cli", "--preset", "demo", "--target-n", "1",
+                             "--config", overlay(tmp, doc), "--state-dir", str(state),
+                             "--quiet"], env=env(), cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while sum(e["event"] == "cell_started" for e in events(state)) < 8:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        p = psutil.Process(proc.pid)
+        time.sleep(2)
+        c0, t0 = p.cpu_times(), time.monotonic()
+        time.sleep(secs)
+        c1, t1 = p.cpu_times(), time.monotonic()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    share = ((c1.user + c1.system) - (c0.user + c0.system)) / (t1 - t0) * 100
+    return [Row(f"idle supervisor CPU, 8 cells sleeping, {secs:.0f}s window",
+                f"{share:.2f}% of one core", "< 2%",
+                "supervisor process only (cells and endpoint excluded)", share < 2.0)]
+
+
+# ------------------------------------------------------------------ chaos
+
+def chaos(tmp: Path, kills: int, seed: int = 1) -> dict[str, Any]:
+    """SIGKILL the supervisor at random moments of one demo-chaos run, restarting it each
+    time; then check the run's integrity. Returns the findings (used by a test too)."""
+    rnd = random.Random(seed)
+    state = tmp / f"chaos{seed}"
+    args = [PY, "-m", "autopilot.cli", "--preset", "demo-chaos", "--target-n", "2",
+            "--state-dir", str(state), "--quiet"]
+    for _ in range(kills):
+        proc = subprocess.Popen(args, env=env(), cwd=ROOT, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        time.sleep(rnd.uniform(0.4, 2.5))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    final = subprocess.run(args, env=env(), cwd=ROOT, capture_output=True, text=True,
+                           timeout=600)
+    evs = events(state)
+    valid = Counter(e["cell"] for e in evs if e["event"] == "cell_verdict"
+                    and e["verdict"] in ("PASS", "FAIL"))
+    rerun = []
+    done: set[str] = set()
+    for e in evs:
+        if e["event"] == "cell_started" and e["cell"] in done:
+            rerun.append(e["cell"])
+        if e["event"] == "cell_verdict" and e["verdict"] in ("PASS", "FAIL"):
+            done.add(e["cell"])
+    alive = []
+    for e in evs:
+        if e["event"] in ("cell_started", "endpoint_started") and e.get("pid"):
+            try:
+                p = psutil.Process(e["pid"])
+                if e.get("create_time") and abs(p.create_time() - e["create_time"]) < 0.05 \
+                        and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(e["pid"])
+            except psutil.NoSuchProcess:
+                pass
+    from autopilot.journal import read_events
+
+    torn = read_events(state / "journal.jsonl").torn_lines
+    status = json.loads((state / "status.json").read_text())
+    return {"rc": final.returncode, "phase": status["phase"], "cells": len(valid),
+            "double": [c for c, k in valid.items() if k != 1], "rerun": rerun,
+            "orphans": alive, "torn": torn,
+            "restarts": sum(e["event"] == "run_started" for e in evs)}
+
+
+def bench_chaos(tmp: Path, kills: int) -> list[Row]:
+    r = chaos(tmp, kills)
+    ok = (r["rc"] == 0 and r["phase"] == "COMPLETE" and r["cells"] == 24 and not r["double"]
+          and not r["rerun"] and not r["orphans"])
+    return [Row(f"chaos: {kills} SIGKILLs of the supervisor during one demo-chaos run",
+                f"{r['phase']}, {r['cells']}/24 cells once each, re-run {len(r['rerun'])}, "
+                f"orphans {len(r['orphans'])}, torn lines skipped {len(r['torn'])}",
+                "COMPLETE, each cell once, no re-run, no orphan",
+                "journal evidence + psutil after the final resume", ok)]
+
+
+# ------------------------------------------------------------------ main
+
+def machine() -> str:
+    return (f"{platform.node()}: {platform.system()} {platform.release()}, "
+            f"{psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB, "
+            f"Python {platform.python_version()}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smaller trials (a smoke run)")
+    ap.add_argument("--write", help="also write the table to this markdown file")
+    ap.add_argument("--only", nargs="*", default=None,
+                    choices=["overhead", "stuck", "endpoint", "scale", "idle", "chaos"])
+    a = ap.parse_args()
+    q = a.quick
+    plan = {
+        "overhead": lambda t: bench_overhead(t, 60 if q else 200, 8),
+        "stuck": lambda t: bench_stuck(t, 8 if q else 20),
+        "endpoint": lambda t: bench_endpoint(t, 5 if q else 20),
+        "scale": bench_scale,
+        "idle": lambda t: bench_idle(t, 10 if q else 30),
+        "chaos": lambda t: bench_chaos(t, 5 if q else 20),
+    }
+    rows: list[Row] = []
+    t_all = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="ap-bench-") as tmp:
+        for name, fn in plan.items():
+            if a.only and name not in a.only:
+                continue
+            t0 = time.monotonic()
+            sub = Path(tmp) / name
+            sub.mkdir()
+            rows += fn(sub)
+            print(f"[{name}: {time.monotonic() - t0:.0f}s]", file=sys.stderr, flush=True)
+    lines = ["| figure | measured | target | taken against | met |", "|---|---|---|---|---|"]
+    for r in rows:
+        met = "-" if r.ok is None else ("yes" if r.ok else "**NO**")
+        lines.append(f"| {r.figure} | {r.value} | {r.target} | {r.against} | {met} |")
+    table = "\n".join(lines)
+    print(table)
+    print(f"\n{machine()}; total {time.monotonic() - t_all:.0f}s")
+    if a.write:
+        Path(a.write).write_text(
+            "# Benchmarks\n\nReproduce: `python tools/bench.py --write BENCHMARKS.md` "
+            "(about 5 minutes on 2 cores; `--quick` for a smoke run).\n\n"
+            f"Machine: {machine()}.\n\n{table}\n")
+    return 0 if all(r.ok is not False for r in rows) else 1
+
+
+if __name__ == "__main__":
+    shutil.which("sh")
+    sys.exit(main())
