@@ -11,6 +11,7 @@ evidence of an INVALID attempt survives its retry.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -31,7 +32,7 @@ from autopilot.grading import judge_cell
 from autopilot.plan import Cell, cell_context
 from autopilot.procs import OWNED, TOKEN_ENV, Tracker, identify, kill_tree, spawn
 from autopilot.substance import SubstanceState, check_substance
-from autopilot.validity import Classification, Killed, RunOutcome
+from autopilot.validity import Classification, Killed, RunOutcome, lookup
 from autopilot.watchdog import Limits, Observation, WatchState, cell_deadline, decide
 
 log = structlog.get_logger(__name__)
@@ -112,6 +113,23 @@ class CellRun:
 
     def _completion_present(self) -> bool:
         return all(p.exists() for p in self.completion)
+
+    def _terminal_evidence(self) -> bool:
+        """Completion artifacts, or the preset's terminal transcript row as last row."""
+        if self._completion_present():
+            return True
+        spec = self.p.harness.terminal_row
+        if spec is None:
+            return False
+        try:
+            with self.transcript.open("rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - 8192))
+                lines = f.read().splitlines()
+            row = json.loads(lines[-1]) if lines else None
+        except (OSError, ValueError):
+            return False
+        return str(lookup(row, spec.field)) in spec.values
 
     def _limits(self, start_mono: float) -> Limits:
         w = self.p.watchdog
@@ -224,7 +242,7 @@ class CellRun:
                 obs = Observation(
                     now=cx.clock(), transcript_size=_size(self.transcript),
                     spool_size=_size(self.spool) or 0, activity=activity,
-                    completion=self._completion_present(), alive=True,
+                    completion=self._terminal_evidence(), alive=True,
                 )
                 state, d = decide(state, obs, limits)
                 if self.p.watchdog.substance and d.action != "KILL":

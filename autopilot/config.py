@@ -207,6 +207,14 @@ DEFAULT_VERDICTS: dict[str, VerdictRule] = {
 }
 
 
+class TerminalRow(_Frozen):
+    """A transcript row that says the harness's work is done (e.g. ``finish_reason``
+    = ``stop``): with the process still alive after the grace, a hung teardown."""
+
+    field: str
+    values: list[str]
+
+
 class Harness(_Frozen):
     argv: Argv
     cwd: str | None = None
@@ -218,6 +226,7 @@ class Harness(_Frozen):
     wall_budget_secs: float = Field(default=3000, gt=0)
     sandbox_container: str = ""
     scratch_dirs: list[str] = Field(default_factory=list)
+    terminal_row: TerminalRow | None = None
 
     @field_validator("argv")
     @classmethod

@@ -81,6 +81,8 @@ def classify(
     if not run.completion:
         if run.killed in ("stall", "deadline"):
             return _invalid(run.killed, run.kill_reason or run.killed)
+        if run.killed == "teardown":
+            return _invalid("missing_output", "said it was done, hung, and left no outputs")
         if run.endpoint_down:
             return _invalid("endpoint_down", "harness ended without outputs during an outage")
         if run.exit_code not in (0, None):

@@ -284,3 +284,17 @@ def test_validate_exit_codes_and_armless_dirs(state_dir: Path, tmp_path: Path) -
     assert bad.returncode == 1
     assert "p2_extract_demo-think_v1" in bad.stdout and "malformed_grade" in bad.stdout
     assert run_cli("validate", "--state-dir", str(tmp_path / "none")).returncode == 2
+
+
+def test_pin_drift_warns_or_refuses(state_dir: Path, tmp_path: Path) -> None:
+    pinned = tmp_path / "harness.bin"
+    pinned.write_text("v1")
+    over = write_overlay(tmp_path / "o.json", {"preflight": {"pins": {str(pinned): "0" * 64}}})
+    r = run_cli("--preset", "demo", "--config", str(over), "--state-dir", str(state_dir),
+                "--dry-run")
+    assert r.returncode == 0 and "warning: pin drift" in r.stdout
+    over = write_overlay(tmp_path / "o.json", {"preflight": {"pins": {str(pinned): "0" * 64},
+                                                              "pin": "strict"}})
+    r = run_cli("--preset", "demo", "--config", str(over), "--state-dir", str(state_dir))
+    assert r.returncode == 2 and "pin = strict" in r.stderr
+    _nothing_written(state_dir)

@@ -93,3 +93,25 @@ def test_deadline_kill_is_invalid_deadline(state_dir: Path, tmp_path: Path) -> N
     assert r.returncode == 1 and verdict(evs)["reason"] == "deadline"
     spool = (state_dir / "logs" / f"{CELL}.launcher.log").read_text()
     assert "argv" in spool
+
+
+TERMINAL_THEN_HANG = (
+    "import json, os, sys, time\n"
+    "os.makedirs(sys.argv[1], exist_ok=True)\n"
+    "open(os.path.join(sys.argv[1], 'transcript.jsonl'), 'a').write(\n"
+    "    json.dumps({{'event': 'agent.completed'}}) + '\\n')\n"
+    "time.sleep(3600)\n"
+)
+
+
+def test_terminal_transcript_row_counts_as_teardown_evidence(state_dir: Path,
+                                                             tmp_path: Path) -> None:
+    argv = ["{python}", "-c", TERMINAL_THEN_HANG, "{output_dir}"]
+    r, evs = run_one(state_dir, tmp_path, argv, harness={
+        "argv": argv, "terminal_row": {"field": "event", "values": ["agent.completed"]}},
+        watchdog={"poll_secs": 0.2, "warn_secs": 50, "probe_secs": 60, "kill_secs": 70,
+                  "stuck_secs": 100, "kill_grace_secs": 0.5, "teardown_grace_secs": 1})
+    killed = next(e for e in evs if e["event"] == "cell_killed")
+    assert killed["kind"] == "teardown"
+    # no completion artifacts to grade: fail closed, never a silent pass
+    assert r.returncode == 1 and verdict(evs)["reason"] == "missing_output"
