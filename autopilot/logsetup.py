@@ -76,7 +76,9 @@ def configure(log_path: Path | None, secrets: Iterable[str] = (), console: bool 
         _Tee(_current_file),
     ]
     if console:
-        processors.append(structlog.dev.ConsoleRenderer(colors=False))
+        from structlog.dev import ConsoleRenderer  # rich-backed; only for a console
+
+        processors.append(ConsoleRenderer(colors=False))
     else:
         processors.append(_drop)
     structlog.configure(

@@ -24,22 +24,22 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
-import apprise
 import structlog
 
 log = structlog.get_logger(__name__)
 
-# kind -> (apprise notify type, priority)
-MILESTONES: dict[str, tuple[apprise.NotifyType, str]] = {
-    "run_started": (apprise.NotifyType.INFO, "normal"),
-    "endpoint_restart": (apprise.NotifyType.WARNING, "high"),
-    "endpoint_failed": (apprise.NotifyType.FAILURE, "emergency"),
-    "arm_complete": (apprise.NotifyType.SUCCESS, "normal"),
-    "run_complete": (apprise.NotifyType.SUCCESS, "high"),
-    "run_incomplete": (apprise.NotifyType.WARNING, "high"),
-    "harness_anomaly": (apprise.NotifyType.FAILURE, "emergency"),
-    "publish_failed": (apprise.NotifyType.WARNING, "high"),
-    "test": (apprise.NotifyType.INFO, "normal"),
+# kind -> (apprise notify type, priority). apprise itself is imported on first send:
+# a run without notification URLs never pays for loading its plugins.
+MILESTONES: dict[str, tuple[str, str]] = {
+    "run_started": ("info", "normal"),
+    "endpoint_restart": ("warning", "high"),
+    "endpoint_failed": ("failure", "emergency"),
+    "arm_complete": ("success", "normal"),
+    "run_complete": ("success", "high"),
+    "run_incomplete": ("warning", "high"),
+    "harness_anomaly": ("failure", "emergency"),
+    "publish_failed": ("warning", "high"),
+    "test": ("info", "normal"),
 }
 _SERVICE_PRIORITY = {
     "pover": {"normal": "normal", "high": "high", "emergency": "emergency"},
@@ -97,7 +97,7 @@ class Message:
     kind: str
     title: str
     body: str
-    notify_type: apprise.NotifyType
+    notify_type: str
     priority: str
 
 
@@ -131,6 +131,8 @@ class Notifier:
     # ------------------------------------------------------------------ services
 
     def services(self, priority: str, kind: str) -> list[Any]:
+        import apprise
+
         out = []
         for url in self.urls:
             svc = apprise.Apprise.instantiate(with_priority(url, priority))
@@ -145,6 +147,8 @@ class Notifier:
         return out
 
     def _from_config(self) -> list[Any]:
+        import apprise
+
         if self._config_services is None:
             self._config_services = []
             if self.config_file:
@@ -168,7 +172,7 @@ class Notifier:
             log.info("notify_suppressed", kind=kind, subject=subject)
             return False
         self._last[key] = now
-        ntype, priority = MILESTONES.get(kind, (apprise.NotifyType.INFO, "normal"))
+        ntype, priority = MILESTONES.get(kind, ("info", "normal"))
         title, body = format_message(kind, payload)
         try:
             self._send.send_nowait(Message(kind, title, body, ntype, priority))

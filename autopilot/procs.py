@@ -82,13 +82,34 @@ def verify(ident: ProcIdentity) -> psutil.Process | None:
         return None
 
 
+_subreaper = False
+
+
 def enable_subreaper() -> bool:
     """Make orphaned descendants re-parent to us (Linux >= 3.4); False if unsupported."""
+    global _subreaper
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+        _subreaper = bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
     except (OSError, AttributeError):
-        return False
+        _subreaper = False
+    return _subreaper
+
+
+def direct_children() -> list[int]:
+    """Our direct children, from /proc/self/task/*/children (cheap: psutil's children()
+    walks every process on the box to build a parent map)."""
+    pids: list[int] = []
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/children") as f:
+                pids += [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        try:
+            return [c.pid for c in psutil.Process().children()]
+        except psutil.NoSuchProcess:
+            return []
+    return pids
 
 
 def _alive(p: psutil.Process) -> bool:
@@ -99,11 +120,18 @@ def _alive(p: psutil.Process) -> bool:
 
 
 class Tracker:
-    """The known tree of one cell attempt: root identity, token, descendants seen."""
+    """The known tree of one cell attempt: root identity, token, descendants seen.
 
-    def __init__(self, root: ProcIdentity, token: str | None = None) -> None:
+    While we are the child subreaper, an orphaned descendant can only be in the root's
+    tree or re-parented to us, so the token is looked for among our direct children; a
+    ``full_scan`` (the start-up sweep of a dead predecessor's cells, whose orphans went
+    to init) looks at every process."""
+
+    def __init__(self, root: ProcIdentity, token: str | None = None,
+                 full_scan: bool = False) -> None:
         self.root = root
         self.token = token
+        self.full_scan = full_scan
         self.seen: set[ProcIdentity] = set()
 
     def remember(self) -> None:
@@ -138,7 +166,8 @@ class Tracker:
             if p is not None:
                 add(p)
         if self.token:
-            for p in _token_holders(self.token, self.root.create_time):
+            scope = None if self.full_scan or not _subreaper else direct_children()
+            for p in _token_holders(self.token, self.root.create_time, scope):
                 add(p)
         found.pop(os.getpid(), None)
         return found
@@ -147,10 +176,21 @@ class Tracker:
         return bool(self.collect())
 
 
-def _token_holders(token: str, not_before: float) -> Iterable[psutil.Process]:
-    for p in psutil.process_iter(["create_time"]):
+def _token_holders(token: str, not_before: float,
+                   scope: list[int] | None = None) -> Iterable[psutil.Process]:
+    candidates: Iterable[psutil.Process]
+    if scope is None:
+        candidates = psutil.process_iter()
+    else:
+        candidates = []
+        for pid in scope:
+            try:
+                candidates.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                continue
+    for p in candidates:
         try:
-            if p.info["create_time"] + _CT_TOLERANCE < not_before or p.pid == os.getpid():
+            if p.create_time() + _CT_TOLERANCE < not_before or p.pid == os.getpid():
                 continue
             if p.environ().get(TOKEN_ENV) == token:
                 yield p
@@ -208,15 +248,11 @@ def reap_adopted(pids: Iterable[int] | None = None) -> list[int]:
     reaped: list[int] = []
     if pids is None and _spawning:
         return reaped  # a fresh child may already be a zombie its watcher has not seen
-    me = psutil.Process()
-    try:
-        children = {c.pid: c for c in me.children()}
-    except psutil.NoSuchProcess:
-        return reaped
-    wanted = (set(children) if pids is None else set(pids) & set(children)) - OWNED
+    children = set(direct_children())
+    wanted = (children if pids is None else set(pids) & children) - OWNED
     for pid in wanted:
         try:
-            if children[pid].status() != psutil.STATUS_ZOMBIE:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
                 continue
             got, _ = os.waitpid(pid, os.WNOHANG)
             if got:

@@ -12,20 +12,21 @@ import os
 import socket
 import subprocess
 import time
-from collections import deque
+from collections import Counter, deque
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from autopilot.sandbox import Docker
 
 import anyio
 import httpx
 import structlog
-from aiodocker.exceptions import DockerError
 from anyio.abc import Process
 
 from autopilot.config import EndpointCommon, Preset
 from autopilot.errors import EndpointCrashed, EndpointError, EndpointStartTimeout
 from autopilot.procs import OWNED, Tracker, identify, kill_tree, spawn
-from autopilot.sandbox import LABEL_ROLE, LABEL_STATE, Docker, gpu_requests
 
 log = structlog.get_logger(__name__)
 
@@ -113,6 +114,10 @@ class Endpoint:
         return (d.container_name if d and d.container_name else self.default_container)
 
     def container_config(self) -> dict[str, Any]:
+        # aiodocker (and aiohttp under it) load only in docker mode: process-mode runs
+        # start a tenth of a second faster.
+        from autopilot.sandbox import LABEL_ROLE, LABEL_STATE, gpu_requests
+
         d = self.cfg.docker  # type: ignore[attr-defined]
         env = {k: v for k, v in getattr(self.cfg, "env", {}).items()}
         binds = [*(f"{d.model_dir}:{d.model_dir}:ro" for _ in [0] if d.model_dir), *d.binds]
@@ -132,6 +137,10 @@ class Endpoint:
         }
 
     async def _start_container(self) -> None:
+        from aiodocker.exceptions import DockerError
+
+        from autopilot.sandbox import LABEL_STATE
+
         docker = self._docker_client()
         name = self.container_name()
         try:
@@ -156,6 +165,8 @@ class Endpoint:
             raise EndpointCrashed(f"docker: cannot start {name}: {e}") from None
 
     async def _container_exited(self) -> str | None:
+        from aiodocker.exceptions import DockerError
+
         if self.container is None:
             return None
         try:
@@ -168,6 +179,8 @@ class Endpoint:
         return f"container exited with code {state.get('ExitCode')}"
 
     async def _dump_container_logs(self) -> None:
+        from aiodocker.exceptions import DockerError
+
         if self.container is None:
             return
         try:
@@ -179,6 +192,8 @@ class Endpoint:
             f.writelines(lines)
 
     def _docker_client(self) -> Docker:
+        from autopilot.sandbox import Docker
+
         if self._docker is None:
             self._docker = Docker()
         return self._docker
@@ -228,7 +243,8 @@ class Endpoint:
     async def wait_ready(self) -> None:
         deadline = time.monotonic() + self.cfg.startup_timeout_secs
         why = "no answer yet"
-        waited: list[str] = []  # why each not-ready probe failed (503 loading, refused...)
+        waited: Counter[str] = Counter()  # why probes failed (503 loading, refused...)
+        pause = 0.02  # grows to 0.5 s: a fast endpoint is seen at once, a slow one cheaply
         while True:
             if self.proc is not None and self.proc.returncode is not None:
                 raise EndpointCrashed(
@@ -243,12 +259,14 @@ class Endpoint:
                                           f"endpoint.log: {log_tail(self.log_path)}")
             ok, why = await self.probe(check_model=True)
             if ok:
-                self.readiness = {"not_ready_probes": len(waited),
-                                  "not_ready_reasons": sorted(set(waited))}
+                self.readiness = {"not_ready_probes": sum(waited.values()),
+                                  "not_ready_reasons": dict(sorted(waited.items()))}
                 log.info("endpoint_ready", engine=self.engine, url=self.api_base,
                          **self.readiness)
                 return
-            waited.append(why)
+            waited[why] += 1
+            await anyio.sleep(pause)
+            pause = min(0.5, pause * 1.5)
             if time.monotonic() >= deadline:
                 if self.mode == "docker":
                     await self._dump_container_logs()
@@ -256,7 +274,6 @@ class Endpoint:
                     f"{self.engine} endpoint not ready after {self.cfg.startup_timeout_secs:.0f}s"
                     f" ({why}); endpoint.log: {log_tail(self.log_path)}"
                 )
-            await anyio.sleep(0.2)
 
     async def probe(self, check_model: bool = False) -> tuple[bool, str]:
         """(answering, why). Raises EndpointError for a permanent misconfiguration."""
