@@ -12,7 +12,7 @@ from receiver import Receiver
 
 from autopilot.notify import MILESTONES, Notifier, format_message, with_priority
 
-TYPE = {k: t.value for k, (t, _) in MILESTONES.items()}
+TYPE = {k: t for k, (t, _) in MILESTONES.items()}
 
 
 def free_port() -> int:
