@@ -6,6 +6,7 @@ no completed cell re-run, no orphan process, and a journal that replays."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ def load_bench():
     spec = importlib.util.spec_from_file_location("bench", ROOT / "tools" / "bench.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench"] = mod  # dataclasses resolve annotations through sys.modules
     spec.loader.exec_module(mod)
     return mod
 
