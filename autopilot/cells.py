@@ -26,12 +26,13 @@ import anyio
 import psutil
 import structlog
 
-from autopilot.config import Preset, render, render_argv
+from autopilot.config import Preset
 from autopilot.endpoints.keeper import Keeper
 from autopilot.grading import judge_cell
 from autopilot.plan import Cell, cell_context
 from autopilot.procs import OWNED, TOKEN_ENV, Tracker, identify, kill_tree, spawn
 from autopilot.substance import SubstanceState, check_substance
+from autopilot.templates import render, render_argv
 from autopilot.validity import Classification, Killed, RunOutcome, lookup
 from autopilot.watchdog import Limits, Observation, WatchState, cell_deadline, decide
 

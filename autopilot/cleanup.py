@@ -11,9 +11,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from autopilot.config import Preset, render
+from autopilot.config import Preset
 from autopilot.plan import Plan, cell_context
 from autopilot.preflight import needs_docker
+from autopilot.templates import render
 
 
 def scratch_paths(preset: Preset, plan: Plan, state_dir: Path) -> list[Path]:

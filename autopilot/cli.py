@@ -21,9 +21,10 @@ import anyio
 
 from autopilot import __version__
 from autopilot.cliutil import DEFAULT_STATE_DIR, OneLineParser, default_state_dir
-from autopilot.config import Preset, find_preset, list_presets, load_preset
+from autopilot.config import Preset
 from autopilot.errors import AutopilotError, ConfigError, LockHeld, StateDirError
 from autopilot.fsutil import atomic_write_json, atomic_write_text, check_writable_dir
+from autopilot.loader import find_preset, list_presets, load_preset
 from autopilot.plan import Plan
 from autopilot.preflight import run_preflight
 

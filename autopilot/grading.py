@@ -17,9 +17,10 @@ from pathlib import Path
 
 import anyio
 
-from autopilot.config import Preset, render, render_argv
+from autopilot.config import Preset
 from autopilot.fsutil import read_json
 from autopilot.procs import OWNED, Tracker, identify, kill_tree, spawn
+from autopilot.templates import render, render_argv
 from autopilot.validity import Checks, Classification, GradeOutcome, RunOutcome, classify, lookup
 
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from autopilot.config import Preset, render
+from autopilot.config import Preset
+from autopilot.templates import render
 
 
 @dataclass(frozen=True, slots=True)

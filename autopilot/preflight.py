@@ -21,10 +21,11 @@ from typing import Any
 
 from dotenv import dotenv_values
 
-from autopilot.config import Preset, render, render_argv
+from autopilot.config import Preset
 from autopilot.errors import EndpointError, PreflightError
 from autopilot.fsutil import iso
 from autopilot.plan import Cell, Plan, cell_context
+from autopilot.templates import render, render_argv
 
 
 @dataclass

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from autopilot import stats
-from autopilot.config import Preset, render
+from autopilot.config import Preset
 from autopilot.fsutil import read_json
 from autopilot.journal import read_events
 from autopilot.plan import Plan, cell_context
+from autopilot.templates import render
 from autopilot.validate import validate_run
 
 

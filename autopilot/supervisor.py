@@ -24,9 +24,9 @@ from typing import Any
 import anyio
 import structlog
 
-from autopilot import logsetup, publish, report, sdnotify
+from autopilot import logsetup, sdnotify, sweep
 from autopilot.cells import CellContext, CellRun
-from autopilot.config import Preset, render
+from autopilot.config import Preset
 from autopilot.endpoints import make_endpoint
 from autopilot.endpoints.keeper import Keeper
 from autopilot.errors import (
@@ -45,13 +45,16 @@ from autopilot.lock import HEARTBEAT_SECS, RunLock
 from autopilot.notify import MILESTONES, Notifier, urls_from_env
 from autopilot.plan import Plan, cell_context
 from autopilot.preflight import needs_docker
-from autopilot.procs import ProcIdentity, Tracker, enable_subreaper, kill_tree, reap_adopted
-from autopilot.sandbox import Docker
+from autopilot.procs import enable_subreaper, reap_adopted
 from autopilot.status import SCHEMA_VERSION, StatusWriter, eta_secs, oneline
+from autopilot.templates import render
 from autopilot.validity import Classification, RunOutcome, classify
 
 log = structlog.get_logger(__name__)
 
+
+
+TICK_STATUS_SECS = 5.0
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,8 @@ class Supervisor:
         )
         self._last_status_line = ""
         self._grading = anyio.Lock()
+        self._tick_marked = 0.0
+        self._base_env: dict[str, str] | None = None
         self.publish_state: dict[str, Any] | None = None
         self.redactor = logsetup.Redactor(secret_values(preset))
         self.remove_sandbox: Callable[[str], Awaitable[Any]] | None = None
@@ -226,9 +231,15 @@ class Supervisor:
         cell = self.ledger.cells.get(cid)
         if cell is not None:
             cell.frozen_secs = self.clock() - state.last_transcript
+            changed = tier != cell.tier
             cell.tier = tier
             cell.last_signal = state.last_signal
-            self.status.mark()
+            # frozen_secs moves on every tick; rewriting status.json for that alone is
+            # only worth it every few seconds (a tier change is written at once).
+            now = self.clock()
+            if changed or now - self._tick_marked >= TICK_STATUS_SECS:
+                self._tick_marked = now
+                self.status.mark()
 
     # ------------------------------------------------------------------ start-up
 
@@ -241,43 +252,20 @@ class Supervisor:
             if ev.get("event") == "milestone" and ev.get("kind") == "arm_complete":
                 self.announced_arms.add(str(ev.get("arm")))
 
-    def _sweep_orphans(self) -> None:
-        """Cells the journal shows running belong to a dead predecessor: kill exactly
-        the processes whose recorded identity still matches, then mark them abandoned."""
-        for cell in list(self.ledger.cells.values()):
-            if cell.status != "running":
-                continue
-            pids: list[int] = []
-            if cell.pid and cell.create_time:
-                token = self._token_of(cell.id)
-                tracker = Tracker(ProcIdentity(cell.pid, cell.create_time), token)
-                pids = kill_tree(tracker, self.preset.watchdog.kill_grace_secs)
+    async def _sweep_orphans(self) -> None:
+        """Kill what a dead predecessor left running (in a worker thread: kills wait);
+        its cells go back to pending (journaled from the loop)."""
+        journal = self.state_dir / "journal.jsonl"
+        cells = list(self.ledger.cells.values())
+        grace = self.preset.watchdog.kill_grace_secs
+        for cell, pids in await anyio.to_thread.run_sync(sweep.orphan_cells, cells, journal,
+                                                         grace):
             self.orphans_cleaned.append({"cell": cell.id, "pids": pids})
             self.emit("cell_abandoned", cell=cell.id, attempt=cell.attempts,
                       why="supervisor restarted", killed_pids=pids)
-
-    def _sweep_endpoint(self) -> None:
-        """An endpoint process a SIGKILLed predecessor started is still serving on its
-        old port: stop exactly that process (identity-checked), never an attached one."""
-        last: dict[str, Any] | None = None
-        for ev in read_events(self.state_dir / "journal.jsonl").events:
-            if ev.get("event") == "endpoint_started":
-                last = ev
-            elif ev.get("event") == "run_finished":
-                last = None
-        if not last or last.get("attached") or not last.get("pid") or not last.get("create_time"):
-            return
-        pids = kill_tree(Tracker(ProcIdentity(int(last["pid"]), float(last["create_time"]))), 5.0)
-        if pids:
-            self.orphans_cleaned.append({"endpoint": last.get("engine"), "pids": pids})
-            log.info("orphan_endpoint_killed", pids=pids)
-
-    def _token_of(self, cid: str) -> str | None:
-        token = None
-        for ev in read_events(self.state_dir / "journal.jsonl").events:
-            if ev.get("event") == "cell_started" and ev.get("cell") == cid:
-                token = ev.get("token")
-        return token
+        endpoint = await anyio.to_thread.run_sync(sweep.orphan_endpoint, journal)
+        if endpoint:
+            self.orphans_cleaned.append(endpoint)
 
     def _record_plan(self) -> None:
         path = self.state_dir / "plan.json"
@@ -315,20 +303,22 @@ class Supervisor:
             self._record_plan()
             enable_subreaper()
             self.lock.beat(self.phase)
-            await anyio.to_thread.run_sync(self._sweep_orphans)
-            await anyio.to_thread.run_sync(self._sweep_endpoint)
+            await self._sweep_orphans()
             return await self._drive()
         finally:
             if self.journal is not None:
                 self.journal.close()
             self.lock.release()
 
-    async def _docker_setup(self) -> Docker | None:
+    async def _docker_setup(self) -> Any:
         """Connect to Docker when the preset needs it, wire the sandbox hooks, and sweep
         containers a dead predecessor left: ours by label, harness sandboxes of this
         plan by their exact names."""
         if not needs_docker(self.preset):
             return None
+        # aiodocker (and aiohttp) load only when a preset needs Docker: -0.1 s of start-up
+        from autopilot.sandbox import Docker
+
         docker = Docker()
         template = self.preset.harness.sandbox_container
         if template:
@@ -450,6 +440,8 @@ class Supervisor:
 
     def _cell_context(self) -> CellContext:
         assert self.keeper is not None
+        if self._base_env is None:
+            self._base_env = dict(os.environ)
         return CellContext(
             preset=self.preset, state_dir=self.state_dir, keeper=self.keeper,
             emit=self.emit, stopping=lambda: self.stop_signal is not None,
@@ -457,7 +449,7 @@ class Supervisor:
             env_overrides={k: v for k, v in os.environ.items()
                            if k.startswith("AUTOPILOT_STALL_")},
             redact=self.redactor.scrub, remove_sandbox=self.remove_sandbox,
-            sandbox_activity=self.sandbox_activity,
+            sandbox_activity=self.sandbox_activity, base_env=self._base_env,
         )
 
     async def _run_cell(self, cell: Any, attempt: int, slots: anyio.Semaphore) -> None:
@@ -477,7 +469,6 @@ class Supervisor:
                 self._record_verdict(cell.id, attempt, result)
         finally:
             slots.release()
-            reap_adopted()
         if self.preset.grader.mode == "per-arm":
             await self._grade_ready_arms(force=False)
 
@@ -540,6 +531,8 @@ class Supervisor:
 
     def _write_arm_summary(self, arm: str) -> None:
         """summary-<arm>.txt, the origin's PASS/FAIL table, when an arm finishes."""
+        from autopilot import report
+
         try:
             facts = report.collect(self.preset, self.plan.target_n, self.state_dir)
             atomic_write_text(self.state_dir / f"summary-{arm}.txt",
@@ -580,6 +573,8 @@ class Supervisor:
         """scorecard.md + findings.md into the state dir, then a commit on the results
         branch. A failure is logged, journaled, shown in status and notified; the run
         stays COMPLETE."""
+        from autopilot import publish, report
+
         n = self.plan.target_n
         facts = await anyio.to_thread.run_sync(report.collect, self.preset, n, self.state_dir)
         card = report.scorecard(self.preset, facts, n)
@@ -618,6 +613,7 @@ class Supervisor:
         interval = min(HEARTBEAT_SECS, sdnotify.watchdog_interval() or HEARTBEAT_SECS)
         while True:
             await anyio.to_thread.run_sync(self.lock.beat, self.phase)
+            reap_adopted()  # zombies of orphans re-parented to us (we are the subreaper)
             sdnotify.notify("WATCHDOG=1")
             line = self.progress_line()
             if line != self._last_status_line:

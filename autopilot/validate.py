@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autopilot.config import Preset, render
+from autopilot.config import Preset
 from autopilot.fsutil import read_json
 from autopilot.grading import read_checks
 from autopilot.journal import read_events
 from autopilot.plan import Plan, cell_context
+from autopilot.templates import render
 from autopilot.validity import Checks, GradeOutcome, RunOutcome, classify
 
 ARTIFACT_NAMES = ("grade.json", "summary.json")

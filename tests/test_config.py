@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from autopilot.config import load_preset, render_argv
 from autopilot.errors import ConfigError
+from autopilot.loader import load_preset
+from autopilot.templates import render_argv
 
 DEMO = "demo"
 

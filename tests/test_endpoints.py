@@ -23,8 +23,8 @@ from conftest import (
 )
 from provider_fake import free_port
 
-from autopilot.config import load_preset
 from autopilot.endpoints import make_endpoint
+from autopilot.loader import load_preset
 
 pytestmark = pytest.mark.slow
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from autopilot.config import load_preset
 from autopilot.errors import PlanChangedError
 from autopilot.journal import Journal, read_events
 from autopilot.ledger import Ledger
+from autopilot.loader import load_preset
 from autopilot.plan import Plan
 from autopilot.supervisor import check_plan_identity
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import FAKEBIN, ROOT, cli_env, events, run_cli, write_overlay
 
-from autopilot.config import list_presets, load_preset
+from autopilot.loader import list_presets, load_preset
 from autopilot.plan import Plan
 
 SHIPPED = ["demo", "demo-chaos", "397b", "qwen3.6-27b", "step3p7", "provider-example"]

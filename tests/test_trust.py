@@ -14,8 +14,8 @@ import pytest
 from conftest import ROOT, cli_env, events, run_cli, write_overlay
 from provider_fake import FakeProvider
 
-from autopilot.config import load_preset
 from autopilot.grading import judge_cell
+from autopilot.loader import load_preset
 from autopilot.validity import RunOutcome
 
 PRESET = str(ROOT / "tests" / "presets" / "fake-provider.toml")

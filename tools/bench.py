@@ -72,7 +72,7 @@ def epoch(ts: str) -> float:
 
 def pct(values: list[float], q: float) -> float:
     s = sorted(values)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
 def overlay(tmp: Path, doc: dict[str, Any]) -> str:
@@ -232,7 +232,7 @@ SCALE = r'''
 import asyncio, json, os, sys, time, threading
 from pathlib import Path
 import anyio, psutil
-from autopilot.config import load_preset
+from autopilot.loader import load_preset
 from autopilot.plan import Plan
 from autopilot.supervisor import RunOptions, Supervisor
 from autopilot.journal import read_events

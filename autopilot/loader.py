@@ -1,0 +1,224 @@
+"""Finding presets, reading TOML/JSON, ``extends``, ``${ENV:-default}``, overlay merge,
+and validation into a frozen ``Preset`` with one-line errors.
+
+Three layers, later wins: the preset TOML, an optional ``--config`` overlay (TOML or
+JSON, deep-merged: tables merge, everything else is replaced), then command-line flags.
+Every error names the file the offending key came from, the key path, and what was
+expected.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tomllib
+from collections.abc import Iterable, Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from autopilot.config import NAME_RE, PRESETS_ENV, Preset
+from autopilot.errors import ConfigError
+from autopilot.templates import TemplateError, check_templates
+
+
+def builtin_presets_dir() -> Path:
+    return Path(str(resources.files("autopilot.presets")))
+
+
+def preset_dirs() -> list[Path]:
+    dirs = []
+    if os.environ.get(PRESETS_ENV):
+        dirs += [Path(d) for d in os.environ[PRESETS_ENV].split(os.pathsep) if d]
+    dirs.append(builtin_presets_dir())
+    return dirs
+
+
+def find_preset(name: str) -> Path:
+    """``NAME`` among the preset dirs, or a path to a ``.toml`` file."""
+    if name.endswith(".toml") or os.sep in name:
+        path = Path(name)
+        if not path.is_file():
+            raise ConfigError(f"preset file {name}: not found")
+        return path
+    if not NAME_RE.match(name):
+        raise ConfigError(f"--preset {name!r}: not a preset name or a .toml path")
+    for d in preset_dirs():
+        candidate = d / f"{name}.toml"
+        if candidate.is_file():
+            return candidate
+    available = ", ".join(sorted(p for p, _ in list_presets())) or "none"
+    raise ConfigError(f"--preset {name!r}: unknown preset (available: {available})")
+
+
+def list_presets() -> list[tuple[str, str]]:
+    """(name, one-line description) of every preset found, first dir wins."""
+    found: dict[str, str] = {}
+    for d in preset_dirs():
+        if not d.is_dir():
+            continue
+        for path in sorted(d.glob("*.toml")):
+            if path.stem in found or path.stem.startswith("_"):
+                continue  # "_name": a base for `extends`, not runnable by itself
+            try:
+                desc = str(_read_doc(path).get("description", ""))
+            except ConfigError as e:
+                desc = f"(unreadable: {e})"
+            found[path.stem] = desc.splitlines()[0] if desc else ""
+    return sorted(found.items())
+
+
+def _read_with_extends(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A preset may say ``extends = "NAME"``: the named preset is loaded first and this
+    one deep-merged over it (shared task tables live in one file)."""
+    doc = _read_doc(path)
+    base = doc.pop("extends", None)
+    if base is None:
+        return doc
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: extends: expected a preset name")
+    base_path = find_preset(base)
+    if base_path.resolve() in seen:
+        raise ConfigError(f"{path}: extends: cycle through {base_path}")
+    return deep_merge(_read_with_extends(base_path, (*seen, path.resolve())), doc)
+
+
+def _read_doc(path: Path) -> dict[str, Any]:
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
+    try:
+        doc = json.loads(raw) if path.suffix == ".json" else tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        kind = "JSON" if path.suffix == ".json" else "TOML"
+        raise ConfigError(f"{path}: malformed {kind}: {e}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: expected a table at the top level")
+    return doc
+
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def expand_env(value: Any, where: str = "") -> Any:
+    """``${NAME}`` / ``${NAME:-default}`` in string values, so machine-specific paths,
+    images and ports stay out of presets. An unset variable without a default is an
+    error naming it (a silently empty path would fail much later)."""
+    if isinstance(value, str):
+        def repl(m: re.Match[str]) -> str:
+            name, default = m.group(1), m.group(2)
+            if name in os.environ:
+                return os.environ[name]
+            if default is not None:
+                return default
+            raise TemplateError(where, f"${{{name}}} is not set and has no default")
+        return _ENV_REF.sub(repl, value)
+    if isinstance(value, dict):
+        return {k: expand_env(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [expand_env(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _leaf_paths(doc: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    paths = set()
+    for k, v in doc.items():
+        p = (*prefix, str(k))
+        paths.add(p)
+        if isinstance(v, Mapping):
+            paths |= _leaf_paths(v, p)
+    return paths
+
+
+def _fmt_loc(loc: Iterable[Any]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("builtin", "llamacpp", "vllm", "provider") and out == "endpoint":
+            continue  # the discriminator tag pydantic inserts; not a key the user wrote
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def load_preset(
+    preset: str,
+    *,
+    overlay: str | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> Preset:
+    """Load, merge and validate. Raises ConfigError with a one-line message."""
+    preset_path = find_preset(preset)
+    doc = _read_with_extends(preset_path)
+    overlay_path = Path(overlay) if overlay else None
+    overlay_keys: set[tuple[str, ...]] = set()
+    if overlay_path is not None:
+        if not overlay_path.is_file():
+            raise ConfigError(f"--config {overlay}: not found")
+        over = _read_doc(overlay_path)
+        overlay_keys = _leaf_paths(over)
+        doc = deep_merge(doc, over)
+    doc.setdefault("name", preset_path.stem)
+    flag_keys: set[tuple[str, ...]] = set()
+    if flags:
+        run = dict(doc.get("run", {})) if isinstance(doc.get("run"), Mapping) else {}
+        for k, v in flags.items():
+            if v is not None:
+                run[k] = v
+                flag_keys.add(("run", k))
+        doc["run"] = run
+
+    def origin(loc: tuple[Any, ...]) -> str:
+        keys = tuple(str(p) for p in loc if not isinstance(p, int))
+        for i in range(len(keys), 0, -1):
+            if keys[:i] in flag_keys:
+                return "--" + keys[-1].replace("_", "-")
+            if keys[:i] in overlay_keys:
+                return str(overlay_path)
+        return str(preset_path)
+
+    try:
+        doc = expand_env(doc)
+    except TemplateError as e:
+        path = tuple(re.sub(r"\[\d+\]", "", e.path).split("."))
+        raise ConfigError(f"{origin(path)}: {e.path}: {e.msg}") from None
+
+    try:
+        result = Preset.model_validate(doc)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = tuple(err["loc"])
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif msg.startswith("Value error, "):
+            msg = msg.removeprefix("Value error, ")
+        where = _fmt_loc(loc) or "(top level)"
+        got = ""
+        if err["type"] not in ("extra_forbidden", "missing", "value_error"):
+            got = f" (got {err.get('input')!r})"
+        more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+        source = origin(loc)
+        if source.startswith("--"):
+            raise ConfigError(f"{source}: {msg}{got}") from None
+        raise ConfigError(f"{source}: {where}: {msg}{got}{more}") from None
+    try:
+        check_templates(result)
+    except TemplateError as e:
+        raise ConfigError(f"{origin(tuple(e.path.split('.')))}: {e.path}: {e.msg}") from None
+    return result

@@ -1,0 +1,112 @@
+"""``{name}`` templates: argv lists and paths filled per cell.
+
+An argv element that is itself a list is an *optional group*, dropped when any of its
+placeholders is unset or renders empty (e.g. ``["--input-mount", "{input_dir}"]`` for the
+tasks that have no input mount). ``check_templates`` proves, at load time and for every
+task x arm, that each placeholder will be known, so a typo fails in seconds rather than
+hours into a run.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Iterable, Mapping
+
+from autopilot.config import BUILTIN_PLACEHOLDERS, Argv, Preset
+
+
+def placeholders(template: str) -> list[str]:
+    """Names used by a ``{name}`` template (format-spec and conversions are refused)."""
+    names = []
+    for _, field, spec, conv in string.Formatter().parse(template):
+        if field is None:
+            continue
+        if spec or conv or not field.isidentifier():
+            raise ValueError(f"placeholder {{{field}}} must be a plain {{name}}")
+        names.append(field)
+    return names
+
+
+def render(template: str, ctx: Mapping[str, str]) -> str:
+    return template.format_map(ctx)
+
+
+def render_argv(argv: Argv, ctx: Mapping[str, str]) -> list[str]:
+    """Render an argv template to a list of strings; optional groups may drop out."""
+    out: list[str] = []
+    for item in argv:
+        if isinstance(item, str):
+            out.append(render(item, ctx))
+            continue
+        names = [n for part in item for n in placeholders(part)]
+        if all(ctx.get(n) for n in names):
+            out.extend(render(part, ctx) for part in item)
+    return out
+
+
+def _template_sites(p: Preset) -> Iterable[tuple[str, str, bool]]:
+    """(key path, template, optional) for every template in the preset."""
+
+    def argv_sites(prefix: str, argv: Argv) -> Iterable[tuple[str, str, bool]]:
+        for i, item in enumerate(argv):
+            if isinstance(item, str):
+                yield f"{prefix}[{i}]", item, False
+            else:
+                for j, part in enumerate(item):
+                    yield f"{prefix}[{i}][{j}]", part, True
+
+    yield from argv_sites("harness.argv", p.harness.argv)
+    yield from argv_sites("grader.argv", p.grader.argv)
+    for key in ("output_dir", "transcript", "summary", "sandbox_container"):
+        yield f"harness.{key}", getattr(p.harness, key), False
+    if p.harness.cwd:
+        yield "harness.cwd", p.harness.cwd, False
+    for k, v in p.harness.env.items():
+        yield f"harness.env.{k}", v, False
+    for i, c in enumerate(p.harness.completion):
+        yield f"harness.completion[{i}]", c, False
+    for i, c in enumerate(p.harness.scratch_dirs):
+        yield f"harness.scratch_dirs[{i}]", c, False
+    yield "grader.grade_file", p.grader.grade_file, False
+    if p.grader.cwd:
+        yield "grader.cwd", p.grader.cwd, False
+    if p.grader.extract:
+        yield "grader.extract.archive", p.grader.extract.archive, False
+        yield "grader.extract.into", p.grader.extract.into, False
+    if p.trust.tokens:
+        yield "trust.tokens.file", p.trust.tokens.file, False
+    for i, f in enumerate(p.preflight.files):
+        yield f"preflight.files[{i}]", f, False
+    for f in p.preflight.pins:
+        yield f"preflight.pins.{f}", f, False
+    for i, chk in enumerate(p.trust.arm_checks):
+        yield f"trust.arm_checks[{i}].file", chk.file, False
+        yield f"trust.arm_checks[{i}].expect", chk.expect, False
+
+
+def check_templates(p: Preset) -> None:
+    """Every placeholder of every template must be known for every task x arm."""
+    for task in p.tasks:
+        for arm in p.arms:
+            known = BUILTIN_PLACEHOLDERS | set(p.vars) | set(task.vars) | set(arm.vars)
+            for path, template, optional in _template_sites(p):
+                try:
+                    names = placeholders(template)
+                except ValueError as e:
+                    raise TemplateError(path, str(e)) from None
+                unknown = [n for n in names if n not in known]
+                if unknown and not optional:
+                    raise TemplateError(
+                        path,
+                        f"unknown placeholder {{{unknown[0]}}} for task {task.id!r} / arm "
+                        f"{arm.label!r} (known: {', '.join(sorted(known))})",
+                    )
+
+
+class TemplateError(Exception):
+    """A bad template, with the key path of where it sits in the preset."""
+
+    def __init__(self, path: str, msg: str) -> None:
+        super().__init__(msg)
+        self.path = path
+        self.msg = msg
