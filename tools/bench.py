@@ -474,7 +474,7 @@ def main() -> int:
     if a.write:
         Path(a.write).write_text(
             "# Benchmarks\n\nReproduce: `python tools/bench.py --write BENCHMARKS.md` "
-            "(about 5 minutes on 2 cores; `--quick` for a smoke run).\n\n"
+            "(about 3 minutes on 2 cores; `--quick` for a smoke run).\n\n"
             f"Machine: {machine()}.\n\n{table}\n")
     return 0 if all(r.ok is not False for r in rows) else 1
 
