@@ -1,9 +1,9 @@
 """Exact-PID process-tree kill (psutil, identity-checked).
 
 Never by name, never by pattern: origin doc 004 warns that killing by a command-line
-pattern takes down every concurrent cell. A process is identified by (pid, create_time) captured at spawn,
-and every signal goes to a process whose identity was verified just before, so a pid the
-kernel recycled for someone else's process is never signalled.
+pattern takes down every concurrent cell. A process is identified by (pid, create_time)
+captured at spawn, and every signal goes to a process whose identity was verified just
+before, so a pid the kernel recycled for someone else's process is never signalled.
 
 Finding the whole tree is the hard part: a harness may ``setsid`` or double-fork, and
 its grandchildren are then re-parented away from it. Three nets catch them:
