@@ -2,7 +2,8 @@
 
     autopilot --target-n 20 --preset NAME [flags]     drive a run (the systemd form)
     autopilot presets                                 list presets
-    autopilot validate / report / ...                 later verbs, read-only
+    autopilot validate | report | summarize ARM       read-only verbs over a state dir
+    autopilot cleanup [--endpoint] | notify-test      reclaim the box; test phone pushes
 
 Exit codes: 0 COMPLETE, 1 INCOMPLETE, 2 bad config / usage / preflight, 3 double drive,
 130 / 143 stopped by SIGINT / SIGTERM. Bad input is one line on stderr and nothing is
