@@ -11,12 +11,13 @@ log -> status mark. A resumed run and one that never stopped therefore cannot di
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,7 @@ class Supervisor:
         self._last_status_line = ""
         self._grading = anyio.Lock()
         self._tick_marked = 0.0
+        self._stop_scopes: set[anyio.CancelScope] = set()
         self._base_env: dict[str, str] | None = None
         self.publish_state: dict[str, Any] | None = None
         self.redactor = logsetup.Redactor(secret_values(preset))
@@ -362,11 +364,17 @@ class Supervisor:
                     tg.cancel_scope.cancel()
                     return code
                 try:
-                    await self.keeper.start()
+                    # A 397B load can take half an hour: a stop signal must not wait for it.
+                    with self._interruptible() as scope:
+                        await self.keeper.start()
                 except EndpointError as e:
                     self.outcome_reason = f"endpoint failed to start: {e}"
                     self.milestone("endpoint_failed", why=str(e))
                 else:
+                    if scope.cancelled_caught:
+                        code = await self._finish()
+                        tg.cancel_scope.cancel()
+                        return code
                     tg.start_soon(self.keeper.watch)
                     self.emit("run_started", target_n=self.plan.target_n,
                               identity=self.plan.identity, pid=os.getpid(),
@@ -426,7 +434,8 @@ class Supervisor:
                     slots.release()
                     break
                 try:
-                    await self.keeper.wait_up()
+                    with self._interruptible():  # an outage must not hold up a stop
+                        await self.keeper.wait_up()
                 except EndpointFailed:
                     # Not raised through the task group (it would arrive wrapped in an
                     # ExceptionGroup): running cells finish, the pass ends, the run stops.
@@ -596,12 +605,27 @@ class Supervisor:
 
     # ------------------------------------------------------------------ background
 
+    @contextlib.contextmanager
+    def _interruptible(self) -> Iterator[anyio.CancelScope]:
+        """A scope the first stop signal cancels (waits that are not cell work)."""
+        scope = anyio.CancelScope()
+        if self.stop_signal is not None:
+            scope.cancel()
+        self._stop_scopes.add(scope)
+        try:
+            with scope:
+                yield scope
+        finally:
+            self._stop_scopes.discard(scope)
+
     async def _signals(self, scope: anyio.CancelScope) -> None:
         # Signals become events (uvicorn): the handler only records; the loop acts.
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for sig in signals:
                 if self.stop_signal is None:
                     self.stop_signal = sig
+                    for s in list(self._stop_scopes):
+                        s.cancel()
                     log.warning("stop_requested", signal=signal.Signals(sig).name,
                                 note="terminating running cells; a second signal forces")
                     self.status.mark()

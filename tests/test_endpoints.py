@@ -197,3 +197,23 @@ def test_fake_vllm_argv_and_lifecycle(state_dir: Path, tmp_path: Path) -> None:
     assert started["engine"] == "vllm"
     assert not psutil.pid_exists(started["pid"]) or \
         psutil.Process(started["pid"]).status() == "zombie"
+
+
+def test_stop_signal_does_not_wait_for_a_slow_endpoint(state_dir: Path, tmp_path: Path) -> None:
+    over = overlay(tmp_path, {"endpoint": {"never_ready": True, "startup_timeout_secs": 600}})
+    proc = spawn_cli("--preset", "demo", "--target-n", "1", "--config", over,
+                     "--state-dir", str(state_dir), "--quiet")
+    log = state_dir / "autopilot.log"
+    wait_for(lambda: log.exists() and "endpoint_spawned" in log.read_text(), 60, "endpoint spawn")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 143  # not after the 600 s startup timeout
+    evs = events(state_dir)
+    assert [e for e in evs if e["event"] == "run_finished"][-1]["outcome"] == "stopped"
+    assert not any(e["event"] == "cell_started" for e in evs)
+    spawned = next(json.loads(x) for x in log.read_text().splitlines()
+                   if '"endpoint_spawned"' in x)
+    try:  # the endpoint process it had spawned is gone
+        p = psutil.Process(spawned["pid"])
+        assert abs(p.create_time() - spawned["create_time"]) > 0.05 or p.status() == "zombie"
+    except psutil.NoSuchProcess:
+        pass

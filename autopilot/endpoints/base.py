@@ -238,6 +238,8 @@ class Endpoint:
             ident = identify(self.proc.pid)
             if ident is not None:
                 self.tracker = Tracker(ident)
+                log.info("endpoint_spawned", engine=self.engine, pid=ident.pid,
+                         create_time=ident.create_time)
         await self.wait_ready()
 
     async def wait_ready(self) -> None:
