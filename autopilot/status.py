@@ -15,7 +15,8 @@ Schema (``schema_version`` 1; fields are only ever added):
   recent_cells[{cell,verdict,ts,attempt,teardown_masked}], fails[...],
   trust{valid_cells,invalid_cells,invalid_attempts,invalid_by_reason,
         teardown_masked_cells,quarantined_cells,retried_cells,excluded[]},
-  endpoint{engine,url,model,pid,attached,state,restarts,down_secs,failed},
+  endpoint{engine,url,model,pid,create_time,container,attached,state,restarts,down_secs,
+           down_since,failed},
   anomaly{streak,alarms}, orphans_cleaned[], tasks_order[], arms_order[]
 """
 

@@ -19,6 +19,7 @@ import structlog
 from autopilot.endpoints.base import Endpoint
 from autopilot.endpoints.policy import restart_action
 from autopilot.errors import EndpointError, EndpointFailed
+from autopilot.fsutil import iso
 
 log = structlog.get_logger(__name__)
 
@@ -40,6 +41,7 @@ class Keeper:
         self.clock = clock
         self.state = "starting"
         self.down_since: float | None = None
+        self._down_since_wall: str | None = None  # the same instant, UTC, for readers
         self.restarts: list[float] = []
         self.outages: list[tuple[float, float | None]] = []  # (down, up) on self.clock
         self.failed: str | None = None
@@ -55,6 +57,7 @@ class Keeper:
             "state": self.state,
             "restarts": len(self.restarts),
             "down_secs": round(self.clock() - self.down_since, 1) if self.down_since else None,
+            "down_since": self._down_since_wall,
             "failed": self.failed,
         }
 
@@ -71,12 +74,14 @@ class Keeper:
         if self.down_since is not None and self.outages and self.outages[-1][1] is None:
             self.outages[-1] = (self.outages[-1][0], self.clock())
         self.down_since = None
+        self._down_since_wall = None
         self.state = "up"
         self._up.set()
 
     def _mark_down(self, why: str) -> None:
         if self.down_since is None:
             self.down_since = self.clock()
+            self._down_since_wall = iso()
             self.outages.append((self.down_since, None))
             self.state = "down"
             self._up = anyio.Event()
