@@ -18,6 +18,7 @@ from autopilot import stats
 from autopilot.config import Preset
 from autopilot.fsutil import read_json
 from autopilot.journal import read_events
+from autopilot.ledger import CellState
 from autopilot.plan import Plan, cell_context
 from autopilot.templates import render
 from autopilot.validate import validate_run
@@ -80,6 +81,19 @@ def collect(preset: Preset, n: int, state_dir: Path) -> list[CellFacts]:
             invalid_attempts=tuple(invalid.get(cell.id, [])),
         ))
     return facts
+
+
+def facts_from_cells(cells: list[CellState]) -> list[CellFacts]:
+    """Facts from the ledger's cell states (verdict, masking, attempts; no artifacts)."""
+    out = []
+    for c in cells:
+        verdict = c.status if c.status in ("PASS", "FAIL") else (
+            "INVALID" if c.status in ("invalid", "quarantined") else "ABSENT")
+        out.append(CellFacts(
+            id=c.id, task=c.task, arm=c.arm, n=c.n, verdict=verdict, reason=c.reason or "",
+            masked=c.teardown_masked, attempts=c.attempts,
+            quarantined=c.status == "quarantined", invalid_attempts=tuple(c.reasons)))
+    return out
 
 
 def _int(v: Any) -> int | None:

@@ -543,7 +543,10 @@ class Supervisor:
         from autopilot import report
 
         try:
-            facts = report.collect(self.preset, self.plan.target_n, self.state_dir)
+            # From the ledger (the journal's verdicts), not by re-reading every artifact:
+            # the run knows its verdicts; `autopilot summarize` re-derives them from disk.
+            facts = report.facts_from_cells(
+                [c for c in self.ledger.cells.values() if c.arm == arm])
             atomic_write_text(self.state_dir / f"summary-{arm}.txt",
                               report.arm_summary(self.preset, facts, arm))
         except OSError as e:

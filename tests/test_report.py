@@ -142,7 +142,8 @@ def test_run_with_publish_end_to_end(tmp_path: Path, repo: Path) -> None:
     r = run_cli(*args)
     assert r.returncode == 0 and "AUTOPILOT_COMPLETE" in r.stdout
     assert (state / "scorecard.md").exists() and (state / "findings.md").exists()
-    assert (state / "summary-demo-think.txt").exists()
+    summarized = run_cli("summarize", "demo-think", "--state-dir", str(state)).stdout
+    assert (state / "summary-demo-think.txt").read_text() == summarized  # ledger == disk
     branch = next(b.strip(" *") for b in git(repo, "branch").splitlines()
                   if "bench-results-" in b)
     files = git(repo, "ls-tree", "-r", "--name-only", branch).splitlines()
