@@ -43,18 +43,25 @@ def orphan_cells(cells: list[CellState], journal: Path, grace: float
 
 
 def orphan_endpoint(journal: Path) -> dict[str, Any] | None:
-    """Stop exactly the endpoint process a dead predecessor started (never an attached
-    one); what was killed, or None."""
-    last: dict[str, Any] | None = None
+    """Stop exactly the endpoint processes dead predecessors spawned (journaled at spawn,
+    before their load finished; never an attached one); what was killed, or None. Each
+    kill is identity-checked, so a process that already exited, or a recycled pid, is
+    left alone."""
+    killed: list[int] = []
+    engine = None
+    seen: set[tuple[int, float]] = set()
     for ev in read_events(journal).events:
-        if ev.get("event") == "endpoint_started":
-            last = ev
-        elif ev.get("event") == "run_finished":
-            last = None
-    if not last or last.get("attached") or not last.get("pid") or not last.get("create_time"):
+        if ev.get("event") not in ("endpoint_spawned", "endpoint_started"):
+            continue
+        if ev.get("attached") or not ev.get("pid") or not ev.get("create_time"):
+            continue
+        ident = (int(ev["pid"]), float(ev["create_time"]))
+        if ident in seen:
+            continue
+        seen.add(ident)
+        engine = ev.get("engine")
+        killed += kill_tree(Tracker(ProcIdentity(*ident)), 5.0)
+    if not killed:
         return None
-    pids = kill_tree(Tracker(ProcIdentity(int(last["pid"]), float(last["create_time"]))), 5.0)
-    if not pids:
-        return None
-    log.info("orphan_endpoint_killed", pids=pids)
-    return {"endpoint": last.get("engine"), "pids": pids}
+    log.info("orphan_endpoint_killed", pids=killed)
+    return {"endpoint": engine, "pids": killed}

@@ -77,7 +77,8 @@ def alive_identities(evs: list[dict[str, Any]]) -> list[int]:
     """Pids from cell_started / endpoint_started events whose identity still lives."""
     alive = []
     for ev in evs:
-        if ev.get("event") in ("cell_started", "endpoint_started") and ev.get("pid"):
+        if ev.get("event") in ("cell_started", "endpoint_spawned", "endpoint_started") \
+                and ev.get("pid"):
             try:
                 p = psutil.Process(ev["pid"])
                 if ev.get("create_time") and abs(p.create_time() - ev["create_time"]) < 0.05 \

@@ -203,17 +203,37 @@ def test_stop_signal_does_not_wait_for_a_slow_endpoint(state_dir: Path, tmp_path
     over = overlay(tmp_path, {"endpoint": {"never_ready": True, "startup_timeout_secs": 600}})
     proc = spawn_cli("--preset", "demo", "--target-n", "1", "--config", over,
                      "--state-dir", str(state_dir), "--quiet")
-    log = state_dir / "autopilot.log"
-    wait_for(lambda: log.exists() and "endpoint_spawned" in log.read_text(), 60, "endpoint spawn")
+    wait_for(lambda: any(e["event"] == "endpoint_spawned" for e in events(state_dir)), 60,
+             "endpoint spawn")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 143  # not after the 600 s startup timeout
     evs = events(state_dir)
     assert [e for e in evs if e["event"] == "run_finished"][-1]["outcome"] == "stopped"
     assert not any(e["event"] == "cell_started" for e in evs)
-    spawned = next(json.loads(x) for x in log.read_text().splitlines()
-                   if '"endpoint_spawned"' in x)
+    spawned = next(e for e in evs if e["event"] == "endpoint_spawned")
     try:  # the endpoint process it had spawned is gone
         p = psutil.Process(spawned["pid"])
         assert abs(p.create_time() - spawned["create_time"]) > 0.05 or p.status() == "zombie"
     except psutil.NoSuchProcess:
         pass
+
+
+def test_endpoint_still_loading_when_supervisor_dies_is_swept(state_dir: Path,
+                                                               tmp_path: Path) -> None:
+    slow = overlay(tmp_path, {"endpoint": {"startup_delay_secs": 120,
+                                           "startup_timeout_secs": 600}})
+    proc = spawn_cli("--preset", "demo", "--target-n", "1", "--config", slow,
+                     "--state-dir", str(state_dir), "--quiet")
+    spawned = wait_for(lambda: next((e for e in events(state_dir)
+                                     if e["event"] == "endpoint_spawned"), None), 60)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    orphan = psutil.Process(spawned["pid"])
+    assert orphan.is_running()  # loading, never reported ready, left behind
+    fast = write_overlay(tmp_path / "fast.json", {"endpoint": {"startup_delay_secs": 0}})
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(fast),
+                "--state-dir", str(state_dir), "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not orphan.is_running() or orphan.status() == "zombie"
+    status = json.loads((state_dir / "status.json").read_text())
+    assert any(spawned["pid"] in o.get("pids", []) for o in status["orphans_cleaned"])

@@ -400,7 +400,7 @@ def chaos(tmp: Path, kills: int, seed: int = 1) -> dict[str, Any]:
             done.add(e["cell"])
     alive = []
     for e in evs:
-        if e["event"] in ("cell_started", "endpoint_started") and e.get("pid"):
+        if e["event"] in ("cell_started", "endpoint_spawned", "endpoint_started") and e.get("pid"):
             try:
                 p = psutil.Process(e["pid"])
                 if e.get("create_time") and abs(p.create_time() - e["create_time"]) < 0.05 \

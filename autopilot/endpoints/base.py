@@ -13,6 +13,7 @@ import socket
 import subprocess
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -67,6 +68,7 @@ class Endpoint:
         self._docker: Docker | None = None
         self.container: Any = None
         self.readiness: dict[str, Any] = {}
+        self.on_spawn: Callable[..., Any] = lambda **kw: log.info("endpoint_spawned", **kw)
 
     # ------------------------------------------------------------------ describe
 
@@ -242,8 +244,10 @@ class Endpoint:
             ident = identify(self.proc.pid)
             if ident is not None:
                 self.tracker = Tracker(ident)
-                log.info("endpoint_spawned", engine=self.engine, pid=ident.pid,
-                         create_time=ident.create_time)
+                # Journaled before the (maybe long) load: a supervisor killed while the
+                # endpoint loads must leave a record its successor can sweep.
+                self.on_spawn(engine=self.engine, pid=ident.pid, create_time=ident.create_time,
+                              generation=self.generation)
         await self.wait_ready()
 
     async def wait_ready(self) -> None:

@@ -46,6 +46,7 @@ class Keeper:
         self.outages: list[tuple[float, float | None]] = []  # (down, up) on self.clock
         self.failed: str | None = None
         self._up = anyio.Event()
+        endpoint.on_spawn = lambda **kw: self.emit("endpoint_spawned", **kw)
 
     @property
     def is_up(self) -> bool:
