@@ -231,9 +231,14 @@ def test_endpoint_still_loading_when_supervisor_dies_is_swept(state_dir: Path,
     orphan = psutil.Process(spawned["pid"])
     assert orphan.is_running()  # loading, never reported ready, left behind
     fast = write_overlay(tmp_path / "fast.json", {"endpoint": {"startup_delay_secs": 0}})
-    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(fast),
-                "--state-dir", str(state_dir), "--quiet")
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert not orphan.is_running() or orphan.status() == "zombie"
+    try:
+        r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(fast),
+                    "--state-dir", str(state_dir), "--quiet")
+        assert r.returncode == 0, r.stderr[-2000:]
+        swept = not orphan.is_running() or orphan.status() == "zombie"
+    finally:
+        if orphan.is_running():  # psutil re-checks identity: never a recycled pid
+            orphan.kill()
+    assert swept
     status = json.loads((state_dir / "status.json").read_text())
     assert any(spawned["pid"] in o.get("pids", []) for o in status["orphans_cleaned"])
