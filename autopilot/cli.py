@@ -92,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
-    return Path(args.state_dir or default_state_dir()).absolute()
+    """``--state-dir`` given after a verb, before it, ``$AUTOPILOT_STATE_DIR``, or the default."""
+    chosen = getattr(args, "sub_state_dir", None) or args.state_dir
+    return Path(chosen or default_state_dir()).absolute()
 
 
 def cmd_presets() -> int:
@@ -166,21 +168,17 @@ def load_recorded(state_dir: Path) -> tuple[Preset, Plan]:
 def cmd_validate(args: argparse.Namespace) -> int:
     from autopilot.validate import render_table, validate_run
 
-    state_dir = _sub_state_dir(args)
+    state_dir = _state_dir(args)
     preset, plan = load_recorded(state_dir)
     result = validate_run(preset, plan, state_dir)
     print(render_table(result))
     return 0 if result.ok else 1
 
 
-def _sub_state_dir(args: argparse.Namespace) -> Path:
-    return Path(args.sub_state_dir or args.state_dir or default_state_dir()).absolute()
-
-
 def cmd_report(args: argparse.Namespace) -> int:
     from autopilot import report
 
-    state_dir = _sub_state_dir(args)
+    state_dir = _state_dir(args)
     preset, plan = load_recorded(state_dir)
     text = report.render_findings(preset, args.n or plan.target_n, state_dir)
     if args.out:
@@ -198,7 +196,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_summarize(args: argparse.Namespace) -> int:
     from autopilot import report
 
-    state_dir = _sub_state_dir(args)
+    state_dir = _state_dir(args)
     preset, plan = load_recorded(state_dir)
     if args.arm not in [a.label for a in preset.arms]:
         raise ConfigError(f"summarize: unknown arm {args.arm!r} "
@@ -212,7 +210,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     from autopilot.cleanup import cleanup
     from autopilot.lock import describe_holder, lock_held
 
-    state_dir = _sub_state_dir(args)
+    state_dir = _state_dir(args)
     holder = lock_held(state_dir)
     if holder is not None:
         raise LockHeld(f"refusing to clean up a run in progress: {describe_holder(holder)}")

@@ -96,11 +96,8 @@ def load(state_dir: Path, recent: int = 8) -> DashData | None:
 
 
 def counts(cells: Iterable[CellState]) -> dict[str, int]:
-    out = {"pass": 0, "fail": 0, "invalid": 0, "quarantined": 0, "running": 0, "pending": 0}
-    for c in cells:
-        key = {"PASS": "pass", "FAIL": "fail", "invalid": "invalid",
-               "quarantined": "quarantined", "running": "running", "ran": "running"}.get(
-                   c.status, "pending")
-        out[key] += 1
-    out["valid"] = out["pass"] + out["fail"]
-    return out
+    """The ledger's counts in the dashboard's terms (awaiting a grade shows as running)."""
+    c = Ledger([]).counts(list(cells))
+    return {"pass": c["pass"], "fail": c["fail"], "invalid": c["invalid"],
+            "quarantined": c["quarantined"], "running": c["running"] + c["grading"],
+            "pending": c["pending"], "valid": c["done"]}
