@@ -16,12 +16,12 @@ import argparse
 import sys
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 
 from autopilot import __version__
-from autopilot.cliutil import DEFAULT_STATE_DIR, OneLineParser, default_state_dir
+from autopilot.cliutil import DEFAULT_STATE_DIR, OneLineParser, default_state_dir, run_and_exit
 from autopilot.config import Preset
 from autopilot.errors import AutopilotError, ConfigError, LockHeld, StateDirError
 from autopilot.fsutil import atomic_write_json, atomic_write_text, check_writable_dir
@@ -300,5 +300,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def entry() -> NoReturn:
+    run_and_exit(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

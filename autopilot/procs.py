@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -44,6 +45,9 @@ async def spawn(argv: list[str], **kwargs: Any) -> Process:
     """``anyio.open_process`` that registers the child as asyncio-owned atomically with
     respect to ``reap_adopted`` (both run on the event loop thread)."""
     global _spawning
+    # anyio's default is a stdin pipe nobody writes: a child that reads stdin would block
+    # forever, and the pipe costs a transport per spawn. /dev/null gives it EOF instead.
+    kwargs.setdefault("stdin", subprocess.DEVNULL)
     _spawning += 1
     try:
         proc = await anyio.open_process(argv, **kwargs)

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from autopilot.config import DEFAULT_VERDICTS, BuiltinEndpoint
+from autopilot.endpoints.base import probe_pause
 from autopilot.endpoints.policy import backoff_secs, restart_action
 from autopilot.ledger import StreakState, should_quarantine, streak_step
 from autopilot.status import eta_secs, fmt_secs, oneline
@@ -134,6 +135,16 @@ def test_restart_policy() -> None:
     assert restart_action(0, 300, [100, 200, 290], cfg) == "give_up"
     assert restart_action(0, 2000, [100, 200, 290], cfg) == "restart"  # window passed
     assert [backoff_secs(k, 5, 30) for k in range(5)] == [0, 5, 10, 20, 30]
+
+
+def test_readiness_probe_pause_is_proportional_and_capped() -> None:
+    waits = [0.0, 0.05, 0.1, 1.0, 5.0, 60.0, 3600.0]
+    pauses = [probe_pause(w) for w in waits]
+    assert pauses == sorted(pauses)  # never probes faster as the wait grows
+    assert pauses[2] <= 0.03  # an endpoint up in 0.1 s is seen within 30 ms
+    for w, p in zip(waits, pauses, strict=True):
+        assert p <= 0.01 + w / 10 + 1e-9  # seen at most ~10% late
+    assert pauses[-1] == 0.5  # a 30-minute load is not hammered
 
 
 def test_eta_and_oneline() -> None:

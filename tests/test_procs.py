@@ -75,3 +75,20 @@ def test_token_match_is_exact() -> None:
             o.kill()
             o.wait()
         mine.wait()
+
+
+async def test_spawned_children_read_eof_from_stdin() -> None:
+    # A harness that reads stdin must see EOF, not block forever on a pipe nobody writes.
+    import anyio
+
+    from autopilot.procs import OWNED, spawn
+
+    proc = await spawn([sys.executable, "-c", "import sys; print(len(sys.stdin.read()))"],
+                       stdout=subprocess.PIPE)
+    try:
+        with anyio.fail_after(30):
+            out = await proc.stdout.receive()
+            assert await proc.wait() == 0
+        assert out.strip() == b"0"
+    finally:
+        OWNED.discard(proc.pid)

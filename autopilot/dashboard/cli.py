@@ -13,8 +13,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NoReturn
 
-from autopilot.cliutil import OneLineParser, default_state_dir
+from autopilot.cliutil import OneLineParser, default_state_dir, run_and_exit
 from autopilot.errors import EXIT_USAGE
 from autopilot.fsutil import read_json
 from autopilot.progress import oneline
@@ -139,5 +140,9 @@ def watch(state_dir: Path, every: float, no_color: bool, args: argparse.Namespac
         return 0
 
 
+def entry() -> NoReturn:
+    run_and_exit(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

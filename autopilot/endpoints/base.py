@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
+    import httpx
+
     from autopilot.sandbox import Docker
 
 import anyio
-import httpx
 import structlog
 from anyio.abc import Process
 
@@ -36,6 +37,13 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def probe_pause(waited: float) -> float:
+    """Seconds to the next readiness probe after ``waited`` seconds of waiting: readiness
+    is seen at most ~10% (+10 ms) late, so a simulator ready in 0.1 s is seen at once and
+    a 30-minute model load is probed twice a second, not hammered."""
+    return min(0.5, 0.01 + waited / 10)
 
 
 def log_tail(path: Path, lines: int = 8) -> str:
@@ -210,6 +218,10 @@ class Endpoint:
 
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
+            # httpx is imported here, at the first probe, not at start-up: by then the
+            # endpoint process is booting on another core and the ~30 ms overlap with it.
+            import httpx
+
             # httpx loads the CA bundle for every client (~90 ms): pointless for a plain
             # http:// endpoint on loopback, which never negotiates TLS.
             tls = self.url.startswith("https://")
@@ -251,10 +263,10 @@ class Endpoint:
         await self.wait_ready()
 
     async def wait_ready(self) -> None:
-        deadline = time.monotonic() + self.cfg.startup_timeout_secs
+        began = time.monotonic()
+        deadline = began + self.cfg.startup_timeout_secs
         why = "no answer yet"
         waited: Counter[str] = Counter()  # why probes failed (503 loading, refused...)
-        pause = 0.02  # grows to 0.5 s: a fast endpoint is seen at once, a slow one cheaply
         while True:
             if self.proc is not None and self.proc.returncode is not None:
                 raise EndpointCrashed(
@@ -275,8 +287,7 @@ class Endpoint:
                          **self.readiness)
                 return
             waited[why] += 1
-            await anyio.sleep(pause)
-            pause = min(0.5, pause * 1.5)
+            await anyio.sleep(probe_pause(time.monotonic() - began))
             if time.monotonic() >= deadline:
                 if self.mode == "docker":
                     await self._dump_container_logs()
@@ -287,6 +298,8 @@ class Endpoint:
 
     async def probe(self, check_model: bool = False) -> tuple[bool, str]:
         """(answering, why). Raises EndpointError for a permanent misconfiguration."""
+        import httpx  # already loaded by client(); see there
+
         try:
             r = await self.client().get(f"{self.url}/health")
             if r.status_code != 200:
