@@ -24,11 +24,11 @@ from typing import Any
 
 import anyio
 import psutil
-import structlog
 
 from autopilot.config import Preset
 from autopilot.endpoints.keeper import Keeper
 from autopilot.grading import judge_cell
+from autopilot.logsetup import bind_contextvars, get_logger, unbind_contextvars
 from autopilot.plan import Cell, cell_context
 from autopilot.procs import OWNED, TOKEN_ENV, Tracker, identify, kill_tree, spawn
 from autopilot.substance import SubstanceState, check_substance
@@ -36,7 +36,7 @@ from autopilot.templates import render, render_argv
 from autopilot.validity import Classification, Killed, RunOutcome, lookup
 from autopilot.watchdog import Limits, Observation, WatchState, cell_deadline, decide
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Emit = Callable[..., dict[str, Any]]
 
@@ -186,11 +186,11 @@ class CellRun:
 
     async def execute(self) -> RunOutcome | None:
         """Run the harness to its end; None when abandoned by a shutdown."""
-        structlog.contextvars.bind_contextvars(cell=self.cell.id, attempt=self.attempt)
+        bind_contextvars(cell=self.cell.id, attempt=self.attempt)
         try:
             return await self._execute()
         finally:
-            structlog.contextvars.unbind_contextvars("cell", "attempt")
+            unbind_contextvars("cell", "attempt")
             if self.cx.remove_sandbox is not None and self.p.harness.sandbox_container:
                 name = render(self.p.harness.sandbox_container, self.ctx)
                 with anyio.CancelScope(shield=True):
@@ -301,7 +301,8 @@ class CellRun:
     async def judge(self, outcome: RunOutcome) -> Classification:
         """Checks, grader and classification of a finished attempt."""
         try:
-            return await judge_cell(self.p, self.ctx, outcome, self.grade_log)
+            return await judge_cell(self.p, self.ctx, outcome, self.grade_log,
+                                    base_env=self.cx.base_env)
         finally:
             self._clean_scratch()
 

@@ -98,7 +98,8 @@ def read_checks(p: Preset, ctx: Mapping[str, str]) -> Checks:
 
 
 async def judge_cell(
-    p: Preset, ctx: Mapping[str, str], outcome: RunOutcome, grade_log: Path
+    p: Preset, ctx: Mapping[str, str], outcome: RunOutcome, grade_log: Path,
+    base_env: Mapping[str, str] | None = None,
 ) -> Classification:
     """Gather evidence for a finished attempt, run the grader when it can count, classify."""
     checks = read_checks(p, ctx) if outcome.completion else Checks()
@@ -111,7 +112,7 @@ async def judge_cell(
         if g.extract:
             extract = (Path(render(g.extract.archive, ctx)), Path(render(g.extract.into, ctx)))
         grade_log.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
+        env = dict(os.environ if base_env is None else base_env)
         env["AUTOPILOT_CELL_ID"] = ctx["cell"]
         env["AUTOPILOT_CELL_ATTEMPT"] = ctx["attempt"]
         grade = await run_grader(

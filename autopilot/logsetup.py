@@ -15,7 +15,28 @@ from collections.abc import Iterable, MutableMapping
 from pathlib import Path
 from typing import Any, TextIO
 
-import structlog
+
+def _import_structlog() -> Any:
+    # structlog probes for rich at import time, to pretty-print tracebacks on a console;
+    # loading rich's console/pretty/traceback stack costs ~50 ms on every start, about
+    # a fifth of the supervisor's. Tracebacks here go to a JSON file and to journald,
+    # where plain text is the better format, so structlog is imported with rich hidden
+    # (only when nothing has loaded rich yet; the dashboard still imports it normally).
+    if "structlog" in sys.modules or "rich" in sys.modules:
+        import structlog
+    else:
+        sys.modules["rich"] = None  # type: ignore[assignment]  # import rich -> ImportError
+        try:
+            import structlog
+        finally:
+            del sys.modules["rich"]
+    return structlog
+
+
+structlog = _import_structlog()
+get_logger = structlog.get_logger
+bind_contextvars = structlog.contextvars.bind_contextvars
+unbind_contextvars = structlog.contextvars.unbind_contextvars
 
 REDACTED = "***"
 _BEARER = re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
@@ -76,9 +97,7 @@ def configure(log_path: Path | None, secrets: Iterable[str] = (), console: bool 
         _Tee(_current_file),
     ]
     if console:
-        from structlog.dev import ConsoleRenderer  # rich-backed; only for a console
-
-        processors.append(ConsoleRenderer(colors=False))
+        processors.append(structlog.dev.ConsoleRenderer(colors=False))
     else:
         processors.append(_drop)
     structlog.configure(

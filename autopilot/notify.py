@@ -24,9 +24,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
-import structlog
 
-log = structlog.get_logger(__name__)
+from autopilot.logsetup import get_logger
+
+log = get_logger(__name__)
 
 # kind -> (apprise notify type, priority). apprise itself is imported on first send:
 # a run without notification URLs never pays for loading its plugins.

@@ -170,7 +170,10 @@ class Tracker:
             if p is not None:
                 add(p)
         if self.token:
-            scope = None if self.full_scan or not _subreaper else direct_children()
+            # Children we spawned ourselves (other cells' roots, graders, the endpoint) are
+            # never another cell's orphans: only adoptees need their environment read.
+            scope = (None if self.full_scan or not _subreaper
+                     else [pid for pid in direct_children() if pid not in OWNED])
             for p in _token_holders(self.token, self.root.create_time, scope):
                 add(p)
         found.pop(os.getpid(), None)

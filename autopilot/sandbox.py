@@ -15,10 +15,11 @@ from collections.abc import Iterable
 from typing import Any
 
 import aiodocker
-import structlog
 from aiodocker.exceptions import DockerError
 
-log = structlog.get_logger(__name__)
+from autopilot.logsetup import get_logger
+
+log = get_logger(__name__)
 
 LABEL_STATE = "autopilot.state_dir"
 LABEL_ROLE = "autopilot.role"

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import structlog
 
 from autopilot import logsetup, sdnotify, sweep
 from autopilot.cells import CellContext, CellRun
@@ -43,6 +42,7 @@ from autopilot.fsutil import atomic_write_json, atomic_write_text, iso, read_jso
 from autopilot.journal import Journal, read_events
 from autopilot.ledger import Ledger, StreakState, should_quarantine, streak_step
 from autopilot.lock import HEARTBEAT_SECS, RunLock
+from autopilot.logsetup import get_logger
 from autopilot.notify import MILESTONES, Notifier, urls_from_env
 from autopilot.plan import Plan, cell_context
 from autopilot.preflight import needs_docker
@@ -51,7 +51,7 @@ from autopilot.status import SCHEMA_VERSION, StatusWriter, eta_secs, oneline
 from autopilot.templates import render
 from autopilot.validity import Classification, RunOutcome, classify
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 
@@ -137,7 +137,7 @@ class Supervisor:
         self._grading = anyio.Lock()
         self._tick_marked = 0.0
         self._stop_scopes: set[anyio.CancelScope] = set()
-        self._base_env: dict[str, str] | None = None
+        self._cx: CellContext | None = None
         self.publish_state: dict[str, Any] | None = None
         self.redactor = logsetup.Redactor(secret_values(preset))
         self.remove_sandbox: Callable[[str], Awaitable[Any]] | None = None
@@ -448,18 +448,20 @@ class Supervisor:
                 tg.start_soon(self._run_cell, cell, cell_state.attempts + 1, slots)
 
     def _cell_context(self) -> CellContext:
-        assert self.keeper is not None
-        if self._base_env is None:
-            self._base_env = dict(os.environ)
-        return CellContext(
-            preset=self.preset, state_dir=self.state_dir, keeper=self.keeper,
-            emit=self.emit, stopping=lambda: self.stop_signal is not None,
-            forced=lambda: self.forced, clock=self.clock, on_tick=self._on_tick,
-            env_overrides={k: v for k, v in os.environ.items()
-                           if k.startswith("AUTOPILOT_STALL_")},
-            redact=self.redactor.scrub, remove_sandbox=self.remove_sandbox,
-            sandbox_activity=self.sandbox_activity, base_env=self._base_env,
-        )
+        # Built once, at the first cell: the endpoint keeper and the Docker hooks are set
+        # by then, and decoding os.environ for every cell is measurable at 200 cells.
+        if self._cx is None:
+            assert self.keeper is not None
+            self._cx = CellContext(
+                preset=self.preset, state_dir=self.state_dir, keeper=self.keeper,
+                emit=self.emit, stopping=lambda: self.stop_signal is not None,
+                forced=lambda: self.forced, clock=self.clock, on_tick=self._on_tick,
+                env_overrides={k: v for k, v in os.environ.items()
+                               if k.startswith("AUTOPILOT_STALL_")},
+                redact=self.redactor.scrub, remove_sandbox=self.remove_sandbox,
+                sandbox_activity=self.sandbox_activity, base_env=dict(os.environ),
+            )
+        return self._cx
 
     async def _run_cell(self, cell: Any, attempt: int, slots: anyio.Semaphore) -> None:
         try:

@@ -12,13 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from autopilot.journal import read_events
 from autopilot.ledger import CellState
+from autopilot.logsetup import get_logger
 from autopilot.procs import ProcIdentity, Tracker, kill_tree
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def orphan_cells(cells: list[CellState], journal: Path, grace: float

@@ -23,14 +23,14 @@ if TYPE_CHECKING:
     from autopilot.sandbox import Docker
 
 import anyio
-import structlog
 from anyio.abc import Process
 
 from autopilot.config import EndpointCommon, Preset
 from autopilot.errors import EndpointCrashed, EndpointError, EndpointStartTimeout
+from autopilot.logsetup import get_logger
 from autopilot.procs import OWNED, Tracker, identify, kill_tree, spawn
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -14,14 +14,14 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
-import structlog
 
 from autopilot.endpoints.base import Endpoint
 from autopilot.endpoints.policy import restart_action
 from autopilot.errors import EndpointError, EndpointFailed
 from autopilot.fsutil import iso
+from autopilot.logsetup import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Emit = Callable[..., Any]
 
