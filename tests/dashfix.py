@@ -92,3 +92,30 @@ def trust(root: Path) -> Path:
                  quarantined=(cid("t_beta", "m-nothink", 1),),
                  extra_events=[{"event": "milestone", "kind": "harness_anomaly",
                                 "priority": "emergency"}])
+
+
+def wide(root: Path) -> Path:
+    """N=20: too wide for 80 columns as one column per replicate."""
+    pattern = {"t_alpha": "PPPPF PPFPP PPPPP PPFPP", "t_beta": "FFPFF FsFFF FFmFF FpFFR",
+               "t_gamma": "PPPFF PPPPQ PPPPP PP..."}
+    codes = {"P": P, "F": F, "p": ("PASS", None, True), "s": ("INVALID", "stall", False),
+             "m": ("INVALID", "missing_output", False), "Q": ("FAIL", None, False)}
+    cells: dict[str, Any] = {}
+    quarantined = []
+    for arm in ARMS:
+        for t, pat in pattern.items():
+            for n, ch in enumerate(pat.replace(" ", ""), start=1):
+                if ch == ".":
+                    continue
+                if ch == "R":
+                    cells[cid(t, arm, n)] = "running"
+                    continue
+                if ch == "Q":
+                    quarantined.append(cid(t, arm, n))
+                    cells[cid(t, arm, n)] = [("INVALID", "harness_crash", False)] * 3
+                    continue
+                cells[cid(t, arm, n)] = [codes[ch]]
+    return write(root / "wide", tasks=TASKS, n=20, cells=cells, phase="run:pass1",
+                 running=[{"cell": cid("t_beta", arm, 20), "frozen_secs": 300.0, "tier": "WARN"}
+                          for arm in ARMS],
+                 quarantined=tuple(quarantined))

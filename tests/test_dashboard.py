@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, cli_env, events, spawn_cli, wait_for, write_overlay
-from dashfix import XSS_TASK, complete, partial, trust
+from dashfix import XSS_TASK, complete, partial, trust, wide
 
 GOLDEN = ROOT / "tests" / "golden"
 VIEWS = {
@@ -64,6 +64,26 @@ def test_snapshots(tmp_path: Path, fixture, view: str) -> None:
     assert r.returncode == 0, r.stderr
     check_golden(f"dash-{state.name}-{view}", normalise(view, r.stdout))
     assert tree(state) == before  # read-only
+
+
+def test_wide_grid_goes_compact_instead_of_cutting_cells(tmp_path: Path) -> None:
+    # N=20 on an 80-column terminal: one column per replicate would be cut to '…' by
+    # rich; the grid switches to one strip of one-letter codes that wraps.
+    state = wide(tmp_path)
+    text = dash("--state-dir", str(state), "--no-color", "--width", "80", "--no-events").stdout
+    check_golden("dash-wide-grid-80", text)
+    assert "…" not in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    rows = {line.split()[0]: line.split()[1:] for line in text.splitlines()
+            if line.startswith(("t_", "task"))}
+    assert rows["task"][0] == "v1-v20"
+    # codes: p masked pass, s/m invalid reason, Q quarantined, ! frozen running, . pending
+    assert rows["t_alpha"] == ["PPPPF", "PPFPP", "PPPPP", "PPFPP", "17/20"]
+    assert rows["t_beta"] == ["FFPFF", "FsFFF", "FFmFF", "FpFF!", "2/17"]
+    assert rows["t_gamma"] == ["PPPFF", "PPPPQ", "PPPPP", "PP...", "14/16"]
+    # wide enough: one column per replicate, full codes (Is, P*)
+    text = dash("--state-dir", str(state), "--no-color", "--width", "200", "--no-events").stdout
+    assert "v20" in text and "v1-v20" not in text and "Is" in text and "P*" in text
 
 
 def test_empty_state_dir_every_view(tmp_path: Path) -> None:

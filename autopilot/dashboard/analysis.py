@@ -37,6 +37,24 @@ def code(c: CellState | None, frozen_warn: float = 0) -> str:
     return "."
 
 
+COMPACT_LEGEND = ("one letter per replicate, in groups of 5: P pass  F fail  p/f teardown-"
+                  "masked  s d c m g j z a e invalid (reason as above)  Q quarantined  "
+                  "R running  ! running, frozen past warn  ~ awaiting grade  . pending")
+
+
+def compact_code(c: CellState | None, frozen_warn: float = 0) -> str:
+    """``code`` squeezed into one character, for grids too wide for the terminal: an
+    invalid cell is its reason letter, a teardown-masked verdict is lower case."""
+    full = code(c, frozen_warn)
+    if full[0] in "PF":
+        return full[0].lower() if full.endswith("*") else full[0]
+    if full[0] == "I":
+        return full[1]
+    if full[0] == "R":
+        return "!" if len(full) > 1 else "R"
+    return full
+
+
 def kind(c: CellState | None) -> str:
     """The style class of a cell (shared by the terminal and HTML views)."""
     if c is None:

@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.flips:
         console.print(term.flips_view(data))
     else:
-        console.print(term.grid(data, events=not args.no_events, spark=not args.no_sparkline))
+        console.print(term.grid(data, events=not args.no_events, spark=not args.no_sparkline,
+                                width=console.width))
     return 0
 
 
@@ -127,7 +128,7 @@ def watch(state_dir: Path, every: float, no_color: bool, args: argparse.Namespac
         if data is None:
             return Group(stamp, Text(f"no run yet in {state_dir}"))
         return Group(stamp, term.grid(data, events=not args.no_events,
-                                      spark=not args.no_sparkline))
+                                      spark=not args.no_sparkline, width=console.width))
 
     k = 1
     try:

@@ -6,6 +6,7 @@ Every cell shows a letter code as well as a colour, so the grid reads the same w
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
@@ -57,31 +58,54 @@ def delta(d: DashData, arm: str, task: str, passes: int, valid: int) -> str:
     return f"{pp:+d}pp"
 
 
-def grid_table(d: DashData, arm: str) -> Table:
+def grid_table(d: DashData, arm: str, compact: bool = False) -> Table:
+    """One row per task. Wide: a column per replicate with its full code. Compact (when
+    that does not fit the terminal, e.g. N=20 on 80 columns): one strip of one-letter
+    codes in groups of 5, which wraps instead of being cut to '…'."""
     warn = float((d.status.get("thresholds") or {}).get("warn_secs") or 0)
+    n_cols = 1 if compact else d.target_n
     t = Table(box=None, pad_edge=False)
     t.add_column("task", no_wrap=True)
-    for n in range(1, d.target_n + 1):
-        t.add_column(f"v{n}", justify="center", no_wrap=True)
-    t.add_column("pass/valid", justify="right")
+    if compact:
+        t.add_column(f"v1-v{d.target_n}", overflow="fold")
+    else:
+        for n in range(1, d.target_n + 1):
+            t.add_column(f"v{n}", justify="center", no_wrap=True)
+    t.add_column("pass/valid", justify="right", no_wrap=True)
     has_base = bool(d.baseline and d.baseline.get("arm") == arm)
     if has_base:
-        t.add_column(f"Δ vs base (N={d.baseline['n']})" if d.baseline else "", justify="right")
+        t.add_column(f"Δ vs base (N={d.baseline['n']})" if d.baseline else "", justify="right",
+                     no_wrap=True)
     total_p = total_v = 0
     for task, row in d.matrix(arm).items():
         c = counts(row.values())
         total_p += c["pass"]
         total_v += c["valid"]
-        cells = []
+        cells: list[RenderableType] = []
+        strip = Text()
         for n in range(1, d.target_n + 1):
             cell = row.get(n)
-            k = analysis.kind(cell).split()[0]
-            cells.append(Text(analysis.code(cell, warn), style=STYLE[k]))
+            style = STYLE[analysis.kind(cell).split()[0]]
+            if compact:
+                if n > 1 and n % 5 == 1:
+                    strip.append(" ")
+                strip.append(analysis.compact_code(cell, warn), style=style)
+            else:
+                cells.append(Text(analysis.code(cell, warn), style=style))
+        if compact:
+            cells = [strip]
         extra = [delta(d, arm, task, c["pass"], c["valid"])] if has_base else []
         t.add_row(Text(task), *cells, f"{c['pass']}/{c['valid']}", *extra)
-    t.add_row(Text("total", style="bold"), *[""] * d.target_n, f"{total_p}/{total_v}",
+    t.add_row(Text("total", style="bold"), *[""] * n_cols, f"{total_p}/{total_v}",
               *([""] if has_base else []))
     return t
+
+
+def fits(renderable: RenderableType, width: int) -> bool:
+    """Whether ``renderable``'s natural width fits ``width`` columns: rich would squeeze
+    a wider table into it by cutting cells to '…', which is what must not happen."""
+    probe = Console(width=1 << 16, no_color=True, file=io.StringIO())
+    return probe.measure(renderable).maximum <= width
 
 
 def events_text(d: DashData) -> list[str]:
@@ -103,14 +127,23 @@ def events_text(d: DashData) -> list[str]:
     return out
 
 
-def grid(d: DashData, *, events: bool = True, spark: bool = True) -> RenderableType:
+def grid(d: DashData, *, events: bool = True, spark: bool = True,
+         width: int | None = None) -> RenderableType:
+    """The default view; with ``width``, arms whose wide grid would not fit are compact."""
     parts: list[RenderableType] = [Text(line) for line in header(d)]
+    any_compact = False
     for arm in d.arms:
+        table = grid_table(d, arm)
+        if width is not None and not fits(table, width):
+            table = grid_table(d, arm, compact=True)
+            any_compact = True
         parts.append(Text(""))
         parts.append(Text(f"arm {arm}", style="bold"))
-        parts.append(grid_table(d, arm))
+        parts.append(table)
     parts.append(Text(""))
     parts.append(Text(analysis.LEGEND, style="dim"))
+    if any_compact:
+        parts.append(Text(analysis.COMPACT_LEGEND, style="dim"))
     if spark and d.completions:
         parts.append(Text(f"completions |{analysis.sparkline(analysis.bins(d.completions))}|"))
     if events and d.events:
