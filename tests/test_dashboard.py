@@ -86,6 +86,26 @@ def test_wide_grid_goes_compact_instead_of_cutting_cells(tmp_path: Path) -> None
     assert "v20" in text and "v1-v20" not in text and "Is" in text and "P*" in text
 
 
+def test_compact_switch_is_exact_at_the_boundary(tmp_path: Path) -> None:
+    import io
+
+    from autopilot.dashboard import model, term
+
+    data = model.load(wide(tmp_path))
+    assert data is not None
+    table, compact = term.grid_table(data, "m-nothink")
+    assert not compact
+    out = io.StringIO()
+    term.make_console(True, 1000, out).print(table)
+    natural = max(len(line) for line in out.getvalue().splitlines())
+    table, compact = term.grid_table(data, "m-nothink", natural)
+    assert not compact  # exactly fits: one column per replicate
+    out = io.StringIO()
+    term.make_console(True, natural, out).print(table)
+    assert "…" not in out.getvalue()
+    assert term.grid_table(data, "m-nothink", natural - 1)[1]  # one column less: compact
+
+
 def test_empty_state_dir_every_view(tmp_path: Path) -> None:
     for args in VIEWS.values():
         r = dash("--state-dir", str(tmp_path / "nothing"), *args)

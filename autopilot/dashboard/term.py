@@ -16,6 +16,7 @@ from rich.text import Text
 from autopilot import stats
 from autopilot.dashboard import analysis
 from autopilot.dashboard.model import DashData, counts
+from autopilot.ledger import CellState
 from autopilot.status import fmt_secs
 
 STYLE = {
@@ -58,47 +59,65 @@ def delta(d: DashData, arm: str, task: str, passes: int, valid: int) -> str:
     return f"{pp:+d}pp"
 
 
-def grid_table(d: DashData, arm: str, compact: bool = False) -> Table:
-    """One row per task. Wide: a column per replicate with its full code. Compact (when
-    that does not fit the terminal, e.g. N=20 on 80 columns): one strip of one-letter
-    codes in groups of 5, which wraps instead of being cut to '…'."""
+def grid_table(d: DashData, arm: str, width: int | None = None) -> tuple[Table, bool]:
+    """One row per task. Wide: a column per replicate with its full code. Compact, when
+    that would not fit ``width`` (e.g. N=20 on 80 columns): one strip of one-letter codes
+    in groups of 5, which wraps instead of being cut to '…'. Returns (table, compact)."""
     warn = float((d.status.get("thresholds") or {}).get("warn_secs") or 0)
-    n_cols = 1 if compact else d.target_n
-    t = Table(box=None, pad_edge=False)
-    t.add_column("task", no_wrap=True)
-    if compact:
-        t.add_column(f"v1-v{d.target_n}", overflow="fold")
-    else:
-        for n in range(1, d.target_n + 1):
-            t.add_column(f"v{n}", justify="center", no_wrap=True)
-    t.add_column("pass/valid", justify="right", no_wrap=True)
+    n_max = d.target_n
     has_base = bool(d.baseline and d.baseline.get("arm") == arm)
-    if has_base:
-        t.add_column(f"Δ vs base (N={d.baseline['n']})" if d.baseline else "", justify="right",
-                     no_wrap=True)
+    rows: list[tuple[str, list[CellState | None], str, list[str]]] = []
     total_p = total_v = 0
     for task, row in d.matrix(arm).items():
         c = counts(row.values())
         total_p += c["pass"]
         total_v += c["valid"]
-        cells: list[RenderableType] = []
-        strip = Text()
-        for n in range(1, d.target_n + 1):
-            cell = row.get(n)
-            style = STYLE[analysis.kind(cell).split()[0]]
-            if compact:
-                if n > 1 and n % 5 == 1:
-                    strip.append(" ")
-                strip.append(analysis.compact_code(cell, warn), style=style)
-            else:
-                cells.append(Text(analysis.code(cell, warn), style=style))
-        if compact:
-            cells = [strip]
+        cells = [row.get(n) for n in range(1, n_max + 1)]
         extra = [delta(d, arm, task, c["pass"], c["valid"])] if has_base else []
-        t.add_row(Text(task), *cells, f"{c['pass']}/{c['valid']}", *extra)
-    t.add_row(Text("total", style="bold"), *[""] * n_cols, f"{total_p}/{total_v}",
-              *([""] if has_base else []))
-    return t
+        rows.append((task, cells, f"{c['pass']}/{c['valid']}", extra))
+    total_pv, total_extra = f"{total_p}/{total_v}", ([""] if has_base else [])
+
+    def table(compact: bool) -> Table:
+        t = Table(box=None, pad_edge=False)
+        t.add_column("task", no_wrap=True)
+        if compact:
+            t.add_column(f"v1-v{n_max}", overflow="fold")
+        else:
+            for n in range(1, n_max + 1):
+                t.add_column(f"v{n}", justify="center", no_wrap=True)
+        t.add_column("pass/valid", justify="right", no_wrap=True)
+        if has_base and d.baseline:
+            t.add_column(f"Δ vs base (N={d.baseline['n']})", justify="right", no_wrap=True)
+        return t
+
+    wide = table(compact=False)
+    codes = [[analysis.code(cell, warn) for cell in cells] for _, cells, _, _ in rows]
+    if width is not None and rows:
+        # Measuring the whole table costs seconds at 20,000 cells; a table with one row
+        # holding the widest entry of every column has the same natural width.
+        probe = table(compact=False)
+        probe.add_row(max((r[0] for r in rows), key=len),
+                      *(max(col, key=len) for col in zip(*codes, strict=True)),
+                      max((r[2] for r in rows), key=len),
+                      *[max(col, key=len) for col in zip(*(r[3] for r in rows), strict=True)])
+        if not fits(probe, width):
+            t = table(compact=True)
+            for task, cells, pv, extra in rows:
+                strip = Text()
+                for n, cell in enumerate(cells, start=1):
+                    if n > 1 and n % 5 == 1:
+                        strip.append(" ")
+                    strip.append(analysis.compact_code(cell, warn),
+                                 style=STYLE[analysis.kind(cell).split()[0]])
+                t.add_row(Text(task), strip, pv, *extra)
+            t.add_row(Text("total", style="bold"), "", total_pv, *total_extra)
+            return t, True
+    for (task, cells, pv, extra), row_codes in zip(rows, codes, strict=True):
+        t_cells = [Text(code, style=STYLE[analysis.kind(cell).split()[0]])
+                   for code, cell in zip(row_codes, cells, strict=True)]
+        wide.add_row(Text(task), *t_cells, pv, *extra)
+    wide.add_row(Text("total", style="bold"), *[""] * n_max, total_pv, *total_extra)
+    return wide, False
 
 
 def fits(renderable: RenderableType, width: int) -> bool:
@@ -133,10 +152,8 @@ def grid(d: DashData, *, events: bool = True, spark: bool = True,
     parts: list[RenderableType] = [Text(line) for line in header(d)]
     any_compact = False
     for arm in d.arms:
-        table = grid_table(d, arm)
-        if width is not None and not fits(table, width):
-            table = grid_table(d, arm, compact=True)
-            any_compact = True
+        table, compact = grid_table(d, arm, width)
+        any_compact = any_compact or compact
         parts.append(Text(""))
         parts.append(Text(f"arm {arm}", style="bold"))
         parts.append(table)
