@@ -205,6 +205,13 @@ class CellRun:
         self.spool.parent.mkdir(parents=True, exist_ok=True)
         argv = render_argv(self.p.harness.argv, self.ctx)
         cwd = render(self.p.harness.cwd, self.ctx) if self.p.harness.cwd else None
+        if cx.remove_sandbox is not None and self.p.harness.sandbox_container:
+            # A sandbox already under this attempt's name is stale (a killed predecessor's
+            # harness whose `docker run` landed after the start-up sweep): left there, it
+            # would make this attempt fail on a name conflict and cost it a retry.
+            name = render(self.p.harness.sandbox_container, self.ctx)
+            if await cx.remove_sandbox(name):
+                log.info("stale_sandbox_removed", container=name)
         start_mono = cx.clock()
         limits = self._limits(start_mono)
         deadline_epoch = time.time() + (limits.deadline - start_mono)

@@ -124,6 +124,48 @@ def test_killed_cell_sandbox_is_removed(docker_host: str, test_images, state_dir
     assert "bench-sandbox-p1_bugfix_demo-nothink_v1" not in container_names(docker_host)
 
 
+PLANT_STALE_SANDBOX = (
+    "import os, subprocess, sys\n"
+    "cell, image, marker = sys.argv[1], sys.argv[2], sys.argv[3]\n"
+    "def sandbox(name):\n"
+    "    subprocess.run(['docker', 'run', '-d', '--network', 'none', '--name',\n"
+    "                    'bench-sandbox-' + name, image, 'sleep', '3600'], check=True)\n"
+    "if not os.path.exists(marker):  # the first cell plants one under the next's name,\n"
+    "    open(marker, 'w').close()    # as a late `docker run` of a killed harness would\n"
+    "    other = 'p2_extract' if cell.startswith('p1') else 'p1_bugfix'\n"
+    "    sandbox(other + cell[cell.index('_demo'):])\n"
+    "sandbox(cell)\n"
+    "os.execv(sys.executable, [sys.executable, '-m', 'autopilot.demo.harness', cell,\n"
+    "                          *sys.argv[4:]])\n"
+)
+
+
+def test_stale_sandbox_under_a_cells_name_costs_it_nothing(docker_host: str, test_images,
+                                                           state_dir: Path,
+                                                           tmp_path: Path) -> None:
+    script = tmp_path / "harness.py"
+    script.write_text(PLANT_STALE_SANDBOX)
+    demo_args = ["--task", "{task}", "--arm", "{arm}", "--n", "{n}", "--attempt", "{attempt}",
+                 "--host", "{host}", "--port", "{port}", "--model", "{model}",
+                 "--out", "{output_dir}", "--think-secs", "0"]
+    over = write_overlay(tmp_path / "o.json", {
+        "tasks": [{"id": "p1_bugfix"}, {"id": "p2_extract"}],
+        "arms": [{"label": "demo-nothink", "mode": "nothink"}],
+        "harness": {"argv": ["{python}", str(script), "{cell}", test_images["busybox"],
+                             str(tmp_path / "planted"), *demo_args],
+                    "sandbox_container": "bench-sandbox-{cell}"},
+        "run": {"concurrency": 1}, "trust": {"infra_retries": 0}})
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                "--state-dir", str(state_dir), "--quiet", env=env(docker_host), timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    evs = events(state_dir)
+    verdicts = [e for e in evs if e["event"] == "cell_verdict"]
+    assert len(verdicts) == 2 and all(e["attempt"] == 1 and e["verdict"] in ("PASS", "FAIL")
+                                      for e in verdicts)
+    assert "stale_sandbox_removed" in (state_dir / "autopilot.log").read_text()
+    assert not {n for n in container_names(docker_host) if n.startswith("bench-sandbox-")}
+
+
 def test_cleanup_removes_exactly_the_plan_containers(docker_host: str, test_images,
                                                       state_dir: Path, tmp_path: Path) -> None:
     over = write_overlay(tmp_path / "o.json", {

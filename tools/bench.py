@@ -376,21 +376,57 @@ def bench_idle(tmp: Path, secs: float) -> list[Row]:
 
 # ------------------------------------------------------------------ chaos
 
-def chaos(tmp: Path, kills: int, seed: int = 1) -> dict[str, Any]:
+# A cell that, like the real harness, starts a Docker sandbox before its work: a
+# supervisor SIGKILLed mid-cell leaves the container behind, as well as processes.
+SANDBOXED = (
+    "import os, subprocess, sys\n"
+    "cell, image = sys.argv[1], sys.argv[2]\n"
+    "subprocess.run(['docker', 'run', '-d', '--network', 'none', '--name',\n"
+    "                'bench-sandbox-' + cell, image, 'sleep', '3600'], check=True,\n"
+    "               stdout=subprocess.DEVNULL)\n"
+    "os.execv(sys.executable, [sys.executable, '-m', 'autopilot.demo.harness', cell,"
+    " *sys.argv[3:]])\n"
+)
+
+
+def sandbox_overlay(tmp: Path, image: str) -> str:
+    import tomllib
+
+    preset = tomllib.loads((ROOT / "presets" / "demo-chaos.toml").read_text())
+    rest = preset["harness"]["argv"][4:]  # after {python} -m autopilot.demo.harness {cell}
+    return overlay(tmp, {"harness": {"argv": ["{python}", "-c", SANDBOXED, "{cell}", image,
+                                              *rest],
+                                     "sandbox_container": "bench-sandbox-{cell}"}})
+
+
+def docker_names(host: str) -> set[str]:
+    out = subprocess.run(["docker", "ps", "-a", "--format", "{{.Names}}"], capture_output=True,
+                         text=True, check=True, env={**os.environ, "DOCKER_HOST": host}).stdout
+    return set(out.split())
+
+
+def chaos(tmp: Path, kills: int, seed: int = 1,
+          docker: tuple[str, str] | None = None) -> dict[str, Any]:
     """SIGKILL the supervisor at random moments of one demo-chaos run, restarting it each
-    time; then check the run's integrity. Returns the findings (used by a test too)."""
+    time; then check the run's integrity. With ``docker`` (DOCKER_HOST, a busybox image)
+    every cell also runs in a sandbox container, and leftover containers are looked for.
+    Returns the findings (used by a test too)."""
     rnd = random.Random(seed)
     state = tmp / f"chaos{seed}"
     args = [PY, "-m", "autopilot.cli", "--preset", "demo-chaos", "--target-n", "2",
             "--state-dir", str(state), "--quiet"]
+    run_env = env()
+    if docker:
+        args += ["--config", sandbox_overlay(tmp, docker[1])]
+        run_env["DOCKER_HOST"] = docker[0]
     for _ in range(kills):
-        proc = subprocess.Popen(args, env=env(), cwd=ROOT, stdout=subprocess.DEVNULL,
+        proc = subprocess.Popen(args, env=run_env, cwd=ROOT, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         time.sleep(rnd.uniform(0.4, 2.5))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
         proc.wait()
-    final = subprocess.run(args, env=env(), cwd=ROOT, capture_output=True, text=True,
+    final = subprocess.run(args, env=run_env, cwd=ROOT, capture_output=True, text=True,
                            timeout=600)
     evs = events(state)
     valid = Counter(e["cell"] for e in evs if e["event"] == "cell_verdict"
@@ -412,25 +448,78 @@ def chaos(tmp: Path, kills: int, seed: int = 1) -> dict[str, Any]:
                     alive.append(e["pid"])
             except psutil.NoSuchProcess:
                 pass
+    containers = None
+    if docker:
+        cells = {e["cell"] for e in evs if e["event"] == "cell_started"}
+        containers = sorted(docker_names(docker[0]) & {f"bench-sandbox-{c}" for c in cells})
+    from autopilot.cli import load_recorded
     from autopilot.journal import read_events
+    from autopilot.ledger import Ledger
 
-    torn = read_events(state / "journal.jsonl").torn_lines
+    # The journal alone (no status.json, no supervisor) must fold to a complete run.
+    replay = read_events(state / "journal.jsonl")
+    ledger = Ledger(load_recorded(state)[1])
+    for ev in replay.events:
+        ledger.apply(ev)
     status = json.loads((state / "status.json").read_text())
     return {"rc": final.returncode, "phase": status["phase"], "cells": len(valid),
             "double": [c for c, k in valid.items() if k != 1], "rerun": rerun,
-            "orphans": alive, "torn": torn,
+            "orphans": alive, "containers": containers, "torn": replay.torn_lines,
+            "replayed_complete": ledger.complete(),
+            "sandboxes": sum(1 for e in evs if e["event"] == "cell_started") if docker else 0,
             "restarts": sum(e["event"] == "run_started" for e in evs)}
 
 
+def private_docker(tmp: Path) -> tuple[str, str] | None:
+    """$DOCKER_HOST, else a private engine (tools/dockerd, root only), with a busybox image
+    made by `docker import`; None where there is no Docker to be had."""
+    busybox = shutil.which("busybox")
+    if busybox is None or shutil.which("docker") is None:
+        return None
+    host = os.environ.get("DOCKER_HOST")
+    if not host:
+        if os.geteuid() != 0:
+            return None
+        r = subprocess.run([str(ROOT / "tools" / "dockerd"), "start", str(tmp / "dockerd")],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            return None
+        host = r.stdout.strip().split("=", 1)[1]
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        tf.add(busybox, arcname="bin/busybox")
+        for applet in ("sh", "sleep"):
+            info = tarfile.TarInfo(f"bin/{applet}")
+            info.type, info.linkname = tarfile.SYMTYPE, "busybox"
+            tf.addfile(info)
+    image = "autopilot-bench/busybox:1"
+    subprocess.run(["docker", "import", "-", image], input=buf.getvalue(), check=True,
+                   capture_output=True, env={**os.environ, "DOCKER_HOST": host})
+    return host, image
+
+
 def bench_chaos(tmp: Path, kills: int) -> list[Row]:
-    r = chaos(tmp, kills)
+    docker = private_docker(tmp)
+    try:
+        r = chaos(tmp, kills, docker=docker)
+    finally:
+        if docker and not os.environ.get("DOCKER_HOST"):
+            subprocess.run([str(ROOT / "tools" / "dockerd"), "stop", str(tmp / "dockerd")],
+                           capture_output=True)
     ok = (r["rc"] == 0 and r["phase"] == "COMPLETE" and r["cells"] == 24 and not r["double"]
-          and not r["rerun"] and not r["orphans"])
-    return [Row(f"chaos: {kills} SIGKILLs of the supervisor during one demo-chaos run",
+          and not r["rerun"] and not r["orphans"] and not r["containers"]
+          and r["replayed_complete"])
+    boxes = (f", leftover sandbox containers {len(r['containers'])} of {r['sandboxes']} started"
+             if docker else ", containers not checked (no Docker here)")
+    return [Row(f"chaos: {kills} SIGKILLs of the supervisor during one demo-chaos run"
+                + (" (each cell in a Docker sandbox)" if docker else ""),
                 f"{r['phase']}, {r['cells']}/24 cells once each, re-run {len(r['rerun'])}, "
-                f"orphans {len(r['orphans'])}, torn lines skipped {len(r['torn'])}",
-                "COMPLETE, each cell once, no re-run, no orphan",
-                "journal evidence + psutil after the final resume", ok)]
+                f"orphans {len(r['orphans'])}{boxes}, torn lines skipped {len(r['torn'])}",
+                "COMPLETE, each cell once, no re-run, no orphan process or container",
+                "journal evidence + psutil + docker ps after the final resume", ok)]
 
 
 # ------------------------------------------------------------------ main
