@@ -19,12 +19,14 @@ orphans re-parent to it rather than to init, and it reaps the zombies of those a
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import signal
 import subprocess
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -32,6 +34,28 @@ import psutil
 from anyio.abc import Process
 
 TOKEN_ENV = "AUTOPILOT_CELL_TOKEN"  # noqa: S105 - an env var name, not a secret
+# Every harness and grader of a run carries the run's marker, so a process spawned by a
+# supervisor killed before it could journal the spawn is still recognisably this run's.
+RUN_TOKEN_ENV = "AUTOPILOT_RUN_TOKEN"  # noqa: S105 - an env var name, not a secret
+
+
+def run_token(state_dir: Path) -> str:
+    """The run's marker: derived from the state dir, so every successor knows it."""
+    return hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:32]
+
+
+def marked_processes(token: str) -> list[psutil.Process]:
+    """Every live process (but us) whose environment carries the run marker ``token``:
+    a full scan, for the start-up sweep only."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and p.environ().get(RUN_TOKEN_ENV) == token \
+                    and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    return found
 _PR_SET_CHILD_SUBREAPER = 36
 _CT_TOLERANCE = 0.05  # psutil create_time resolution is a clock tick
 

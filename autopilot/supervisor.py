@@ -46,7 +46,7 @@ from autopilot.logsetup import get_logger
 from autopilot.notify import MILESTONES, Notifier, urls_from_env
 from autopilot.plan import Plan, cell_context
 from autopilot.preflight import needs_docker
-from autopilot.procs import enable_subreaper, reap_adopted
+from autopilot.procs import RUN_TOKEN_ENV, enable_subreaper, reap_adopted, run_token
 from autopilot.status import SCHEMA_VERSION, StatusWriter, eta_secs, oneline
 from autopilot.templates import render
 from autopilot.validity import Classification, RunOutcome, classify
@@ -138,6 +138,7 @@ class Supervisor:
         self._tick_marked = 0.0
         self._stop_scopes: set[anyio.CancelScope] = set()
         self._cx: CellContext | None = None
+        self.run_token = run_token(self.state_dir)
         self.publish_state: dict[str, Any] | None = None
         self.redactor = logsetup.Redactor(secret_values(preset))
         self.remove_sandbox: Callable[[str], Awaitable[Any]] | None = None
@@ -265,6 +266,10 @@ class Supervisor:
             self.orphans_cleaned.append({"cell": cell.id, "pids": pids})
             self.emit("cell_abandoned", cell=cell.id, attempt=cell.attempts,
                       why="supervisor restarted", killed_pids=pids)
+        for found in await anyio.to_thread.run_sync(sweep.orphan_marked, self.run_token, grace):
+            self.orphans_cleaned.append({**found, "unjournaled": True})
+            self.emit("orphan_killed", cell=found["cell"], pids=found["pids"],
+                      why="spawned by a predecessor killed before journaling it")
         endpoint = await anyio.to_thread.run_sync(sweep.orphan_endpoint, journal)
         if endpoint:
             self.orphans_cleaned.append(endpoint)
@@ -459,7 +464,8 @@ class Supervisor:
                 env_overrides={k: v for k, v in os.environ.items()
                                if k.startswith("AUTOPILOT_STALL_")},
                 redact=self.redactor.scrub, remove_sandbox=self.remove_sandbox,
-                sandbox_activity=self.sandbox_activity, base_env=dict(os.environ),
+                sandbox_activity=self.sandbox_activity,
+                base_env={**os.environ, RUN_TOKEN_ENV: self.run_token},
             )
         return self._cx
 

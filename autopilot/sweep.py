@@ -1,7 +1,8 @@
 """Orphan sweep on start: what a SIGKILLed predecessor left running.
 
 Its cells' harness trees (recorded in the journal with pid + start time and their
-per-attempt token) and the endpoint process it started are killed by exact identity;
+per-attempt token), any process still carrying the run's marker (spawned but never
+journaled) and the endpoint process it started are killed by exact identity;
 its containers are removed by label (ours) or by this plan's exact sandbox names. Its
 orphans were re-parented to init, not to us, so the token scan here looks at every
 process (``full_scan``).
@@ -12,10 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from autopilot.journal import read_events
 from autopilot.ledger import CellState
 from autopilot.logsetup import get_logger
-from autopilot.procs import ProcIdentity, Tracker, kill_tree
+from autopilot.procs import TOKEN_ENV, ProcIdentity, Tracker, kill_tree, marked_processes
 
 log = get_logger(__name__)
 
@@ -38,6 +41,26 @@ def orphan_cells(cells: list[CellState], journal: Path, grace: float
                               full_scan=True)
             pids = kill_tree(tracker, grace)
         out.append((cell, pids))
+    return out
+
+
+def orphan_marked(run_token: str, grace: float) -> list[dict[str, Any]]:
+    """Kill every process still carrying this run's marker: at start-up, with the lock
+    held, none can be ours yet, so each is a predecessor's. This catches what the journal
+    cannot know: a harness or grader spawned by a supervisor SIGKILLed before it could
+    journal the spawn, which would otherwise run on beside its cell's next attempt."""
+    out = []
+    for p in marked_processes(run_token):
+        try:
+            env = p.environ()
+            ident = ProcIdentity(p.pid, p.create_time())
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue  # gone already, or killed with an earlier one's tree
+        pids = kill_tree(Tracker(ident, env.get(TOKEN_ENV), full_scan=True), grace)
+        if pids:
+            out.append({"cell": env.get("AUTOPILOT_CELL_ID"), "pids": pids})
+    if out:
+        log.info("orphan_unjournaled_killed", found=out)
     return out
 
 

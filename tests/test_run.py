@@ -6,6 +6,7 @@ acts. No assertion on wall-clock duration.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 from collections import Counter, defaultdict
@@ -125,6 +126,55 @@ def test_kill9_resume_counts_every_cell_once(state_dir: Path, tmp_path: Path) ->
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
     status = json.loads((state_dir / "status.json").read_text())
     assert status["phase"] == "COMPLETE" and status["orphans_cleaned"]
+
+
+PLANTED = (
+    "import subprocess, sys, time\n"
+    "child = subprocess.Popen(['sleep', '600'])  # a grandchild, same environment\n"
+    "print(child.pid, flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def test_unjournaled_harness_of_a_killed_supervisor_is_swept(state_dir: Path,
+                                                             tmp_path: Path) -> None:
+    # The window between spawn and journaling cell_started: a supervisor SIGKILLed there
+    # leaves a harness nothing records. It still carries the run's marker, so the next
+    # supervisor finds and kills it (and its tree) before running that cell again; a
+    # process of another run (another state dir) is left alone.
+    import os
+    import subprocess
+    import sys
+
+    from autopilot.procs import RUN_TOKEN_ENV, TOKEN_ENV, run_token
+
+    def plant(token: str) -> tuple[subprocess.Popen[str], psutil.Process]:
+        env = {**os.environ, RUN_TOKEN_ENV: token, TOKEN_ENV: "t-" + token[:8],
+               "AUTOPILOT_CELL_ID": "p1_bugfix_demo-nothink_v1"}
+        p = subprocess.Popen([sys.executable, "-c", PLANTED], env=env, text=True,
+                             stdout=subprocess.PIPE, start_new_session=True)
+        return p, psutil.Process(int(p.stdout.readline()))  # handshake: grandchild is up
+
+    ours, ours_child = plant(run_token(state_dir))
+    theirs, theirs_child = plant(run_token(tmp_path / "another-run"))
+    try:
+        r = run_cli("--preset", "demo", "--target-n", "1", "--state-dir", str(state_dir),
+                    "--quiet")
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert ours.wait(10) is not None  # killed (we are its parent: reap it)
+        assert not ours_child.is_running() or ours_child.status() == "zombie"
+        assert theirs.poll() is None and theirs_child.is_running()
+        killed = [e for e in events(state_dir) if e["event"] == "orphan_killed"]
+        assert len(killed) == 1 and killed[0]["cell"] == "p1_bugfix_demo-nothink_v1"
+        assert {ours.pid, ours_child.pid} <= set(killed[0]["pids"])
+        status = json.loads((state_dir / "status.json").read_text())
+        assert any(o.get("unjournaled") for o in status["orphans_cleaned"])
+    finally:
+        for p, child in ((ours, ours_child), (theirs, theirs_child)):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()  # psutil re-checks the identity: never a recycled pid
+            p.kill()
+            p.wait(10)
 
 
 def test_sigterm_stops_gracefully_and_leaves_no_child(state_dir: Path, tmp_path: Path) -> None:

@@ -448,6 +448,10 @@ def chaos(tmp: Path, kills: int, seed: int = 1,
                     alive.append(e["pid"])
             except psutil.NoSuchProcess:
                 pass
+    from autopilot.procs import marked_processes, run_token
+
+    # Also what the journal may not know of: anything still carrying the run's marker.
+    alive += [p.pid for p in marked_processes(run_token(state)) if p.pid not in alive]
     containers = None
     if docker:
         cells = {e["cell"] for e in evs if e["event"] == "cell_started"}
