@@ -266,13 +266,14 @@ class Supervisor:
             self.orphans_cleaned.append({"cell": cell.id, "pids": pids})
             self.emit("cell_abandoned", cell=cell.id, attempt=cell.attempts,
                       why="supervisor restarted", killed_pids=pids)
+        endpoint = await anyio.to_thread.run_sync(sweep.orphan_endpoint, journal)
+        if endpoint:
+            self.orphans_cleaned.append(endpoint)
+        # Last, what no journal line records (a spawn the predecessor died before writing).
         for found in await anyio.to_thread.run_sync(sweep.orphan_marked, self.run_token, grace):
             self.orphans_cleaned.append({**found, "unjournaled": True})
             self.emit("orphan_killed", cell=found["cell"], pids=found["pids"],
                       why="spawned by a predecessor killed before journaling it")
-        endpoint = await anyio.to_thread.run_sync(sweep.orphan_endpoint, journal)
-        if endpoint:
-            self.orphans_cleaned.append(endpoint)
 
     def _record_plan(self) -> None:
         path = self.state_dir / "plan.json"

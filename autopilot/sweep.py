@@ -48,7 +48,8 @@ def orphan_marked(run_token: str, grace: float) -> list[dict[str, Any]]:
     """Kill every process still carrying this run's marker: at start-up, with the lock
     held, none can be ours yet, so each is a predecessor's. This catches what the journal
     cannot know: a harness or grader spawned by a supervisor SIGKILLed before it could
-    journal the spawn, which would otherwise run on beside its cell's next attempt."""
+    journal the spawn, which would otherwise run on beside its cell's next attempt (or,
+    for an endpoint, hold its port). ``cell`` is None for an endpoint."""
     out = []
     for p in marked_processes(run_token):
         try:

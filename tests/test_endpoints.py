@@ -25,6 +25,7 @@ from provider_fake import free_port
 
 from autopilot.endpoints import make_endpoint
 from autopilot.loader import load_preset
+from autopilot.procs import RUN_TOKEN_ENV, run_token
 
 pytestmark = pytest.mark.slow
 
@@ -230,6 +231,8 @@ def test_endpoint_still_loading_when_supervisor_dies_is_swept(state_dir: Path,
     proc.wait(30)
     orphan = psutil.Process(spawned["pid"])
     assert orphan.is_running()  # loading, never reported ready, left behind
+    # it carries the run's marker, so even an unjournaled spawn would be found
+    assert orphan.environ()[RUN_TOKEN_ENV] == run_token(state_dir)
     fast = write_overlay(tmp_path / "fast.json", {"endpoint": {"startup_delay_secs": 0}})
     try:
         r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(fast),

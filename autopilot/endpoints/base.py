@@ -28,7 +28,7 @@ from anyio.abc import Process
 from autopilot.config import EndpointCommon, Preset
 from autopilot.errors import EndpointCrashed, EndpointError, EndpointStartTimeout
 from autopilot.logsetup import get_logger
-from autopilot.procs import OWNED, Tracker, identify, kill_tree, spawn
+from autopilot.procs import OWNED, RUN_TOKEN_ENV, Tracker, identify, kill_tree, run_token, spawn
 
 log = get_logger(__name__)
 
@@ -249,8 +249,11 @@ class Endpoint:
             with self.log_path.open("ab") as logf:
                 logf.write(f"--- start generation {self.generation} ---\n".encode())
                 logf.flush()
+                # The run's marker: if we are killed before on_spawn journals it, the
+                # next supervisor's sweep still knows this process is ours (and its port).
+                env = {**self.env(), RUN_TOKEN_ENV: run_token(self.state_dir)}
                 self.proc = await spawn(
-                    argv, stdout=logf, stderr=subprocess.STDOUT, env=self.env(),
+                    argv, stdout=logf, stderr=subprocess.STDOUT, env=env,
                     start_new_session=True,
                 )
             ident = identify(self.proc.pid)
