@@ -1,19 +1,26 @@
 """``autopilot cleanup``: reclaim the box once a run is done — exact names only.
 
-Removes the plan's sandbox containers (the preset's name template rendered for every
-cell of the plan), with ``--endpoint`` the endpoint container this state dir created
-(its label says so), and the scratch dirs (exact rendered paths, never a glob). It
-refuses while a supervisor holds the run.
+Kills the run's leftover harness and grader processes (they carry the run's marker;
+with the lock free none can belong to a live supervisor), removes the plan's sandbox
+containers (the preset's name template rendered for every cell of the plan), with
+``--endpoint`` the endpoint container or process this state dir started (label or
+marker says so), and the scratch dirs (exact rendered paths, never a glob). It refuses
+while a supervisor holds the run.
 """
 
 from __future__ import annotations
 
 import shutil
+from functools import partial
 from pathlib import Path
+
+import anyio
 
 from autopilot.config import Preset
 from autopilot.plan import Plan, cell_context
 from autopilot.preflight import needs_docker
+from autopilot.procs import run_token
+from autopilot.sweep import orphan_marked
 from autopilot.templates import render
 
 
@@ -30,6 +37,10 @@ def scratch_paths(preset: Preset, plan: Plan, state_dir: Path) -> list[Path]:
 
 async def cleanup(preset: Preset, plan: Plan, state_dir: Path, *, endpoint: bool) -> list[str]:
     removed: list[str] = []
+    for found in await anyio.to_thread.run_sync(
+            partial(orphan_marked, run_token(state_dir), 2.0, endpoint=endpoint)):
+        what = f"cell {found['cell']}" if found["cell"] else "endpoint"
+        removed.append(f"processes {' '.join(map(str, found['pids']))} ({what})")
     if needs_docker(preset):
         from autopilot.sandbox import Docker
 

@@ -81,10 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     sm = sub.add_parser("summarize", help="print an arm's PASS/FAIL table")
     sm.add_argument("arm")
     sm.add_argument("--state-dir", dest="sub_state_dir")
-    cl = sub.add_parser("cleanup", help="remove the plan's sandbox containers and scratch "
-                        "dirs (exact names); refuses while a supervisor holds the run")
+    cl = sub.add_parser("cleanup", help="kill the run's leftover harness/grader processes, "
+                        "remove the plan's sandbox containers and scratch dirs (exact names); "
+                        "refuses while a supervisor holds the run")
     cl.add_argument("--state-dir", dest="sub_state_dir")
-    cl.add_argument("--endpoint", action="store_true", help="also the endpoint container")
+    cl.add_argument("--endpoint", action="store_true",
+                    help="also the endpoint container or process")
     nt = sub.add_parser("notify-test", help="send one test message to each configured URL")
     nt.add_argument("--preset", dest="nt_preset", help="also use this preset's [notify] urls")
     nt.add_argument("--notify-config", dest="nt_config", help="apprise config file")

@@ -44,12 +44,13 @@ def orphan_cells(cells: list[CellState], journal: Path, grace: float
     return out
 
 
-def orphan_marked(run_token: str, grace: float) -> list[dict[str, Any]]:
+def orphan_marked(run_token: str, grace: float, endpoint: bool = True) -> list[dict[str, Any]]:
     """Kill every process still carrying this run's marker: at start-up, with the lock
     held, none can be ours yet, so each is a predecessor's. This catches what the journal
     cannot know: a harness or grader spawned by a supervisor SIGKILLed before it could
     journal the spawn, which would otherwise run on beside its cell's next attempt (or,
-    for an endpoint, hold its port). ``cell`` is None for an endpoint."""
+    for an endpoint, hold its port). ``cell`` is None for an endpoint; ``endpoint=False``
+    leaves endpoint processes alone."""
     out = []
     for p in marked_processes(run_token):
         try:
@@ -57,6 +58,8 @@ def orphan_marked(run_token: str, grace: float) -> list[dict[str, Any]]:
             ident = ProcIdentity(p.pid, p.create_time())
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
             continue  # gone already, or killed with an earlier one's tree
+        if not endpoint and "AUTOPILOT_CELL_ID" not in env:
+            continue
         pids = kill_tree(Tracker(ident, env.get(TOKEN_ENV), full_scan=True), grace)
         if pids:
             out.append({"cell": env.get("AUTOPILOT_CELL_ID"), "pids": pids})

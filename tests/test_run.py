@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
+import subprocess
+import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -23,6 +26,8 @@ from conftest import (
     wait_for,
     write_overlay,
 )
+
+from autopilot.procs import RUN_TOKEN_ENV, TOKEN_ENV, run_token
 
 pytestmark = pytest.mark.slow
 
@@ -136,45 +141,74 @@ PLANTED = (
 )
 
 
+def plant(token: str, cell: str | None) -> tuple[subprocess.Popen[str], psutil.Process]:
+    """A process (and grandchild) carrying a run's marker, as a harness (``cell``) or an
+    endpoint (None) spawned by a supervisor that died before journaling it."""
+    env = {**os.environ, RUN_TOKEN_ENV: token}
+    if cell:
+        env.update({TOKEN_ENV: "t-" + token[:8], "AUTOPILOT_CELL_ID": cell})
+    p = subprocess.Popen([sys.executable, "-c", PLANTED], env=env, text=True,
+                         stdout=subprocess.PIPE, start_new_session=True)
+    assert p.stdout is not None
+    return p, psutil.Process(int(p.stdout.readline()))  # handshake: the grandchild is up
+
+
+def gone(p: subprocess.Popen[str], child: psutil.Process) -> bool:
+    try:
+        p.wait(10)  # we are its parent: reap it
+    except subprocess.TimeoutExpired:
+        return False
+    return not child.is_running() or child.status() == "zombie"
+
+
+def unplant(*planted: tuple[subprocess.Popen[str], psutil.Process]) -> None:
+    for p, child in planted:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()  # psutil re-checks the identity: never a recycled pid
+        p.kill()
+        p.wait(10)
+
+
 def test_unjournaled_harness_of_a_killed_supervisor_is_swept(state_dir: Path,
                                                              tmp_path: Path) -> None:
     # The window between spawn and journaling cell_started: a supervisor SIGKILLed there
     # leaves a harness nothing records. It still carries the run's marker, so the next
     # supervisor finds and kills it (and its tree) before running that cell again; a
     # process of another run (another state dir) is left alone.
-    import os
-    import subprocess
-    import sys
-
-    from autopilot.procs import RUN_TOKEN_ENV, TOKEN_ENV, run_token
-
-    def plant(token: str) -> tuple[subprocess.Popen[str], psutil.Process]:
-        env = {**os.environ, RUN_TOKEN_ENV: token, TOKEN_ENV: "t-" + token[:8],
-               "AUTOPILOT_CELL_ID": "p1_bugfix_demo-nothink_v1"}
-        p = subprocess.Popen([sys.executable, "-c", PLANTED], env=env, text=True,
-                             stdout=subprocess.PIPE, start_new_session=True)
-        return p, psutil.Process(int(p.stdout.readline()))  # handshake: grandchild is up
-
-    ours, ours_child = plant(run_token(state_dir))
-    theirs, theirs_child = plant(run_token(tmp_path / "another-run"))
+    ours = plant(run_token(state_dir), "p1_bugfix_demo-nothink_v1")
+    theirs = plant(run_token(tmp_path / "another-run"), "p1_bugfix_demo-nothink_v1")
     try:
         r = run_cli("--preset", "demo", "--target-n", "1", "--state-dir", str(state_dir),
                     "--quiet")
         assert r.returncode == 0, r.stderr[-2000:]
-        assert ours.wait(10) is not None  # killed (we are its parent: reap it)
-        assert not ours_child.is_running() or ours_child.status() == "zombie"
-        assert theirs.poll() is None and theirs_child.is_running()
+        assert gone(*ours)
+        assert theirs[0].poll() is None and theirs[1].is_running()
         killed = [e for e in events(state_dir) if e["event"] == "orphan_killed"]
         assert len(killed) == 1 and killed[0]["cell"] == "p1_bugfix_demo-nothink_v1"
-        assert {ours.pid, ours_child.pid} <= set(killed[0]["pids"])
+        assert {ours[0].pid, ours[1].pid} <= set(killed[0]["pids"])
         status = json.loads((state_dir / "status.json").read_text())
         assert any(o.get("unjournaled") for o in status["orphans_cleaned"])
     finally:
-        for p, child in ((ours, ours_child), (theirs, theirs_child)):
-            with contextlib.suppress(psutil.NoSuchProcess):
-                child.kill()  # psutil re-checks the identity: never a recycled pid
-            p.kill()
-            p.wait(10)
+        unplant(ours, theirs)
+
+
+def test_cleanup_kills_the_runs_leftover_processes(state_dir: Path, tmp_path: Path) -> None:
+    assert run_cli("--preset", "demo", "--target-n", "1", "--state-dir", str(state_dir),
+                   "--quiet").returncode == 0
+    cell = plant(run_token(state_dir), "p2_extract_demo-think_v1")
+    endpoint = plant(run_token(state_dir), None)
+    theirs = plant(run_token(tmp_path / "another-run"), "p2_extract_demo-think_v1")
+    try:
+        r = run_cli("cleanup", "--state-dir", str(state_dir))
+        assert r.returncode == 0, r.stderr
+        assert gone(*cell) and "(cell p2_extract_demo-think_v1)" in r.stdout
+        assert endpoint[0].poll() is None  # the endpoint only with --endpoint
+        r = run_cli("cleanup", "--endpoint", "--state-dir", str(state_dir))
+        assert r.returncode == 0, r.stderr
+        assert gone(*endpoint) and "(endpoint)" in r.stdout
+        assert theirs[0].poll() is None and theirs[1].is_running()
+    finally:
+        unplant(cell, endpoint, theirs)
 
 
 def test_sigterm_stops_gracefully_and_leaves_no_child(state_dir: Path, tmp_path: Path) -> None:
