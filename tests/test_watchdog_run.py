@@ -83,6 +83,34 @@ def test_finished_but_never_exits_is_teardown_masked(state_dir: Path, tmp_path: 
     assert status["trust"]["teardown_masked_cells"] == 1
 
 
+def test_daemon_left_behind_by_an_exited_harness_is_killed(state_dir: Path,
+                                                            tmp_path: Path) -> None:
+    # The root exits cleanly, but a double-forked daemon it started lives on, re-parented
+    # to the supervisor (child subreaper): found among our children by the cell's token
+    # and killed with the cell, never left running into the next one.
+    argv = ["{python}", str(ADV / "daemonize.py"), "{cell}", "--task", "{task}", "--arm",
+            "{arm}", "--n", "{n}", "--port", "{port}", "--model", "{model}", "--out",
+            "{output_dir}", "--think-secs", "0"]
+    pidfile = tmp_path / "daemon.pid"
+    r, evs = run_one(state_dir, tmp_path, argv,
+                     **{"harness": {"argv": argv, "env": {"DAEMON_PIDFILE": str(pidfile)}}})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert verdict(evs)["verdict"] in ("PASS", "FAIL")
+    daemon = int(pidfile.read_text())
+    try:
+        p = psutil.Process(daemon)
+        alive = p.status() != psutil.STATUS_ZOMBIE and p.environ().get(
+            "AUTOPILOT_CELL_ID") == CELL
+    except psutil.NoSuchProcess:
+        alive = False
+    if alive:
+        p.kill()  # do not leak it when the feature is broken
+    assert not alive
+    leftovers = [json.loads(line) for line in (state_dir / "autopilot.log").open()
+                 if "cell_leftovers_killed" in line]
+    assert leftovers and daemon in leftovers[0]["pids"]
+
+
 def test_deadline_kill_is_invalid_deadline(state_dir: Path, tmp_path: Path) -> None:
     argv = ["{python}", str(ADV / "spew.py"), "{output_dir}"]
     r, evs = run_one(state_dir, tmp_path, argv,
