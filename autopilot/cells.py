@@ -110,6 +110,9 @@ class CellRun:
         self.spool = cx.state_dir / "logs" / f"{cell.id}.launcher.log"
         self.grade_log = cx.state_dir / "logs" / f"{cell.id}.grade.log"
         self.completion = [Path(render(c, self.ctx)) for c in self.p.harness.completion]
+        template = self.p.harness.sandbox_container
+        # The exact name of this attempt's sandbox container, where Docker is wired.
+        self.sandbox = render(template, self.ctx) if template and cx.remove_sandbox else None
         self.token = uuid.uuid4().hex
         self.tracker: Tracker | None = None
         self.abandoned = False
@@ -191,10 +194,9 @@ class CellRun:
             return await self._execute()
         finally:
             unbind_contextvars("cell", "attempt")
-            if self.cx.remove_sandbox is not None and self.p.harness.sandbox_container:
-                name = render(self.p.harness.sandbox_container, self.ctx)
+            if self.sandbox and self.cx.remove_sandbox is not None:
                 with anyio.CancelScope(shield=True):
-                    await self.cx.remove_sandbox(name)
+                    await self.cx.remove_sandbox(self.sandbox)
 
     async def _execute(self) -> RunOutcome | None:
         cx = self.cx
@@ -205,13 +207,11 @@ class CellRun:
         self.spool.parent.mkdir(parents=True, exist_ok=True)
         argv = render_argv(self.p.harness.argv, self.ctx)
         cwd = render(self.p.harness.cwd, self.ctx) if self.p.harness.cwd else None
-        if cx.remove_sandbox is not None and self.p.harness.sandbox_container:
-            # A sandbox already under this attempt's name is stale (a killed predecessor's
-            # harness whose `docker run` landed after the start-up sweep): left there, it
-            # would make this attempt fail on a name conflict and cost it a retry.
-            name = render(self.p.harness.sandbox_container, self.ctx)
-            if await cx.remove_sandbox(name):
-                log.info("stale_sandbox_removed", container=name)
+        # A sandbox already under this attempt's name is stale (a killed predecessor's
+        # harness whose `docker run` landed after the start-up sweep): left there, it
+        # would make this attempt fail on a name conflict and cost it a retry.
+        if self.sandbox and cx.remove_sandbox and await cx.remove_sandbox(self.sandbox):
+            log.info("stale_sandbox_removed", container=self.sandbox)
         start_mono = cx.clock()
         limits = self._limits(start_mono)
         deadline_epoch = time.time() + (limits.deadline - start_mono)

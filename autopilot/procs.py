@@ -44,16 +44,15 @@ def run_token(state_dir: Path) -> str:
     return hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:32]
 
 
-def marked_processes(token: str) -> list[psutil.Process]:
-    """Every live process (but us) whose environment carries the run marker ``token``:
-    a full scan, for the start-up sweep only."""
+def marked_processes(token: str) -> list[tuple[psutil.Process, dict[str, str]]]:
+    """Every live process (but us) whose environment carries the run marker ``token``,
+    with that environment: a full scan, for the start-up sweep and cleanup only."""
     found = []
-    for p in psutil.process_iter():
+    for p, env in _env_holders(RUN_TOKEN_ENV, token):
         try:
-            if p.pid != os.getpid() and p.environ().get(RUN_TOKEN_ENV) == token \
-                    and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            if p.status() != psutil.STATUS_ZOMBIE:
+                found.append((p, env))
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return found
 _PR_SET_CHILD_SUBREAPER = 36
@@ -108,6 +107,18 @@ def verify(ident: ProcIdentity) -> psutil.Process | None:
         return p
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
+
+
+def journaled_alive(events: Iterable[dict[str, Any]]) -> list[int]:
+    """Pids of journaled cell and endpoint processes (cell_started, endpoint_spawned,
+    endpoint_started) whose exact identity is still alive: what a dead supervisor left."""
+    alive: list[int] = []
+    for ev in events:
+        if ev.get("event") in ("cell_started", "endpoint_spawned", "endpoint_started") \
+                and ev.get("pid") and ev.get("create_time") and ev["pid"] not in alive \
+                and verify(ProcIdentity(int(ev["pid"]), float(ev["create_time"]))):
+            alive.append(int(ev["pid"]))
+    return alive
 
 
 _subreaper = False
@@ -201,7 +212,7 @@ class Tracker:
             # never another cell's orphans: only adoptees need their environment read.
             scope = (None if self.full_scan or not _subreaper
                      else [pid for pid in direct_children() if pid not in OWNED])
-            for p in _token_holders(self.token, self.root.create_time, scope):
+            for p, _ in _env_holders(TOKEN_ENV, self.token, self.root.create_time, scope):
                 add(p)
         found.pop(os.getpid(), None)
         return found
@@ -210,8 +221,11 @@ class Tracker:
         return bool(self.collect())
 
 
-def _token_holders(token: str, not_before: float,
-                   scope: list[int] | None = None) -> Iterable[psutil.Process]:
+def _env_holders(key: str, value: str, not_before: float = 0.0,
+                 scope: list[int] | None = None
+                 ) -> Iterable[tuple[psutil.Process, dict[str, str]]]:
+    """Processes (every one, or the pids in ``scope``) started no earlier than
+    ``not_before`` whose environment has ``key`` = ``value``, with that environment."""
     candidates: Iterable[psutil.Process]
     if scope is None:
         candidates = psutil.process_iter()
@@ -226,8 +240,9 @@ def _token_holders(token: str, not_before: float,
         try:
             if p.create_time() + _CT_TOLERANCE < not_before or p.pid == os.getpid():
                 continue
-            if p.environ().get(TOKEN_ENV) == token:
-                yield p
+            env = p.environ()
+            if env.get(key) == value:
+                yield p, env
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
             continue
 

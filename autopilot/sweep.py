@@ -13,8 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from autopilot.journal import read_events
 from autopilot.ledger import CellState
 from autopilot.logsetup import get_logger
@@ -52,14 +50,12 @@ def orphan_marked(run_token: str, grace: float, endpoint: bool = True) -> list[d
     for an endpoint, hold its port). ``cell`` is None for an endpoint; ``endpoint=False``
     leaves endpoint processes alone."""
     out = []
-    for p in marked_processes(run_token):
-        try:
-            env = p.environ()
-            ident = ProcIdentity(p.pid, p.create_time())
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
-            continue  # gone already, or killed with an earlier one's tree
+    for p, env in marked_processes(run_token):
         if not endpoint and "AUTOPILOT_CELL_ID" not in env:
             continue
+        # create_time() is cached by psutil: this is the identity seen by the scan, so a
+        # process that died meanwhile (killed with an earlier one's tree) is left alone.
+        ident = ProcIdentity(p.pid, p.create_time())
         pids = kill_tree(Tracker(ident, env.get(TOKEN_ENV), full_scan=True), grace)
         if pids:
             out.append({"cell": env.get("AUTOPILOT_CELL_ID"), "pids": pids})

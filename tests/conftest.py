@@ -73,20 +73,6 @@ def write_overlay(path: Path, doc: dict[str, Any]) -> Path:
     return path
 
 
-def alive_identities(evs: list[dict[str, Any]]) -> list[int]:
-    """Pids from cell_started / endpoint_started events whose identity still lives."""
-    alive = []
-    for ev in evs:
-        if ev.get("event") in ("cell_started", "endpoint_spawned", "endpoint_started") \
-                and ev.get("pid"):
-            try:
-                p = psutil.Process(ev["pid"])
-                if ev.get("create_time") and abs(p.create_time() - ev["create_time"]) < 0.05 \
-                        and p.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(ev["pid"])
-            except psutil.NoSuchProcess:
-                pass
-    return alive
 
 
 def token_holders(tokens: set[str]) -> list[int]:

@@ -18,7 +18,6 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import (
-    alive_identities,
     events,
     run_cli,
     spawn_cli,
@@ -28,6 +27,7 @@ from conftest import (
 )
 
 from autopilot.procs import RUN_TOKEN_ENV, TOKEN_ENV, run_token
+from autopilot.procs import journaled_alive as alive_identities
 
 pytestmark = pytest.mark.slow
 

@@ -444,20 +444,11 @@ def chaos(tmp: Path, kills: int, seed: int = 1,
             rerun.append(e["cell"])
         if e["event"] == "cell_verdict" and e["verdict"] in ("PASS", "FAIL"):
             done.add(e["cell"])
-    alive = []
-    for e in evs:
-        if e["event"] in ("cell_started", "endpoint_spawned", "endpoint_started") and e.get("pid"):
-            try:
-                p = psutil.Process(e["pid"])
-                if e.get("create_time") and abs(p.create_time() - e["create_time"]) < 0.05 \
-                        and p.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(e["pid"])
-            except psutil.NoSuchProcess:
-                pass
-    from autopilot.procs import marked_processes, run_token
+    from autopilot.procs import journaled_alive, marked_processes, run_token
 
-    # Also what the journal may not know of: anything still carrying the run's marker.
-    alive += [p.pid for p in marked_processes(run_token(state)) if p.pid not in alive]
+    # What the journal recorded, and what it may not know of: the run's marker.
+    alive = journaled_alive(evs)
+    alive += [p.pid for p, _ in marked_processes(run_token(state)) if p.pid not in alive]
     containers = None
     if docker:
         cells = {e["cell"] for e in evs if e["event"] == "cell_started"}

@@ -90,16 +90,16 @@ def grid_table(d: DashData, arm: str, width: int | None = None) -> tuple[Table, 
             t.add_column(f"Δ vs base (N={d.baseline['n']})", justify="right", no_wrap=True)
         return t
 
-    wide = table(compact=False)
     codes = [[analysis.code(cell, warn) for cell in cells] for _, cells, _, _ in rows]
     if width is not None and rows:
-        # Measuring the whole table costs seconds at 20,000 cells; a table with one row
-        # holding the widest entry of every column has the same natural width.
+        # Measuring the whole table costs seconds at 20,000 cells; one row holding the
+        # widest entry of every column, plus the total row, has the same natural width.
         probe = table(compact=False)
         probe.add_row(max((r[0] for r in rows), key=len),
                       *(max(col, key=len) for col in zip(*codes, strict=True)),
                       max((r[2] for r in rows), key=len),
                       *[max(col, key=len) for col in zip(*(r[3] for r in rows), strict=True)])
+        probe.add_row("total", *[""] * n_max, total_pv, *total_extra)
         if not fits(probe, width):
             t = table(compact=True)
             for task, cells, pv, extra in rows:
@@ -112,6 +112,7 @@ def grid_table(d: DashData, arm: str, width: int | None = None) -> tuple[Table, 
                 t.add_row(Text(task), strip, pv, *extra)
             t.add_row(Text("total", style="bold"), "", total_pv, *total_extra)
             return t, True
+    wide = table(compact=False)
     for (task, cells, pv, extra), row_codes in zip(rows, codes, strict=True):
         t_cells = [Text(code, style=STYLE[analysis.kind(cell).split()[0]])
                    for code, cell in zip(row_codes, cells, strict=True)]
