@@ -80,6 +80,19 @@ async def spawn(argv: list[str], **kwargs: Any) -> Process:
         _spawning -= 1
 
 
+def describe_exit(code: int | None) -> str:
+    """A process's end in words: ``killed by SIGILL`` rather than asyncio's ``code -4``
+    (a CPU-feature crash of a natively built server must be recognisable at a glance)."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
 @dataclass(frozen=True, slots=True)
 class ProcIdentity:
     pid: int

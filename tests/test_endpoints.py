@@ -173,6 +173,20 @@ def test_llamacpp_process_argv_logged_and_run_completes(state_dir: Path, tmp_pat
     assert logged["engine"] == "llamacpp" and "--reasoning-format" in logged["argv"]
 
 
+def test_endpoint_dying_by_a_signal_is_named(state_dir: Path, tmp_path: Path) -> None:
+    over = overlay(tmp_path, {
+        "endpoint": {"engine": "llamacpp", "binary": str(FAKEBIN / "llama-server"),
+                     "model_path": "/models/fake.gguf", "startup_timeout_secs": 20,
+                     "env": {"FAKE_DIE_SIGNAL": "SIGILL"}}})
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", over,
+                "--state-dir", str(state_dir), "--quiet")
+    assert r.returncode == 1
+    line = r.stdout.strip().splitlines()[-1]
+    assert "AUTOPILOT_INCOMPLETE endpoint failed to start" in line
+    assert "llamacpp endpoint killed by SIGILL while starting" in line, line
+    assert "llama threadpool init" in line  # the log tail says where it died
+
+
 def test_fake_vllm_argv_and_lifecycle(state_dir: Path, tmp_path: Path) -> None:
     argv_log = tmp_path / "argv.jsonl"
     over = overlay(tmp_path, {

