@@ -58,6 +58,8 @@ class CellContext:
     # Docker hooks (None when no sandbox is configured or Docker is not in use)
     remove_sandbox: Callable[[str], Awaitable[Any]] | None = None
     sandbox_activity: Callable[[dict[str, str]], Awaitable[int | None]] | None = None
+    # a grading try that failed and will be retried (feeds the harness-break streak)
+    on_grade_failure: Callable[[str, Classification], None] | None = None
     # os.environ decoded once: copying it per cell is measurable at 8 cells in flight
     base_env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
@@ -200,6 +202,9 @@ class CellRun:
 
     async def _execute(self) -> RunOutcome | None:
         cx = self.cx
+        # A killed predecessor's workspace copies would make the harness fail (the origin
+        # removes a stale input copy with `sudo rm -rf`): every attempt starts clean.
+        self._clean_scratch()
         moved = move_aside(self.output_dir, cx.state_dir, self.cell.id, self.attempt - 1)
         if moved:
             log.info("attempt_moved_aside", to=str(moved))
@@ -212,6 +217,8 @@ class CellRun:
         # would make this attempt fail on a name conflict and cost it a retry.
         if self.sandbox and cx.remove_sandbox and await cx.remove_sandbox(self.sandbox):
             log.info("stale_sandbox_removed", container=self.sandbox)
+        ep = cx.keeper.ep
+        served_for = (ep.arm_group,)  # the endpoint's arm settings at launch
         start_mono = cx.clock()
         limits = self._limits(start_mono)
         deadline_epoch = time.time() + (limits.deadline - start_mono)
@@ -232,7 +239,8 @@ class CellRun:
         ident = identify(proc.pid)
         self.tracker = Tracker(ident, self.token) if ident else None
         cx.emit("cell_started", cell=self.cell.id, attempt=self.attempt, pid=proc.pid,
-                create_time=ident.create_time if ident else None, token=self.token)
+                create_time=ident.create_time if ident else None, token=self.token,
+                endpoint_arms=list(ep.arm_group))
         killed: Killed | None = None
         kill_reason: str | None = None
         state = WatchState.begin(start_mono)
@@ -254,10 +262,12 @@ class CellRun:
                     remembered = cx.clock()
                     await anyio.to_thread.run_sync(self.tracker.remember)
                 activity = await cx.sandbox_activity(self.ctx) if cx.sandbox_activity else None
+                decoding = (await cx.keeper.decoding(self.p.watchdog.poll_secs / 2)
+                            if self.p.watchdog.endpoint_progress else None)
                 obs = Observation(
                     now=cx.clock(), transcript_size=_size(self.transcript),
                     spool_size=_size(self.spool) or 0, activity=activity,
-                    completion=self._terminal_evidence(), alive=True,
+                    completion=self._terminal_evidence(), alive=True, generating=decoding,
                 )
                 state, d = decide(state, obs, limits)
                 if self.p.watchdog.substance and d.action != "KILL":
@@ -292,10 +302,16 @@ class CellRun:
         finally:
             OWNED.discard(proc.pid)
         end_mono = cx.clock()
+        arm_mismatch = None
+        if ep.arm_group and self.cell.arm not in served_for[0]:
+            arm_mismatch = (f"endpoint configured for {', '.join(served_for[0])}, not "
+                            f"{self.cell.arm}")
+        elif ep.arm_group != served_for[0]:
+            arm_mismatch = f"endpoint reconfigured for {', '.join(ep.arm_group)} mid-cell"
         outcome = RunOutcome(
             exit_code=proc.returncode, killed=killed, completion=self._completion_present(),
             endpoint_down=cx.keeper.outage_overlaps(start_mono, end_mono),
-            kill_reason=kill_reason,
+            kill_reason=kill_reason, arm_mismatch=arm_mismatch,
         )
         cx.emit("cell_exited", cell=self.cell.id, attempt=self.attempt, code=proc.returncode,
                 elapsed_secs=round(end_mono - start_mono, 3), outcome=asdict(outcome))
@@ -307,9 +323,16 @@ class CellRun:
 
     async def judge(self, outcome: RunOutcome) -> Classification:
         """Checks, grader and classification of a finished attempt."""
+
+        def retry(n: int, c: Classification) -> None:
+            self.cx.emit("grade_retry", cell=self.cell.id, attempt=self.attempt, tried=n,
+                         reason=c.reason, detail=c.detail)
+            if self.cx.on_grade_failure is not None:
+                self.cx.on_grade_failure(self.cell.id, c)
+
         try:
             return await judge_cell(self.p, self.ctx, outcome, self.grade_log,
-                                    base_env=self.cx.base_env)
+                                    base_env=self.cx.base_env, on_retry=retry)
         finally:
             self._clean_scratch()
 

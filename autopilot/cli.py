@@ -3,6 +3,7 @@
     autopilot --target-n 20 --preset NAME [flags]     drive a run (the systemd form)
     autopilot presets                                 list presets
     autopilot validate | report | summarize ARM       read-only verbs over a state dir
+    autopilot regrade [--task T] [--arm A]            re-run the grader on finished cells
     autopilot cleanup [--endpoint] | notify-test      reclaim the box; test phone pushes
 
 Exit codes: 0 COMPLETE, 1 INCOMPLETE, 2 bad config / usage / preflight, 3 double drive,
@@ -87,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--state-dir", dest="sub_state_dir")
     cl.add_argument("--endpoint", action="store_true",
                     help="also the endpoint container or process")
+    rg = sub.add_parser("regrade", help="re-run the grader on finished cells (PASS, FAIL, "
+                        "ungraded) from their outputs, never the harness; journaled as new "
+                        "grades of the same attempt; refuses while a supervisor holds the run")
+    rg.add_argument("--task", help="only this task's cells")
+    rg.add_argument("--arm", help="only this arm's cells")
+    rg.add_argument("--state-dir", dest="sub_state_dir")
     nt = sub.add_parser("notify-test", help="send one test message to each configured URL")
     nt.add_argument("--preset", dest="nt_preset", help="also use this preset's [notify] urls")
     nt.add_argument("--notify-config", dest="nt_config", help="apprise config file")
@@ -225,6 +232,24 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_regrade(args: argparse.Namespace) -> int:
+    from autopilot.regrade import refresh_status, regrade
+    from autopilot.status import oneline
+
+    state_dir = _state_dir(args)
+    preset, plan = load_recorded(state_dir)
+    if args.task and args.task not in [t.id for t in preset.tasks]:
+        raise ConfigError(f"regrade: --task {args.task!r} is not a task of this run "
+                          f"(tasks: {', '.join(t.id for t in preset.tasks)})")
+    if args.arm and args.arm not in [a.label for a in preset.arms]:
+        raise ConfigError(f"regrade: --arm {args.arm!r} is not an arm of this run "
+                          f"(arms: {', '.join(a.label for a in preset.arms)})")
+    done = anyio.run(partial(regrade, preset, plan, state_dir, task=args.task, arm=args.arm))
+    snap = refresh_status(preset, plan, state_dir)
+    print(f"regraded {len(done)} cell(s); {oneline(snap)}")
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from autopilot.supervisor import RunOptions, Supervisor, check_plan_identity, snapshot_once
 
@@ -285,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_report(args)
         if args.command == "summarize":
             return cmd_summarize(args)
+        if args.command == "regrade":
+            return cmd_regrade(args)
         if not args.preset:
             parser.error("--preset is required to run (try `autopilot presets`)")
         return cmd_run(args)

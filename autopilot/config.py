@@ -43,6 +43,12 @@ class Task(_Frozen):
     vars: dict[str, str] = Field(default_factory=dict)
     stuck_secs: float | None = Field(default=None, gt=0)
     wall_budget_secs: float | None = Field(default=None, gt=0)
+    # This task's own grader command line, where it differs from [grader].argv (the
+    # origin's three p1 tasks share `phase1_grade.py <kind> <workspace> <baseline>`).
+    grader_argv: Argv | None = None
+    # What the grader needs beyond itself (a helper script, a baseline dir): checked by
+    # preflight and before every grading; missing, the task's cells cannot be graded.
+    grader_requires: list[str] = Field(default_factory=list)
 
     @field_validator("id")
     @classmethod
@@ -50,11 +56,21 @@ class Task(_Frozen):
         return _check_name(v, "task id")
 
 
+class ArmEndpoint(_Frozen):
+    """Where an arm's mode acts when the harness has no switch for it: the endpoint's
+    own settings (llama-server `--reasoning-budget 0`, vLLM's default chat-template
+    kwargs). Arms whose settings differ run against differently started endpoints."""
+
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
 class Arm(_Frozen):
     label: str
     mode: str
     model: str | None = None
     vars: dict[str, str] = Field(default_factory=dict)
+    endpoint: ArmEndpoint = Field(default_factory=ArmEndpoint)
 
     @field_validator("label")
     @classmethod
@@ -162,6 +178,9 @@ class VerdictRule(_Frozen):
     verdict: Literal["PASS", "FAIL", "INVALID"]
     reason: str | None = None
     caveat: str | None = None
+    # Counts towards the harness-break streak (origin: three MISSING_OUTPUT /
+    # GRADER_FAILED in a row mean the harness or grader broke, not the model).
+    streak: bool = False
 
     @model_validator(mode="after")
     def _reason(self) -> VerdictRule:
@@ -175,15 +194,20 @@ class VerdictRule(_Frozen):
 INVALID_REASONS = frozenset(
     {
         "stall", "deadline", "harness_crash", "missing_output", "grader_failed",
-        "malformed_grade", "zero_tokens", "arm_mismatch", "endpoint_down",
+        "malformed_grade", "zero_tokens", "arm_mismatch", "endpoint_down", "api_error",
+        "grader_unavailable",
     }
 )
+# Reasons that lie with grading, not with the harness's run: the outputs stand, so the
+# grader is re-run on them; the harness never is (an hour of GPU work is not re-spent).
+GRADE_REASONS = frozenset({"grader_failed", "malformed_grade", "grader_unavailable"})
 
 DEFAULT_VERDICTS: dict[str, VerdictRule] = {
     "PASS": VerdictRule(verdict="PASS"),
     "FAIL": VerdictRule(verdict="FAIL"),
-    "MISSING_OUTPUT": VerdictRule(verdict="INVALID", reason="missing_output"),
-    "GRADER_FAILED": VerdictRule(verdict="INVALID", reason="grader_failed"),
+    # Origin: a lone MISSING_OUTPUT is the model's failure; a streak is a harness break.
+    "MISSING_OUTPUT": VerdictRule(verdict="FAIL", caveat="no deliverable", streak=True),
+    "GRADER_FAILED": VerdictRule(verdict="INVALID", reason="grader_failed", streak=True),
     "INVALID_JSON": VerdictRule(verdict="FAIL", caveat="deliverable unparsable"),
     "STRUCTURAL_PASS": VerdictRule(verdict="PASS", caveat="structural check only"),
     "STRUCTURAL_FAIL": VerdictRule(verdict="FAIL", caveat="structural check only"),
@@ -226,6 +250,10 @@ class Grader(_Frozen):
     grade_file: str = "{output_dir}/grade.json"
     verdict_field: str = "verdict"
     mode: Literal["per-cell", "per-arm"] = "per-cell"
+    retries: int = Field(default=2, ge=0)  # re-runs of the grader on the same outputs
+    # A task whose grader_requires are missing: "refuse" the run at preflight, or
+    # "record" its cells as INVALID(grader_unavailable) after one harness run each.
+    on_unavailable: Literal["refuse", "record"] = "refuse"
     extract: Extract | None = None
     verdicts: dict[str, VerdictRule] = Field(default_factory=lambda: dict(DEFAULT_VERDICTS))
 
@@ -255,6 +283,8 @@ class Watchdog(_Frozen):
     runaway_secs: float = Field(default=0, ge=0)  # 0 = off
     tool_field: str = "tool_calls"
     role_field: str = "role"
+    # The endpoint decoding tokens (llama-server /slots, vLLM /metrics) is progress.
+    endpoint_progress: bool = True
 
     @model_validator(mode="after")
     def _tiers(self) -> Watchdog:
@@ -274,10 +304,23 @@ class ArmCheck(_Frozen):
     expect: str
 
 
+class FinishCheck(_Frozen):
+    """A harness's own record of why it stopped; an endpoint error there means the run
+    broke (INVALID(api_error)), whatever the grader later finds in the workspace."""
+
+    file: str = "{output_dir}/summary.json"
+    field: str = "finish_reason"
+    invalid_prefixes: list[str] = Field(default_factory=lambda: ["api_error"])
+
+
 class Trust(_Frozen):
     infra_retries: int = Field(default=2, ge=0)
     anomaly_streak: int = Field(default=3, ge=1)
+    # "pause": stop launching once the harness-break streak fires (rather than burn the
+    # night on a broken harness); running cells finish, the run ends INCOMPLETE.
+    on_anomaly: Literal["alert", "pause"] = "alert"
     tokens: TokenCheck | None = None
+    finish: FinishCheck | None = None
     arm_checks: list[ArmCheck] = Field(default_factory=list)
 
 

@@ -12,7 +12,7 @@ import os
 import shutil
 import subprocess
 import tarfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import anyio
@@ -20,8 +20,16 @@ import anyio
 from autopilot.config import Preset
 from autopilot.fsutil import read_json
 from autopilot.procs import OWNED, Tracker, identify, kill_tree, spawn
-from autopilot.templates import render, render_argv
-from autopilot.validity import Checks, Classification, GradeOutcome, RunOutcome, classify, lookup
+from autopilot.templates import grader_argv, render, render_argv
+from autopilot.validity import (
+    Checks,
+    Classification,
+    GradeOutcome,
+    RunOutcome,
+    classify,
+    grader_unavailable,
+    lookup,
+)
 
 
 def _extract(archive: Path, into: Path) -> None:
@@ -81,12 +89,18 @@ async def run_grader(
 
 
 def read_checks(p: Preset, ctx: Mapping[str, str]) -> Checks:
-    """Token accounting and executed-vs-requested configuration, from the harness's files."""
+    """Token accounting, the harness's finish reason and executed-vs-requested
+    configuration, from the harness's own files."""
     t = p.trust
     tokens: float | None = None
     if t.tokens:
         value = lookup(read_json(Path(render(t.tokens.file, ctx))), t.tokens.field)
         tokens = float(value) if isinstance(value, int | float) else None
+    finish_error = None
+    if t.finish:
+        why = lookup(read_json(Path(render(t.finish.file, ctx))), t.finish.field)
+        if isinstance(why, str) and why.startswith(tuple(t.finish.invalid_prefixes)):
+            finish_error = why
     mismatches = []
     for chk in t.arm_checks:
         got = lookup(read_json(Path(render(chk.file, ctx))), chk.field)
@@ -94,30 +108,70 @@ def read_checks(p: Preset, ctx: Mapping[str, str]) -> Checks:
         if got is None or str(got) != want:
             mismatches.append(f"{chk.field}: requested {want!r}, executed {got!r}")
     return Checks(tokens=tokens, tokens_checked=t.tokens is not None,
-                  mismatches=tuple(mismatches))
+                  mismatches=tuple(mismatches), finish_error=finish_error)
+
+
+def _grader_cwd(p: Preset, ctx: Mapping[str, str]) -> str | None:
+    return render(p.grader.cwd, ctx) if p.grader.cwd else None
+
+
+def missing_requirements(p: Preset, task_id: str, ctx: Mapping[str, str]) -> list[str]:
+    """The task's ``grader_requires`` that are not there (relative to the grader's cwd)."""
+    base = Path(_grader_cwd(p, ctx) or Path.cwd())
+    missing = []
+    for tmpl in p.task(task_id).grader_requires:
+        path = Path(render(tmpl, ctx))
+        if not (path if path.is_absolute() else base / path).exists():
+            missing.append(str(path))
+    return missing
+
+
+OnGradeRetry = Callable[[int, Classification], None]
+
+
+async def grade_outputs(
+    p: Preset, ctx: Mapping[str, str], outcome: RunOutcome, grade_log: Path,
+    checks: Checks, base_env: Mapping[str, str] | None = None,
+    on_retry: OnGradeRetry | None = None,
+) -> Classification:
+    """Run the task's grader on a finished attempt's outputs and classify. A failure of
+    grading alone (crash, timeout, malformed grade, GRADER_FAILED) re-runs the grader on
+    the same outputs up to ``grader.retries`` times: never the harness."""
+    g = p.grader
+    missing = missing_requirements(p, ctx["task"], ctx)
+    if missing:
+        return grader_unavailable(missing, outcome.killed == "teardown")
+    extract = None
+    if g.extract:
+        extract = (Path(render(g.extract.archive, ctx)), Path(render(g.extract.into, ctx)))
+    grade_log.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ if base_env is None else base_env)
+    env["AUTOPILOT_CELL_ID"] = ctx["cell"]
+    env["AUTOPILOT_CELL_ATTEMPT"] = ctx["attempt"]
+    argv = render_argv(grader_argv(p, ctx["task"]), ctx)
+    tries = g.retries + 1
+    for n in range(1, tries + 1):
+        env["AUTOPILOT_GRADE_TRY"] = str(n)
+        grade = await run_grader(
+            argv, cwd=_grader_cwd(p, ctx), env=env, timeout=g.timeout_secs,
+            grade_file=Path(ctx["grade_file"]), log_path=grade_log, extract=extract,
+        )
+        c = classify(outcome, grade, g.verdicts, checks, g.verdict_field)
+        if not c.grade_side or n == tries:
+            return c
+        if on_retry is not None:
+            on_retry(n, c)
+    raise AssertionError("unreachable")
 
 
 async def judge_cell(
     p: Preset, ctx: Mapping[str, str], outcome: RunOutcome, grade_log: Path,
-    base_env: Mapping[str, str] | None = None,
+    base_env: Mapping[str, str] | None = None, on_retry: OnGradeRetry | None = None,
 ) -> Classification:
     """Gather evidence for a finished attempt, run the grader when it can count, classify."""
     checks = read_checks(p, ctx) if outcome.completion else Checks()
-    grade: GradeOutcome | None = None
-    untrusted = checks.mismatches or (
+    untrusted = checks.mismatches or checks.finish_error or (
         checks.tokens_checked and not (checks.tokens and checks.tokens > 0))
     if outcome.completion and not untrusted:
-        g = p.grader
-        extract = None
-        if g.extract:
-            extract = (Path(render(g.extract.archive, ctx)), Path(render(g.extract.into, ctx)))
-        grade_log.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ if base_env is None else base_env)
-        env["AUTOPILOT_CELL_ID"] = ctx["cell"]
-        env["AUTOPILOT_CELL_ATTEMPT"] = ctx["attempt"]
-        grade = await run_grader(
-            render_argv(g.argv, ctx), cwd=render(g.cwd, ctx) if g.cwd else None, env=env,
-            timeout=g.timeout_secs, grade_file=Path(ctx["grade_file"]), log_path=grade_log,
-            extract=extract,
-        )
-    return classify(outcome, grade, p.grader.verdicts, checks, p.grader.verdict_field)
+        return await grade_outputs(p, ctx, outcome, grade_log, checks, base_env, on_retry)
+    return classify(outcome, None, p.grader.verdicts, checks, p.grader.verdict_field)

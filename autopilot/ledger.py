@@ -7,7 +7,9 @@ resumed run and a run that never stopped cannot disagree.
 Vocabulary (DESIGN.md): a cell is ABSENT until it first starts; PASS / FAIL come from
 the grader; INVALID(reason) means the cell could not be trusted and is excluded from
 aggregates; after ``infra_retries`` INVALID attempts the cell is quarantined, which is
-reported and never counted as success.
+reported and never counted as success. A cell whose harness run stands but whose grading
+failed (or whose grader is unavailable) is *ungraded*: excluded like INVALID, never
+re-run, and turned into PASS / FAIL by ``autopilot regrade`` once the grader works.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import Any, Literal
 
 from autopilot.plan import Cell, Plan
 
-Status = Literal["pending", "running", "ran", "PASS", "FAIL", "invalid", "quarantined"]
+Status = Literal["pending", "running", "ran", "PASS", "FAIL", "invalid", "quarantined",
+                 "ungraded"]
 VALID = ("PASS", "FAIL")
 
 
@@ -89,6 +92,7 @@ class Ledger:
         self.recent: list[dict[str, Any]] = []
         self.fails: list[dict[str, Any]] = []
         self.endpoint_restarts = 0
+        self.grade_retries = 0
         self.completed_ts: list[str] = []
 
     def _cell(self, cid: str) -> CellState | None:
@@ -100,6 +104,9 @@ class Ledger:
         kind = ev.get("event")
         if kind == "endpoint_restart":
             self.endpoint_restarts += 1
+            return
+        if kind == "grade_retry":
+            self.grade_retries += 1
             return
         cid = ev.get("cell")
         if not isinstance(cid, str):
@@ -137,6 +144,11 @@ class Ledger:
         if verdict in VALID:
             cell.status = verdict
             cell.reason = None
+        elif ev.get("ungraded"):
+            # The attempt's outputs stand; only grading failed: no retry is spent.
+            cell.status = "ungraded"
+            cell.reason = str(ev.get("reason") or "grader_failed")
+            cell.reasons.append(cell.reason)
         else:
             cell.status = "invalid"
             cell.reason = str(ev.get("reason") or "unknown")
@@ -152,7 +164,7 @@ class Ledger:
         self.recent = [*self.recent[-19:], row]
         if verdict != "PASS":
             self.fails = [*self.fails[-49:], row]
-        if verdict in VALID:
+        if verdict in VALID and not ev.get("regrade"):
             self.completed_ts.append(str(ev.get("ts")))
 
     # ------------------------------------------------------------------ queries
@@ -162,7 +174,12 @@ class Ledger:
         return [c for c in self.cells.values() if c.status in ("pending", "invalid")]
 
     def complete(self) -> bool:
-        return all(c.valid for c in self.cells.values())
+        return all(self.settled(c) for c in self.cells.values())
+
+    def settled(self, c: CellState) -> bool:
+        """Counts towards completion: a valid verdict, or a cell the preset chose to
+        record as ungradable (its grader cannot run here; reported, never a success)."""
+        return c.valid or (c.status == "ungraded" and c.reason == "grader_unavailable")
 
     def counts(self, cells: list[CellState] | None = None) -> dict[str, int]:
         cells = list(self.cells.values()) if cells is None else cells
@@ -185,7 +202,7 @@ class Ledger:
             if c.reasons:
                 by_reason.update(c.reasons)
                 attempts += c.invalid_attempts
-            if c.status in ("invalid", "quarantined"):
+            if c.status in ("invalid", "quarantined", "ungraded"):
                 excluded.append({"cell": c.id, "status": c.status, "reasons": c.reasons})
             if c.teardown_masked and c.status in VALID:
                 masked += 1
@@ -204,6 +221,8 @@ class Ledger:
             "invalid_by_reason": dict(sorted(by_reason.items())),
             "teardown_masked_cells": masked,
             "quarantined_cells": total["quarantined"],
+            "ungraded_cells": total["ungraded"],
+            "grade_retries": self.grade_retries,
             "retried_cells": retried,
             "excluded": excluded,
         }
@@ -230,6 +249,7 @@ def _counts(c: Counter[str]) -> dict[str, int]:
         "fail": c["FAIL"],
         "invalid": c["invalid"],
         "quarantined": c["quarantined"],
+        "ungraded": c["ungraded"],
         "running": c["running"],
         "grading": c["ran"],
         "pending": c["pending"],

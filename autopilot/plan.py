@@ -19,8 +19,9 @@ import sys
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
-from autopilot.config import Preset
+from autopilot.config import ArmEndpoint, Preset
 from autopilot.templates import render
 
 
@@ -58,15 +59,32 @@ class Plan:
         return plan_identity(self.preset)
 
 
+# Fields added after state dirs existed: left out of the digest while at their default,
+# so upgrading the autopilot does not refuse a run that did not change.
+_LATER_FIELDS = frozenset({"grader_argv", "grader_requires", "endpoint", "streak"})
+
+
+def _dump(obj: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = obj.model_dump(mode="json")
+    for name in _LATER_FIELDS & doc.keys():
+        field = type(obj).model_fields[name]
+        default = field.get_default(call_default_factory=True)
+        if hasattr(default, "model_dump"):
+            default = default.model_dump(mode="json")
+        if doc[name] == default:
+            del doc[name]
+    return doc
+
+
 def plan_identity(p: Preset) -> str:
     defining = {
         "model": p.model,
         "vars": p.vars,
-        "tasks": [t.model_dump(mode="json") for t in p.tasks],
-        "arms": [a.model_dump(mode="json") for a in p.arms],
+        "tasks": [_dump(t) for t in p.tasks],
+        "arms": [_dump(a) for a in p.arms],
         "harness_argv": p.harness.argv,
         "grader_argv": p.grader.argv,
-        "verdicts": {k: v.model_dump(mode="json") for k, v in p.grader.verdicts.items()},
+        "verdicts": {k: _dump(v) for k, v in p.grader.verdicts.items()},
     }
     blob = json.dumps(defining, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
@@ -92,3 +110,14 @@ def cell_context(
     ctx["grade_file"] = render(preset.grader.grade_file, ctx)
     ctx["scratch_dir"] = str(state_dir / "scratch" / cell.id)
     return ctx
+
+
+def arm_groups(preset: Preset) -> list[tuple[ArmEndpoint, tuple[str, ...]]]:
+    """Arms grouped by their endpoint settings, in preset order. One group (the usual
+    case: the harness carries the mode) means one endpoint for the whole run; several
+    mean the endpoint is restarted with each group's settings in turn."""
+    groups: dict[str, tuple[ArmEndpoint, list[str]]] = {}
+    for a in preset.arms:
+        key = json.dumps(a.endpoint.model_dump(mode="json"), sort_keys=True)
+        groups.setdefault(key, (a.endpoint, []))[1].append(a.label)
+    return [(setting, tuple(labels)) for setting, labels in groups.values()]

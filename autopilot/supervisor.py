@@ -26,7 +26,7 @@ import anyio
 
 from autopilot import logsetup, sdnotify, sweep
 from autopilot.cells import CellContext, CellRun
-from autopilot.config import Preset
+from autopilot.config import ArmEndpoint, Preset
 from autopilot.endpoints import make_endpoint
 from autopilot.endpoints.keeper import Keeper
 from autopilot.errors import (
@@ -44,7 +44,7 @@ from autopilot.ledger import Ledger, StreakState, should_quarantine, streak_step
 from autopilot.lock import HEARTBEAT_SECS, RunLock
 from autopilot.logsetup import get_logger
 from autopilot.notify import MILESTONES, Notifier, urls_from_env
-from autopilot.plan import Plan, cell_context
+from autopilot.plan import Plan, arm_groups, cell_context
 from autopilot.preflight import needs_docker
 from autopilot.procs import RUN_TOKEN_ENV, enable_subreaper, reap_adopted, run_token
 from autopilot.status import SCHEMA_VERSION, StatusWriter, eta_secs, oneline
@@ -126,6 +126,7 @@ class Supervisor:
         self.done_this_session = 0
         self.streak = StreakState()
         self.anomaly_alarms = 0
+        self.paused: str | None = None  # on_anomaly = "pause" fired: launch nothing more
         self.announced_arms: set[str] = set()
         self.orphans_cleaned: list[dict[str, Any]] = []
         self.stop_signal: int | None = None
@@ -180,7 +181,8 @@ class Supervisor:
         summary = led.summary()
         totals = summary.totals
         elapsed = self.clock() - self.t0
-        remaining = totals["total"] - totals["done"] - totals["quarantined"]
+        remaining = (totals["total"] - totals["done"] - totals["quarantined"]
+                     - totals["ungraded"])
         snap: dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,
             "phase": self.phase,
@@ -351,6 +353,7 @@ class Supervisor:
     async def _drive(self) -> int:
         docker = await self._docker_setup()
         ep = make_endpoint(self.preset, self.state_dir)
+        ep.arm_setting, ep.arm_group = self._pending_group()
         self.keeper = Keeper(ep, self.emit, self.milestone, self.clock)
         code = EXIT_INCOMPLETE
         try:
@@ -411,13 +414,42 @@ class Supervisor:
         except OSError:
             pass
 
+    def _pending_group(self) -> tuple[ArmEndpoint, tuple[str, ...]]:
+        """The first arm group (by endpoint settings) with cells to run."""
+        groups = arm_groups(self.preset)
+        pending = {c.arm for c in self.ledger.pending()}
+        return next((g for g in groups if pending & set(g[1])), groups[0])
+
     async def _passes(self) -> None:
         if self.preset.grader.mode == "per-arm":
             await self._grade_ready_arms(force=True)  # ran before a restart, not graded
-        for pass_no in range(1, self.preset.run.max_passes + 1):
-            if self.stop_signal or self.ledger.complete():
+        assert self.keeper is not None
+        groups = arm_groups(self.preset)
+        for setting, arms in groups:
+            if self.stop_signal or self.paused:
                 return
-            pending = self.ledger.pending()
+            if not any(c.arm in arms for c in self.ledger.pending()):
+                continue
+            if len(groups) > 1 and self.keeper.ep.arm_group != arms:
+                # The arm's mode is an endpoint setting: restart it configured for them.
+                try:
+                    with self._interruptible() as scope:
+                        await self.keeper.reconfigure(setting, arms)
+                except EndpointError as e:
+                    self.outcome_reason = f"endpoint failed to start for {', '.join(arms)}: {e}"
+                    self.milestone("endpoint_failed", why=self.outcome_reason)
+                    return
+                if scope.cancelled_caught:
+                    return
+            await self._group_passes(set(arms))
+            if self.keeper.failed:
+                return
+
+    async def _group_passes(self, arms: set[str]) -> None:
+        for pass_no in range(1, self.preset.run.max_passes + 1):
+            if self.stop_signal or self.paused or self.ledger.complete():
+                return
+            pending = [c for c in self.ledger.pending() if c.arm in arms]
             if not pending:
                 return
             self.pass_no = pass_no
@@ -436,7 +468,7 @@ class Supervisor:
         async with anyio.create_task_group() as tg:
             for cell_state in pending:
                 await slots.acquire()
-                if self.stop_signal:
+                if self.stop_signal or self.paused:
                     slots.release()
                     break
                 try:
@@ -466,6 +498,7 @@ class Supervisor:
                                if k.startswith("AUTOPILOT_STALL_")},
                 redact=self.redactor.scrub, remove_sandbox=self.remove_sandbox,
                 sandbox_activity=self.sandbox_activity,
+                on_grade_failure=self._on_grade_failure,
                 base_env={**os.environ, RUN_TOKEN_ENV: self.run_token},
             )
         return self._cx
@@ -520,25 +553,46 @@ class Supervisor:
                     outcome = RunOutcome(**(c.ran_outcome or {}))
                     self._record_verdict(c.id, c.attempts, await run.judge(outcome))
 
-    def _record_verdict(self, cid: str, attempt: int, c: Classification) -> None:
+    def _record_verdict(self, cid: str, attempt: int, c: Classification, *,
+                        regrade: bool = False) -> None:
+        extra: dict[str, Any] = {"ungraded": True} if c.grade_side else {}
+        if regrade:
+            extra["regrade"] = True
         self.emit("cell_verdict", cell=cid, attempt=attempt, verdict=c.verdict, reason=c.reason,
                   word=c.word, caveat=c.caveat, teardown_masked=c.teardown_masked,
-                  detail=c.detail)
+                  detail=c.detail, **extra)
         state = self.ledger.cells[cid]
         if c.verdict in ("PASS", "FAIL"):
             self.done_this_session += 1
-        elif should_quarantine(state.invalid_attempts, self.preset.trust.infra_retries):
+        elif not c.grade_side and should_quarantine(state.invalid_attempts,
+                                                    self.preset.trust.infra_retries):
             self.emit("cell_quarantined", cell=cid, attempts=state.attempts,
                       reasons=state.reasons)
+        if not regrade:  # the streak is about fresh runs and fresh grades
+            self._streak_step(cid, c)
+        self._maybe_arm_complete(state.arm)
+
+    def _on_grade_failure(self, cid: str, c: Classification) -> None:
+        self._streak_step(cid, c)
+
+    def _streak_step(self, cid: str, c: Classification) -> None:
         self.streak, fire = streak_step(self.streak, c.harness_break,
                                         self.preset.trust.anomaly_streak)
-        if fire:
-            self.anomaly_alarms += 1
-            self.milestone("harness_anomaly", alarm=self.anomaly_alarms,
-                           streak=self.streak.count, last_cell=cid,
-                           reason=c.reason,
-                           advice="harness or grader looks broken; check grade logs")
-        arm = state.arm
+        if not fire:
+            return
+        self.anomaly_alarms += 1
+        pause = self.preset.trust.on_anomaly == "pause"
+        self.milestone("harness_anomaly", alarm=self.anomaly_alarms,
+                       streak=self.streak.count, last_cell=cid, reason=c.reason or c.word,
+                       advice="harness or grader looks broken; check the launcher and "
+                              "grade logs" + ("; launching paused" if pause else ""))
+        if pause and not self.paused:
+            self.paused = (f"paused after a harness-break streak of {self.streak.count} "
+                           f"(last {cid}: {c.label()}{' ' + c.word if c.word else ''}); "
+                           "fix the harness, then re-run the same command")
+            self.emit("launching_paused", why=self.paused)
+
+    def _maybe_arm_complete(self, arm: str) -> None:
         if arm not in self.announced_arms and all(
             x.valid for x in self.ledger.cells.values() if x.arm == arm
         ):
@@ -578,10 +632,19 @@ class Supervisor:
             return EXIT_COMPLETE
         self.phase = "INCOMPLETE"
         trust = self.ledger.trust()
+        if self.paused and not self.outcome_reason:
+            self.outcome_reason = self.paused
         if not self.outcome_reason:
             q = [e["cell"] for e in trust["excluded"] if e["status"] == "quarantined"]
+            ungraded = [c.id for c in self.ledger.cells.values()
+                        if c.status == "ungraded" and not self.ledger.settled(c)]
+            pending = self.ledger.pending()
             if q:
                 self.outcome_reason = f"{len(q)} quarantined: {', '.join(q[:5])}"
+            elif ungraded and not pending:
+                self.outcome_reason = (
+                    f"{len(ungraded)} ungraded (grading failed; their runs stand): "
+                    f"{', '.join(ungraded[:5])}; fix the grader, then `autopilot regrade`")
             else:
                 self.outcome_reason = f"max passes ({self.preset.run.max_passes}) reached"
         self.emit("run_finished", outcome="INCOMPLETE", reason=self.outcome_reason)

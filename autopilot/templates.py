@@ -12,7 +12,7 @@ from __future__ import annotations
 import string
 from collections.abc import Iterable, Mapping
 
-from autopilot.config import BUILTIN_PLACEHOLDERS, Argv, Preset
+from autopilot.config import BUILTIN_PLACEHOLDERS, Argv, Preset, Task
 
 
 def placeholders(template: str) -> list[str]:
@@ -44,8 +44,8 @@ def render_argv(argv: Argv, ctx: Mapping[str, str]) -> list[str]:
     return out
 
 
-def _template_sites(p: Preset) -> Iterable[tuple[str, str, bool]]:
-    """(key path, template, optional) for every template in the preset."""
+def _template_sites(p: Preset, task: Task) -> Iterable[tuple[str, str, bool]]:
+    """(key path, template, optional) for every template in the preset, for one task."""
 
     def argv_sites(prefix: str, argv: Argv) -> Iterable[tuple[str, str, bool]]:
         for i, item in enumerate(argv):
@@ -56,7 +56,13 @@ def _template_sites(p: Preset) -> Iterable[tuple[str, str, bool]]:
                     yield f"{prefix}[{i}][{j}]", part, True
 
     yield from argv_sites("harness.argv", p.harness.argv)
-    yield from argv_sites("grader.argv", p.grader.argv)
+    i = next(k for k, t in enumerate(p.tasks) if t.id == task.id)
+    if task.grader_argv is not None:
+        yield from argv_sites(f"tasks[{i}].grader_argv", task.grader_argv)
+    else:
+        yield from argv_sites("grader.argv", p.grader.argv)
+    for j, r in enumerate(task.grader_requires):
+        yield f"tasks[{i}].grader_requires[{j}]", r, False
     for key in ("output_dir", "transcript", "summary", "sandbox_container"):
         yield f"harness.{key}", getattr(p.harness, key), False
     if p.harness.cwd:
@@ -75,6 +81,8 @@ def _template_sites(p: Preset) -> Iterable[tuple[str, str, bool]]:
         yield "grader.extract.into", p.grader.extract.into, False
     if p.trust.tokens:
         yield "trust.tokens.file", p.trust.tokens.file, False
+    if p.trust.finish:
+        yield "trust.finish.file", p.trust.finish.file, False
     for i, f in enumerate(p.preflight.files):
         yield f"preflight.files[{i}]", f, False
     for f in p.preflight.pins:
@@ -89,7 +97,7 @@ def check_templates(p: Preset) -> None:
     for task in p.tasks:
         for arm in p.arms:
             known = BUILTIN_PLACEHOLDERS | set(p.vars) | set(task.vars) | set(arm.vars)
-            for path, template, optional in _template_sites(p):
+            for path, template, optional in _template_sites(p, task):
                 try:
                     names = placeholders(template)
                 except ValueError as e:
@@ -110,3 +118,9 @@ class TemplateError(Exception):
         super().__init__(msg)
         self.path = path
         self.msg = msg
+
+
+def grader_argv(p: Preset, task_id: str) -> Argv:
+    """The grader command line of a task: its own, else the preset's."""
+    own = p.task(task_id).grader_argv
+    return own if own is not None else p.grader.argv

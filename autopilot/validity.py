@@ -13,12 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from autopilot.config import VerdictRule
+from autopilot.config import GRADE_REASONS, VerdictRule
 
 Verdict = Literal["PASS", "FAIL", "INVALID"]
 Killed = Literal["stall", "deadline", "teardown"]
-# Reasons that point at a broken harness or grader rather than at the model.
-STREAK_REASONS = frozenset({"grader_failed", "missing_output"})
+# Reasons that point at a broken harness or grader rather than at the model: a harness
+# crash, an attempt without its completion artifacts, a grader that fails. (The verdict
+# words that count too, e.g. MISSING_OUTPUT, are preset data: VerdictRule.streak.)
+STREAK_REASONS = frozenset({"grader_failed", "malformed_grade", "missing_output",
+                            "harness_crash"})
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,8 @@ class RunOutcome:
     completion: bool = False
     endpoint_down: bool = False
     kill_reason: str | None = None
+    # the endpoint was not configured for this cell's arm while it ran (arm settings)
+    arm_mismatch: str | None = None
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,7 @@ class Checks:
     tokens: float | None = None  # None: not checked; NaN: missing
     tokens_checked: bool = False
     mismatches: tuple[str, ...] = ()
+    finish_error: str | None = None  # the harness stopped on an endpoint error
 
 
 @dataclass(frozen=True)
@@ -57,10 +63,16 @@ class Classification:
     teardown_masked: bool = False
     detail: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    streak: bool = False  # the verdict word counts towards the harness-break streak
 
     @property
     def harness_break(self) -> bool:
-        return self.reason in STREAK_REASONS
+        return self.streak or self.reason in STREAK_REASONS
+
+    @property
+    def grade_side(self) -> bool:
+        """INVALID because of grading alone: the harness's outputs stand."""
+        return self.verdict == "INVALID" and self.reason in GRADE_REASONS
 
     def label(self) -> str:
         return self.verdict if self.verdict != "INVALID" else f"INVALID({self.reason})"
@@ -88,10 +100,15 @@ def classify(
         if run.exit_code not in (0, None):
             return _invalid("harness_crash", f"exit code {run.exit_code}, no completion artifacts")
         return _invalid("missing_output", "harness ended without its completion artifacts")
+    if run.arm_mismatch:
+        return _invalid("arm_mismatch", run.arm_mismatch, teardown_masked=masked)
     if checks.mismatches:
         return _invalid("arm_mismatch", "; ".join(checks.mismatches), teardown_masked=masked)
     if checks.tokens_checked and not (checks.tokens and checks.tokens > 0):
         return _invalid("zero_tokens", "token accounting missing or zero", teardown_masked=masked)
+    if checks.finish_error:
+        return _invalid("api_error", f"harness stopped on an endpoint error: "
+                        f"{checks.finish_error[:200]}", teardown_masked=masked)
     if grade is None or not grade.ok:
         detail = grade.detail if grade else "grader did not run"
         return _invalid("grader_failed", detail, teardown_masked=masked)
@@ -109,8 +126,10 @@ def classify(
                         teardown_masked=masked)
     if rule.verdict == "INVALID":
         assert rule.reason is not None
-        return _invalid(rule.reason, f"grader said {word}", word=word, teardown_masked=masked)
-    return Classification(rule.verdict, word=word, caveat=rule.caveat, teardown_masked=masked)
+        return _invalid(rule.reason, f"grader said {word}", word=word, teardown_masked=masked,
+                        streak=rule.streak)
+    return Classification(rule.verdict, word=word, caveat=rule.caveat, teardown_masked=masked,
+                          streak=rule.streak)
 
 
 def lookup(doc: Any, dotted: str) -> Any:
@@ -121,3 +140,9 @@ def lookup(doc: Any, dotted: str) -> Any:
             return None
         cur = cur[part]
     return cur
+
+
+def grader_unavailable(missing: list[str], masked: bool = False) -> Classification:
+    """A task whose grader cannot run here (its declared requirements are missing)."""
+    return _invalid("grader_unavailable", "grader needs " + ", ".join(missing),
+                    teardown_masked=masked)

@@ -6,12 +6,15 @@ module never touches a process or a file, so tests drive hours of stall with a f
 
 Tiers, after the origin runbook (doc 000):
   * no-progress watch, where *any* signal counts as progress (transcript growth, spool
-    growth, sandbox activity, a completion artifact appearing):
+    growth, sandbox activity, a completion artifact appearing, the endpoint decoding):
     WARN at ``warn_secs``, PROBE at ``probe_secs``, KILL at ``kill_secs`` -> INVALID(stall);
   * transcript freeze: the transcript has not grown for ``stuck_secs`` -> KILL, even if
     the process keeps writing elsewhere (a harness spinning on its own log is not working);
     a slow cell whose transcript still grows is never stuck: this fires on freeze, not on
-    wall time;
+    wall time. A harness that does not stream writes nothing during one long model turn:
+    while the endpoint reports tokens being decoded (llama-server ``/slots``, vLLM
+    ``/metrics``), the model is working for it, and that counts as transcript progress
+    (per endpoint, not per request: neither API names the client of a slot);
   * hard deadline (task wall budget + overhead, capped) -> KILL -> INVALID(deadline);
   * hung teardown: terminal evidence (completion artifacts) while the process is still
     alive after ``teardown_grace_secs`` -> KILL, grade from outputs, ``teardown_masked``.
@@ -44,6 +47,7 @@ class Observation:
     activity: int | None = None  # e.g. sandbox container CPU counter; None: unknown
     completion: bool = False  # all completion artifacts present
     alive: bool = True
+    generating: int | None = None  # the endpoint's decoded-token counter while busy
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ class WatchState:
     transcript_size: int | None = None
     spool_size: int = 0
     activity: int | None = None
+    generating: int | None = None
     completion_since: float | None = None
     tier: Action = "OK"
     last_signal: str = "start"
@@ -87,6 +92,11 @@ def observe(state: WatchState, obs: Observation) -> WatchState:
         if s.activity is not None:
             s = replace(s, last_progress=now, last_signal="sandbox")
         s = replace(s, activity=obs.activity)
+    if obs.generating is not None and obs.generating != s.generating:
+        if s.generating is not None:
+            # The model is decoding: the harness is waiting on it, not stuck.
+            s = replace(s, last_transcript=now, last_progress=now, last_signal="endpoint")
+        s = replace(s, generating=obs.generating)
     if obs.completion and s.completion_since is None:
         s = replace(s, completion_since=now, last_progress=now, last_signal="completion")
     return s

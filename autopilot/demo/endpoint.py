@@ -11,6 +11,12 @@ request needs ``Authorization: Bearer $NAME`` (401 otherwise), as a hosted API w
 Fault knobs: ``--crash-after K`` exits hard after K chat requests (as a crashed server
 would); ``--startup-delay S`` answers 503 on /health for S seconds (llama.cpp's loading
 phase); ``--never-ready`` never leaves that phase.
+
+Like llama-server it answers ``/slots`` (one entry per ``--parallel`` slot, with
+``is_processing`` and ``next_token[0].n_decoded`` growing while a request is being
+"generated"), and takes ``--chat-template-kwargs '{"enable_thinking": true}'``: a think
+arm's answers then carry their reasoning in-band (``<think>...</think>``), as with
+``--reasoning-format none``.
 """
 
 from __future__ import annotations
@@ -40,6 +46,10 @@ def make_handler(args: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
     started = time.monotonic()
     lock = threading.Lock()
     count = [0]
+    busy: dict[int, float] = {}  # slot id -> when its current request began
+    decoded = [0] * args.parallel  # tokens "decoded" by each slot's finished requests
+    thinking = bool(json.loads(args.chat_template_kwargs or "{}").get("enable_thinking"))
+    rate = 50.0  # simulated tokens per second while a slot is busy
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -50,7 +60,7 @@ def make_handler(args: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
         def log_message(self, fmt: str, *a: Any) -> None:  # quiet: the harness logs
             pass
 
-        def _send(self, code: int, body: dict[str, Any]) -> None:
+        def _send(self, code: int, body: Any) -> None:
             data = json.dumps(body).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
@@ -78,6 +88,14 @@ def make_handler(args: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
                     self._send(503, {"error": {"message": "Loading model", "code": 503}})
                 else:
                     self._send(200, {"status": "ok"})
+            elif self.path == "/slots":
+                now = time.monotonic()
+                with lock:
+                    slots = [{"id": i, "n_ctx": 4096, "is_processing": i in busy,
+                              "next_token": [{"n_decoded": decoded[i] + (
+                                  int((now - busy[i]) * rate) if i in busy else 0)}]}
+                             for i in range(args.parallel)]
+                self._send(200, slots)
             elif self.path == "/v1/models":
                 ids = [args.model, *filter(None, args.extra_models.split(","))]
                 self._send(200, {"object": "list", "data": [
@@ -103,10 +121,18 @@ def make_handler(args: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
             with lock:
                 count[0] += 1
                 n_req = count[0]
+                slot = next((i for i in range(args.parallel) if i not in busy), -1)
+                if slot >= 0:
+                    busy[slot] = time.monotonic()
             if args.crash_after and n_req > args.crash_after:
                 os._exit(70)  # fault knob: die like a crashed server, mid-request
-            if args.latency:
-                time.sleep(args.latency)
+            try:
+                if args.latency:
+                    time.sleep(args.latency)
+            finally:
+                with lock:
+                    if slot >= 0:
+                        decoded[slot] += int((time.monotonic() - busy.pop(slot)) * rate)
             messages = req.get("messages") or []
             text = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
             m = MARKER.search(text)
@@ -116,6 +142,8 @@ def make_handler(args: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
                 content = f"FINAL: {answer_for(args.seed, *m.groups())}"
             else:
                 content = f"Working on step {turn}: reading files, running tools."
+            if thinking:
+                content = f"<think>Let me reason about step {turn}.</think>{content}"
             prompt_tokens = max(1, len(text) // 4)
             completion_tokens = max(1, len(content) // 4)
             self._send(200, {
@@ -142,6 +170,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--startup-delay", type=float, default=0.0)
     ap.add_argument("--crash-after", type=int, default=0)
     ap.add_argument("--never-ready", action="store_true")
+    ap.add_argument("--parallel", type=int, default=4, help="slots shown by /slots")
+    ap.add_argument("--chat-template-kwargs", default="",
+                    help='JSON, e.g. {"enable_thinking": true}: reasoning in-band')
     ap.add_argument("--require-key-env", default="")
     ap.add_argument("--extra-models", default="", help="more ids for /v1/models, comma separated")
     args = ap.parse_args(argv)

@@ -5,7 +5,9 @@ is no deliverable. Fault knobs: ``--fail-first K`` (the first K invocations of a
 a counter file under ``--counter``, crash with exit 1: a harness-break streak for the
 anomaly alarm and the retry budget to absorb), ``--fail-invocations 1-3,7-9`` (the
 same, for chosen invocation numbers), and ``--fail-cells A,B --fail-until-attempt K``
-(those cells' grader crashes on attempts below K; K large = always).
+(those cells' grader crashes on attempts below K; K large = always), and
+``--fail-cells A,B --fail-until-try K`` (crashes on grading tries below K of the same
+attempt: the autopilot re-runs a failed grader on the same outputs).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fail-invocations", default="")
     ap.add_argument("--fail-cells", default="")
     ap.add_argument("--fail-until-attempt", type=int, default=0)
+    ap.add_argument("--fail-until-try", type=int, default=0)
     ap.add_argument("--expect-regex", default="", help="PASS when the answer matches this "
                     "regular expression (a real model's answer), instead of 'correct'")
     a = ap.parse_args(argv)
@@ -60,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     attempt = int(os.environ.get("AUTOPILOT_CELL_ATTEMPT", "1"))
     if cell and cell in a.fail_cells.split(",") and attempt < a.fail_until_attempt:
         print(f"fault knob: grader crash for {cell} attempt {attempt}", file=sys.stderr)
+        return 1
+    grade_try = int(os.environ.get("AUTOPILOT_GRADE_TRY", "1"))
+    if cell and cell in a.fail_cells.split(",") and grade_try < a.fail_until_try:
+        print(f"fault knob: grader crash for {cell} try {grade_try}", file=sys.stderr)
         return 1
     answer_file = Path(a.outputs) / "answer.txt"
     if not answer_file.is_file():

@@ -9,6 +9,7 @@ exited, and gives up after ``startup_timeout_secs`` with the tail of the endpoin
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import time
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 import anyio
 from anyio.abc import Process
 
-from autopilot.config import EndpointCommon, Preset
+from autopilot.config import ArmEndpoint, EndpointCommon, Preset
 from autopilot.errors import EndpointCrashed, EndpointError, EndpointStartTimeout
 from autopilot.logsetup import get_logger
 from autopilot.procs import (
@@ -78,6 +79,10 @@ class Endpoint:
         self.host = self.cfg.host
         self.port = self.cfg.port or free_port(self.cfg.host)
         self.served_model = preset.model
+        # The arm settings this endpoint runs with (arms whose mode is an endpoint
+        # setting run against differently started endpoints; see Keeper.reconfigure).
+        self.arm_setting = ArmEndpoint()
+        self.arm_group: tuple[str, ...] = ()
         self.generation = 0
         self.proc: Process | None = None
         self.tracker: Tracker | None = None
@@ -110,10 +115,16 @@ class Endpoint:
             "container": self.container_name() if self.mode == "docker" else None,
             "create_time": self.tracker.root.create_time if self.tracker else None,
             "attached": self.attached,
+            "arms": list(self.arm_group),
+            "arm_args": list(self.arm_setting.args),
         }
 
     def argv(self) -> list[str]:
         raise NotImplementedError
+
+    def full_argv(self) -> list[str]:
+        """The engine's argv plus the current arm's endpoint settings."""
+        return self.argv() + list(self.arm_setting.args)
 
     # docker mode -----------------------------------------------------------------
 
@@ -126,7 +137,7 @@ class Endpoint:
 
     def container_cmd(self) -> list[str]:
         """The container's command: the argv without the program (the image's entrypoint)."""
-        return self.argv()[1:]
+        return self.full_argv()[1:]
 
     def container_name(self) -> str:
         d = getattr(self.cfg, "docker", None)
@@ -138,7 +149,7 @@ class Endpoint:
         from autopilot.sandbox import LABEL_ROLE, LABEL_STATE, gpu_requests
 
         d = self.cfg.docker  # type: ignore[attr-defined]
-        env = {k: v for k, v in getattr(self.cfg, "env", {}).items()}
+        env = {**getattr(self.cfg, "env", {}), **self.arm_setting.env}
         binds = [*(f"{d.model_dir}:{d.model_dir}:ro" for _ in [0] if d.model_dir), *d.binds]
         host: dict[str, Any] = {"Binds": binds, "DeviceRequests": gpu_requests(d.gpus)}
         if d.network == "host":
@@ -252,15 +263,17 @@ class Endpoint:
         if not self.attached and self.mode == "docker":
             await self._start_container()
         elif not self.attached:
-            argv = self.argv()
-            log.info("endpoint_argv", engine=self.engine, argv=argv, generation=self.generation)
+            argv = self.full_argv()
+            log.info("endpoint_argv", engine=self.engine, argv=argv, generation=self.generation,
+                     arms=list(self.arm_group))
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with self.log_path.open("ab") as logf:
                 logf.write(f"--- start generation {self.generation} ---\n".encode())
                 logf.flush()
                 # The run's marker: if we are killed before on_spawn journals it, the
                 # next supervisor's sweep still knows this process is ours (and its port).
-                env = {**self.env(), RUN_TOKEN_ENV: run_token(self.state_dir)}
+                env = {**self.env(), **self.arm_setting.env,
+                       RUN_TOKEN_ENV: run_token(self.state_dir)}
                 self.proc = await spawn(
                     argv, stdout=logf, stderr=subprocess.STDOUT, env=env,
                     start_new_session=True,
@@ -324,6 +337,11 @@ class Endpoint:
                 return False, f"process {describe_exit(self.proc.returncode)}"
             return False, f"{type(e).__name__}"
 
+    async def decoding(self) -> int | None:
+        """The endpoint's count of tokens decoded so far while a request is in flight,
+        None when it is idle or cannot tell. Engines that can say override this."""
+        return None
+
     async def _check_models(self) -> tuple[bool, str]:
         r = await self.client().get(f"{self.api_base}/models")
         if r.status_code != 200:
@@ -364,3 +382,48 @@ class Endpoint:
         await self.stop()
         self.generation += 1
         await self.start()
+
+
+def slots_generation(slots: Any) -> int | None:
+    """llama-server's ``/slots``: tokens decoded by all slots, None when none is busy.
+    Shape-checked: anything unexpected reads as "cannot tell"."""
+    if not isinstance(slots, list):
+        return None
+    busy, total = False, 0
+    for slot in slots:
+        if not isinstance(slot, dict):
+            return None
+        busy = busy or slot.get("is_processing") is True
+        nxt = slot.get("next_token")
+        first = nxt[0] if isinstance(nxt, list) and nxt else nxt
+        n = first.get("n_decoded") if isinstance(first, dict) else None
+        if isinstance(n, int) and not isinstance(n, bool):
+            total += n
+        p = slot.get("n_prompt_tokens_processed")
+        if isinstance(p, int) and not isinstance(p, bool):
+            total += p  # a long prompt being processed is work too
+    return total if busy else None
+
+
+_METRIC = re.compile(r"^(vllm:num_requests_running|vllm:generation_tokens_total|"
+                     r"vllm:prompt_tokens_total)(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$")
+
+
+def metrics_generation(text: str) -> int | None:
+    """vLLM's Prometheus ``/metrics``: generated + prompt tokens so far, None when no
+    request is running."""
+    running = 0.0
+    tokens = 0.0
+    for line in text.splitlines():
+        m = _METRIC.match(line)
+        if not m:
+            continue
+        try:
+            value = float(m.group(2))
+        except ValueError:
+            continue
+        if m.group(1) == "vllm:num_requests_running":
+            running += value
+        else:
+            tokens += value
+    return int(tokens) if running > 0 else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from autopilot.config import BuiltinEndpoint as BuiltinConfig
-from autopilot.endpoints.base import Endpoint
+from autopilot.endpoints.base import Endpoint, slots_generation
 
 
 class BuiltinEndpoint(Endpoint):
@@ -26,3 +26,10 @@ class BuiltinEndpoint(Endpoint):
         if cfg.never_ready:
             argv.append("--never-ready")
         return argv
+
+    async def decoding(self) -> int | None:
+        try:
+            r = await self.client().get(f"{self.url}/slots")
+            return slots_generation(r.json()) if r.status_code == 200 else None
+        except Exception:  # an answer we cannot read is "cannot tell", never an error
+            return None

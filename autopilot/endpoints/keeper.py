@@ -15,6 +15,7 @@ from typing import Any
 
 import anyio
 
+from autopilot.config import ArmEndpoint
 from autopilot.endpoints.base import Endpoint
 from autopilot.endpoints.policy import restart_action
 from autopilot.errors import EndpointError, EndpointFailed
@@ -45,7 +46,10 @@ class Keeper:
         self.restarts: list[float] = []
         self.outages: list[tuple[float, float | None]] = []  # (down, up) on self.clock
         self.failed: str | None = None
+        self.reconfiguring = False
         self._up = anyio.Event()
+        self._decoding: tuple[float, int | None] = (float("-inf"), None)
+        self._decoding_lock = anyio.Lock()
         endpoint.on_spawn = lambda **kw: self.emit("endpoint_spawned", **kw)
 
     @property
@@ -94,6 +98,35 @@ class Keeper:
         self._mark_up()
         self.emit("endpoint_started", **self.ep.describe(), readiness=self.ep.readiness)
 
+    async def decoding(self, max_age: float) -> int | None:
+        """The endpoint's decoded-token counter while busy (see Endpoint.decoding), asked
+        at most once per ``max_age`` seconds however many cells want it."""
+        async with self._decoding_lock:
+            at, value = self._decoding
+            if self.clock() - at >= max_age:
+                value = await self.ep.decoding() if self.is_up else None
+                self._decoding = (self.clock(), value)
+            return value
+
+    async def reconfigure(self, setting: ArmEndpoint, arms: tuple[str, ...]) -> None:
+        """Restart the endpoint with another arm's settings (no cell is running: the
+        supervisor runs one arm group at a time). Not an outage and not a restart of
+        the crash budget; raises EndpointError when the new start fails."""
+        self.reconfiguring = True
+        self.state = "reconfiguring"
+        self._up = anyio.Event()
+        try:
+            self.emit("endpoint_reconfigure", arms=list(arms), arm_args=list(setting.args),
+                      previous=list(self.ep.arm_group))
+            await self.ep.stop()
+            self.ep.arm_setting, self.ep.arm_group = setting, arms
+            self.ep.generation += 1
+            await self.ep.start()
+        finally:
+            self.reconfiguring = False
+        self._mark_up()
+        self.emit("endpoint_started", **self.ep.describe(), readiness=self.ep.readiness)
+
     async def watch(self) -> None:
         """Keep it alive until cancelled or the restart budget is spent."""
         try:
@@ -105,6 +138,8 @@ class Keeper:
         while True:
             await anyio.sleep(self.cfg.probe_interval_secs if self.is_up else
                               min(self.cfg.probe_interval_secs, 1.0))
+            if self.reconfiguring:
+                continue
             try:
                 ok, why = await self.ep.probe()
             except EndpointError as e:

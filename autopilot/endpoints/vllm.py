@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from autopilot.config import VllmEndpoint as VllmConfig
-from autopilot.endpoints.base import Endpoint
+from autopilot.endpoints.base import Endpoint, metrics_generation
 
 
 class VllmEndpoint(Endpoint):
@@ -37,10 +37,17 @@ class VllmEndpoint(Endpoint):
 
     def container_cmd(self) -> list[str]:
         # The vllm/vllm-openai image's entrypoint is the API server: no "serve" verb.
-        argv = self.argv()
+        argv = self.full_argv()
         return ["--model", argv[2], *argv[3:]]
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(self.c.env)
         return env
+
+    async def decoding(self) -> int | None:
+        try:
+            r = await self.client().get(f"{self.url}/metrics")
+            return metrics_generation(r.text) if r.status_code == 200 else None
+        except Exception:  # an answer we cannot read is "cannot tell", never an error
+            return None
