@@ -9,9 +9,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
 
 NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 PRESETS_ENV = "AUTOPILOT_PRESETS_DIR"
@@ -353,11 +360,26 @@ class Preflight(_Frozen):
     pin: Literal["warn", "strict"] = "warn"
     min_free_gb: float = Field(default=1.0, ge=0)
     docker: bool = False  # require a reachable Docker engine even if nothing else says so
+    # llama-server: the smallest context per slot (-c / --parallel) cells may get
+    min_slot_ctx: int = Field(default=0, ge=0)
 
 
 class Publish(_Frozen):
     results_repo: str = ""  # default: the git repo of the working directory
     path: str = "bench-results/{preset}"  # where scorecard.md and findings.md go in it
+
+
+class EnvRef(NamedTuple):
+    """One ``${NAME:-default}`` expansion made while loading: what set a value."""
+
+    name: str
+    value: str
+    defaulted: bool  # NAME was unset; the preset's default was used
+
+    def describe(self) -> str:
+        if self.defaulted:
+            return f"${{{self.name}}} is not set; the default {self.value!r} was used"
+        return f"from ${{{self.name}}}={self.value!r}"
 
 
 class Preset(_Frozen):
@@ -401,6 +423,16 @@ class Preset(_Frozen):
         if self.baseline and self.baseline.arm not in {a.label for a in self.arms}:
             raise ValueError(f"baseline.arm {self.baseline.arm!r} is not an arm of this preset")
         return self
+
+    _env_refs: tuple[EnvRef, ...] = PrivateAttr(default=())
+
+    def set_env_refs(self, refs: tuple[EnvRef, ...]) -> None:
+        self._env_refs = refs
+
+    def env_source(self, value: str) -> str:
+        """Which ``${VAR}`` put (part of) ``value`` here, in words; "" when none did."""
+        found = [r for r in self._env_refs if r.value and r.value in value]
+        return "; ".join(r.describe() for r in found)
 
     def arm(self, label: str) -> Arm:
         return next(a for a in self.arms if a.label == label)

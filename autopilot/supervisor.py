@@ -38,7 +38,7 @@ from autopilot.errors import (
     EndpointFailed,
     PlanChangedError,
 )
-from autopilot.fsutil import atomic_write_json, atomic_write_text, iso, read_json
+from autopilot.fsutil import atomic_write_json, atomic_write_text, iso, parse_iso, read_json
 from autopilot.journal import Journal, read_events
 from autopilot.ledger import Ledger, StreakState, should_quarantine, streak_step
 from autopilot.lock import HEARTBEAT_SECS, RunLock
@@ -129,6 +129,7 @@ class Supervisor:
         self.paused: str | None = None  # on_anomaly = "pause" fired: launch nothing more
         self.announced_arms: set[str] = set()
         self.orphans_cleaned: list[dict[str, Any]] = []
+        self.adopted: list[tuple[str, int, RunOutcome]] = []
         self.stop_signal: int | None = None
         self.forced = False
         self.status = StatusWriter(
@@ -263,9 +264,19 @@ class Supervisor:
         journal = self.state_dir / "journal.jsonl"
         cells = list(self.ledger.cells.values())
         grace = self.preset.watchdog.kill_grace_secs
+        exited = self._exited_outcomes()
         for cell, pids in await anyio.to_thread.run_sync(sweep.orphan_cells, cells, journal,
                                                          grace):
             self.orphans_cleaned.append({"cell": cell.id, "pids": pids})
+            outcome = None if cell.pid in pids else self._finished_outcome(cell, exited)
+            if outcome is not None:
+                # The harness finished before its supervisor died: grade that work
+                # rather than throw away (maybe) an hour of GPU time.
+                self.adopted.append((cell.id, cell.attempts, outcome))
+                self.emit("cell_adopted", cell=cell.id, attempt=cell.attempts,
+                          why="harness finished before the supervisor died",
+                          outcome=asdict(outcome))
+                continue
             self.emit("cell_abandoned", cell=cell.id, attempt=cell.attempts,
                       why="supervisor restarted", killed_pids=pids)
         endpoint = await anyio.to_thread.run_sync(sweep.orphan_endpoint, journal)
@@ -276,6 +287,38 @@ class Supervisor:
             self.orphans_cleaned.append({**found, "unjournaled": True})
             self.emit("orphan_killed", cell=found["cell"], pids=found["pids"],
                       why="spawned by a predecessor killed before journaling it")
+
+    def _exited_outcomes(self) -> dict[tuple[str, int], RunOutcome]:
+        from autopilot.regrade import _outcomes
+
+        return _outcomes(read_events(self.state_dir / "journal.jsonl").events)
+
+    def _finished_outcome(self, cell: Any, exited: dict[tuple[str, int], RunOutcome]
+                          ) -> RunOutcome | None:
+        """The outcome of a journaled-running attempt whose harness is gone and whose
+        completion artifacts are all there and newer than its start; else None."""
+        ctx = cell_context(self.preset, self.plan.by_id[cell.id], cell.attempts,
+                           self.state_dir)
+        started = parse_iso(cell.started_ts)
+        for tmpl in self.preset.harness.completion:
+            try:
+                mtime = Path(render(tmpl, ctx)).stat().st_mtime
+            except OSError:
+                return None
+            if started is None or mtime < started - 1.0:  # a stale file of another attempt
+                return None
+        known = exited.get((cell.id, cell.attempts))
+        return known if known is not None and known.completion else RunOutcome(
+            exit_code=None, completion=True)
+
+    async def _grade_adopted(self) -> None:
+        for cid, attempt, outcome in self.adopted:
+            run = CellRun(self._cell_context(), self.plan.by_id[cid], attempt)
+            if self.preset.grader.mode == "per-arm":
+                self.emit("cell_ran", cell=cid, attempt=attempt, outcome=asdict(outcome))
+            else:
+                self._record_verdict(cid, attempt, await run.judge(outcome))
+        self.adopted.clear()
 
     def _record_plan(self) -> None:
         path = self.state_dir / "plan.json"
@@ -421,6 +464,7 @@ class Supervisor:
         return next((g for g in groups if pending & set(g[1])), groups[0])
 
     async def _passes(self) -> None:
+        await self._grade_adopted()
         if self.preset.grader.mode == "per-arm":
             await self._grade_ready_arms(force=True)  # ran before a restart, not graded
         assert self.keeper is not None

@@ -202,3 +202,51 @@ def test_check_substance_reads_transcript_tail(tmp_path) -> None:
     assert d is not None and d.action == "KILL" and d.kind == "substance" and d.changed
     s, d = check_substance(s, t, 1.0, _wd(substance_kill=True))
     assert d is not None and not d.changed
+
+
+def _long_turn(generating: list[int | None]) -> list[str]:
+    """One non-streaming model turn: the transcript never moves; the endpoint's decoded
+    counter is sampled once a second."""
+    lim = Limits(warn_secs=5, probe_secs=8, kill_secs=10, stuck_secs=6,
+                 teardown_grace_secs=2, deadline=10_000)
+    s = WatchState.begin(0.0)
+    out = []
+    for t, g in enumerate(generating, start=1):
+        s, d = decide(s, Observation(now=float(t), transcript_size=100, spool_size=0,
+                                     generating=g), lim)
+        out.append(d.action if d.action != "KILL" else f"KILL:{d.kind}")
+    return out
+
+
+def test_a_decoding_endpoint_is_progress_for_a_long_turn() -> None:
+    # 20 s of decoding: never a stall, though the transcript is frozen far past stuck_secs
+    assert set(_long_turn(list(range(100, 2100, 100)))) == {"OK"}
+
+
+def test_a_frozen_transcript_with_an_idle_endpoint_is_still_killed() -> None:
+    # idle endpoint: the transcript last moved at t=1, so frozen 6 s at t=7 -> kill
+    acts = _long_turn([None] * 12)
+    assert acts[5] == "WARN" and acts[6] == "KILL:stall"
+    # decoding stops at t=4 (the counter stays put): WARN at t=9, the freeze kills at t=10
+    acts = _long_turn([100, 200, 300, 400, 400, 400, 400, 400, 400, 400, 400])
+    assert acts[:9] == ["OK"] * 8 + ["WARN"]
+    assert acts[9] == "KILL:stall"
+
+
+def test_slots_and_metrics_are_read_defensively() -> None:
+    from autopilot.endpoints.base import metrics_generation, slots_generation
+
+    busy = [{"id": 0, "is_processing": True, "next_token": [{"n_decoded": 40}],
+             "n_prompt_tokens_processed": 10},
+            {"id": 1, "is_processing": False, "next_token": [{"n_decoded": 5}]}]
+    assert slots_generation(busy) == 55
+    assert slots_generation([{**busy[0], "is_processing": False}]) is None  # idle
+    for junk in (None, {}, "x", [1], [{"is_processing": True, "next_token": "x"}]):
+        assert slots_generation(junk) in (None, 0)
+    text = ("# HELP vllm:num_requests_running x\n"
+            'vllm:num_requests_running{model_name="m"} 1.0\n'
+            'vllm:generation_tokens_total{model_name="m"} 1234.0\n'
+            'vllm:prompt_tokens_total{model_name="m"} 66.0\n')
+    assert metrics_generation(text) == 1300
+    assert metrics_generation(text.replace("} 1.0", "} 0.0")) is None
+    assert metrics_generation("garbage\n\x1b[31m") is None

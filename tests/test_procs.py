@@ -9,7 +9,6 @@ import uuid
 from pathlib import Path
 
 import psutil
-
 import pytest
 
 from autopilot.procs import (

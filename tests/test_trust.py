@@ -118,7 +118,8 @@ COUNTING_GRADER = [
     "import json, os, sys\n"
     "n = int(os.environ['AUTOPILOT_GRADE_TRY'])\n"
     "open(sys.argv[2], 'a').write(str(n) + '\\n')\n"
-    "sys.exit(1) if n < int(sys.argv[3]) else json.dump({{'verdict': 'PASS'}}, open(sys.argv[1], 'w'))",
+    "sys.exit(1) if n < int(sys.argv[3]) else "
+    "json.dump({{'verdict': 'PASS'}}, open(sys.argv[1], 'w'))",
     "{grade_file}", "{state_dir}/tries.txt", "{succeed_on}"]
 
 

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from autopilot.fsutil import read_json
+from autopilot.fsutil import parse_iso, read_json
 from autopilot.journal import read_events
 from autopilot.ledger import CellState, Ledger
 from autopilot.plan import Cell
@@ -54,10 +53,7 @@ class DashData:
 
 
 def _epoch(ts: Any) -> float | None:
-    try:
-        return datetime.fromisoformat(str(ts)).timestamp()
-    except ValueError:
-        return None
+    return parse_iso(ts)
 
 
 def load(state_dir: Path, recent: int = 8) -> DashData | None:

@@ -1,0 +1,157 @@
+"""The MMBT presets against an origin-shaped FAKE checkout (tests/mmbt_fixture.py: the
+real layout, file names and command lines; our fake harness and graders) and a FAKE
+llama-server: the real task table end to end, the p1 grader whose helper is missing,
+arms that are endpoint settings, MISSING_OUTPUT as the model's FAIL, a grader fixed
+between runs and `regrade`, and a kill -9 between harness exit and grading."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import FAKEBIN, cli_env, events, run_cli, spawn_cli, wait_for, write_overlay
+from mmbt_fixture import NO_DELIVERABLE, TABLE, add_p1_helper, make_checkout
+
+pytestmark = pytest.mark.slow
+P1 = ("p1_bugfix", "p1_testwrite", "p1_refactor")
+
+
+def env_for(bench: Path, argv_log: Path, **extra: str) -> dict[str, str]:
+    return cli_env(BENCH_DIR=str(bench), AUTOPILOT_LLAMA_SERVER=str(FAKEBIN / "llama-server"),
+                   QWEN27B_GGUF=str(FAKEBIN / "llama-server"), FAKE_ARGV_LOG=str(argv_log),
+                   **extra)
+
+
+def overlay(tmp: Path, **more: object) -> str:
+    doc = {"harness": {"sandbox_container": ""},  # no Docker sandbox in the fake harness
+           "endpoint": {"startup_timeout_secs": 30, "probe_interval_secs": 0.5},
+           "watchdog": {"poll_secs": 0.2}, **more}
+    return str(write_overlay(tmp / "o.json", doc))
+
+
+def test_qwen_preset_runs_the_real_table_to_complete(state_dir: Path, tmp_path: Path) -> None:
+    bench = make_checkout(tmp_path)
+    argv_log = tmp_path / "argv.jsonl"
+    env = env_for(bench, argv_log, MMBT_P1_UNAVAILABLE="record")
+    r = run_cli("--preset", "qwen3.6-27b", "--target-n", "1", "--config", overlay(tmp_path),
+                "--state-dir", str(state_dir), "--quiet", env=env, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert r.stdout.strip().endswith("AUTOPILOT_COMPLETE")
+    evs = events(state_dir)
+    started = Counter(e["cell"] for e in evs if e["event"] == "cell_started")
+    assert len(started) == 24 and set(started.values()) == {1}  # every harness ran once
+    verdicts = {e["cell"]: e for e in evs if e["event"] == "cell_verdict"}
+    for cell, v in verdicts.items():
+        task = cell.rsplit("_", 2)[0]
+        if task in P1:  # helper missing, preset says "record": not graded, never re-run
+            assert (v["verdict"], v["reason"], v.get("ungraded")) == (
+                "INVALID", "grader_unavailable", True), v
+            assert "code_task_grader.py" in v["detail"]
+        elif task == NO_DELIVERABLE:  # the model shipped nothing: its FAIL, with caveat
+            assert (v["verdict"], v["word"], v["caveat"]) == (
+                "FAIL", "MISSING_OUTPUT", "no deliverable"), v
+        else:
+            assert v["verdict"] in ("PASS", "FAIL") and v["reason"] is None, v
+    logs = bench / "tooling" / "logs"
+    for task, (_prompt, inputs, grader, truth) in TABLE.items():
+        cell = f"{task}_qwen27b-think_v1"
+        receipt = json.loads((logs / cell / "receipt.json").read_text())
+        assert receipt["vllm"]["served_model_name"] == "qwen3.6-27b"
+        assert receipt["task"]["path"].endswith(f"tooling/tasks/{_prompt}")
+        assert receipt["sandbox"]["runtime"]["input_mount"] == (inputs or None)
+        if task not in P1:
+            grade = json.loads((logs / cell / "grade.json").read_text())
+            if "grader" in grade:
+                assert grade["grader"] == grader
+                assert (grade["ground_truth"] or "") == truth
+    # the harness's workspace and input copies are gone after every attempt
+    workspace = bench / "tooling" / "workspace"
+    assert not workspace.exists() or not any(workspace.iterdir())
+    # arms are endpoint settings: one start per arm group, each with its own kwargs
+    starts = [json.loads(x) for x in argv_log.read_text().splitlines()]
+    kwargs = [a[a.index("--chat-template-kwargs") + 1] for a in starts]
+    assert [json.loads(k)["enable_thinking"] for k in kwargs] == [False, True]
+    reconf = [e for e in evs if e["event"] == "endpoint_reconfigure"]
+    assert len(reconf) == 1 and reconf[0]["arms"] == ["qwen27b-think"]
+    for e in evs:
+        if e["event"] == "cell_started":
+            arm = e["cell"].rsplit("_", 1)[0].split("_", 2)[2]
+            assert e["endpoint_arms"] == [arm]
+    status = json.loads((state_dir / "status.json").read_text())
+    assert status["totals"]["ungraded"] == 6 and status["trust"]["ungraded_cells"] == 6
+    assert status["totals"]["done"] == 18
+
+    # The helper arrives: regrade the p1 cells from their outputs, no harness re-run.
+    add_p1_helper(bench)
+    g = run_cli("regrade", "--task", "p1_bugfix", "--state-dir", str(state_dir), env=env)
+    assert g.returncode == 0, g.stderr
+    evs2 = events(state_dir)
+    regraded = [e for e in evs2 if e["event"] == "cell_verdict" and e.get("regrade")]
+    assert {e["cell"] for e in regraded} == {"p1_bugfix_qwen27b-nothink_v1",
+                                             "p1_bugfix_qwen27b-think_v1"}
+    assert all(e["verdict"] in ("PASS", "FAIL") and e["attempt"] == 1 for e in regraded)
+    assert sum(e["event"] == "cell_started" for e in evs2) == 24
+    status = json.loads((state_dir / "status.json").read_text())
+    assert status["totals"]["done"] == 20 and status["totals"]["ungraded"] == 4
+
+
+def test_p1_without_its_helper_is_refused_at_preflight_by_default(state_dir: Path,
+                                                                   tmp_path: Path) -> None:
+    bench = make_checkout(tmp_path)
+    (bench / "tooling" / "tasks" / "task_triage.md").unlink()
+    r = run_cli("--preset", "qwen3.6-27b", "--target-n", "1", "--config", overlay(tmp_path),
+                "--state-dir", str(state_dir), "--dry-run",
+                env=env_for(bench, tmp_path / "argv.jsonl"))
+    assert r.returncode == 2 and not state_dir.exists()
+    err = r.stderr
+    for task in P1:
+        assert f"{task}: " in err and "code_task_grader.py not found" in err
+    line = next(x for x in err.splitlines() if x.strip().startswith("p2_triage:"))
+    assert "tooling/tasks/task_triage.md not found" in line
+    assert f"from ${{BENCH_DIR}}={str(bench)!r}" in line
+    assert "p2_extract" not in err  # complete tasks are not listed
+
+
+def test_missing_checkout_names_the_variable(state_dir: Path, tmp_path: Path) -> None:
+    env = cli_env(AUTOPILOT_LLAMA_SERVER=str(FAKEBIN / "llama-server"))
+    env.pop("BENCH_DIR", None)
+    r = run_cli("--preset", "qwen3.6-27b", "--target-n", "1", "--state-dir", str(state_dir),
+                "--dry-run", env=env)
+    assert r.returncode == 2
+    assert "${BENCH_DIR} is not set; the default '/opt/mmbt' was used" in r.stderr
+    assert "${QWEN27B_GGUF} is not set" in r.stderr  # the endpoint's model file too
+
+
+def test_kill_between_harness_exit_and_grading_adopts_the_work(state_dir: Path,
+                                                               tmp_path: Path) -> None:
+    bench = make_checkout(tmp_path)
+    add_p1_helper(bench)
+    hold = tmp_path / "release-grader"
+    env = env_for(bench, tmp_path / "argv.jsonl", FAKE_GRADER_HOLD=str(hold))
+    over = overlay(tmp_path, tasks=[{"id": "p2_extract", "vars": {
+        "task_file": "task_extraction.md", "input_dir": "tooling/inputs/phase2_extraction",
+        "grader": "phase2_extraction_grade.py",
+        "ground_truth": "tooling/graders/ground_truth/phase2_extraction.json"}}],
+        arms=[{"label": "qwen27b-nothink", "mode": "nothink"}], run={"concurrency": 1})
+    proc = spawn_cli("--preset", "qwen3.6-27b", "--target-n", "1", "--config", over,
+                     "--state-dir", str(state_dir), "--quiet", env=env,
+                     log=tmp_path / "run.log")
+    grading = Path(str(hold) + ".grading")
+    wait_for(grading.exists, 120, "the grader to start (the harness has exited)")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    hold.write_text("go")
+    r = run_cli("--preset", "qwen3.6-27b", "--target-n", "1", "--config", over,
+                "--state-dir", str(state_dir), "--quiet", env=env, timeout=120)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    evs = events(state_dir)
+    cell = "p2_extract_qwen27b-nothink_v1"
+    assert sum(e["event"] == "cell_started" for e in evs) == 1  # never re-run
+    adopted = [e for e in evs if e["event"] == "cell_adopted"]
+    assert [e["cell"] for e in adopted] == [cell]
+    assert not any(e["event"] == "cell_abandoned" for e in evs)
+    v = [e for e in evs if e["event"] == "cell_verdict"]
+    assert len(v) == 1 and v[0]["verdict"] in ("PASS", "FAIL") and v[0]["attempt"] == 1
