@@ -203,7 +203,12 @@ def endpoint_problems(preset: Preset) -> list[str]:
         if not (shutil.which(binary) or Path(binary).is_file()):
             src = preset.env_source(binary)
             problems.append(f"endpoint binary {binary} not found" + (f" ({src})" if src else ""))
-    if model_path and not Path(model_path).exists():
+    mode = getattr(ep, "mode", "process")
+    docker_dir = getattr(getattr(ep, "docker", None), "model_dir", "")
+    local = (mode == "process" and (ep.engine == "llamacpp" or model_path.startswith("/"))) or (
+        mode == "docker" and docker_dir and model_path.startswith(docker_dir.rstrip("/") + "/"))
+    # (a vLLM model may be a hub id; a container's model is checked where it is mounted)
+    if model_path and local and not Path(model_path).exists():
         src = preset.env_source(model_path)
         problems.append(f"endpoint model {model_path} not found" + (f" ({src})" if src else ""))
     return problems

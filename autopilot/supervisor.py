@@ -268,7 +268,7 @@ class Supervisor:
         for cell, pids in await anyio.to_thread.run_sync(sweep.orphan_cells, cells, journal,
                                                          grace):
             self.orphans_cleaned.append({"cell": cell.id, "pids": pids})
-            outcome = None if cell.pid in pids else self._finished_outcome(cell, exited)
+            outcome = self._finished_outcome(cell, exited, killed=cell.pid in pids)
             if outcome is not None:
                 # The harness finished before its supervisor died: grade that work
                 # rather than throw away (maybe) an hour of GPU time.
@@ -293,10 +293,11 @@ class Supervisor:
 
         return _outcomes(read_events(self.state_dir / "journal.jsonl").events)
 
-    def _finished_outcome(self, cell: Any, exited: dict[tuple[str, int], RunOutcome]
-                          ) -> RunOutcome | None:
-        """The outcome of a journaled-running attempt whose harness is gone and whose
-        completion artifacts are all there and newer than its start; else None."""
+    def _finished_outcome(self, cell: Any, exited: dict[tuple[str, int], RunOutcome],
+                          killed: bool) -> RunOutcome | None:
+        """The outcome of a journaled-running attempt whose completion artifacts are all
+        there and newer than its start; else None. A harness still alive then (``killed``
+        by the sweep) had finished its work and hung in teardown: teardown-masked."""
         ctx = cell_context(self.preset, self.plan.by_id[cell.id], cell.attempts,
                            self.state_dir)
         started = parse_iso(cell.started_ts)
@@ -307,6 +308,8 @@ class Supervisor:
                 return None
             if started is None or mtime < started - 1.0:  # a stale file of another attempt
                 return None
+        if killed:
+            return RunOutcome(exit_code=None, killed="teardown", completion=True)
         known = exited.get((cell.id, cell.attempts))
         return known if known is not None and known.completion else RunOutcome(
             exit_code=None, completion=True)

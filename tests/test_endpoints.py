@@ -160,7 +160,7 @@ def test_llamacpp_process_argv_logged_and_run_completes(state_dir: Path, tmp_pat
     argv_log = tmp_path / "argv.jsonl"
     over = overlay(tmp_path, {
         "endpoint": {"engine": "llamacpp", "binary": str(FAKEBIN / "llama-server"),
-                     "model_path": "/models/fake.gguf", "startup_timeout_secs": 20,
+                     "model_path": str(FAKEBIN / "llama-server"), "startup_timeout_secs": 20,
                      "env": {"FAKE_ARGV_LOG": str(argv_log), "FAKE_STARTUP_DELAY": "1"}},
         "vars": {"think_secs": "0"}})
     r = run_cli("--preset", "demo", "--target-n", "1", "--config", over,
@@ -176,7 +176,7 @@ def test_llamacpp_process_argv_logged_and_run_completes(state_dir: Path, tmp_pat
 def test_endpoint_dying_by_a_signal_is_named(state_dir: Path, tmp_path: Path) -> None:
     over = overlay(tmp_path, {
         "endpoint": {"engine": "llamacpp", "binary": str(FAKEBIN / "llama-server"),
-                     "model_path": "/models/fake.gguf", "startup_timeout_secs": 20,
+                     "model_path": str(FAKEBIN / "llama-server"), "startup_timeout_secs": 20,
                      "env": {"FAKE_DIE_SIGNAL": "SIGILL"}}})
     r = run_cli("--preset", "demo", "--target-n", "1", "--config", over,
                 "--state-dir", str(state_dir), "--quiet")
@@ -192,7 +192,7 @@ def test_fake_vllm_argv_and_lifecycle(state_dir: Path, tmp_path: Path) -> None:
     over = overlay(tmp_path, {
         "model": "step-3p7",
         "endpoint": {"engine": "vllm", "binary": str(FAKEBIN / "vllm"),
-                     "model_path": "/models/step3p7", "tool_call_parser": "hermes",
+                     "model_path": str(tmp_path), "tool_call_parser": "hermes",
                      "reasoning_parser": "deepseek_r1", "max_model_len": 65536,
                      "startup_timeout_secs": 20,
                      "env": {"FAKE_ARGV_LOG": str(argv_log), "FAKE_STARTUP_DELAY": "1"}},
@@ -203,7 +203,7 @@ def test_fake_vllm_argv_and_lifecycle(state_dir: Path, tmp_path: Path) -> None:
                 "--state-dir", str(state_dir), "--quiet")
     assert r.returncode == 0, r.stderr[-2000:]
     a = json.loads(argv_log.read_text().splitlines()[0])
-    assert a[:2] == ["serve", "/models/step3p7"]
+    assert a[:2] == ["serve", str(tmp_path)]
     assert a[a.index("--served-model-name") + 1] == "step-3p7"
     assert a[a.index("--tool-call-parser") + 1] == "hermes"
     assert a[a.index("--reasoning-parser") + 1] == "deepseek_r1"

@@ -463,7 +463,15 @@ def chaos(tmp: Path, kills: int, seed: int = 1,
     for ev in replay.events:
         ledger.apply(ev)
     status = json.loads((state / "status.json").read_text())
+    # Finished work thrown away: a moved-aside attempt whose completion artifact is there
+    # (its harness had finished) but which never got a verdict: its GPU time was re-spent.
+    judged = {(e["cell"], e["attempt"]) for e in evs if e["event"] == "cell_verdict"}
+    thrown = [str(d) for d in state.glob("attempts/*/attempt-*")
+              if (d / "summary.json").is_file()
+              and (d.parent.name, int(d.name.split("-")[1].split(".")[0])) not in judged]
+    adopted = sum(e["event"] == "cell_adopted" for e in evs)
     return {"rc": final.returncode, "phase": status["phase"], "cells": len(valid),
+            "thrown_away": thrown, "adopted": adopted,
             "double": [c for c, k in valid.items() if k != 1], "rerun": rerun,
             "orphans": alive, "containers": containers, "torn": replay.torn_lines,
             "replayed_complete": ledger.complete(),
@@ -512,14 +520,17 @@ def bench_chaos(tmp: Path, kills: int) -> list[Row]:
                            capture_output=True)
     ok = (r["rc"] == 0 and r["phase"] == "COMPLETE" and r["cells"] == 24 and not r["double"]
           and not r["rerun"] and not r["orphans"] and not r["containers"]
-          and r["replayed_complete"])
+          and r["replayed_complete"] and not r["thrown_away"])
     boxes = (f", leftover sandbox containers {len(r['containers'])} of {r['sandboxes']} started"
              if docker else ", containers not checked (no Docker here)")
     return [Row(f"chaos: {kills} SIGKILLs of the supervisor during one demo-chaos run"
                 + (" (each cell in a Docker sandbox)" if docker else ""),
                 f"{r['phase']}, {r['cells']}/24 cells once each, re-run {len(r['rerun'])}, "
-                f"orphans {len(r['orphans'])}{boxes}, torn lines skipped {len(r['torn'])}",
-                "COMPLETE, each cell once, no re-run, no orphan process or container",
+                f"orphans {len(r['orphans'])}{boxes}, torn lines skipped {len(r['torn'])}, "
+                f"finished attempts thrown away {len(r['thrown_away'])} "
+                f"(adopted on resume {r['adopted']})",
+                "COMPLETE, each cell once, no re-run, no orphan process or container, "
+                "0 finished attempts thrown away",
                 "journal evidence + psutil + docker ps after the final resume", ok)]
 
 

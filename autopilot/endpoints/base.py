@@ -16,7 +16,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 if TYPE_CHECKING:
     import httpx
@@ -337,10 +337,23 @@ class Endpoint:
                 return False, f"process {describe_exit(self.proc.returncode)}"
             return False, f"{type(e).__name__}"
 
+    # Where the engine says it is decoding: llama-server's /slots, vLLM's /metrics.
+    progress_api: ClassVar[Literal["", "slots", "metrics"]] = ""
+
     async def decoding(self) -> int | None:
         """The endpoint's count of tokens decoded so far while a request is in flight,
-        None when it is idle or cannot tell. Engines that can say override this."""
-        return None
+        None when it is idle or cannot tell."""
+        if not self.progress_api:
+            return None
+        try:
+            r = await self.client().get(f"{self.url}/{self.progress_api}")
+            if r.status_code != 200:
+                return None
+            if self.progress_api == "slots":
+                return slots_generation(r.json())
+            return metrics_generation(r.text)
+        except Exception:  # an answer we cannot read is "cannot tell", never an error
+            return None
 
     async def _check_models(self) -> tuple[bool, str]:
         r = await self.client().get(f"{self.api_base}/models")

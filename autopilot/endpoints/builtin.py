@@ -5,11 +5,12 @@ from __future__ import annotations
 import sys
 
 from autopilot.config import BuiltinEndpoint as BuiltinConfig
-from autopilot.endpoints.base import Endpoint, slots_generation
+from autopilot.endpoints.base import Endpoint
 
 
 class BuiltinEndpoint(Endpoint):
     engine = "builtin"
+    progress_api = "slots"
 
     def argv(self) -> list[str]:
         cfg = self.preset.endpoint
@@ -27,9 +28,3 @@ class BuiltinEndpoint(Endpoint):
             argv.append("--never-ready")
         return argv
 
-    async def decoding(self) -> int | None:
-        try:
-            r = await self.client().get(f"{self.url}/slots")
-            return slots_generation(r.json()) if r.status_code == 200 else None
-        except Exception:  # an answer we cannot read is "cannot tell", never an error
-            return None

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 from autopilot.config import LlamaCppEndpoint as LlamaCppConfig
-from autopilot.endpoints.base import Endpoint, slots_generation
+from autopilot.endpoints.base import Endpoint
 from autopilot.errors import EndpointError
 
 
@@ -47,6 +47,7 @@ def resolve_model(cfg: LlamaCppConfig) -> str:
 
 class LlamaCppEndpoint(Endpoint):
     engine = "llamacpp"
+    progress_api = "slots"
 
     @property
     def c(self) -> LlamaCppConfig:
@@ -70,12 +71,6 @@ class LlamaCppEndpoint(Endpoint):
     def env(self) -> dict[str, str]:
         return server_env(resolve_binary(self.c.binary), self.c.env)
 
-    async def decoding(self) -> int | None:
-        try:
-            r = await self.client().get(f"{self.url}/slots")
-            return slots_generation(r.json()) if r.status_code == 200 else None
-        except Exception:  # an answer we cannot read is "cannot tell", never an error
-            return None
 
 
 def server_env(binary: str, extra: dict[str, str]) -> dict[str, str]:

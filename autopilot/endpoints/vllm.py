@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 
 from autopilot.config import VllmEndpoint as VllmConfig
-from autopilot.endpoints.base import Endpoint, metrics_generation
+from autopilot.endpoints.base import Endpoint
 
 
 class VllmEndpoint(Endpoint):
     engine = "vllm"
+    progress_api = "metrics"
 
     @property
     def c(self) -> VllmConfig:
@@ -45,9 +46,3 @@ class VllmEndpoint(Endpoint):
         env.update(self.c.env)
         return env
 
-    async def decoding(self) -> int | None:
-        try:
-            r = await self.client().get(f"{self.url}/metrics")
-            return metrics_generation(r.text) if r.status_code == 200 else None
-        except Exception:  # an answer we cannot read is "cannot tell", never an error
-            return None
