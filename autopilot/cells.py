@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 import uuid
@@ -27,6 +26,7 @@ import psutil
 
 from autopilot.config import Preset
 from autopilot.endpoints.keeper import Keeper
+from autopilot.fsguard import UnsafePath, move_tree, remove_tree
 from autopilot.grading import judge_cell
 from autopilot.logsetup import bind_contextvars, get_logger, unbind_contextvars
 from autopilot.plan import Cell, cell_context
@@ -58,6 +58,8 @@ class CellContext:
     # Docker hooks (None when no sandbox is configured or Docker is not in use)
     remove_sandbox: Callable[[str], Awaitable[Any]] | None = None
     sandbox_activity: Callable[[dict[str, str]], Awaitable[int | None]] | None = None
+    # where this run may delete or move directories (fsguard.run_roots)
+    roots: tuple[Path, ...] = ()
     # a grading try that failed and will be retried (feeds the harness-break streak)
     on_grade_failure: Callable[[str, Classification], None] | None = None
     # os.environ decoded once: copying it per cell is measurable at 8 cells in flight
@@ -73,17 +75,18 @@ def template_context(
     return ctx
 
 
-def move_aside(output_dir: Path, state_dir: Path, cell_id: str, attempt: int) -> Path | None:
-    """Move a previous attempt's outputs to ``attempts/<cell>/attempt-<k>``."""
-    if not output_dir.exists() or not any(output_dir.iterdir()):
+def move_aside(output_dir: Path, state_dir: Path, cell_id: str, attempt: int,
+               roots: tuple[Path, ...]) -> Path | None:
+    """Move a previous attempt's outputs to ``attempts/<cell>/attempt-<k>`` (through the
+    guard: raises UnsafePath for an output dir outside the run's roots)."""
+    if not output_dir.is_dir() or output_dir.is_symlink() or not any(output_dir.iterdir()):
         return None
     dest = state_dir / "attempts" / cell_id / f"attempt-{attempt}"
     k = 1
     while dest.exists():  # an earlier move of the same attempt number (interrupted run)
         dest = dest.with_name(f"attempt-{attempt}.{k}")
         k += 1
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.move(str(output_dir), str(dest))
+    move_tree(output_dir, dest, roots, state_dir)
     return dest
 
 
@@ -205,7 +208,18 @@ class CellRun:
         # A killed predecessor's workspace copies would make the harness fail (the origin
         # removes a stale input copy with `sudo rm -rf`): every attempt starts clean.
         self._clean_scratch()
-        moved = move_aside(self.output_dir, cx.state_dir, self.cell.id, self.attempt - 1)
+        try:
+            moved = move_aside(self.output_dir, cx.state_dir, self.cell.id, self.attempt - 1,
+                               cx.roots)
+        except UnsafePath as e:
+            # Nothing is moved or deleted; the attempt cannot start on stale outputs.
+            cx.emit("unsafe_path_refused", cell=self.cell.id, attempt=self.attempt,
+                    action="move aside", why=str(e))
+            cx.emit("cell_started", cell=self.cell.id, attempt=self.attempt, pid=None,
+                    create_time=None, token=self.token)
+            cx.emit("cell_exited", cell=self.cell.id, attempt=self.attempt, code=None,
+                    error=f"output dir refused: {e}")
+            return RunOutcome(exit_code=126)
         if moved:
             log.info("attempt_moved_aside", to=str(moved))
         self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -345,6 +359,9 @@ class CellRun:
 
     def _clean_scratch(self) -> None:
         for tmpl in self.p.harness.scratch_dirs:
-            path = Path(render(tmpl, self.ctx))  # exact path, never a glob
-            if path.exists():
-                shutil.rmtree(path, ignore_errors=True)
+            path = render(tmpl, self.ctx)  # exact path, never a glob
+            try:
+                remove_tree(path, self.cx.roots, self.cx.state_dir)
+            except UnsafePath as e:
+                self.cx.emit("unsafe_path_refused", cell=self.cell.id, attempt=self.attempt,
+                             action="remove scratch dir", why=str(e))

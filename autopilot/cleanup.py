@@ -10,13 +10,13 @@ while a supervisor holds the run.
 
 from __future__ import annotations
 
-import shutil
 from functools import partial
 from pathlib import Path
 
 import anyio
 
 from autopilot.config import Preset
+from autopilot.fsguard import UnsafePath, remove_tree, run_roots
 from autopilot.plan import Plan, cell_context
 from autopilot.preflight import needs_docker
 from autopilot.procs import run_token
@@ -56,7 +56,12 @@ async def cleanup(preset: Preset, plan: Plan, state_dir: Path, *, endpoint: bool
                             await docker.remove_labelled(str(state_dir), role="endpoint")]
         finally:
             await docker.close()
+    roots = run_roots(preset, state_dir)
     for path in scratch_paths(preset, plan, state_dir):
-        shutil.rmtree(path, ignore_errors=True)
+        try:
+            remove_tree(path, roots, state_dir)
+        except UnsafePath as e:
+            removed.append(f"nothing: {e}")  # said, never done
+            continue
         removed.append(f"dir {path}")
     return removed

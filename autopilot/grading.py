@@ -8,16 +8,18 @@ afterwards, whatever happens. What the grade *means* is decided by ``validity``.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
 import subprocess
 import tarfile
+import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import anyio
 
 from autopilot.config import Preset
+from autopilot.fsguard import UnsafePath, remove_tree, run_roots
 from autopilot.fsutil import read_json
 from autopilot.procs import OWNED, Tracker, identify, kill_tree, spawn
 from autopilot.templates import grader_argv, render, render_argv
@@ -32,9 +34,8 @@ from autopilot.validity import (
 )
 
 
-def _extract(archive: Path, into: Path) -> None:
-    if into.exists():
-        shutil.rmtree(into)
+def _extract(archive: Path, into: Path, roots: tuple[Path, ...], state_dir: Path) -> None:
+    remove_tree(into, roots, state_dir)  # through the guard: UnsafePath outside the run
     into.mkdir(parents=True)
     with tarfile.open(archive) as tf:
         # 'data' refuses absolute paths, '..', devices and links out of the tree.
@@ -50,13 +51,21 @@ async def run_grader(
     grade_file: Path,
     log_path: Path,
     extract: tuple[Path, Path] | None = None,
+    roots: tuple[Path, ...] = (),
+    state_dir: Path | None = None,
 ) -> GradeOutcome:
+    """Run one grader. ``extract`` (archive, into) unpacks into a scratch dir first and
+    removes it after; ``roots`` / ``state_dir`` bound where that may happen (fsguard)."""
     scratch = extract[1] if extract else None
+    guard_dir = state_dir or Path(tempfile.gettempdir())
     try:
         if extract is not None:
             archive, into = extract
             try:
-                await anyio.to_thread.run_sync(_extract, archive, into)
+                await anyio.to_thread.run_sync(_extract, archive, into, roots, guard_dir)
+            except UnsafePath as e:
+                scratch = None  # refused: nothing there is ours to remove
+                return GradeOutcome(False, f"extract refused: {e}")
             except (OSError, tarfile.TarError) as e:
                 return GradeOutcome(False, f"extract {archive.name} failed: {e}")
         grade_file.unlink(missing_ok=True)  # a stale grade must never be read as fresh
@@ -84,8 +93,9 @@ async def run_grader(
             return GradeOutcome(False, f"grader exit code {code}", read_json(grade_file))
         return GradeOutcome(True, "", read_json(grade_file))
     finally:
-        if scratch is not None and scratch.exists():
-            shutil.rmtree(scratch, ignore_errors=True)
+        if scratch is not None:
+            with contextlib.suppress(UnsafePath):
+                remove_tree(scratch, roots, guard_dir)
 
 
 def read_checks(p: Preset, ctx: Mapping[str, str]) -> Checks:
@@ -149,12 +159,15 @@ async def grade_outputs(
     env["AUTOPILOT_CELL_ID"] = ctx["cell"]
     env["AUTOPILOT_CELL_ATTEMPT"] = ctx["attempt"]
     argv = render_argv(grader_argv(p, ctx["task"]), ctx)
+    state_dir = Path(ctx["state_dir"])
+    roots = run_roots(p, state_dir)
     tries = g.retries + 1
     for n in range(1, tries + 1):
         env["AUTOPILOT_GRADE_TRY"] = str(n)
         grade = await run_grader(
             argv, cwd=_grader_cwd(p, ctx), env=env, timeout=g.timeout_secs,
             grade_file=Path(ctx["grade_file"]), log_path=grade_log, extract=extract,
+            roots=roots, state_dir=state_dir,
         )
         c = classify(outcome, grade, g.verdicts, checks, g.verdict_field)
         if not c.grade_side or n == tries:

@@ -38,6 +38,7 @@ from autopilot.errors import (
     EndpointFailed,
     PlanChangedError,
 )
+from autopilot.fsguard import run_roots
 from autopilot.fsutil import atomic_write_json, atomic_write_text, iso, parse_iso, read_json
 from autopilot.journal import Journal, read_events
 from autopilot.ledger import Ledger, StreakState, should_quarantine, streak_step
@@ -546,6 +547,7 @@ class Supervisor:
                 redact=self.redactor.scrub, remove_sandbox=self.remove_sandbox,
                 sandbox_activity=self.sandbox_activity,
                 on_grade_failure=self._on_grade_failure,
+                roots=run_roots(self.preset, self.state_dir),
                 base_env={**os.environ, RUN_TOKEN_ENV: self.run_token},
             )
         return self._cx

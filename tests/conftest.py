@@ -27,11 +27,13 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 
 def run_cli(*args: str, timeout: float = 180, env: dict[str, str] | None = None,
-            prog: str = "autopilot") -> subprocess.CompletedProcess[str]:
+            prog: str = "autopilot", cwd: Path | None = None
+            ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", f"autopilot.{'cli' if prog == 'autopilot' else 'dashboard.cli'}",
          *args],
-        capture_output=True, text=True, timeout=timeout, env=env or cli_env(), cwd=ROOT,
+        capture_output=True, text=True, timeout=timeout, env=env or cli_env(),
+        cwd=cwd or ROOT,
     )
 
 
