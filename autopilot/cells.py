@@ -232,7 +232,7 @@ class CellRun:
         if self.sandbox and cx.remove_sandbox and await cx.remove_sandbox(self.sandbox):
             log.info("stale_sandbox_removed", container=self.sandbox)
         ep = cx.keeper.ep
-        served_for = (ep.arm_group,)  # the endpoint's arm settings at launch
+        served_arms = ep.arm_group  # the arms the endpoint is configured for at launch
         start_mono = cx.clock()
         limits = self._limits(start_mono)
         deadline_epoch = time.time() + (limits.deadline - start_mono)
@@ -317,10 +317,10 @@ class CellRun:
             OWNED.discard(proc.pid)
         end_mono = cx.clock()
         arm_mismatch = None
-        if ep.arm_group and self.cell.arm not in served_for[0]:
-            arm_mismatch = (f"endpoint configured for {', '.join(served_for[0])}, not "
+        if served_arms and self.cell.arm not in served_arms:
+            arm_mismatch = (f"endpoint configured for {', '.join(served_arms)}, not "
                             f"{self.cell.arm}")
-        elif ep.arm_group != served_for[0]:
+        elif ep.arm_group != served_arms:
             arm_mismatch = f"endpoint reconfigured for {', '.join(ep.arm_group)} mid-cell"
         outcome = RunOutcome(
             exit_code=proc.returncode, killed=killed, completion=self._completion_present(),

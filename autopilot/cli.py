@@ -153,7 +153,7 @@ def dry_run_text(preset: Preset, plan: Plan, state_dir: Path, warnings: list[str
         f"N: {plan.target_n}",
         f"cells: {c['total']} total | {c['done']} valid | "
         f"{c['pending'] + c['running'] + c['grading']} pending | {c['invalid']} invalid | "
-        f"{c['quarantined']} quarantined",
+        f"{c['quarantined']} quarantined | {c['ungraded']} ungraded",
     ]
     lines += [f"warning: {w}" for w in warnings]
     lines.append("dry run: nothing launched")

@@ -24,7 +24,7 @@ from autopilot.ledger import Ledger
 from autopilot.lock import RunLock
 from autopilot.plan import Plan, cell_context
 from autopilot.templates import render
-from autopilot.validity import RunOutcome
+from autopilot.validity import RunOutcome, attempt_outcomes
 
 REGRADABLE = ("PASS", "FAIL", "ungraded")
 
@@ -35,20 +35,6 @@ class Regraded:
     attempt: int
     before: str
     after: str
-
-
-def _outcomes(events: list[dict[str, Any]]) -> dict[tuple[str, int], RunOutcome]:
-    """What happened to each attempt's harness, from its ``cell_exited`` / ``cell_ran``."""
-    out: dict[tuple[str, int], RunOutcome] = {}
-    fields = set(RunOutcome.__dataclass_fields__)
-    for ev in events:
-        if ev.get("event") in ("cell_exited", "cell_ran") and isinstance(ev.get("outcome"), dict):
-            known = {k: v for k, v in ev["outcome"].items() if k in fields}
-            try:
-                out[(str(ev.get("cell")), int(ev.get("attempt", 0)))] = RunOutcome(**known)
-            except (TypeError, ValueError):
-                continue
-    return out
 
 
 def _label(status: str, reason: str | None) -> str:
@@ -67,7 +53,7 @@ async def regrade(
         ledger = Ledger(plan)
         for ev in events:
             ledger.apply(ev)
-        outcomes = _outcomes(events)
+        outcomes = attempt_outcomes(events)
         done: list[Regraded] = []
         for c in list(ledger.cells.values()):
             if c.status not in REGRADABLE or (task and c.task != task) or (arm and c.arm != arm):

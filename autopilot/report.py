@@ -88,7 +88,7 @@ def facts_from_cells(cells: list[CellState]) -> list[CellFacts]:
     out = []
     for c in cells:
         verdict = c.status if c.status in ("PASS", "FAIL") else (
-            "INVALID" if c.status in ("invalid", "quarantined") else "ABSENT")
+            "INVALID" if c.status in ("invalid", "quarantined", "ungraded") else "ABSENT")
         out.append(CellFacts(
             id=c.id, task=c.task, arm=c.arm, n=c.n, verdict=verdict, reason=c.reason or "",
             masked=c.teardown_masked, attempts=c.attempts,

@@ -50,7 +50,7 @@ from autopilot.preflight import needs_docker
 from autopilot.procs import RUN_TOKEN_ENV, enable_subreaper, reap_adopted, run_token
 from autopilot.status import SCHEMA_VERSION, StatusWriter, eta_secs, oneline
 from autopilot.templates import render
-from autopilot.validity import Classification, RunOutcome, classify
+from autopilot.validity import Classification, RunOutcome, attempt_outcomes, classify
 
 log = get_logger(__name__)
 
@@ -265,10 +265,12 @@ class Supervisor:
         journal = self.state_dir / "journal.jsonl"
         cells = list(self.ledger.cells.values())
         grace = self.preset.watchdog.kill_grace_secs
-        exited = self._exited_outcomes()
+        exited: dict[tuple[str, int], RunOutcome] | None = None
         for cell, pids in await anyio.to_thread.run_sync(sweep.orphan_cells, cells, journal,
                                                          grace):
             self.orphans_cleaned.append({"cell": cell.id, "pids": pids})
+            if exited is None:  # read only when a predecessor left cells running
+                exited = attempt_outcomes(read_events(journal).events)
             outcome = self._finished_outcome(cell, exited, killed=cell.pid in pids)
             if outcome is not None:
                 # The harness finished before its supervisor died: grade that work
@@ -288,11 +290,6 @@ class Supervisor:
             self.orphans_cleaned.append({**found, "unjournaled": True})
             self.emit("orphan_killed", cell=found["cell"], pids=found["pids"],
                       why="spawned by a predecessor killed before journaling it")
-
-    def _exited_outcomes(self) -> dict[tuple[str, int], RunOutcome]:
-        from autopilot.regrade import _outcomes
-
-        return _outcomes(read_events(self.state_dir / "journal.jsonl").events)
 
     def _finished_outcome(self, cell: Any, exited: dict[tuple[str, int], RunOutcome],
                           killed: bool) -> RunOutcome | None:

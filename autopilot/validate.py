@@ -17,11 +17,11 @@ from typing import Any
 
 from autopilot.config import Preset
 from autopilot.fsutil import read_json
-from autopilot.grading import read_checks
+from autopilot.grading import missing_requirements, read_checks
 from autopilot.journal import read_events
 from autopilot.plan import Plan, cell_context
 from autopilot.templates import render
-from autopilot.validity import Checks, GradeOutcome, RunOutcome, classify
+from autopilot.validity import Checks, GradeOutcome, RunOutcome, classify, grader_unavailable
 
 ARTIFACT_NAMES = ("grade.json", "summary.json")
 
@@ -85,6 +85,9 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path) -> ValidationResul
                  else GradeOutcome(False, "no grade file"))
         checks = read_checks(preset, ctx) if completion else Checks()
         c = classify(outcome, grade, preset.grader.verdicts, checks, preset.grader.verdict_field)
+        missing = missing_requirements(preset, cell.task, ctx)
+        if c.grade_side and missing:  # not a broken grader: one that cannot run here
+            c = grader_unavailable(missing)
         result.cells.append(CellCheck(cell.id, c.verdict, c.reason or "", c.detail))
     result.armless = armless_dirs(preset, plan, state_dir)
     return result

@@ -9,7 +9,7 @@ preset recognises; everything else is INVALID with exactly one reason from
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -146,3 +146,18 @@ def grader_unavailable(missing: list[str], masked: bool = False) -> Classificati
     """A task whose grader cannot run here (its declared requirements are missing)."""
     return _invalid("grader_unavailable", "grader needs " + ", ".join(missing),
                     teardown_masked=masked)
+
+
+def attempt_outcomes(events: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], RunOutcome]:
+    """What happened to each attempt's harness, from its journaled ``cell_exited`` /
+    ``cell_ran`` (unknown fields of another version ignored, malformed ones skipped)."""
+    out: dict[tuple[str, int], RunOutcome] = {}
+    fields = set(RunOutcome.__dataclass_fields__)
+    for ev in events:
+        if ev.get("event") in ("cell_exited", "cell_ran") and isinstance(ev.get("outcome"), dict):
+            known = {k: v for k, v in ev["outcome"].items() if k in fields}
+            try:
+                out[(str(ev.get("cell")), int(ev.get("attempt", 0)))] = RunOutcome(**known)
+            except (TypeError, ValueError):
+                continue
+    return out

@@ -83,6 +83,13 @@ def test_qwen_preset_runs_the_real_table_to_complete(state_dir: Path, tmp_path: 
     status = json.loads((state_dir / "status.json").read_text())
     assert status["totals"]["ungraded"] == 6 and status["trust"]["ungraded_cells"] == 6
     assert status["totals"]["done"] == 18
+    grid = run_cli("--state-dir", str(state_dir), "--no-color", "--no-events", prog="dashboard")
+    assert grid.returncode == 0, grid.stderr
+    p1_rows = [line for line in grid.stdout.splitlines() if line.strip().startswith("p1_")]
+    assert len(p1_rows) == 6 and all("Uu" in line for line in p1_rows)  # ungraded, unavailable
+    v = run_cli("validate", "--state-dir", str(state_dir), env=env)
+    assert v.returncode == 1 and "grader_unavailable" in v.stdout
+    assert "grader_failed" not in v.stdout
 
     # The helper arrives: regrade the p1 cells from their outputs, no harness re-run.
     add_p1_helper(bench)

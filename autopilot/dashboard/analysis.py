@@ -10,11 +10,12 @@ from autopilot.ledger import CellState
 REASON_LETTER = {
     "stall": "s", "deadline": "d", "harness_crash": "c", "missing_output": "m",
     "grader_failed": "g", "malformed_grade": "j", "zero_tokens": "z", "arm_mismatch": "a",
-    "endpoint_down": "e",
+    "endpoint_down": "e", "api_error": "x", "grader_unavailable": "u",
 }
 LEGEND = ("P pass  F fail  I<r> invalid (s stall, d deadline, c crash, m missing output, "
           "g grader failed, j malformed grade, z zero tokens, a arm mismatch, e endpoint "
-          "down)  Q quarantined  R running  ~ awaiting grade  . pending  * teardown-masked")
+          "down, x api error, u grader unavailable)  U<r> ungraded (run stands, grading "
+          "failed)  Q quarantined  R running  ~ awaiting grade  . pending  * teardown-masked")
 
 
 def code(c: CellState | None, frozen_warn: float = 0) -> str:
@@ -27,6 +28,8 @@ def code(c: CellState | None, frozen_warn: float = 0) -> str:
         return "I" + REASON_LETTER.get(c.reason or "", "?")
     if c.status == "quarantined":
         return "Q"
+    if c.status == "ungraded":
+        return "U" + REASON_LETTER.get(c.reason or "", "?")
     if c.status == "running":
         if frozen_warn and c.frozen_secs >= frozen_warn:
             return f"R{int(c.frozen_secs // 60)}m" if c.frozen_secs >= 60 else \
@@ -38,7 +41,8 @@ def code(c: CellState | None, frozen_warn: float = 0) -> str:
 
 
 COMPACT_LEGEND = ("one letter per replicate, in groups of 5: P pass  F fail  p/f teardown-"
-                  "masked  s d c m g j z a e invalid (reason as above)  Q quarantined  "
+                  "masked  s d c m g j z a e x u invalid or ungraded (reason as above)  "
+                  "Q quarantined  "
                   "R running  ! running, frozen past warn  ~ awaiting grade  . pending")
 
 
@@ -48,7 +52,7 @@ def compact_code(c: CellState | None, frozen_warn: float = 0) -> str:
     full = code(c, frozen_warn)
     if full[0] in "PF":
         return full[0].lower() if full.endswith("*") else full[0]
-    if full[0] == "I":
+    if full[0] in "IU":
         return full[1]
     if full[0] == "R":
         return "!" if len(full) > 1 else "R"
@@ -59,8 +63,9 @@ def kind(c: CellState | None) -> str:
     """The style class of a cell (shared by the terminal and HTML views)."""
     if c is None:
         return "pending"
-    return {"PASS": "pass", "FAIL": "fail", "invalid": "invalid", "quarantined": "quarantined",
-            "running": "running", "ran": "running"}.get(c.status, "pending") + (
+    style = {"PASS": "pass", "FAIL": "fail", "invalid": "invalid", "quarantined": "quarantined",
+             "ungraded": "invalid", "running": "running", "ran": "running"}
+    return style.get(c.status, "pending") + (
         " masked" if c.teardown_masked and c.status in ("PASS", "FAIL") else "")
 
 
