@@ -378,7 +378,7 @@ class EnvRef(NamedTuple):
 
     def describe(self) -> str:
         if self.defaulted:
-            return f"${{{self.name}}} is not set; the default {self.value!r} was used"
+            return f"${{{self.name}}} is not set (or empty); the default {self.value!r} was used"
         return f"from ${{{self.name}}}={self.value!r}"
 
 

@@ -112,7 +112,9 @@ def expand_env(value: Any, where: str = "", refs: list[EnvRef] | None = None) ->
     if isinstance(value, str):
         def repl(m: re.Match[str]) -> str:
             name, default = m.group(1), m.group(2)
-            if name in os.environ:
+            # Shell semantics: `:-` also replaces a variable that is set but empty (an
+            # exported BENCH_DIR= must not turn every path into /tooling/...).
+            if os.environ.get(name):
                 if refs is not None:
                     refs.append(EnvRef(name, os.environ[name], False))
                 return os.environ[name]
@@ -120,7 +122,8 @@ def expand_env(value: Any, where: str = "", refs: list[EnvRef] | None = None) ->
                 if refs is not None:
                     refs.append(EnvRef(name, default, True))
                 return default
-            raise TemplateError(where, f"${{{name}}} is not set and has no default")
+            how = "is set but empty" if name in os.environ else "is not set"
+            raise TemplateError(where, f"${{{name}}} {how} and has no default")
         return _ENV_REF.sub(repl, value)
     if isinstance(value, dict):
         return {k: expand_env(v, f"{where}.{k}" if where else str(k), refs)

@@ -144,6 +144,11 @@ def test_env_expansion_with_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert load_preset(path).vars == {"root": "/opt/bench", "model": "m1"}
     monkeypatch.setenv("BENCH_ROOT", "/data/bench")
     assert load_preset(path).vars["root"] == "/data/bench"
+    monkeypatch.setenv("BENCH_ROOT", "")  # set but empty: the default, as in a shell
+    assert load_preset(path).vars["root"] == "/opt/bench"
+    monkeypatch.setenv("BENCH_M", "")
+    with pytest.raises(ConfigError, match=r"vars.model: \$\{BENCH_M\} is set but empty"):
+        load_preset(path)
     monkeypatch.delenv("BENCH_M")
     with pytest.raises(ConfigError, match=r"vars.model: \$\{BENCH_M\} is not set"):
         load_preset(path)

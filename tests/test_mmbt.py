@@ -128,7 +128,7 @@ def test_missing_checkout_names_the_variable(state_dir: Path, tmp_path: Path) ->
     r = run_cli("--preset", "qwen3.6-27b", "--target-n", "1", "--state-dir", str(state_dir),
                 "--dry-run", env=env)
     assert r.returncode == 2
-    assert "${BENCH_DIR} is not set; the default '/opt/mmbt' was used" in r.stderr
+    assert "${BENCH_DIR} is not set (or empty); the default '/opt/mmbt' was used" in r.stderr
     assert "${QWEN27B_GGUF} is not set" in r.stderr  # the endpoint's model file too
 
 
