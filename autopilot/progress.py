@@ -33,6 +33,7 @@ def oneline(status: dict[str, Any]) -> str:
         f"{t.get('done', 0)}/{t.get('total', 0)} done "
         f"P{t.get('pass', 0)} F{t.get('fail', 0)} I{t.get('invalid', 0)}"
         + (f" Q{t.get('quarantined')}" if t.get("quarantined") else "")
+        + (f" U{t.get('ungraded')}" if t.get("ungraded") else "")
         + (f" M{trust.get('teardown_masked_cells')}" if trust.get("teardown_masked_cells")
            else ""),
         f"{t.get('running', 0)} running",

@@ -209,6 +209,8 @@ def test_broken_grader_leaves_cells_ungraded_then_regrade_fixes_them(state_dir: 
     status = json.loads((state_dir / "status.json").read_text())
     assert status["phase"] == "INCOMPLETE" and status["totals"]["ungraded"] == 1
     assert status["trust"]["ungraded_cells"] == 1
+    one = run_cli("--state-dir", str(state_dir), "--oneline", prog="dashboard")
+    assert " U1 " in one.stdout  # the one-line view shows it, not just the JSON
     assert status["totals"]["pass"] + status["totals"]["fail"] == 3  # never counted
     v = run_cli("validate", "--state-dir", str(state_dir))
     assert v.returncode == 1 and cell in v.stdout
