@@ -143,3 +143,28 @@ def test_terminal_transcript_row_counts_as_teardown_evidence(state_dir: Path,
     assert killed["kind"] == "teardown"
     # no completion artifacts to grade: fail closed, never a silent pass
     assert r.returncode == 1 and verdict(evs)["reason"] == "missing_output"
+
+
+@pytest.mark.parametrize("credit", [True, False])
+def test_long_non_streaming_turn_is_progress_while_the_endpoint_decodes(
+        state_dir: Path, tmp_path: Path, credit: bool) -> None:
+    # Each model turn takes 3 s with nothing written (a non-streaming harness), past
+    # stuck_secs 2: the endpoint's /slots counter moving is what tells the watchdog the
+    # model is working. Without that evidence the same cell is killed as a stall.
+    doc = {"tasks": [{"id": "p1_bugfix"}], "arms": [{"label": "demo-nothink", "mode": "nothink"}],
+           "vars": {"think_secs": "0"}, "endpoint": {"latency_secs": 3},
+           "watchdog": {"poll_secs": 0.2, "warn_secs": 1, "probe_secs": 1.5, "kill_secs": 2.5,
+                        "stuck_secs": 2, "kill_grace_secs": 0.5, "endpoint_progress": credit},
+           "trust": {"infra_retries": 0}}
+    over = write_overlay(tmp_path / "o.json", doc)
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                "--state-dir", str(state_dir), "--quiet", timeout=120)
+    evs = events(state_dir)
+    killed = [e for e in evs if e["event"] == "cell_killed"]
+    if credit:
+        assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+        assert not killed and verdict(evs)["verdict"] in ("PASS", "FAIL")
+    else:
+        assert r.returncode == 1
+        assert killed and "transcript frozen" in killed[0]["reason"]
+        assert (verdict(evs)["verdict"], verdict(evs)["reason"]) == ("INVALID", "stall")
