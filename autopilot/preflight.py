@@ -123,8 +123,14 @@ def referenced_paths(argv: Argv, ctx: dict[str, str], cwd: str | None) -> list[P
         rendered += [render(part, ctx) for part in parts if placeholders(part)]
     out = []
     for value in rendered:
-        if _looks_like_path(value) and not _runtime(value, ctx):
-            out.append(Path(value) if Path(value).is_absolute() else base / value)
+        if not _looks_like_path(value) or _runtime(value, ctx):
+            continue
+        if Path(value).is_absolute():
+            out.append(Path(value))
+        elif (base / Path(value).parts[0]).exists():
+            # Relative: judged only where its first part is there (tooling/inputs/x);
+            # "org/model" is a model id, not a path of this checkout.
+            out.append(base / value)
     return out
 
 

@@ -162,3 +162,20 @@ def test_kill_between_harness_exit_and_grading_adopts_the_work(state_dir: Path,
     assert not any(e["event"] == "cell_abandoned" for e in evs)
     v = [e for e in evs if e["event"] == "cell_verdict"]
     assert len(v) == 1 and v[0]["verdict"] in ("PASS", "FAIL") and v[0]["attempt"] == 1
+
+
+def test_a_model_id_with_a_slash_is_not_taken_for_a_missing_path(state_dir: Path,
+                                                                 tmp_path: Path) -> None:
+    bench = make_checkout(tmp_path)
+    add_p1_helper(bench)
+    over = overlay(tmp_path, model="Qwen/Qwen3.6-27B")
+    r = run_cli("--preset", "qwen3.6-27b", "--target-n", "1", "--config", over,
+                "--state-dir", str(state_dir), "--dry-run",
+                env=env_for(bench, tmp_path / "argv.jsonl"))
+    assert r.returncode == 0, r.stderr
+    (bench / "tooling" / "inputs" / "phase2_ci_failure").rename(tmp_path / "gone")
+    r = run_cli("--preset", "qwen3.6-27b", "--target-n", "1", "--config", over,
+                "--state-dir", str(state_dir), "--dry-run",
+                env=env_for(bench, tmp_path / "argv.jsonl"))
+    assert r.returncode == 2 and "p2_ci: " in r.stderr
+    assert "tooling/inputs/phase2_ci_failure not found" in r.stderr and "Qwen/" not in r.stderr
