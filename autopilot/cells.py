@@ -31,6 +31,7 @@ from autopilot.grading import judge_cell
 from autopilot.logsetup import bind_contextvars, get_logger, unbind_contextvars
 from autopilot.plan import Cell, cell_context
 from autopilot.procs import OWNED, TOKEN_ENV, Tracker, identify, kill_tree, spawn
+from autopilot.statedir import open_append
 from autopilot.substance import SubstanceState, check_substance
 from autopilot.templates import render, render_argv
 from autopilot.validity import Classification, Killed, RunOutcome, lookup
@@ -223,7 +224,6 @@ class CellRun:
         if moved:
             log.info("attempt_moved_aside", to=str(moved))
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        self.spool.parent.mkdir(parents=True, exist_ok=True)
         argv = render_argv(self.p.harness.argv, self.ctx)
         cwd = render(self.p.harness.cwd, self.ctx) if self.p.harness.cwd else None
         # A sandbox already under this attempt's name is stale (a killed predecessor's
@@ -236,7 +236,7 @@ class CellRun:
         start_mono = cx.clock()
         limits = self._limits(start_mono)
         deadline_epoch = time.time() + (limits.deadline - start_mono)
-        with self.spool.open("ab") as spool:
+        with open_append(self.spool) as spool:
             spool.write(f"--- attempt {self.attempt} argv: {cx.redact(str(argv))}\n".encode())
             spool.flush()
             try:
@@ -253,7 +253,8 @@ class CellRun:
         ident = identify(proc.pid)
         self.tracker = Tracker(ident, self.token) if ident else None
         cx.emit("cell_started", cell=self.cell.id, attempt=self.attempt, pid=proc.pid,
-                create_time=ident.create_time if ident else None, token=self.token,
+                create_time=ident.create_time if ident else None,
+                start_ticks=ident.ticks if ident else None, token=self.token,
                 endpoint_arms=list(ep.arm_group))
         killed: Killed | None = None
         kill_reason: str | None = None

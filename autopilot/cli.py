@@ -88,16 +88,29 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--state-dir", dest="sub_state_dir")
     cl.add_argument("--endpoint", action="store_true",
                     help="also the endpoint container or process")
+    _trusted_preset_args(cl)
     rg = sub.add_parser("regrade", help="re-run the grader on finished cells (PASS, FAIL, "
                         "ungraded) from their outputs, never the harness; journaled as new "
                         "grades of the same attempt; refuses while a supervisor holds the run")
     rg.add_argument("--task", help="only this task's cells")
     rg.add_argument("--arm", help="only this arm's cells")
     rg.add_argument("--state-dir", dest="sub_state_dir")
+    _trusted_preset_args(rg)
     nt = sub.add_parser("notify-test", help="send one test message to each configured URL")
     nt.add_argument("--preset", dest="nt_preset", help="also use this preset's [notify] urls")
     nt.add_argument("--notify-config", dest="nt_config", help="apprise config file")
     return ap
+
+
+def _trusted_preset_args(sp: argparse.ArgumentParser) -> None:
+    # Verbs that delete or run commands never take a preset *path* from plan.json (a
+    # planted plan.json would name the attacker's preset): the user names it, or the
+    # recorded preset *name* is looked up among the preset dirs.
+    sp.add_argument("--preset", dest="sub_preset", metavar="PRESET",
+                    help="the preset the run was made with (default: its recorded name, "
+                    "looked up among the preset dirs; never a path from plan.json)")
+    sp.add_argument("--config", dest="sub_config", metavar="OVERLAY",
+                    help="the overlay the run was made with")
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
@@ -162,16 +175,55 @@ def dry_run_text(preset: Preset, plan: Plan, state_dir: Path, warnings: list[str
 
 def load_recorded(state_dir: Path) -> tuple[Preset, Plan]:
     """The preset and plan a state dir was run with (from plan.json), for read-only verbs."""
-    from autopilot.fsutil import read_json
-
-    rec = read_json(state_dir / "plan.json")
-    if not isinstance(rec, dict):
-        raise ConfigError(f"{state_dir}: no plan.json here (not a state dir of a run)")
+    rec = _read_plan_record(state_dir)
     preset_ref = rec.get("preset_path") or rec.get("preset")
     if rec.get("preset_path") and not Path(rec["preset_path"]).is_file():
         preset_ref = rec.get("preset")
     preset = load_preset(str(preset_ref), overlay=rec.get("config_path"))
     return preset, Plan(preset, int(rec.get("target_n") or preset.run.target_n or 1))
+
+
+def _read_plan_record(state_dir: Path) -> dict[str, Any]:
+    from autopilot.fsutil import read_json
+
+    rec = read_json(state_dir / "plan.json")
+    if not isinstance(rec, dict):
+        raise ConfigError(f"{state_dir}: no plan.json here (not a state dir of a run)")
+    return rec
+
+
+def load_trusted(state_dir: Path, args: argparse.Namespace) -> tuple[Preset, Plan]:
+    """The preset and plan for a verb that deletes or runs commands (cleanup, regrade):
+    the state dir must pass the ownership checks, the preset comes from the user (or the
+    recorded *name* among the preset dirs), and its plan must be the one recorded."""
+    from autopilot.config import NAME_RE
+    from autopilot.statedir import check_trusted
+
+    check_trusted(state_dir)
+    rec = _read_plan_record(state_dir)
+    ref = getattr(args, "sub_preset", None) or args.preset
+    overlay = getattr(args, "sub_config", None) or args.config
+    if not ref:
+        name = rec.get("preset")
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+            raise ConfigError(f"{state_dir}/plan.json: recorded preset {name!r} is not a "
+                              "preset name; pass --preset")
+        ref = name
+    preset = load_preset(ref, overlay=overlay)
+    target_n = rec.get("target_n")
+    plan = Plan(preset, target_n if isinstance(target_n, int) and target_n > 0
+                else preset.run.target_n or 1)
+    # The cells must be the run's (a fixed grader may change the identity: that is what
+    # regrade is for), so the recorded tasks and arms are compared, not the identity.
+    if (rec.get("tasks"), rec.get("arms")) != ([t.id for t in preset.tasks],
+                                               [a.label for a in preset.arms]):
+        hint = " ".join(f"{flag} {rec[k]!r}" for flag, k in
+                        (("--preset", "preset_path"), ("--config", "config_path"))
+                        if isinstance(rec.get(k), str))
+        raise ConfigError(f"{state_dir}: preset {ref!r} does not give this run's tasks and "
+                          "arms: pass the --preset and --config the run was made with"
+                          + (f" (plan.json says {hint}; check them first)" if hint else ""))
+    return preset, plan
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -223,7 +275,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     holder = lock_held(state_dir)
     if holder is not None:
         raise LockHeld(f"refusing to clean up a run in progress: {describe_holder(holder)}")
-    preset, plan = load_recorded(state_dir)
+    preset, plan = load_trusted(state_dir, args)
     removed = anyio.run(partial(cleanup, preset, plan, state_dir, endpoint=args.endpoint))
     for item in removed:
         print(f"removed {item}")
@@ -237,7 +289,7 @@ def cmd_regrade(args: argparse.Namespace) -> int:
     from autopilot.status import oneline
 
     state_dir = _state_dir(args)
-    preset, plan = load_recorded(state_dir)
+    preset, plan = load_trusted(state_dir, args)
     if args.task and args.task not in [t.id for t in preset.tasks]:
         raise ConfigError(f"regrade: --task {args.task!r} is not a task of this run "
                           f"(tasks: {', '.join(t.id for t in preset.tasks)})")
@@ -251,6 +303,7 @@ def cmd_regrade(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from autopilot.statedir import check_trusted
     from autopilot.supervisor import RunOptions, Supervisor, check_plan_identity, snapshot_once
 
     flags: dict[str, Any] = {
@@ -265,6 +318,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     why = check_writable_dir(state_dir)
     if why:
         raise StateDirError(f"--state-dir {why}")
+    check_trusted(state_dir)
     check_plan_identity(state_dir, plan, args.allow_plan_change)
 
     report = anyio.run(partial(run_preflight, preset, plan, state_dir,

@@ -20,7 +20,11 @@ from pydantic import (
     model_validator,
 )
 
-NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+# One id grammar for task ids, arm labels and preset names, checked with fullmatch (a
+# trailing newline slips past ``re.match(...$)``): a letter or digit first (no leading
+# '-' to read as a flag, no '.' or '..' to climb a path), then letters, digits, '.', '_',
+# '-'. Ids are rendered into paths that get deleted; this keeps each one a plain name.
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 PRESETS_ENV = "AUTOPILOT_PRESETS_DIR"
 
 # Placeholders the supervisor fills for every cell; preset, task and arm vars add more.
@@ -40,8 +44,9 @@ class _Frozen(BaseModel):
 
 
 def _check_name(value: str, what: str) -> str:
-    if not NAME_RE.match(value):
-        raise ValueError(f"{what} {value!r} may only use letters, digits, '.', '_' and '-'")
+    if not NAME_RE.fullmatch(value) or ".." in value:
+        raise ValueError(f"{what} {value!r} must start with a letter or digit and use only "
+                         "letters, digits, '.', '_' and '-' (no '..')")
     return value
 
 

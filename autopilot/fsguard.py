@@ -27,6 +27,7 @@ from pathlib import Path
 
 from autopilot.config import Preset
 from autopilot.errors import AutopilotError
+from autopilot.templates import render
 
 # Placeholders whose value differs per cell (or per attempt): a root ends before them.
 PER_CELL = frozenset({"cell", "task", "arm", "mode", "n", "attempt", "output_dir",
@@ -59,15 +60,47 @@ def run_roots(preset: Preset, state_dir: Path) -> tuple[Path, ...]:
     for task in preset.tasks:  # a var set by every task alike is static too
         values.update({k: v for k, v in task.vars.items()
                        if all(t.vars.get(k) == v for t in preset.tasks)})
-    templates = [preset.harness.output_dir, *preset.harness.scratch_dirs]
-    if preset.grader.extract:
-        templates.append(preset.grader.extract.into)
     roots = [state_dir]
-    for t in templates:
+    for _key, t in _destructive_templates(preset):
         prefix = _static_prefix(t, values)
         if prefix:
             roots.append(Path(prefix))
     return tuple(_forbidden_filtered(dict.fromkeys(roots), state_dir))
+
+
+def _destructive_templates(preset: Preset) -> list[tuple[str, str]]:
+    """(config key, template) of every path the autopilot deletes, moves or extracts into."""
+    out = [("harness.output_dir", preset.harness.output_dir),
+           ("grader.grade_file", preset.grader.grade_file)]
+    out += [(f"harness.scratch_dirs[{i}]", t) for i, t in enumerate(preset.harness.scratch_dirs)]
+    if preset.grader.extract:
+        out.append(("grader.extract.into", preset.grader.extract.into))
+    return out
+
+
+# Stands in for the state dir at load, when the real one (a flag) is not known yet.
+_LOAD_STATE_DIR = Path("/nonexistent-state-dir")
+
+
+def template_problems(preset: Preset) -> list[tuple[str, str]]:
+    """(config key, why) for every destructive path template that would be refused for
+    some cell, found at load where the template shows it (an empty placeholder, a
+    relative result, a path outside the run's roots): a config error, never a run that
+    refuses each deletion later."""
+    from autopilot.plan import Plan, cell_context  # plan imports config only: no cycle
+
+    roots = run_roots(preset, _LOAD_STATE_DIR)
+    problems: dict[str, str] = {}
+    for cell in Plan(preset, 1).cells:  # every task x arm: their vars differ
+        ctx = cell_context(preset, cell, 1, _LOAD_STATE_DIR)
+        for key, template in _destructive_templates(preset):
+            if key in problems:
+                continue
+            try:
+                check(render(template, ctx), roots, _LOAD_STATE_DIR)
+            except UnsafePath as e:
+                problems[key] = f"{template!r} for cell {cell.id}: {e}"
+    return list(problems.items())
 
 
 def _protected(state_dir: Path) -> list[Path]:

@@ -12,7 +12,6 @@ import contextlib
 import os
 import subprocess
 import tarfile
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from autopilot.config import Preset
 from autopilot.fsguard import UnsafePath, remove_tree, run_roots
 from autopilot.fsutil import read_json
 from autopilot.procs import OWNED, Tracker, identify, kill_tree, spawn
+from autopilot.statedir import open_append
 from autopilot.templates import grader_argv, render, render_argv
 from autopilot.validity import (
     Checks,
@@ -50,14 +50,14 @@ async def run_grader(
     timeout: float,
     grade_file: Path,
     log_path: Path,
+    roots: tuple[Path, ...],
+    state_dir: Path,
     extract: tuple[Path, Path] | None = None,
-    roots: tuple[Path, ...] = (),
-    state_dir: Path | None = None,
 ) -> GradeOutcome:
     """Run one grader. ``extract`` (archive, into) unpacks into a scratch dir first and
     removes it after; ``roots`` / ``state_dir`` bound where that may happen (fsguard)."""
     scratch = extract[1] if extract else None
-    guard_dir = state_dir or Path(tempfile.gettempdir())
+    guard_dir = state_dir
     try:
         if extract is not None:
             archive, into = extract
@@ -68,8 +68,11 @@ async def run_grader(
                 return GradeOutcome(False, f"extract refused: {e}")
             except (OSError, tarfile.TarError) as e:
                 return GradeOutcome(False, f"extract {archive.name} failed: {e}")
-        grade_file.unlink(missing_ok=True)  # a stale grade must never be read as fresh
-        with log_path.open("ab") as log:
+        try:  # a stale grade must never be read as fresh
+            remove_tree(grade_file, roots, guard_dir)
+        except UnsafePath as e:
+            return GradeOutcome(False, f"grade file refused: {e}")
+        with open_append(log_path) as log:
             try:
                 proc = await spawn(
                     argv, cwd=cwd, env=dict(env), stdout=log, stderr=subprocess.STDOUT,
@@ -154,7 +157,6 @@ async def grade_outputs(
     extract = None
     if g.extract:
         extract = (Path(render(g.extract.archive, ctx)), Path(render(g.extract.into, ctx)))
-    grade_log.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ if base_env is None else base_env)
     env["AUTOPILOT_CELL_ID"] = ctx["cell"]
     env["AUTOPILOT_CELL_ATTEMPT"] = ctx["attempt"]

@@ -9,6 +9,7 @@ line so the torn bytes can never glue onto a good record.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from typing import Any
 
 from autopilot.fsutil import iso
 from autopilot.logsetup import get_logger
+from autopilot.statedir import ensure_private_dir, open_private
 
 log = get_logger(__name__)
 
@@ -62,26 +64,47 @@ class Journal:
     def __init__(self, path: Path, *, fsync: bool = True) -> None:
         self.path = path
         self._fsync = fsync
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        ensure_private_dir(path.parent)
+        self._fd = open_private(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
         self._repair_tail()
 
     def _repair_tail(self) -> None:
         size = os.fstat(self._fd).st_size
+        self._end = size
         if size == 0:
             return
-        with self.path.open("rb") as f:
-            f.seek(size - 1)
-            if f.read(1) != b"\n":
-                log.warning("journal_torn_tail", path=str(self.path), size=size)
-                os.write(self._fd, b"\n")
+        if os.pread(self._fd, 1, size - 1) != b"\n":
+            log.warning("journal_torn_tail", path=str(self.path), size=size)
+            self._write_all(b"\n")
+
+    def _write_all(self, data: bytes) -> None:
+        """Append ``data`` whole, or not at all: ``os.write`` may write part of it (a
+        full disk takes what fits), so loop over the rest; on any failure cut the file
+        back to the last good offset, so the torn bytes can never glue onto the next
+        record once space is freed."""
+        if os.fstat(self._fd).st_size != self._end:
+            os.ftruncate(self._fd, self._end)  # a failed append's bytes the cut missed
+        view = memoryview(data)
+        try:
+            while view:
+                n = os.write(self._fd, view)
+                if n <= 0:
+                    raise OSError(errno.EIO, "journal write made no progress", str(self.path))
+                view = view[n:]
+            if self._fsync:
+                os.fsync(self._fd)
+        except OSError:
+            try:
+                os.ftruncate(self._fd, self._end)
+            except OSError:
+                pass  # retried before the next append
+            raise
+        self._end += len(data)
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
         record = {"ts": iso(), "event": event, **fields}
         line = json.dumps(record, separators=(",", ":"), default=str) + "\n"
-        os.write(self._fd, line.encode())
-        if self._fsync:
-            os.fsync(self._fd)
+        self._write_all(line.encode())
         return record
 
     def close(self) -> None:

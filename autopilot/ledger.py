@@ -42,6 +42,7 @@ class CellState:
     teardown_masked: bool = False
     pid: int | None = None
     create_time: float | None = None
+    start_ticks: int | None = None
     started_ts: str | None = None
     finished_ts: str | None = None
     ran_outcome: dict[str, Any] | None = None  # per-arm grading: outputs awaiting a grade
@@ -119,6 +120,7 @@ class Ledger:
             cell.attempts = int(ev.get("attempt", cell.attempts + 1))
             cell.pid = ev.get("pid")
             cell.create_time = ev.get("create_time")
+            cell.start_ticks = ev.get("start_ticks")
             cell.started_ts = ev.get("ts")
             cell.frozen_secs, cell.tier, cell.last_signal = 0.0, "OK", None
         elif kind == "cell_abandoned":

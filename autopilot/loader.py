@@ -44,7 +44,7 @@ def find_preset(name: str) -> Path:
         if not path.is_file():
             raise ConfigError(f"preset file {name}: not found")
         return path
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name.removeprefix("_")) or ".." in name:  # "_base": see below
         raise ConfigError(f"--preset {name!r}: not a preset name or a .toml path")
     for d in preset_dirs():
         candidate = d / f"{name}.toml"
@@ -231,5 +231,13 @@ def load_preset(
         check_templates(result)
     except TemplateError as e:
         raise ConfigError(f"{origin(tuple(e.path.split('.')))}: {e.path}: {e.msg}") from None
+    from autopilot.fsguard import template_problems  # after validation: it renders paths
+
+    problems = template_problems(result)
+    if problems:
+        key, why = problems[0]
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ConfigError(f"{origin(tuple(key.split('[')[0].split('.')))}: {key}: "
+                          f"unsafe path {why}{more}")
     result.set_env_refs(tuple(dict.fromkeys(refs)))
     return result

@@ -24,6 +24,7 @@ import psutil
 
 from autopilot.errors import LockHeld
 from autopilot.fsutil import atomic_write_json, iso, read_json
+from autopilot.statedir import ensure_private_dir, open_private
 
 FRESH_SECS = 120.0
 HEARTBEAT_SECS = 10.0
@@ -47,7 +48,7 @@ def heartbeat_holder(state_dir: Path, now: float | None = None) -> dict[str, Any
         return None  # another host's process cannot be checked; flock covers local runs
     try:
         p = psutil.Process(int(hb["pid"]))
-        if abs(p.create_time() - float(hb["create_time"])) > 0.05:
+        if p.create_time() != float(hb["create_time"]):  # exact: no window for a decoy
             return None
     except (psutil.NoSuchProcess, KeyError, ValueError, TypeError):
         return None
@@ -66,7 +67,10 @@ def lock_held(state_dir: Path) -> dict[str, Any] | None:
     """Read-only probe for readers (dashboard, --once): who holds the run, if anyone."""
     path = state_dir / LOCK_NAME
     if path.exists():
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            return heartbeat_holder(state_dir)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -87,8 +91,8 @@ class RunLock:
         hb = heartbeat_holder(self.state_dir)
         if hb is not None:
             raise LockHeld(describe_holder(hb))
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.state_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        ensure_private_dir(self.state_dir)
+        fd = open_private(self.state_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -13,7 +13,7 @@ import re
 import sys
 from collections.abc import Iterable, MutableMapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any
 
 
 def _import_structlog() -> Any:
@@ -65,7 +65,7 @@ class Redactor:
 class _Tee:
     """Final processor: write the JSON line to the file, hand the dict to the console."""
 
-    def __init__(self, file: TextIO | None) -> None:
+    def __init__(self, file: IO[Any] | None) -> None:
         self.file = file
 
     def __call__(self, _: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any:
@@ -75,7 +75,7 @@ class _Tee:
         return event_dict
 
 
-_current_file: TextIO | None = None
+_current_file: IO[Any] | None = None
 
 
 def configure(log_path: Path | None, secrets: Iterable[str] = (), console: bool = True,
@@ -85,8 +85,9 @@ def configure(log_path: Path | None, secrets: Iterable[str] = (), console: bool 
         _current_file.close()
         _current_file = None
     if log_path is not None:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        _current_file = log_path.open("a", encoding="utf-8")
+        from autopilot.statedir import open_append
+
+        _current_file = open_append(log_path, binary=False)
     redactor = Redactor(secrets)
     processors: list[Any] = [
         structlog.contextvars.merge_contextvars,

@@ -56,7 +56,9 @@ def marked_processes(token: str) -> list[tuple[psutil.Process, dict[str, str]]]:
             continue
     return found
 _PR_SET_CHILD_SUBREAPER = 36
-_CT_TOLERANCE = 0.05  # psutil create_time resolution is a clock tick
+# Only for "started no earlier than" filters (a token holder forked by the root): never
+# for identity, which is compared exactly (see ProcIdentity).
+_CT_TOLERANCE = 0.05
 
 # Pids we spawned through asyncio: its child watcher reaps them, so we must not. While a
 # spawn is in flight its pid is not known yet, so the blanket zombie sweep waits.
@@ -93,28 +95,48 @@ def describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
+def start_ticks(pid: int) -> int | None:
+    """The kernel's start time of ``pid`` in clock ticks since boot (/proc/PID/stat field
+    22): exact, and unmoved by wall-clock steps, unlike an epoch create_time."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        # comm (field 2) may hold spaces and ')': the fields after its last ')' are safe
+        return int(data[data.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 @dataclass(frozen=True, slots=True)
 class ProcIdentity:
+    """A process as (pid, start time). ``ticks`` (kernel clock ticks since boot) is the
+    exact identity; ``create_time`` (epoch, for people) decides only for records written
+    before ticks were journaled, and then exactly too: any tolerance is a window in which
+    a decoy forked onto a recycled pid passes for ours."""
+
     pid: int
     create_time: float
-
-    def to_json(self) -> dict[str, float]:
-        return {"pid": self.pid, "create_time": self.create_time}
+    ticks: int | None = None
 
 
 def identify(pid: int) -> ProcIdentity | None:
     try:
-        return ProcIdentity(pid, psutil.Process(pid).create_time())
+        ct = psutil.Process(pid).create_time()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
+    ticks = start_ticks(pid)
+    return None if ticks is None else ProcIdentity(pid, ct, ticks)
 
 
 def verify(ident: ProcIdentity) -> psutil.Process | None:
     """The live process with exactly this identity, or None (gone, zombie or recycled)."""
     try:
         p = psutil.Process(ident.pid)
-        if abs(p.create_time() - ident.create_time) > _CT_TOLERANCE:
-            return None  # the pid was recycled: not ours
+        if ident.ticks is not None:
+            if start_ticks(ident.pid) != ident.ticks:
+                return None  # the pid was recycled: not ours
+        elif p.create_time() != ident.create_time:
+            return None
         if p.status() == psutil.STATUS_ZOMBIE:
             return None
         return p
@@ -122,15 +144,38 @@ def verify(ident: ProcIdentity) -> psutil.Process | None:
         return None
 
 
+def run_marked(p: psutil.Process, token: str) -> bool:
+    """``p`` carries this run's marker in its environment, or is our own descendant: the
+    second test a process named only by the journal (untrusted) must pass before it is
+    signalled, so a planted record can never name someone else's process."""
+    try:
+        if p.environ().get(RUN_TOKEN_ENV) == token:
+            return True
+        return any(a.pid == os.getpid() for a in p.parents())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+        return False
+
+
+def journaled_identity(ev: dict[str, Any]) -> ProcIdentity | None:
+    """The process identity an event records (cell_started, endpoint_spawned...), or
+    None when it has none or a field has the wrong shape (the journal is untrusted)."""
+    pid, ct, ticks = ev.get("pid"), ev.get("create_time"), ev.get("start_ticks")
+    if type(pid) is not int or pid <= 1 or not isinstance(ct, int | float) \
+            or isinstance(ct, bool):
+        return None
+    return ProcIdentity(pid, float(ct), ticks if type(ticks) is int else None)
+
+
 def journaled_alive(events: Iterable[dict[str, Any]]) -> list[int]:
     """Pids of journaled cell and endpoint processes (cell_started, endpoint_spawned,
     endpoint_started) whose exact identity is still alive: what a dead supervisor left."""
     alive: list[int] = []
     for ev in events:
-        if ev.get("event") in ("cell_started", "endpoint_spawned", "endpoint_started") \
-                and ev.get("pid") and ev.get("create_time") and ev["pid"] not in alive \
-                and verify(ProcIdentity(int(ev["pid"]), float(ev["create_time"]))):
-            alive.append(int(ev["pid"]))
+        if ev.get("event") not in ("cell_started", "endpoint_spawned", "endpoint_started"):
+            continue
+        ident = journaled_identity(ev)
+        if ident is not None and ident.pid not in alive and verify(ident):
+            alive.append(ident.pid)
     return alive
 
 
@@ -196,7 +241,8 @@ class Tracker:
             return
         try:
             for child in root.children(recursive=True):
-                self.seen.add(ProcIdentity(child.pid, child.create_time()))
+                self.seen.add(ProcIdentity(child.pid, child.create_time(),
+                                           start_ticks(child.pid)))
         except psutil.NoSuchProcess:
             pass
 

@@ -48,6 +48,7 @@ from autopilot.notify import MILESTONES, Notifier, urls_from_env
 from autopilot.plan import Plan, arm_groups, cell_context
 from autopilot.preflight import needs_docker
 from autopilot.procs import RUN_TOKEN_ENV, enable_subreaper, reap_adopted, run_token
+from autopilot.statedir import open_append
 from autopilot.status import SCHEMA_VERSION, StatusWriter, eta_secs, oneline
 from autopilot.templates import render
 from autopilot.validity import Classification, RunOutcome, attempt_outcomes, classify
@@ -266,8 +267,9 @@ class Supervisor:
         cells = list(self.ledger.cells.values())
         grace = self.preset.watchdog.kill_grace_secs
         exited: dict[tuple[str, int], RunOutcome] | None = None
-        for cell, pids in await anyio.to_thread.run_sync(sweep.orphan_cells, cells, journal,
-                                                         grace):
+        refused: sweep.Refusals = []
+        for cell, pids in await anyio.to_thread.run_sync(
+                sweep.orphan_cells, cells, journal, grace, self.run_token, refused):
             self.orphans_cleaned.append({"cell": cell.id, "pids": pids})
             if exited is None:  # read only when a predecessor left cells running
                 exited = attempt_outcomes(read_events(journal).events)
@@ -282,7 +284,11 @@ class Supervisor:
                 continue
             self.emit("cell_abandoned", cell=cell.id, attempt=cell.attempts,
                       why="supervisor restarted", killed_pids=pids)
-        endpoint = await anyio.to_thread.run_sync(sweep.orphan_endpoint, journal)
+        endpoint = await anyio.to_thread.run_sync(sweep.orphan_endpoint, journal,
+                                                  self.run_token, refused)
+        for r in refused:
+            self.emit("journal_pid_refused", **r, why="named by the journal, but the process "
+                      "carries neither this run's marker nor is our descendant: not signalled")
         if endpoint:
             self.orphans_cleaned.append(endpoint)
         # Last, what no journal line records (a spawn the predecessor died before writing).
@@ -335,7 +341,7 @@ class Supervisor:
             "arms": [a.label for a in self.preset.arms], "recorded_at": iso(),
         })
         if self.opts.identity:
-            with (self.state_dir / "identity.jsonl").open("a", encoding="utf-8") as f:
+            with open_append(self.state_dir / "identity.jsonl", binary=False) as f:
                 f.write(json.dumps(self.opts.identity) + "\n")
         for w in self.opts.warnings:
             log.warning("preflight_warning", warning=w)

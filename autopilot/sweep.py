@@ -16,14 +16,44 @@ from typing import Any
 from autopilot.journal import read_events
 from autopilot.ledger import CellState
 from autopilot.logsetup import get_logger
-from autopilot.procs import TOKEN_ENV, ProcIdentity, Tracker, kill_tree, marked_processes
+from autopilot.procs import (
+    TOKEN_ENV,
+    ProcIdentity,
+    Tracker,
+    journaled_identity,
+    kill_tree,
+    marked_processes,
+    run_marked,
+    start_ticks,
+    verify,
+)
 
 log = get_logger(__name__)
 
 
-def orphan_cells(cells: list[CellState], journal: Path, grace: float
-                 ) -> list[tuple[CellState, list[int]]]:
-    """(cell, killed pids) for every cell the journal shows as still running."""
+# Refusals of journal-named processes, as (what, pid): the caller journals them.
+Refusals = list[dict[str, Any]]
+
+
+def _marked_root(ident: ProcIdentity | None, token: str, what: str,
+                 refused: Refusals) -> ProcIdentity | None:
+    """``ident`` if its live process is this run's (see procs.run_marked), else None."""
+    if ident is None:
+        return None
+    p = verify(ident)
+    if p is None:
+        return None
+    if not run_marked(p, token):
+        refused.append({"what": what, "pid": ident.pid})
+        log.warning("journal_pid_refused", what=what, pid=ident.pid)
+        return None
+    return ident
+
+
+def orphan_cells(cells: list[CellState], journal: Path, grace: float, token: str,
+                 refused: Refusals) -> list[tuple[CellState, list[int]]]:
+    """(cell, killed pids) for every cell the journal shows as still running. The
+    journal is untrusted: a recorded process is killed only if it is this run's."""
     running = [c for c in cells if c.status == "running"]
     if not running:
         return []
@@ -34,10 +64,11 @@ def orphan_cells(cells: list[CellState], journal: Path, grace: float
     out = []
     for cell in running:
         pids: list[int] = []
-        if cell.pid and cell.create_time:
-            tracker = Tracker(ProcIdentity(cell.pid, cell.create_time), tokens.get(cell.id),
-                              full_scan=True)
-            pids = kill_tree(tracker, grace)
+        ident = _marked_root(journaled_identity({
+            "pid": cell.pid, "create_time": cell.create_time, "start_ticks": cell.start_ticks,
+        }), token, f"cell {cell.id}", refused)
+        if ident is not None:
+            pids = kill_tree(Tracker(ident, tokens.get(cell.id), full_scan=True), grace)
         out.append((cell, pids))
     return out
 
@@ -55,7 +86,7 @@ def orphan_marked(run_token: str, grace: float, endpoint: bool = True) -> list[d
             continue
         # create_time() is cached by psutil: this is the identity seen by the scan, so a
         # process that died meanwhile (killed with an earlier one's tree) is left alone.
-        ident = ProcIdentity(p.pid, p.create_time())
+        ident = ProcIdentity(p.pid, p.create_time(), start_ticks(p.pid))
         pids = kill_tree(Tracker(ident, env.get(TOKEN_ENV), full_scan=True), grace)
         if pids:
             out.append({"cell": env.get("AUTOPILOT_CELL_ID"), "pids": pids})
@@ -64,25 +95,25 @@ def orphan_marked(run_token: str, grace: float, endpoint: bool = True) -> list[d
     return out
 
 
-def orphan_endpoint(journal: Path) -> dict[str, Any] | None:
+def orphan_endpoint(journal: Path, token: str, refused: Refusals) -> dict[str, Any] | None:
     """Stop exactly the endpoint processes dead predecessors spawned (journaled at spawn,
     before their load finished; never an attached one); what was killed, or None. Each
     kill is identity-checked, so a process that already exited, or a recycled pid, is
     left alone."""
     killed: list[int] = []
     engine = None
-    seen: set[tuple[int, float]] = set()
+    seen: set[ProcIdentity] = set()
     for ev in read_events(journal).events:
-        if ev.get("event") not in ("endpoint_spawned", "endpoint_started"):
+        if ev.get("event") not in ("endpoint_spawned", "endpoint_started") or ev.get("attached"):
             continue
-        if ev.get("attached") or not ev.get("pid") or not ev.get("create_time"):
-            continue
-        ident = (int(ev["pid"]), float(ev["create_time"]))
-        if ident in seen:
+        ident = journaled_identity(ev)
+        if ident is None or ident in seen:
             continue
         seen.add(ident)
+        if _marked_root(ident, token, "endpoint", refused) is None:
+            continue
         engine = ev.get("engine")
-        killed += kill_tree(Tracker(ProcIdentity(*ident)), 5.0)
+        killed += kill_tree(Tracker(ident), 5.0)
     if not killed:
         return None
     log.info("orphan_endpoint_killed", pids=killed)

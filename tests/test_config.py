@@ -92,7 +92,7 @@ def test_optional_argv_group_drops_when_unset() -> None:
         (minimal('[watchdog]\nwarn_secs = 500\n'), "warn_secs <= probe_secs <= kill_secs"),
         (minimal().replace('"grade", "{output_dir}"', '"grade", "{outptu_dir}"'),
          "grader.argv[1]: unknown placeholder {outptu_dir}"),
-        (minimal().replace('id = "t2"', 'id = "t 2"'), "tasks[1].id: task id 't 2' may only use"),
+        (minimal().replace('id = "t2"', 'id = "t 2"'), "tasks[1].id: task id 't 2' must start with a letter or digit"),
         (minimal().replace('engine = "builtin"', 'engine = "tgi"'), "endpoint"),
         (minimal('[grader.verdicts]\nODD = { verdict = "INVALID" }\n'), "needs a reason"),
     ],

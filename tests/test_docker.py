@@ -185,7 +185,8 @@ def test_cleanup_removes_exactly_the_plan_containers(docker_host: str, test_imag
                f"autopilot.state_dir={state_dir}", "--label", "autopilot.role=endpoint",
                test_images["busybox"], "sleep", "60")
     (state_dir / "scratch" / "p1_bugfix_demo-think_v1").mkdir(parents=True)
-    r = run_cli("cleanup", "--endpoint", "--state-dir", str(state_dir), env=env(docker_host))
+    r = run_cli("cleanup", "--endpoint", "--state-dir", str(state_dir), "--config", str(over),
+                env=env(docker_host))
     assert r.returncode == 0, r.stderr
     names = container_names(docker_host)
     assert not set(plan_names) & names and endpoint not in names

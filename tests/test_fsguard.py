@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import events, run_cli, write_overlay
 
+from autopilot.errors import ConfigError
 from autopilot.fsguard import UnsafePath, check, move_tree, remove_tree, run_roots
 from autopilot.loader import load_preset
 
@@ -65,10 +66,10 @@ def test_roots_come_from_the_static_part_of_the_templates(tmp_path: Path,
         check("/srv/mmbt/tooling/graders", roots, tmp_path / "st")
 
 
-@pytest.mark.slow
-def test_an_empty_scratch_placeholder_deletes_nothing(state_dir: Path, tmp_path: Path,
-                                                      monkeypatch) -> None:
-    # The reproduced bug: scratch_dirs = ["{scratch}"] with scratch = "" was Path("") = cwd.
+def test_an_empty_scratch_placeholder_is_a_config_error_and_deletes_nothing(
+        state_dir: Path, tmp_path: Path) -> None:
+    # The reproduced bug: scratch_dirs = ["{scratch}"] with scratch = "" was Path("") = cwd,
+    # and the run emptied it. The template shows it: refused at load, nothing written.
     work = tmp_path / "cwd"
     work.mkdir()
     (work / "precious.txt").write_text("keep me")
@@ -78,10 +79,43 @@ def test_an_empty_scratch_placeholder_deletes_nothing(state_dir: Path, tmp_path:
         "harness": {"scratch_dirs": ["{scratch}"]}})
     r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
                 "--state-dir", str(state_dir), "--quiet", cwd=work)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert (work / "precious.txt").read_text() == "keep me"
-    refused = [e for e in events(state_dir) if e["event"] == "unsafe_path_refused"]
-    assert refused and all("not an absolute path" in e["why"] for e in refused)
-    c = run_cli("cleanup", "--state-dir", str(state_dir), cwd=work)
-    assert c.returncode == 0 and (work / "precious.txt").exists()
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "harness.scratch_dirs[0]" in r.stderr
+    assert "refused '': not an absolute path" in r.stderr and str(over) in r.stderr
+    assert not state_dir.exists()
     assert os.listdir(work) == ["precious.txt"]
+
+
+@pytest.mark.parametrize(("scratch", "why"), [
+    ("{scratch}/{task}/..", "'.' or '..'"),
+    ("{scratch}", "it is or contains"),          # the cwd itself
+    ("/{cell}", "it is or contains"),            # one level under /: no root to stay in
+    ("relative/{cell}", "not an absolute path"),
+])
+def test_unsafe_scratch_templates_are_refused_at_load(tmp_path: Path, scratch: str,
+                                                      why: str, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    over = write_overlay(tmp_path / "o.json", {
+        "vars": {"scratch": str(tmp_path)}, "harness": {"scratch_dirs": [scratch]}})
+    with pytest.raises(ConfigError, match="harness.scratch_dirs") as e:
+        load_preset("demo", overlay=str(over))
+    assert why in str(e.value) or "outside the run's roots" in str(e.value)
+
+
+@pytest.mark.parametrize("bad", ["..", ".", "-rf", "p1\n", ".hidden", "a..b"])
+def test_path_like_ids_are_refused_by_the_loader(tmp_path: Path, bad: str) -> None:
+    over = write_overlay(tmp_path / "o.json", {"tasks": [{"id": bad}]})
+    with pytest.raises(ConfigError, match="task id"):
+        load_preset("demo", overlay=str(over))
+    over = write_overlay(tmp_path / "a.json", {"arms": [{"label": bad + "-think",
+                                                         "mode": "think"}]})
+    with pytest.raises(ConfigError, match="arm label"):
+        load_preset("demo", overlay=str(over))
+
+
+def test_a_task_id_climbing_out_of_the_output_dir_is_refused(tmp_path: Path) -> None:
+    # task '..' with output_dir ".../logs/{task}" moved an unrelated dir into attempts/
+    over = write_overlay(tmp_path / "o.json", {
+        "tasks": [{"id": ".."}], "harness": {"output_dir": str(tmp_path / "logs/{task}")}})
+    with pytest.raises(ConfigError):
+        load_preset("demo", overlay=str(over))

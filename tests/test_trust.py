@@ -215,11 +215,12 @@ def test_broken_grader_leaves_cells_ungraded_then_regrade_fixes_them(state_dir: 
     v = run_cli("validate", "--state-dir", str(state_dir))
     assert v.returncode == 1 and cell in v.stdout
 
-    # The grader is fixed (the overlay the run recorded is the one it re-reads).
+    # The grader is fixed (regrade is given the overlay; it never takes one from plan.json).
     write_overlay(over, {"vars": {"think_secs": "0"},
                          "tasks": [{"id": "p1_bugfix"}, {"id": "p2_extract"}],
                          "grader": {"argv": broken[:-4]}})
-    g = run_cli("regrade", "--task", "p1_bugfix", "--state-dir", str(state_dir))
+    g = run_cli("regrade", "--task", "p1_bugfix", "--state-dir", str(state_dir),
+                "--config", str(over))
     assert g.returncode == 0, g.stderr
     assert f"{cell} (attempt 1): ungraded(grader_failed) -> " in g.stdout
     evs2 = events(state_dir)

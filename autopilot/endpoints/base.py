@@ -39,6 +39,7 @@ from autopilot.procs import (
     run_token,
     spawn,
 )
+from autopilot.statedir import open_append
 
 log = get_logger(__name__)
 
@@ -217,7 +218,7 @@ class Endpoint:
             lines = await self.container.log(stdout=True, stderr=True, tail=200)
         except DockerError:
             return
-        with self.log_path.open("a", encoding="utf-8") as f:
+        with open_append(self.log_path, binary=False) as f:
             f.write(f"--- container {self.container_name()} generation {self.generation} ---\n")
             f.writelines(lines)
 
@@ -266,8 +267,7 @@ class Endpoint:
             argv = self.full_argv()
             log.info("endpoint_argv", engine=self.engine, argv=argv, generation=self.generation,
                      arms=list(self.arm_group))
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            with self.log_path.open("ab") as logf:
+            with open_append(self.log_path) as logf:
                 logf.write(f"--- start generation {self.generation} ---\n".encode())
                 logf.flush()
                 # The run's marker: if we are killed before on_spawn journals it, the
@@ -284,6 +284,7 @@ class Endpoint:
                 # Journaled before the (maybe long) load: a supervisor killed while the
                 # endpoint loads must leave a record its successor can sweep.
                 self.on_spawn(engine=self.engine, pid=ident.pid, create_time=ident.create_time,
+                              start_ticks=ident.ticks,
                               generation=self.generation)
         await self.wait_ready()
 

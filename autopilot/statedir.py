@@ -1,0 +1,132 @@
+"""The state dir is not a trust anchor: check it the way OpenSSH's StrictModes does.
+
+The default state dir sits in ``/tmp``, where any local user can pre-create it and plant
+a journal (naming someone else's processes), a lock or log symlinked at a root-owned
+file, or a plan.json naming their own preset. A supervisor running as root would then
+kill, truncate or delete on their behalf. So before the autopilot writes into a state
+dir, or acts on what it finds there:
+
+  * the dir and every ancestor are owned by us or root, and not writable by group or
+    other (an ancestor may be, with the sticky bit, like ``/tmp`` itself): otherwise its
+    owner could swap the dir under us;
+  * every entry the autopilot itself writes (top level, ``logs/``) is owned by us or
+    root, not group/other-writable, and not a symlink;
+  * what we create is 0700 (dirs) / 0600 (files) whatever the umask, and every state
+    file is opened with ``O_NOFOLLOW``, so a symlink planted after the check still fails
+    the open instead of redirecting it.
+
+A violation is ``StateDirError`` (exit 2), one line naming the path, its owner and mode.
+Readers (dashboard, validate, report) skip the check: they write nothing, run nothing and
+treat every byte they read as untrusted anyway.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+from pathlib import Path
+from typing import IO, Any
+
+from autopilot.errors import StateDirError
+
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+# Subdirectories whose entries the autopilot itself writes (attempts/ holds harness
+# outputs moved aside: untrusted data, read as such, never a reason to refuse a run).
+CHECKED_SUBDIRS = ("logs",)
+
+
+def _owner(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _trusted_uid(uid: int) -> bool:
+    return uid in (os.geteuid(), 0)
+
+
+def _describe(path: Path, st: os.stat_result) -> str:
+    return f"{path} (owner {_owner(st.st_uid)}, mode {stat.filemode(st.st_mode)})"
+
+
+def _check_entry(path: Path) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise StateDirError(f"state dir entry {path} is a symlink (to "
+                            f"{os.readlink(path)}); refusing to use it: remove it")
+    if not _trusted_uid(st.st_uid) or st.st_mode & 0o022:
+        raise StateDirError(f"untrusted state dir entry {_describe(path, st)}: it must be "
+                            "owned by you or root and not writable by group or other")
+
+
+def check_trusted(state_dir: Path) -> None:
+    """Raise StateDirError unless ``state_dir`` (if it exists) and what the autopilot
+    keeps in it can be trusted; see the module doc. Reads only."""
+    path = Path(os.path.abspath(state_dir))
+    if not os.path.lexists(path):
+        _check_ancestors(path.parent)
+        return
+    real = path.resolve()
+    st = os.stat(real)
+    if not stat.S_ISDIR(st.st_mode):
+        raise StateDirError(f"state dir {path} is not a directory")
+    if not _trusted_uid(st.st_uid) or st.st_mode & 0o022:
+        raise StateDirError(f"untrusted state dir {_describe(path, st)}: it must be owned "
+                            "by you or root and not writable by group or other "
+                            f"(fix with: chmod 700 {path}, or use another --state-dir)")
+    _check_ancestors(real.parent)
+    for entry in os.scandir(real):
+        _check_entry(Path(entry.path))
+    for sub in CHECKED_SUBDIRS:
+        d = real / sub
+        if d.is_dir() and not d.is_symlink():
+            for entry in os.scandir(d):
+                _check_entry(Path(entry.path))
+
+
+def _check_ancestors(start: Path) -> None:
+    for anc in [start, *start.parents]:
+        try:
+            st = os.stat(anc)
+        except FileNotFoundError:
+            continue
+        sticky = bool(st.st_mode & stat.S_ISVTX)
+        if not _trusted_uid(st.st_uid) or (st.st_mode & 0o022 and not sticky):
+            raise StateDirError(f"untrusted parent of the state dir {_describe(anc, st)}: "
+                                "its owner or group could replace the state dir")
+
+
+def ensure_private_dir(path: Path) -> None:
+    """Create ``path`` (and missing parents) with the dir itself 0700, whatever the umask."""
+    if not path.exists():
+        path.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+        os.chmod(path, DIR_MODE)
+
+
+def open_private(path: Path, flags: int) -> int:
+    """``os.open`` of a state file: never through a symlink, created 0600, close-on-exec.
+    An existing file we own is set to 0600 too (an older version wrote 0644)."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != FILE_MODE:
+            os.fchmod(fd, FILE_MODE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_append(path: Path, binary: bool = True) -> IO[Any]:
+    """A state log opened for appending (spooled output, endpoint.log, autopilot.log)."""
+    ensure_private_dir(path.parent)
+    fd = open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    if binary:
+        return os.fdopen(fd, "ab")
+    return os.fdopen(fd, "a", encoding="utf-8")
