@@ -314,6 +314,12 @@ class CellRun:
                         self.tracker.collect)):
                     leftover = await self._kill(1.0)
                     log.info("cell_leftovers_killed", pids=leftover)
+        except BaseException:
+            # Cancelled, or an event could not be journaled (a full disk): the run is
+            # ending, and the harness tree must not outlive that decision.
+            with anyio.CancelScope(shield=True):
+                await self._kill(0.5)
+            raise
         finally:
             OWNED.discard(proc.pid)
         end_mono = cx.clock()

@@ -161,6 +161,15 @@ def remove_tree(path: Path | str, roots: Iterable[Path], state_dir: Path) -> boo
     return True
 
 
+def remove_stale_temps(state_dir: Path) -> list[Path]:
+    """Remove the temp files of atomic writes killed mid-way (``.status.json.*.tmp``...):
+    at start, with the lock held, no writer of ours can still be using one."""
+    from autopilot.fsutil import stale_temps
+
+    gone = [p for p in stale_temps(state_dir) if remove_tree(p, (state_dir,), state_dir)]
+    return gone
+
+
 def move_tree(src: Path, dest: Path, roots: Iterable[Path], state_dir: Path) -> None:
     """Move ``src`` to ``dest``, both inside the run's roots."""
     roots = tuple(roots)

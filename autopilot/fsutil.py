@@ -8,6 +8,7 @@ rename itself is durable.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -52,6 +53,29 @@ def read_json(path: Path) -> Any | None:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+
+
+_STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
+
+
+def storage_error(exc: BaseException) -> OSError | None:
+    """The first full-disk / I/O error inside ``exc`` (an ExceptionGroup from a task group
+    nests them), or None: such an error ends the run cleanly, whichever task hit it."""
+    if isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS:
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for sub in exc.exceptions:
+            found = storage_error(sub)
+            if found is not None:
+                return found
+    if exc.__cause__ is not None and exc.__cause__ is not exc:
+        return storage_error(exc.__cause__)
+    return None
+
+
+def stale_temps(state_dir: Path) -> list[Path]:
+    """Temp files atomic writes leave when killed between create and rename."""
+    return [p for p in state_dir.glob(".*.tmp") if p.is_file() and not p.is_symlink()]
 
 
 def utcnow() -> datetime:

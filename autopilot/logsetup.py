@@ -70,8 +70,13 @@ class _Tee:
 
     def __call__(self, _: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any:
         if self.file is not None:
-            self.file.write(json.dumps(dict(event_dict), default=str) + "\n")
-            self.file.flush()
+            try:
+                self.file.write(json.dumps(dict(event_dict), default=str) + "\n")
+                self.file.flush()
+            except (OSError, ValueError):
+                # A full disk must not turn every log call into a crash: the journal's
+                # own writes detect it and end the run cleanly.
+                pass
         return event_dict
 
 

@@ -12,6 +12,7 @@ log -> status mark. A resumed run and one that never stopped therefore cannot di
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -38,8 +39,15 @@ from autopilot.errors import (
     EndpointFailed,
     PlanChangedError,
 )
-from autopilot.fsguard import run_roots
-from autopilot.fsutil import atomic_write_json, atomic_write_text, iso, parse_iso, read_json
+from autopilot.fsguard import remove_stale_temps, run_roots
+from autopilot.fsutil import (
+    atomic_write_json,
+    atomic_write_text,
+    iso,
+    parse_iso,
+    read_json,
+    storage_error,
+)
 from autopilot.journal import Journal, read_events
 from autopilot.ledger import Ledger, StreakState, should_quarantine, streak_step
 from autopilot.lock import HEARTBEAT_SECS, RunLock
@@ -363,12 +371,35 @@ class Supervisor:
             self._record_plan()
             enable_subreaper()
             self.lock.beat(self.phase)
+            remove_stale_temps(self.state_dir)
             await self._sweep_orphans()
             return await self._drive()
+        except BaseException as e:
+            disk = storage_error(e)
+            if disk is None:
+                raise
+            return self._disk_full(disk)
         finally:
             if self.journal is not None:
                 self.journal.close()
             self.lock.release()
+
+    def _disk_full(self, err: OSError) -> int:
+        """ENOSPC / EIO / EDQUOT / EROFS anywhere: every cell task has been cancelled (and
+        killed its tree) and the endpoint stopped on the way out; say so in one line and
+        record what still fits. The journal holds only whole lines (Journal.append cuts a
+        partial one back), so a resume after space is freed counts nothing twice."""
+        where = err.filename or self.state_dir
+        why = "disk full" if err.errno in (errno.ENOSPC, errno.EDQUOT) else (
+            f"storage error ({errno.errorcode.get(err.errno or 0, err.errno)})")
+        self.phase = "INCOMPLETE"
+        self.outcome_reason = f"{why}: {where}"
+        with contextlib.suppress(OSError, AssertionError):
+            self.emit("run_finished", outcome="INCOMPLETE", reason=self.outcome_reason)
+        with contextlib.suppress(OSError):
+            self.phase_final_write()
+        print(f"AUTOPILOT_INCOMPLETE {self.outcome_reason}", flush=True)
+        return EXIT_INCOMPLETE
 
     async def _docker_setup(self) -> Any:
         """Connect to Docker when the preset needs it, wire the sandbox hooks, and sweep
@@ -458,11 +489,11 @@ class Supervisor:
         return code
 
     def phase_final_write(self) -> None:
-        atomic_write_json(self.state_dir / "status.json", self.snapshot())
         try:
+            atomic_write_json(self.state_dir / "status.json", self.snapshot())
             self.lock.beat(self.phase)
-        except OSError:
-            pass
+        except OSError as e:  # a full disk: the run is ending anyway; the journal decides
+            log.error("final_status_write_failed", error=str(e))
 
     def _pending_group(self) -> tuple[ArmEndpoint, tuple[str, ...]]:
         """The first arm group (by endpoint settings) with cells to run."""
