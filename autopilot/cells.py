@@ -12,7 +12,6 @@ evidence of an INVALID attempt survives its retry.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 import uuid
@@ -56,6 +55,7 @@ class CellContext:
     on_tick: Callable[[str, WatchState, str], None] = lambda cid, s, tier: None
     env_overrides: dict[str, str] = field(default_factory=dict)
     redact: Callable[[str], str] = lambda s: s
+    scrub_file: Callable[[Path], bool] = lambda p: False  # logsetup.Redactor.scrub_file
     # Docker hooks (None when no sandbox is configured or Docker is not in use)
     remove_sandbox: Callable[[str], Awaitable[Any]] | None = None
     sandbox_activity: Callable[[dict[str, str]], Awaitable[int | None]] | None = None
@@ -64,7 +64,7 @@ class CellContext:
     # a grading try that failed and will be retried (feeds the harness-break streak)
     on_grade_failure: Callable[[str, Classification], None] | None = None
     # os.environ decoded once: copying it per cell is measurable at 8 cells in flight
-    base_env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    base_env: dict[str, str] = field(default_factory=dict)  # see childenv.child_env
 
 
 def template_context(
@@ -322,6 +322,8 @@ class CellRun:
             raise
         finally:
             OWNED.discard(proc.pid)
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(cx.scrub_file, self.spool)
         end_mono = cx.clock()
         arm_mismatch = None
         if served_arms and self.cell.arm not in served_arms:
@@ -356,6 +358,8 @@ class CellRun:
                                     base_env=self.cx.base_env, on_retry=retry)
         finally:
             self._clean_scratch()
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self.cx.scrub_file, self.grade_log)
 
     async def run(self) -> Classification | None:
         """Execute then judge (per-cell grading)."""

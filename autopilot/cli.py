@@ -168,9 +168,24 @@ def dry_run_text(preset: Preset, plan: Plan, state_dir: Path, warnings: list[str
         f"{c['pending'] + c['running'] + c['grading']} pending | {c['invalid']} invalid | "
         f"{c['quarantined']} quarantined | {c['ungraded']} ungraded",
     ]
+    lines += env_lines(preset)
     lines += [f"warning: {w}" for w in warnings]
     lines.append("dry run: nothing launched")
     return "\n".join(lines)
+
+
+def env_lines(preset: Preset) -> list[str]:
+    """Which env vars each child role is given on purpose, and which it does not inherit
+    (names only: values are never printed)."""
+    from autopilot.childenv import Role, passed, withheld
+
+    out = []
+    roles: tuple[Role, ...] = ("harness", "grader", "endpoint")
+    for role in roles:
+        given, held = sorted(passed(preset, role)), withheld(preset, role)
+        out.append(f"env {role}: passes {', '.join(given) or 'nothing extra'}; withheld "
+                   f"{', '.join(held) or 'none'}")
+    return out
 
 
 def load_recorded(state_dir: Path) -> tuple[Preset, Plan]:

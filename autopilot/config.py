@@ -107,6 +107,7 @@ def label_tokens(label: str) -> list[str]:
 
 class EndpointCommon(_Frozen):
     host: str = "127.0.0.1"
+    pass_env: list[str] = Field(default_factory=list)  # see Harness.pass_env
     port: int = Field(default=0, ge=0, le=65535)  # 0: pick a free loopback port
     startup_timeout_secs: float = Field(default=600, gt=0)
     probe_interval_secs: float = Field(default=5, gt=0)
@@ -238,6 +239,9 @@ class Harness(_Frozen):
     argv: Argv
     cwd: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
+    # Env vars withheld from children by default (credential-like names, the autopilot's
+    # own notify config: see autopilot.childenv) that this process does need.
+    pass_env: list[str] = Field(default_factory=list)
     output_dir: str = "{state_dir}/cells/{cell}"
     transcript: str = "{output_dir}/transcript.jsonl"
     completion: list[str] = Field(default_factory=lambda: ["{output_dir}/summary.json"])
@@ -258,6 +262,9 @@ class Harness(_Frozen):
 class Grader(_Frozen):
     argv: Argv
     cwd: str | None = None
+    # Env vars withheld from children by default (credential-like names, the autopilot's
+    # own notify config: see autopilot.childenv) that this process does need.
+    pass_env: list[str] = Field(default_factory=list)
     timeout_secs: float = Field(default=600, gt=0)
     grade_file: str = "{output_dir}/grade.json"
     verdict_field: str = "verdict"

@@ -9,7 +9,6 @@ afterwards, whatever happens. What the grade *means* is decided by ``validity``.
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import tarfile
 from collections.abc import Callable, Mapping
@@ -17,10 +16,11 @@ from pathlib import Path
 
 import anyio
 
+from autopilot.childenv import child_env
 from autopilot.config import Preset
 from autopilot.fsguard import UnsafePath, remove_tree, run_roots
 from autopilot.fsutil import read_json
-from autopilot.procs import OWNED, Tracker, identify, kill_tree, spawn
+from autopilot.procs import OWNED, RUN_TOKEN_ENV, Tracker, identify, kill_tree, spawn
 from autopilot.statedir import open_append
 from autopilot.templates import grader_argv, render, render_argv
 from autopilot.validity import (
@@ -157,7 +157,11 @@ async def grade_outputs(
     extract = None
     if g.extract:
         extract = (Path(render(g.extract.archive, ctx)), Path(render(g.extract.into, ctx)))
-    env = dict(os.environ if base_env is None else base_env)
+    # The grader's own inheritance (its pass_env, not the harness's), plus the run's
+    # marker so a sweep can still recognise it.
+    env = child_env(p, "grader")
+    if base_env is not None and RUN_TOKEN_ENV in base_env:
+        env[RUN_TOKEN_ENV] = base_env[RUN_TOKEN_ENV]
     env["AUTOPILOT_CELL_ID"] = ctx["cell"]
     env["AUTOPILOT_CELL_ATTEMPT"] = ctx["attempt"]
     argv = render_argv(grader_argv(p, ctx["task"]), ctx)

@@ -61,6 +61,40 @@ class Redactor:
     def __call__(self, _: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any:
         return {k: self.scrub(v) for k, v in event_dict.items()}
 
+    def scrub_file(self, path: Path) -> bool:
+        """Redact a spooled log in place (a harness that prints its key puts it there);
+        True if anything changed. Line by line, bytes kept as they were otherwise
+        (invalid UTF-8 included); replaced atomically, 0600. A child writes its log
+        directly (so it survives our restart), hence after the fact: until then the
+        file is 0600 in a 0700 dir, readable only by who holds the secret anyway."""
+        if not self.secrets:
+            return False
+        import os
+        import tempfile
+
+        try:
+            src = path.open("rb")
+        except FileNotFoundError:
+            return False
+        changed = False
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with src, os.fdopen(fd, "wb") as out:
+                for raw in src:
+                    line = raw.decode("utf-8", "surrogateescape")
+                    clean = self.scrub(line)
+                    changed |= clean != line
+                    out.write(clean.encode("utf-8", "surrogateescape"))
+            if changed:
+                os.replace(tmp, path)
+                return True
+            os.unlink(tmp)
+            return False
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
 
 class _Tee:
     """Final processor: write the JSON line to the file, hand the dict to the console."""

@@ -72,10 +72,26 @@ def with_priority(url: str, priority: str) -> str:
 
 
 def masked(service: Any) -> str:
+    """How a notification target is named in logs, the journal and notify-test output:
+    its scheme and host only. apprise's privacy mode keeps an ntfy topic (the only
+    credential on ntfy.sh), a json:// user and a webhook path."""
     try:
-        return str(service.url(privacy=True))
+        return target_label(str(service.url(privacy=True)))
     except Exception:
         return "<unprintable url>"
+
+
+def target_label(url: str) -> str:
+    parts = urlsplit(url)
+    try:
+        host = parts.hostname or ""
+    except ValueError:
+        host = ""
+    # ntfy://TOPIC and friends put the secret where a host would be: only a name that
+    # looks like a host (a dot, localhost, an IP literal) is shown.
+    if not host or not ("." in host or ":" in host or host == "localhost"):
+        host = "***"
+    return f"{parts.scheme}://{host}"
 
 
 def format_message(kind: str, payload: dict[str, Any]) -> tuple[str, str]:
@@ -234,5 +250,4 @@ class Notifier:
 
 
 def _mask_raw(url: str) -> str:
-    parts = urlsplit(url)
-    return f"{parts.scheme}://***"
+    return target_label(url)

@@ -27,6 +27,7 @@ import anyio
 
 from autopilot import logsetup, sdnotify, sweep
 from autopilot.cells import CellContext, CellRun
+from autopilot.childenv import child_env
 from autopilot.config import ArmEndpoint, Preset
 from autopilot.endpoints import make_endpoint
 from autopilot.endpoints.keeper import Keeper
@@ -87,7 +88,9 @@ def secret_values(preset: Preset) -> list[str]:
     names = list(preset.preflight.secrets)
     if preset.endpoint.engine == "provider" and preset.endpoint.api_key_env:
         names.append(preset.endpoint.api_key_env)
-    return [os.environ[n] for n in names if os.environ.get(n)]
+    # A notification URL is a credential too (an ntfy topic, a webhook path).
+    return [os.environ[n] for n in names if os.environ.get(n)] + [
+        *preset.notify.urls, *urls_from_env()]
 
 
 def check_plan_identity(state_dir: Path, plan: Plan, allow_change: bool) -> dict[str, Any] | None:
@@ -481,6 +484,8 @@ class Supervisor:
                 sdnotify.notify("STOPPING=1")
                 await ep.stop()
                 await ep.aclose()
+                with contextlib.suppress(OSError):
+                    self.redactor.scrub_file(ep.log_path)
                 if self.keeper is not None and not ep.attached and self.keeper.state != "failed":
                     self.keeper.state = "stopped"
                 if docker is not None:
@@ -578,11 +583,12 @@ class Supervisor:
                 forced=lambda: self.forced, clock=self.clock, on_tick=self._on_tick,
                 env_overrides={k: v for k, v in os.environ.items()
                                if k.startswith("AUTOPILOT_STALL_")},
-                redact=self.redactor.scrub, remove_sandbox=self.remove_sandbox,
+                redact=self.redactor.scrub, scrub_file=self.redactor.scrub_file,
+                remove_sandbox=self.remove_sandbox,
                 sandbox_activity=self.sandbox_activity,
                 on_grade_failure=self._on_grade_failure,
                 roots=run_roots(self.preset, self.state_dir),
-                base_env={**os.environ, RUN_TOKEN_ENV: self.run_token},
+                base_env={**child_env(self.preset, "harness"), RUN_TOKEN_ENV: self.run_token},
             )
         return self._cx
 

@@ -8,7 +8,6 @@ exited, and gives up after ``startup_timeout_secs`` with the tail of the endpoin
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 import subprocess
@@ -26,6 +25,7 @@ if TYPE_CHECKING:
 import anyio
 from anyio.abc import Process
 
+from autopilot.childenv import child_env
 from autopilot.config import ArmEndpoint, EndpointCommon, Preset
 from autopilot.errors import EndpointCrashed, EndpointError, EndpointStartTimeout
 from autopilot.logsetup import get_logger
@@ -230,7 +230,7 @@ class Endpoint:
         return self._docker
 
     def env(self) -> dict[str, str]:
-        return dict(os.environ)
+        return child_env(self.preset, "endpoint")
 
     def headers(self) -> dict[str, str]:
         return {}

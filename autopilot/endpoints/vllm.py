@@ -42,7 +42,7 @@ class VllmEndpoint(Endpoint):
         return ["--model", argv[2], *argv[3:]]
 
     def env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = super().env()
         env.update(self.c.env)
         return env
 
