@@ -208,7 +208,7 @@ INVALID_REASONS = frozenset(
     {
         "stall", "deadline", "harness_crash", "missing_output", "grader_failed",
         "malformed_grade", "zero_tokens", "arm_mismatch", "endpoint_down", "api_error",
-        "grader_unavailable",
+        "grader_unavailable", "malformed_summary",
     }
 )
 # Reasons that lie with grading, not with the harness's run: the outputs stand, so the

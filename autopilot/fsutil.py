@@ -51,7 +51,7 @@ def read_json(path: Path) -> Any | None:
     """The parsed file, or None when it is missing or not valid JSON (tolerant read)."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # a hostile nesting depth included
         return None
 
 

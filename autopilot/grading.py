@@ -9,15 +9,18 @@ afterwards, whatever happens. What the grade *means* is decided by ``validity``.
 from __future__ import annotations
 
 import contextlib
+import math
 import subprocess
 import tarfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import anyio
 
 from autopilot.childenv import child_env
 from autopilot.config import Preset
+from autopilot.escape import clean
 from autopilot.fsguard import UnsafePath, remove_tree, run_roots
 from autopilot.fsutil import read_json
 from autopilot.procs import OWNED, RUN_TOKEN_ENV, Tracker, identify, kill_tree, spawn
@@ -106,13 +109,18 @@ def read_checks(p: Preset, ctx: Mapping[str, str]) -> Checks:
     configuration, from the harness's own files."""
     t = p.trust
     tokens: float | None = None
+    malformed: list[str] = []
     if t.tokens:
         value = lookup(read_json(Path(render(t.tokens.file, ctx))), t.tokens.field)
-        tokens = float(value) if isinstance(value, int | float) else None
+        tokens = count_or_none(value)
+        if value is not None and tokens is None:
+            malformed.append(f"{t.tokens.field} is {clean(value, 60)}, not a finite count")
     finish_error = None
     if t.finish:
         why = lookup(read_json(Path(render(t.finish.file, ctx))), t.finish.field)
-        if isinstance(why, str) and why.startswith(tuple(t.finish.invalid_prefixes)):
+        if why is not None and not isinstance(why, str):
+            malformed.append(f"{t.finish.field} is a {type(why).__name__}, not a string")
+        elif isinstance(why, str) and why.startswith(tuple(t.finish.invalid_prefixes)):
             finish_error = why
     mismatches = []
     for chk in t.arm_checks:
@@ -121,7 +129,18 @@ def read_checks(p: Preset, ctx: Mapping[str, str]) -> Checks:
         if got is None or str(got) != want:
             mismatches.append(f"{chk.field}: requested {want!r}, executed {got!r}")
     return Checks(tokens=tokens, tokens_checked=t.tokens is not None,
-                  mismatches=tuple(mismatches), finish_error=finish_error)
+                  mismatches=tuple(mismatches), finish_error=finish_error,
+                  malformed="; ".join(malformed) or None)
+
+
+def count_or_none(value: Any) -> float | None:
+    """A token count as the harness wrote it, if it is one: a finite number >= 0 (JSON
+    lets a harness write Infinity, NaN, true or a string)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return float(value) if value >= 0 else None
 
 
 def _grader_cwd(p: Preset, ctx: Mapping[str, str]) -> str | None:

@@ -137,7 +137,7 @@ def configure(log_path: Path | None, secrets: Iterable[str] = (), console: bool 
         _Tee(_current_file),
     ]
     if console:
-        processors.append(structlog.dev.ConsoleRenderer(colors=False))
+        processors += [_terminal_safe, structlog.dev.ConsoleRenderer(colors=False)]
     else:
         processors.append(_drop)
     structlog.configure(
@@ -147,6 +147,14 @@ def configure(log_path: Path | None, secrets: Iterable[str] = (), console: bool 
         cache_logger_on_first_use=False,
     )
     return redactor
+
+
+def _terminal_safe(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any:
+    """Values from a harness, grader or endpoint (a verdict word, a log tail) reach the
+    console: no escape sequence of theirs may. The JSON file escapes them already."""
+    from autopilot.escape import clean
+
+    return {k: clean(v, 2000) if isinstance(v, str) else v for k, v in event_dict.items()}
 
 
 def _drop(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any:

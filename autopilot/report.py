@@ -16,7 +16,9 @@ from typing import Any
 
 from autopilot import stats
 from autopilot.config import Preset
+from autopilot.escape import md
 from autopilot.fsutil import read_json
+from autopilot.grading import count_or_none
 from autopilot.journal import read_events
 from autopilot.ledger import CellState
 from autopilot.plan import Plan, cell_context
@@ -59,7 +61,7 @@ def collect(preset: Preset, n: int, state_dir: Path) -> list[CellFacts]:
         elif ev.get("event") == "cell_verdict" and isinstance(cid, str):
             masked[cid] = bool(ev.get("teardown_masked"))
             if ev.get("verdict") == "INVALID":
-                invalid.setdefault(cid, []).append(str(ev.get("reason")))
+                invalid.setdefault(cid, []).append(md(ev.get("reason"), 40))
     facts = []
     for cell in plan.cells:
         chk = checks[cell.id]
@@ -74,7 +76,7 @@ def collect(preset: Preset, n: int, state_dir: Path) -> list[CellFacts]:
             verdict="INVALID" if chk.reason == "quarantined" else chk.verdict,
             reason=chk.reason, masked=masked.get(cell.id, False) and chk.verdict != "ABSENT",
             attempts=attempts[cell.id], quarantined=chk.reason == "quarantined",
-            finish_reason=summary.get("finish_reason"),
+            finish_reason=_text(summary.get("finish_reason")),
             prompt_tokens=_int(summary.get("total_prompt_tokens")),
             completion_tokens=_int(summary.get("total_completion_tokens")),
             caveat=rule.caveat if rule else None,
@@ -97,7 +99,14 @@ def facts_from_cells(cells: list[CellState]) -> list[CellFacts]:
 
 
 def _int(v: Any) -> int | None:
-    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+    """A count from a harness's summary, if it is one (Infinity, NaN, a string: None)."""
+    n = count_or_none(v)
+    return None if n is None else int(n)
+
+
+def _text(v: Any) -> str | None:
+    """A harness's word (finish_reason), markdown-safe; None unless it is a string."""
+    return md(v, 60) if isinstance(v, str) and v else None
 
 
 # ------------------------------------------------------------------ shared pieces

@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -40,6 +41,7 @@ from autopilot.errors import (
     EndpointFailed,
     PlanChangedError,
 )
+from autopilot.escape import clean, term
 from autopilot.fsguard import remove_stale_temps, run_roots
 from autopilot.fsutil import (
     atomic_write_json,
@@ -401,7 +403,7 @@ class Supervisor:
             self.emit("run_finished", outcome="INCOMPLETE", reason=self.outcome_reason)
         with contextlib.suppress(OSError):
             self.phase_final_write()
-        print(f"AUTOPILOT_INCOMPLETE {self.outcome_reason}", flush=True)
+        print(f"AUTOPILOT_INCOMPLETE {term(self.outcome_reason, 1000)}", flush=True)
         return EXIT_INCOMPLETE
 
     async def _docker_setup(self) -> Any:
@@ -739,13 +741,35 @@ class Supervisor:
         self.emit("run_finished", outcome="INCOMPLETE", reason=self.outcome_reason)
         self.milestone("run_incomplete", why=self.outcome_reason,
                        excluded=[e["cell"] for e in trust["excluded"]][:10])
-        print(f"AUTOPILOT_INCOMPLETE {self.outcome_reason}", flush=True)
+        print(f"AUTOPILOT_INCOMPLETE {term(self.outcome_reason, 1000)}", flush=True)
         return EXIT_INCOMPLETE
 
     async def _publish(self) -> None:
         """scorecard.md + findings.md into the state dir, then a commit on the results
-        branch. A failure is logged, journaled, shown in status and notified; the run
-        stays COMPLETE."""
+        branch. A failure (a git error, a hostile value in an artifact, a full disk) is
+        logged, journaled, shown in status, notified and said on stderr; the run stays
+        COMPLETE and exits 0: a restart under Restart=on-failure would not fix it."""
+        repo = str(self.opts.results_repo or self.preset.publish.results_repo or os.getcwd())
+        try:
+            res = await self._publish_now(Path(repo))
+        except Exception as e:
+            log.exception("publish_crashed")
+            res = None
+            self.publish_state = {"ok": False, "error": f"{type(e).__name__}: {clean(e)}"}
+        else:
+            self.publish_state = {"ok": res.ok, "repo": repo, "branch": res.branch,
+                                  "commit": res.commit, "created": res.created,
+                                  "error": res.error}
+        if res is not None and res.ok:
+            self.emit("published", **self.publish_state)
+            return
+        with contextlib.suppress(OSError):
+            self.emit("publish_failed", **self.publish_state)
+            self.milestone("publish_failed", why=self.publish_state["error"])
+        print(f"autopilot: publish failed: {self.publish_state['error']}", file=sys.stderr,
+              flush=True)
+
+    async def _publish_now(self, repo: Path) -> Any:
         from autopilot import publish, report
 
         n = self.plan.target_n
@@ -754,18 +778,10 @@ class Supervisor:
         found = report.findings(self.preset, facts, n)
         atomic_write_text(self.state_dir / "scorecard.md", card)
         atomic_write_text(self.state_dir / "findings.md", found)
-        repo = Path(self.opts.results_repo or self.preset.publish.results_repo or os.getcwd())
         prefix = self.preset.publish.path.replace("{preset}", self.preset.name).strip("/")
         files = {f"{prefix}/scorecard.md": card, f"{prefix}/findings.md": found}
         msg = f"bench-autopilot: {self.preset.name} ({self.preset.model}) N={n} scorecard"
-        res = await anyio.to_thread.run_sync(publish.publish, repo, files, msg)
-        self.publish_state = {"ok": res.ok, "repo": str(repo), "branch": res.branch,
-                              "commit": res.commit, "created": res.created, "error": res.error}
-        if res.ok:
-            self.emit("published", **self.publish_state)
-        else:
-            self.emit("publish_failed", **self.publish_state)
-            self.milestone("publish_failed", why=res.error)
+        return await anyio.to_thread.run_sync(publish.publish, repo, files, msg)
 
     # ------------------------------------------------------------------ background
 

@@ -21,7 +21,7 @@ Killed = Literal["stall", "deadline", "teardown"]
 # crash, an attempt without its completion artifacts, a grader that fails. (The verdict
 # words that count too, e.g. MISSING_OUTPUT, are preset data: VerdictRule.streak.)
 STREAK_REASONS = frozenset({"grader_failed", "malformed_grade", "missing_output",
-                            "harness_crash"})
+                            "harness_crash", "malformed_summary"})
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,7 @@ class Checks:
     tokens_checked: bool = False
     mismatches: tuple[str, ...] = ()
     finish_error: str | None = None  # the harness stopped on an endpoint error
+    malformed: str | None = None  # a value of the wrong shape in the harness's files
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,8 @@ def classify(
         return _invalid("arm_mismatch", run.arm_mismatch, teardown_masked=masked)
     if checks.mismatches:
         return _invalid("arm_mismatch", "; ".join(checks.mismatches), teardown_masked=masked)
+    if checks.malformed:
+        return _invalid("malformed_summary", checks.malformed, teardown_masked=masked)
     if checks.tokens_checked and not (checks.tokens and checks.tokens > 0):
         return _invalid("zero_tokens", "token accounting missing or zero", teardown_masked=masked)
     if checks.finish_error:

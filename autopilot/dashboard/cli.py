@@ -17,6 +17,7 @@ from typing import NoReturn
 
 from autopilot.cliutil import OneLineParser, default_state_dir, run_and_exit
 from autopilot.errors import EXIT_USAGE
+from autopilot.escape import sane
 from autopilot.fsutil import read_json
 from autopilot.progress import oneline
 
@@ -73,7 +74,11 @@ def main(argv: list[str] | None = None) -> int:
         status = read_json(state_dir / "status.json")
         if not isinstance(status, dict):
             return _no_run(state_dir)
-        print(oneline(status))
+        try:
+            print(oneline(sane(status)))
+        except (TypeError, ValueError, KeyError, AttributeError, OverflowError):
+            print(f"dashboard: error: {state_dir}/status.json: malformed", file=sys.stderr)
+            return 1
         return 0
     if args.html:
         out = Path(args.html).absolute()

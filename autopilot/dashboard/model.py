@@ -8,11 +8,14 @@ Nothing here writes, locks, or fails on sparse data: a missing file is an empty 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autopilot.config import NAME_RE
+from autopilot.escape import sane
 from autopilot.fsutil import parse_iso, read_json
 from autopilot.journal import read_events
 from autopilot.ledger import CellState, Ledger
@@ -56,22 +59,42 @@ def _epoch(ts: Any) -> float | None:
     return parse_iso(ts)
 
 
+MAX_N = 10_000  # a target N beyond this in a state dir is not a run of ours
+
+
+def _names(values: Any) -> list[str]:
+    """Task ids / arm labels: only those the id grammar allows (a state dir is untrusted)."""
+    if not isinstance(values, list):
+        return []
+    return [v for v in values if isinstance(v, str) and NAME_RE.fullmatch(v)]
+
+
+def _count(value: Any) -> int:
+    return value if type(value) is int and 0 < value <= MAX_N else 0
+
+
+def _float(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
+        and math.isfinite(value) else 0.0
+
+
 def load(state_dir: Path, recent: int = 8) -> DashData | None:
     """The dashboard's view of ``state_dir``; None when there is no run there yet."""
     status = read_json(state_dir / "status.json")
     plan = read_json(state_dir / "plan.json")
     if not isinstance(status, dict) and not isinstance(plan, dict):
         return None
-    status = status if isinstance(status, dict) else {}
-    plan = plan if isinstance(plan, dict) else {}
-    tasks = [str(t) for t in plan.get("tasks") or status.get("tasks_order") or []]
-    arms = [str(a) for a in plan.get("arms") or status.get("arms_order") or []]
-    target_n = int(status.get("target_n") or plan.get("target_n") or 0)
+    status = sane(status) if isinstance(status, dict) else {}
+    plan = sane(plan) if isinstance(plan, dict) else {}
+    tasks = _names(plan.get("tasks") or status.get("tasks_order"))
+    arms = _names(plan.get("arms") or status.get("arms_order"))
+    target_n = _count(status.get("target_n")) or _count(plan.get("target_n"))
     cells = [Cell(t, a, n) for a in arms for n in range(1, target_n + 1) for t in tasks]
     ledger = Ledger(cells)
     events: list[dict[str, Any]] = []
     completions: list[float] = []
     for ev in read_events(state_dir / "journal.jsonl").events:
+        ev = sane(ev)
         ledger.apply(ev)
         if ev.get("event") in NOTABLE:
             events.append(ev)
@@ -79,15 +102,19 @@ def load(state_dir: Path, recent: int = 8) -> DashData | None:
             t = _epoch(ev.get("ts"))
             if t is not None:
                 completions.append(t)
-    for run in status.get("running") or []:
+    running = status.get("running")
+    for run in running if isinstance(running, list) else []:
+        if not isinstance(run, dict):
+            continue
         c = ledger.cells.get(str(run.get("cell")))
         if c is not None and c.status == "running":
-            c.frozen_secs = float(run.get("frozen_secs") or 0)
+            c.frozen_secs = _float(run.get("frozen_secs"))
             c.tier = str(run.get("tier") or "OK")
     return DashData(
         state_dir=state_dir, status=status, tasks=tasks, arms=arms, target_n=target_n,
         cells=ledger.cells, trust=ledger.trust(), events=events[-recent:],
-        completions=completions, baseline=status.get("baseline"),
+        completions=completions,
+        baseline=status["baseline"] if isinstance(status.get("baseline"), dict) else None,
     )
 
 

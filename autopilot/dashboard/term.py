@@ -185,7 +185,7 @@ def trend_view(d: DashData) -> RenderableType:
             t.add_column(f"v1-{w}", justify="right")
         t.add_column("")
         for r in rows:
-            t.add_row(r.task, *[pct(*r.windows[w]) for w in wins],
+            t.add_row(Text(r.task), *[pct(*r.windows[w]) for w in wins],
                       "misleading at small N" if r.misleading else "")
         parts += [Text(""), Text(f"arm {arm}: cumulative pass rate (valid cells only)",
                                  style="bold"), t]
@@ -201,8 +201,8 @@ def flips_view(d: DashData) -> RenderableType:
         t.add_column("flips")
         t.add_column("valid", justify="right")
         for r in stats.flips(analysis.statuses(d.matrix(arm))):
-            t.add_row(r.task, r.modal, " ".join(f"v{n}:{v[0]}" for n, v in r.flips) or "-",
-                      str(r.valid))
+            t.add_row(Text(r.task), Text(r.modal),
+                      Text(" ".join(f"v{n}:{v[0]}" for n, v in r.flips) or "-"), str(r.valid))
         parts += [Text(""), Text(f"arm {arm}: cells that differ from the task's modal verdict",
                                  style="bold"), t]
     return Group(*parts)
