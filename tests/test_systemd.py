@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -99,4 +100,23 @@ def test_unit_file_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     assert r.stderr.strip() == "" and r.stdout.strip() == ""
     for needle in ("Type=notify", "RestartPreventExitStatus=2 3", "KillMode=mixed",
                    "ProtectSystem=strict", "EnvironmentFile=", "WatchdogSec="):
+        assert needle in unit
+
+
+def test_unit_file_is_hardened(tmp_path: Path) -> None:
+    """`systemd-analyze security --offline` rates the unit 4.5 or better (8.1 EXPOSED when
+    it ran everything as root), and it runs as a dedicated user with a private umask."""
+    if not shutil.which("systemd-analyze"):
+        pytest.skip("systemd-analyze is not installed here")
+    unit = (ROOT / "systemd" / "bench-autopilot@.service").read_text()
+    (tmp_path / "bench-autopilot@.service").write_text(unit)
+    r = subprocess.run(["systemd-analyze", "security", "--offline=true", "--no-pager",
+                        "./bench-autopilot@demo.service"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    out = r.stdout + r.stderr
+    m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", out)
+    assert m, out[-2000:]
+    assert float(m.group(1)) <= 4.5, out[-3000:]
+    for needle in ("User=bench-autopilot", "UMask=0077", "StateDirectoryMode=0700",
+                   "CapabilityBoundingSet=\n", "PrivateTmp=yes"):
         assert needle in unit
