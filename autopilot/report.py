@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from autopilot import stats
-from autopilot.config import Preset
+from autopilot.config import INVALID_REASONS, Preset
 from autopilot.escape import md
 from autopilot.fsutil import read_json
 from autopilot.grading import count_or_none
@@ -61,7 +61,9 @@ def collect(preset: Preset, n: int, state_dir: Path) -> list[CellFacts]:
         elif ev.get("event") == "cell_verdict" and isinstance(cid, str):
             masked[cid] = bool(ev.get("teardown_masked"))
             if ev.get("verdict") == "INVALID":
-                invalid.setdefault(cid, []).append(md(ev.get("reason"), 40))
+                reason = ev.get("reason")  # a word of ours, unless the journal was forged
+                invalid.setdefault(cid, []).append(
+                    reason if reason in INVALID_REASONS else md(reason, 40))
     facts = []
     for cell in plan.cells:
         chk = checks[cell.id]

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autopilot.config import NAME_RE
 from autopilot.escape import sane
 from autopilot.fsutil import parse_iso, read_json
 from autopilot.journal import read_events
@@ -63,10 +62,11 @@ MAX_N = 10_000  # a target N beyond this in a state dir is not a run of ours
 
 
 def _names(values: Any) -> list[str]:
-    """Task ids / arm labels: only those the id grammar allows (a state dir is untrusted)."""
+    """Task ids / arm labels (already ``sane``): strings only, each shown as it is (a
+    forged one is text in every view, never markup: see term and html)."""
     if not isinstance(values, list):
         return []
-    return [v for v in values if isinstance(v, str) and NAME_RE.fullmatch(v)]
+    return [v for v in values if isinstance(v, str) and v]
 
 
 def _count(value: Any) -> int:

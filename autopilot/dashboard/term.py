@@ -87,7 +87,8 @@ def grid_table(d: DashData, arm: str, width: int | None = None) -> tuple[Table, 
                 t.add_column(f"v{n}", justify="center", no_wrap=True)
         t.add_column("pass/valid", justify="right", no_wrap=True)
         if has_base and d.baseline:
-            t.add_column(f"Δ vs base (N={d.baseline['n']})", justify="right", no_wrap=True)
+            t.add_column(Text(f"Δ vs base (N={d.baseline.get('n')})"), justify="right",
+                         no_wrap=True)
         return t
 
     codes = [[analysis.code(cell, warn) for cell in cells] for _, cells, _, _ in rows]
@@ -95,7 +96,7 @@ def grid_table(d: DashData, arm: str, width: int | None = None) -> tuple[Table, 
         # Measuring the whole table costs seconds at 20,000 cells; one row holding the
         # widest entry of every column, plus the total row, has the same natural width.
         probe = table(compact=False)
-        probe.add_row(max((r[0] for r in rows), key=len),
+        probe.add_row(Text(max((r[0] for r in rows), key=len)),
                       *(max(col, key=len) for col in zip(*codes, strict=True)),
                       max((r[2] for r in rows), key=len),
                       *[max(col, key=len) for col in zip(*(r[3] for r in rows), strict=True)])
