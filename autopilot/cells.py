@@ -29,7 +29,7 @@ from autopilot.fsguard import UnsafePath, move_tree, remove_tree
 from autopilot.grading import judge_cell
 from autopilot.logsetup import bind_contextvars, get_logger, unbind_contextvars
 from autopilot.plan import Cell, cell_context
-from autopilot.procs import OWNED, TOKEN_ENV, Tracker, identify, kill_tree, spawn
+from autopilot.procs import OWNED, TOKEN_ENV, Tracker, child_exited, identify, kill_tree, spawn
 from autopilot.statedir import open_append
 from autopilot.substance import SubstanceState, check_substance
 from autopilot.templates import render, render_argv
@@ -299,6 +299,8 @@ class CellRun:
                     cx.emit("cell_watchdog", cell=self.cell.id, attempt=self.attempt,
                             tier=d.action, reason=d.reason, idle_secs=round(d.idle_secs, 1),
                             frozen_secs=round(d.frozen_secs, 1), **extra)
+                if d.action == "KILL" and child_exited(proc.pid):
+                    break  # it ended while we were not looking: its exit is the truth
                 if d.action == "KILL":
                     # a substance kill is a stall with a reason: INVALID(stall)
                     killed = _KILLED.get(d.kind or "stall", "stall")

@@ -23,7 +23,7 @@ from autopilot.config import Preset
 from autopilot.escape import clean
 from autopilot.fsguard import UnsafePath, remove_tree, run_roots
 from autopilot.fsutil import read_json
-from autopilot.procs import OWNED, RUN_TOKEN_ENV, Tracker, identify, kill_tree, spawn
+from autopilot.procs import OWNED, RUN_TOKEN_ENV, Tracker, child_exited, identify, kill_tree, spawn
 from autopilot.statedir import open_append
 from autopilot.templates import grader_argv, render, render_argv
 from autopilot.validity import (
@@ -86,7 +86,12 @@ async def run_grader(
             try:
                 with anyio.move_on_after(timeout) as scope:
                     code = await proc.wait()
-                if scope.cancelled_caught:
+                if scope.cancelled_caught and child_exited(proc.pid):
+                    # Timed out by the event loop's clock, but in fact finished: the
+                    # supervisor itself was frozen (SIGSTOP) past the timeout.
+                    with anyio.CancelScope(shield=True):
+                        code = await proc.wait()
+                elif scope.cancelled_caught:
                     ident = identify(proc.pid)
                     if ident is not None:
                         await anyio.to_thread.run_sync(kill_tree, Tracker(ident), 1.0)

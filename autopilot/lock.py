@@ -57,7 +57,19 @@ def heartbeat_holder(state_dir: Path, now: float | None = None) -> dict[str, Any
     return hb
 
 
+def _live(rec: Any) -> bool:
+    """``rec`` names a live process on this host with exactly that start time."""
+    if not isinstance(rec, dict) or rec.get("host") != socket.gethostname():
+        return False
+    try:
+        return bool(psutil.Process(int(rec["pid"])).create_time() == float(rec["create_time"]))
+    except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError, ValueError, TypeError):
+        return False
+
+
 def describe_holder(hb: dict[str, Any] | None) -> str:
+    if hb and hb.get("starting"):
+        return "a supervisor that is starting holds the lock (it has not recorded itself yet)"
     if not hb:
         return "holder unknown (lock held)"
     return f"pid {hb.get('pid')} on host {hb.get('host')} since {hb.get('started_at')}"
@@ -115,13 +127,16 @@ class RunLock:
         os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
 
     def _holder_record(self) -> dict[str, Any] | None:
-        # The holder writes its record right after taking the flock: wait briefly for it.
+        """Who holds the flock. The holder writes its record right after taking it, so
+        wait briefly for one; a record naming a dead process (a SIGKILLed predecessor's,
+        not yet overwritten by the new winner) is never the answer."""
         for _ in range(40):
-            rec = read_json(self.state_dir / LOCK_NAME)
-            if isinstance(rec, dict) and rec.get("pid"):
-                return rec
+            for name in (LOCK_NAME, HEARTBEAT_NAME):
+                rec = read_json(self.state_dir / name)
+                if _live(rec):
+                    return rec
             time.sleep(0.025)
-        return read_json(self.state_dir / HEARTBEAT_NAME)
+        return {"starting": True}
 
     def beat(self, phase: str) -> None:
         pid, ct = _me()

@@ -144,6 +144,16 @@ def verify(ident: ProcIdentity) -> psutil.Process | None:
         return None
 
 
+def child_exited(pid: int) -> bool:
+    """Our child ``pid`` has exited: a zombie its watcher has not reaped yet, or gone.
+    Asked before judging a child by the clock: after the supervisor itself was frozen,
+    a timer and the child's exit become ready together, and the timer may run first."""
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
+
+
 def run_marked(p: psutil.Process, token: str) -> bool:
     """``p`` carries this run's marker in its environment, or is our own descendant: the
     second test a process named only by the journal (untrusted) must pass before it is

@@ -18,7 +18,6 @@ import os
 import signal
 import socket
 import sys
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ import anyio
 from autopilot import logsetup, sdnotify, sweep
 from autopilot.cells import CellContext, CellRun
 from autopilot.childenv import child_env
+from autopilot.clock import TICK, RunClock
 from autopilot.config import ArmEndpoint, Preset
 from autopilot.endpoints import make_endpoint
 from autopilot.endpoints.keeper import Keeper
@@ -117,13 +117,15 @@ class Supervisor:
         plan: Plan,
         opts: RunOptions,
         *,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.preset = preset
         self.plan = plan
         self.opts = opts
         self.state_dir = opts.state_dir
-        self.clock = clock
+        # The run clock (absence excluded) unless a test drives time itself.
+        self.clock: Callable[[], float] = RunClock() if clock is None else clock
+        clock = self.clock
         self.notifier = Notifier(
             [*preset.notify.urls, *urls_from_env()], opts.notify_config,
             cooldown_secs=preset.notify.cooldown_secs, timeout_secs=preset.notify.timeout_secs,
@@ -448,6 +450,8 @@ class Supervisor:
                 tg.start_soon(self.notifier.run)
                 tg.start_soon(self._signals, tg.cancel_scope)
                 tg.start_soon(self._heartbeat)
+                if isinstance(self.clock, RunClock):
+                    tg.start_soon(self._clock_ticker)
                 await self.status.write_now()
                 if self.ledger.complete():
                     # Nothing to run (e.g. a re-run with --publish): no endpoint needed.
@@ -812,6 +816,19 @@ class Supervisor:
                 else:
                     self.forced = True
                     log.warning("stop_forced", signal=signal.Signals(sig).name)
+
+    async def _clock_ticker(self) -> None:
+        """Read the run clock every TICK seconds: a longer silence is then the
+        supervisor's own absence (SIGSTOP), never the cells' (see autopilot.clock)."""
+        assert isinstance(self.clock, RunClock)
+        seen = self.clock.absent
+        while True:
+            self.clock()
+            if self.clock.absent > seen:  # whichever reading noticed it first
+                log.warning("supervisor_was_frozen", secs=round(self.clock.absent - seen, 1),
+                            note="excluded from every watchdog and deadline")
+                seen = self.clock.absent
+            await anyio.sleep(TICK)
 
     async def _heartbeat(self) -> None:
         interval = min(HEARTBEAT_SECS, sdnotify.watchdog_interval() or HEARTBEAT_SECS)

@@ -92,12 +92,16 @@ def classify(
 ) -> Classification:
     masked = run.killed == "teardown"
     if not run.completion:
+        # An outage during the attempt is the cause of whatever followed (a cell starved
+        # of tokens stalls): infrastructure, named as such, before the watchdog's verdict.
+        if run.endpoint_down:
+            why = f" ({run.killed} kill)" if run.killed else ""
+            return _invalid("endpoint_down",
+                            f"harness ended without outputs during an outage{why}")
         if run.killed in ("stall", "deadline"):
             return _invalid(run.killed, run.kill_reason or run.killed)
         if run.killed == "teardown":
             return _invalid("missing_output", "said it was done, hung, and left no outputs")
-        if run.endpoint_down:
-            return _invalid("endpoint_down", "harness ended without outputs during an outage")
         if run.exit_code not in (0, None):
             return _invalid("harness_crash", f"exit code {run.exit_code}, no completion artifacts")
         return _invalid("missing_output", "harness ended without its completion artifacts")

@@ -90,6 +90,13 @@ GOOD = GradeOutcome(True, grade={"verdict": "PASS"})
         (RunOutcome(2), None, Checks(), "INVALID(harness_crash)"),
         (RunOutcome(0), None, Checks(), "INVALID(missing_output)"),
         (RunOutcome(3, endpoint_down=True), None, Checks(), "INVALID(endpoint_down)"),
+        # a cell starved by an outage is stall-killed: the outage is the reason
+        (RunOutcome(None, killed="stall", endpoint_down=True), None, Checks(),
+         "INVALID(endpoint_down)"),
+        (RunOutcome(None, killed="deadline", endpoint_down=True), None, Checks(),
+         "INVALID(endpoint_down)"),
+        (DONE, GOOD, Checks(malformed="finish_reason is a list, not a string"),
+         "INVALID(malformed_summary)"),
         (DONE, GradeOutcome(False, "exit 1"), Checks(), "INVALID(grader_failed)"),
         (DONE, GradeOutcome(True, grade=None), Checks(), "INVALID(malformed_grade)"),
         (DONE, GradeOutcome(True, grade={"score": 1}), Checks(), "INVALID(malformed_grade)"),

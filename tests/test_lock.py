@@ -125,3 +125,38 @@ def test_cleanup_refuses_while_a_supervisor_holds_the_run(tmp_path: Path) -> Non
     finally:
         holder.kill()
         holder.wait()
+
+
+RAW_FLOCK = (
+    "import fcntl, os, sys, time\n"
+    "fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX)\n"
+    "print('LOCKED', flush=True); time.sleep(600)\n"
+)
+
+
+def test_a_loser_never_names_the_dead_predecessor(tmp_path: Path) -> None:
+    # A SIGKILLed predecessor's record is still in the lock file while a new winner holds
+    # the flock but has not written its own yet: the loser says the holder is starting.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = tmp_path / "autopilot.lock"
+    lock.write_text(json.dumps({"pid": dead.pid, "create_time": time.time() - 9,
+                                "host": socket.gethostname(), "started_at": "old"}))
+    os.chmod(tmp_path, 0o700)
+    winner = subprocess.Popen([sys.executable, "-c", RAW_FLOCK, str(lock)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert winner.stdout.readline().strip() == "LOCKED"
+        with pytest.raises(LockHeld) as e:
+            RunLock(tmp_path).acquire()
+        assert f"pid {dead.pid}" not in str(e.value)
+        assert "starting" in str(e.value)
+        # Once the winner records itself, the loser names it.
+        ct = psutil.Process(winner.pid).create_time()
+        lock.write_text(json.dumps({"pid": winner.pid, "create_time": ct,
+                                    "host": socket.gethostname(), "started_at": "now"}))
+        with pytest.raises(LockHeld, match=f"pid {winner.pid} on host"):
+            RunLock(tmp_path).acquire()
+    finally:
+        winner.kill()
+        winner.wait()
