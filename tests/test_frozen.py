@@ -51,7 +51,7 @@ def test_sigstop_past_every_timeout_charges_nothing_to_the_cells(tmp_path: Path)
         os.kill(p.pid, signal.SIGSTOP)
         time.sleep(12)  # longer than kill_secs (5), stuck_secs (4) and the grader's 3 s
         os.kill(p.pid, signal.SIGCONT)
-        out, err = p.communicate(timeout=180)
+        _, err = p.communicate(timeout=180)
     finally:
         if p.poll() is None:
             os.kill(p.pid, signal.SIGCONT)

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import events, run_cli, write_overlay
+from conftest import run_cli, write_overlay
 
 from autopilot.errors import ConfigError
 from autopilot.fsguard import UnsafePath, check, move_tree, remove_tree, run_roots
@@ -97,7 +97,7 @@ def test_unsafe_scratch_templates_are_refused_at_load(tmp_path: Path, scratch: s
     monkeypatch.chdir(tmp_path)
     over = write_overlay(tmp_path / "o.json", {
         "vars": {"scratch": str(tmp_path)}, "harness": {"scratch_dirs": [scratch]}})
-    with pytest.raises(ConfigError, match="harness.scratch_dirs") as e:
+    with pytest.raises(ConfigError, match=r"harness\.scratch_dirs") as e:
         load_preset("demo", overlay=str(over))
     assert why in str(e.value) or "outside the run's roots" in str(e.value)
 

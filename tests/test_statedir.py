@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ROOT, cli_env, events, run_cli, write_overlay
+from conftest import ROOT, cli_env, events, run_cli
 
 from autopilot.procs import ProcIdentity, identify, start_ticks, verify
 
