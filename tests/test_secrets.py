@@ -13,7 +13,7 @@ from conftest import cli_env, run_cli, write_overlay
 
 from autopilot.notify import target_label
 
-SECRET = "sk-test-51f0c2a9e7d84b6b"  # noqa: S105 - a test value
+SECRET = "sk-test-51f0c2a9e7d84b6b"
 NTFY = "ntfy://bench-topic-private-31337"
 
 # A harness that records its environment and prints one variable, then is the demo one.
