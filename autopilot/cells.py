@@ -16,7 +16,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ import psutil
 from autopilot.config import Preset
 from autopilot.endpoints.keeper import Keeper
 from autopilot.fsguard import UnsafePath, move_tree, remove_tree
+from autopilot.fsutil import log_tail
 from autopilot.grading import judge_cell
 from autopilot.logsetup import bind_contextvars, get_logger, unbind_contextvars
 from autopilot.plan import Cell, cell_context
@@ -356,8 +357,14 @@ class CellRun:
                 self.cx.on_grade_failure(self.cell.id, c)
 
         try:
-            return await judge_cell(self.p, self.ctx, outcome, self.grade_log,
-                                    base_env=self.cx.base_env, on_retry=retry)
+            c = await judge_cell(self.p, self.ctx, outcome, self.grade_log,
+                                 base_env=self.cx.base_env, on_retry=retry)
+            if c.reason in ("harness_crash", "missing_output"):
+                # Why it broke is in its own output: the last lines go with the verdict.
+                tail = await anyio.to_thread.run_sync(log_tail, self.spool, 3)
+                if tail:
+                    c = replace(c, detail=f"{c.detail}; launcher log: {tail}")
+            return c
         finally:
             self._clean_scratch()
             with anyio.CancelScope(shield=True):

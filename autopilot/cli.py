@@ -49,43 +49,52 @@ def build_parser() -> argparse.ArgumentParser:
         "130/143 stopped by signal",
     )
     ap.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    ap.add_argument("--preset", help="preset name (see `autopilot presets`) or a .toml path")
-    ap.add_argument("--config", help="TOML or JSON overlay, deep-merged over the preset")
-    ap.add_argument("--target-n", type=positive_int, help="replicates per task x arm")
-    ap.add_argument("--concurrency", type=positive_int, help="cells at once")
-    ap.add_argument("--max-passes", type=positive_int, help="sweeps over pending cells")
-    ap.add_argument("--state-dir", default=None,
+    ap.add_argument("--preset", metavar="PRESET",
+                    help="preset name (see `autopilot presets`) or a .toml path")
+    ap.add_argument("--config", metavar="OVERLAY",
+                    help="TOML or JSON overlay, deep-merged over the preset")
+    ap.add_argument("--target-n", type=positive_int, metavar="N", help="replicates per task x arm")
+    ap.add_argument("--concurrency", type=positive_int, metavar="N", help="cells at once")
+    ap.add_argument("--max-passes", type=positive_int, metavar="N",
+                    help="sweeps over pending cells")
+    ap.add_argument("--state-dir", default=None, metavar="DIR",
                     help=f"default $AUTOPILOT_STATE_DIR or {DEFAULT_STATE_DIR}")
     ap.add_argument("--once", action="store_true",
                     help="write one status snapshot rebuilt from the journal, then exit")
     ap.add_argument("--allow-plan-change", action="store_true",
                     help="resume a state dir whose plan identity differs")
-    ap.add_argument("--notify-config", help="apprise config file (YAML or text, with tags)")
+    ap.add_argument("--notify-config", metavar="FILE",
+                    help="apprise config file (YAML or text, with tags)")
     ap.add_argument("--offline", action="store_true", help="skip live preflight probes")
     ap.add_argument("--dry-run", action="store_true",
                     help="preflight (offline), print the plan, launch nothing")
     ap.add_argument("--publish", action="store_true",
                     help="on COMPLETE: scorecard.md + findings.md, committed to a "
                     "bench-results-<date> branch of the results repo (never pushed)")
-    ap.add_argument("--results-repo", help="git repo for --publish (default: preset "
+    ap.add_argument("--results-repo", metavar="REPO",
+                    help="git repo for --publish (default: preset "
                     "publish.results_repo, else the current directory's repo)")
     ap.add_argument("--quiet", action="store_true", help="no console log (file log only)")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("presets", help="list presets with a one-line description")
     va = sub.add_parser("validate", help="postflight: classify what is on disk; exit 1 if "
                         "any cell is INVALID")
-    va.add_argument("--state-dir", dest="sub_state_dir")
+    va.add_argument("--state-dir", dest="sub_state_dir", metavar="DIR",
+                    help="the run's state dir (default as for the run)")
     rp = sub.add_parser("report", help="findings markdown from the per-cell artifacts")
     rp.add_argument("--n", type=positive_int, help="up to replicate N (default: the run's)")
     rp.add_argument("--out", help="write here instead of stdout")
-    rp.add_argument("--state-dir", dest="sub_state_dir")
+    rp.add_argument("--state-dir", dest="sub_state_dir", metavar="DIR",
+                    help="the run's state dir (default as for the run)")
     sm = sub.add_parser("summarize", help="print an arm's PASS/FAIL table")
     sm.add_argument("arm")
-    sm.add_argument("--state-dir", dest="sub_state_dir")
+    sm.add_argument("--state-dir", dest="sub_state_dir", metavar="DIR",
+                    help="the run's state dir (default as for the run)")
     cl = sub.add_parser("cleanup", help="kill the run's leftover harness/grader processes, "
                         "remove the plan's sandbox containers and scratch dirs (exact names); "
                         "refuses while a supervisor holds the run")
-    cl.add_argument("--state-dir", dest="sub_state_dir")
+    cl.add_argument("--state-dir", dest="sub_state_dir", metavar="DIR",
+                    help="the run's state dir (default as for the run)")
     cl.add_argument("--endpoint", action="store_true",
                     help="also the endpoint container or process")
     _trusted_preset_args(cl)
@@ -94,11 +103,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "grades of the same attempt; refuses while a supervisor holds the run")
     rg.add_argument("--task", help="only this task's cells")
     rg.add_argument("--arm", help="only this arm's cells")
-    rg.add_argument("--state-dir", dest="sub_state_dir")
+    rg.add_argument("--state-dir", dest="sub_state_dir", metavar="DIR",
+                    help="the run's state dir (default as for the run)")
     _trusted_preset_args(rg)
     nt = sub.add_parser("notify-test", help="send one test message to each configured URL")
-    nt.add_argument("--preset", dest="nt_preset", help="also use this preset's [notify] urls")
-    nt.add_argument("--notify-config", dest="nt_config", help="apprise config file")
+    nt.add_argument("--preset", dest="nt_preset", metavar="PRESET",
+                    help="also use this preset's [notify] urls")
+    nt.add_argument("--notify-config", dest="nt_config", metavar="FILE",
+                    help="apprise config file")
+    it = sub.add_parser("init", help="write a commented starter preset NAME.toml with its "
+                        "harness and grader scripts (what --dry-run accepts as it is)")
+    it.add_argument("name", metavar="NAME")
+    it.add_argument("--dir", default=".", metavar="DIR", help="where (default: here)")
+    co = sub.add_parser("completion", help="print a shell completion script (bash, zsh, "
+                        "tcsh): e.g. `autopilot completion bash > "
+                        "/etc/bash_completion.d/autopilot`")
+    co.add_argument("shell", choices=("bash", "zsh", "tcsh"))
     return ap
 
 
@@ -203,7 +223,10 @@ def _read_plan_record(state_dir: Path) -> dict[str, Any]:
 
     rec = read_json(state_dir / "plan.json")
     if not isinstance(rec, dict):
-        raise ConfigError(f"{state_dir}: no plan.json here (not a state dir of a run)")
+        from autopilot.dashboard.cli import unreadable
+
+        denied = unreadable(state_dir)
+        raise ConfigError(denied or f"{state_dir}: no plan.json here (not a state dir of a run)")
     return rec
 
 
@@ -242,11 +265,15 @@ def load_trusted(state_dir: Path, args: argparse.Namespace) -> tuple[Preset, Pla
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from autopilot.fsutil import read_json
+    from autopilot.liveness import look
     from autopilot.validate import render_table, validate_run
 
     state_dir = _state_dir(args)
     preset, plan = load_recorded(state_dir)
-    result = validate_run(preset, plan, state_dir)
+    status = read_json(state_dir / "status.json")
+    live = look(state_dir, status if isinstance(status, dict) else {}).state == "live"
+    result = validate_run(preset, plan, state_dir, in_progress=live)
     print(render_table(result))
     return 0 if result.ok else 1
 
@@ -317,23 +344,53 @@ def cmd_regrade(args: argparse.Namespace) -> int:
     return 0
 
 
+def recorded_target_n(state_dir: Path) -> int | None:
+    """The target N this state dir's run was last driven to (plan.json), if any: a re-run
+    without --target-n keeps it rather than falling back to the preset's."""
+    from autopilot.fsutil import read_json
+
+    rec = read_json(state_dir / "plan.json")
+    n = rec.get("target_n") if isinstance(rec, dict) else None
+    return n if type(n) is int and n > 0 else None
+
+
+def resume_command(args: argparse.Namespace, state_dir: Path, target_n: int) -> str:
+    """The command line that resumes this run: the same flags, with the state dir and
+    the target N spelled out (the defaults that chose them may differ next time)."""
+    import shlex
+
+    argv = ["autopilot", *sys.argv[1:]]
+    if not args.state_dir:
+        argv += ["--state-dir", str(state_dir)]
+    if args.target_n is None:
+        argv += ["--target-n", str(target_n)]
+    return shlex.join(argv)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from autopilot.statedir import check_trusted
     from autopilot.supervisor import RunOptions, Supervisor, check_plan_identity, snapshot_once
 
+    state_dir = _state_dir(args)
+    why = check_writable_dir(state_dir)
+    if why:
+        raise StateDirError(f"--state-dir {why}")
+    check_trusted(state_dir)
+    remembered = recorded_target_n(state_dir)
     flags: dict[str, Any] = {
-        "target_n": args.target_n, "concurrency": args.concurrency,
+        "target_n": args.target_n or remembered, "concurrency": args.concurrency,
         "max_passes": args.max_passes,
     }
     preset = load_preset(args.preset, overlay=args.config, flags=flags)
     if preset.run.target_n is None:
         raise ConfigError("--target-n: not set (and the preset has no run.target_n)")
     plan = Plan(preset, preset.run.target_n)
-    state_dir = _state_dir(args)
-    why = check_writable_dir(state_dir)
-    if why:
-        raise StateDirError(f"--state-dir {why}")
-    check_trusted(state_dir)
+    if remembered and args.target_n is None:
+        print(f"target N {remembered}: remembered from {state_dir}/plan.json "
+              "(--target-n changes it)", file=sys.stderr)
+    elif remembered and args.target_n != remembered:
+        print(f"target N changes {remembered} -> {args.target_n} for this state dir",
+              file=sys.stderr)
     check_plan_identity(state_dir, plan, args.allow_plan_change)
 
     report = anyio.run(partial(run_preflight, preset, plan, state_dir,
@@ -347,8 +404,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         from autopilot.status import oneline
 
         snap = snapshot_once(preset, plan, state_dir)
-        if lock_held(state_dir) is None:
+        holder = lock_held(state_dir)
+        if holder is None:
             atomic_write_json(state_dir / "status.json", snap)
+        else:
+            from autopilot.lock import describe_holder
+
+            print(f"run in progress ({describe_holder(holder)}): status.json is the live "
+                  "supervisor's and is left as it is; from the journal:", file=sys.stderr)
         print(oneline(snap))
         return 0
 
@@ -358,6 +421,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         config_path=str(Path(args.config).absolute()) if args.config else None,
         identity=report.identity, warnings=tuple(report.warnings),
         publish=args.publish, results_repo=args.results_repo,
+        resume_command=resume_command(args, state_dir, plan.target_n),
+        live_view=not args.quiet and sys.stderr.isatty(),
     )
     sup = Supervisor(preset, plan, opts)
     return anyio.run(sup.run)
@@ -371,6 +436,19 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_presets()
         if args.command == "notify-test":
             return cmd_notify_test(args)
+        if args.command == "init":
+            from autopilot.starter import write_starter
+
+            written = write_starter(args.name, Path(args.dir))
+            for path in written:
+                print(f"wrote {path}")
+            print(f"next: autopilot --preset {written[0]} --target-n 2 --dry-run")
+            return 0
+        if args.command == "completion":
+            import shtab
+
+            print(shtab.complete(parser, args.shell))
+            return 0
         if args.command == "validate":
             return cmd_validate(args)
         if args.command == "cleanup":

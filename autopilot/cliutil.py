@@ -35,7 +35,11 @@ def run_and_exit(main: Callable[[], int]) -> NoReturn:
     when that is safe: no other thread is alive (so nothing is cut short), and the atexit
     handlers and the standard streams have been run and flushed first.
     """
-    code = main()
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_broken_pipe()
     if threading.active_count() > 1:
         sys.exit(code)
     atexit._run_exitfuncs()
@@ -45,3 +49,11 @@ def run_and_exit(main: Callable[[], int]) -> NoReturn:
     except OSError:  # a closed pipe (| head): what the normal exit would also hit
         sys.exit(code)
     os._exit(code)
+
+
+def _quiet_broken_pipe() -> NoReturn:
+    """``autopilot validate | head -3``: the reader has what it wanted. Exit 0 with no
+    traceback (stdout is pointed at /dev/null so the interpreter's final flush is quiet)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os._exit(0)

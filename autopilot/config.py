@@ -176,10 +176,22 @@ class ProviderEndpoint(EndpointCommon):
     api_key_env: str = ""  # the NAME of the env var; its value is never logged
 
 
+class NoEndpoint(EndpointCommon):
+    """A job without a model endpoint (a harness that needs none): nothing is started or
+    probed; ``{port}``, ``{base_url}`` render empty."""
+
+    engine: Literal["none"]
+
+
+# The endpoint table's model per engine tag (config-error suggestions walk them).
+ENGINE_MODELS: dict[str, type[BaseModel]] = {}
+
 EndpointConfig = Annotated[
-    BuiltinEndpoint | LlamaCppEndpoint | VllmEndpoint | ProviderEndpoint,
+    BuiltinEndpoint | LlamaCppEndpoint | VllmEndpoint | ProviderEndpoint | NoEndpoint,
     Field(discriminator="engine"),
 ]
+ENGINE_MODELS.update({"builtin": BuiltinEndpoint, "llamacpp": LlamaCppEndpoint,
+                      "vllm": VllmEndpoint, "provider": ProviderEndpoint, "none": NoEndpoint})
 
 
 class Extract(_Frozen):

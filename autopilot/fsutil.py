@@ -78,6 +78,21 @@ def stale_temps(state_dir: Path) -> list[Path]:
     return [p for p in state_dir.glob(".*.tmp") if p.is_file() and not p.is_symlink()]
 
 
+def log_tail(path: Path, lines: int = 8) -> str:
+    """The last ``lines`` lines of a spooled log, joined by `` | ``, control characters
+    removed (it comes from a harness, a grader or an endpoint), at most 600 characters."""
+    from collections import deque
+
+    from autopilot.escape import clean
+
+    try:
+        with path.open("rb") as f:
+            tail = deque(f, maxlen=lines)
+    except OSError:
+        return ""
+    return clean(" | ".join(b.decode("utf-8", "replace").rstrip() for b in tail), 600)
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 

@@ -37,6 +37,7 @@ class CellState:
     invalid_attempts: int = 0
     reasons: list[str] = field(default_factory=list)
     reason: str | None = None
+    detail: str = ""  # the last verdict's detail (why), for every view that lists the cell
     word: str | None = None
     caveat: str | None = None
     teardown_masked: bool = False
@@ -143,6 +144,7 @@ class Ledger:
         cell.word = ev.get("word")
         cell.caveat = ev.get("caveat")
         cell.teardown_masked = bool(ev.get("teardown_masked"))
+        cell.detail = str(ev.get("detail") or "")
         if verdict in VALID:
             cell.status = verdict
             cell.reason = None

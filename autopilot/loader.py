@@ -9,16 +9,18 @@ expected.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
 import tomllib
+import typing
 from collections.abc import Iterable, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from autopilot.config import NAME_RE, PRESETS_ENV, EnvRef, Preset
 from autopilot.errors import ConfigError
@@ -80,7 +82,10 @@ def _read_with_extends(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any
         return doc
     if not isinstance(base, str):
         raise ConfigError(f"{path}: extends: expected a preset name")
-    base_path = find_preset(base)
+    try:
+        base_path = find_preset(base)
+    except ConfigError as e:  # say which file holds the bad extends
+        raise ConfigError(f"{path}: extends = {base!r}: {e}") from None
     if base_path.resolve() in seen:
         raise ConfigError(f"{path}: extends: cycle through {base_path}")
     return deep_merge(_read_with_extends(base_path, (*seen, path.resolve())), doc)
@@ -153,12 +158,59 @@ def _leaf_paths(doc: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> set[tup
     return paths
 
 
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model that holds the last key of ``loc`` (for suggestions)."""
+    from autopilot.config import ENGINE_MODELS
+
+    model: Any = Preset
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        if model is None:  # inside the endpoint union: the engine tag names the model
+            model = ENGINE_MODELS.get(str(part))
+            if model is None:
+                return None
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        model = _inner_model(field.annotation)
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _inner_model(annotation: Any) -> Any:
+    """The model inside ``list[X]``, ``X | None``, ``dict[str, X]``; None for a union of
+    several models (the endpoint: the tag in the loc picks one)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    found = [_inner_model(a) for a in typing.get_args(annotation)]
+    found = [m for m in found if m is not None]
+    return found[0] if len(found) == 1 else None
+
+
+def did_you_mean(loc: tuple[Any, ...]) -> str:
+    """`` (did you mean 'argv'?)`` for a mistyped key, or ``[run] concurrency`` for a
+    key written in the wrong table; empty when nothing is close."""
+    key = str(loc[-1])
+    model = _model_at(loc)
+    if model is not None:
+        close = difflib.get_close_matches(key, list(model.model_fields), n=1, cutoff=0.6)
+        if close:
+            return f" (did you mean {close[0]!r}?)"
+    if len(loc) == 1:  # a top-level key that belongs in a table
+        for name, field in Preset.model_fields.items():
+            inner = _inner_model(field.annotation)
+            if inner is not None and key in inner.model_fields:
+                return f" (did you mean [{name}] {key}?)"
+    return ""
+
+
 def _fmt_loc(loc: Iterable[Any]) -> str:
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("builtin", "llamacpp", "vllm", "provider") and out == "endpoint":
+        elif part in ("builtin", "llamacpp", "vllm", "provider", "none") and out == "endpoint":
             continue  # the discriminator tag pydantic inserts; not a key the user wrote
         else:
             out += ("." if out else "") + str(part)
@@ -211,22 +263,23 @@ def load_preset(
     try:
         result = Preset.model_validate(doc)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = tuple(err["loc"])
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        elif msg.startswith("Value error, "):
-            msg = msg.removeprefix("Value error, ")
-        where = _fmt_loc(loc) or "(top level)"
-        got = ""
-        if err["type"] not in ("extra_forbidden", "missing", "value_error"):
-            got = f" (got {err.get('input')!r})"
-        more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
-        source = origin(loc)
-        if source.startswith("--"):
-            raise ConfigError(f"{source}: {msg}{got}") from None
-        raise ConfigError(f"{source}: {where}: {msg}{got}{more}") from None
+        # Every error at once (one fix-and-retry per typo is a slow hour), one line.
+        msgs = []
+        for err in e.errors():
+            loc = tuple(err["loc"])
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key" + did_you_mean(loc)
+            elif msg.startswith("Value error, "):
+                msg = msg.removeprefix("Value error, ")
+            where = _fmt_loc(loc) or "(top level)"
+            got = ""
+            if err["type"] not in ("extra_forbidden", "missing", "value_error"):
+                got = f" (got {err.get('input')!r})"
+            source = origin(loc)
+            msgs.append(f"{source}: {msg}{got}" if source.startswith("--")
+                        else f"{source}: {where}: {msg}{got}")
+        raise ConfigError("; ".join(dict.fromkeys(msgs))) from None
     try:
         check_templates(result)
     except TemplateError as e:

@@ -24,10 +24,23 @@ import psutil
 
 from autopilot.errors import LockHeld
 from autopilot.fsutil import atomic_write_json, iso, read_json
+from autopilot.liveness import HEARTBEAT_SECS
 from autopilot.statedir import ensure_private_dir, open_private
 
 FRESH_SECS = 120.0
-HEARTBEAT_SECS = 10.0
+
+
+def beat_interval() -> float:
+    """Seconds between heartbeats: HEARTBEAT_SECS, or $AUTOPILOT_HEARTBEAT_SECS (faster
+    staleness detection for tests and demos; at least 0.2), capped by systemd's
+    watchdog interval when one is set."""
+    from autopilot import sdnotify
+
+    try:
+        every = max(0.2, float(os.environ.get("AUTOPILOT_HEARTBEAT_SECS") or HEARTBEAT_SECS))
+    except ValueError:
+        every = HEARTBEAT_SECS
+    return min(every, sdnotify.watchdog_interval() or every)
 LOCK_NAME = "autopilot.lock"
 HEARTBEAT_NAME = "heartbeat.json"
 
@@ -143,6 +156,7 @@ class RunLock:
         atomic_write_json(self.state_dir / HEARTBEAT_NAME, {
             "pid": pid, "create_time": ct, "host": socket.gethostname(),
             "started_at": self.started_at, "ts": iso(), "epoch": time.time(), "phase": phase,
+            "interval_secs": beat_interval(),
         })
 
     def release(self) -> None:

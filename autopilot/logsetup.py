@@ -118,7 +118,7 @@ _current_file: IO[Any] | None = None
 
 
 def configure(log_path: Path | None, secrets: Iterable[str] = (), console: bool = True,
-              level: str = "info") -> Redactor:
+              level: str = "info", console_floor: str | None = None) -> Redactor:
     global _current_file
     if _current_file is not None:
         _current_file.close()
@@ -136,14 +136,15 @@ def configure(log_path: Path | None, secrets: Iterable[str] = (), console: bool 
         redactor,
         _Tee(_current_file),
     ]
-    if console:
-        processors += [_terminal_safe, structlog.dev.ConsoleRenderer(colors=False)]
-    else:
-        processors.append(_drop)
+    # --quiet still shows errors (endpoint_failed, harness_anomaly, publish_failed): a
+    # failure nobody sees is the one that costs a night.
+    floor = _LEVELS[console_floor] if console_floor else 0 if console else _LEVELS["error"]
+    processors += [_ConsoleFloor(floor), _terminal_safe,
+                   structlog.dev.ConsoleRenderer(colors=False)]
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(_CurrentStderr()),
         cache_logger_on_first_use=False,
     )
     return redactor
@@ -157,8 +158,27 @@ def _terminal_safe(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any
     return {k: clean(v, 2000) if isinstance(v, str) else v for k, v in event_dict.items()}
 
 
-def _drop(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any:
-    raise structlog.DropEvent
+class _CurrentStderr:
+    """Whatever ``sys.stderr`` is at the time of writing: the progress panel replaces it
+    with a proxy that prints above the panel (a captured reference would garble it)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+class _ConsoleFloor:
+    """After the file write: drop from the console what is below ``floor``."""
+
+    def __init__(self, floor: int) -> None:
+        self.floor = floor
+
+    def __call__(self, _: Any, method: str, event_dict: MutableMapping[str, Any]) -> Any:
+        if _LEVELS.get(str(event_dict.get("level", method)), 20) < self.floor:
+            raise structlog.DropEvent
+        return event_dict
 
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}

@@ -182,7 +182,7 @@ def checkout_problems(preset: Preset, state_dir: Path) -> tuple[list[str], list[
 def endpoint_problems(preset: Preset) -> list[str]:
     """The endpoint's binary and model must resolve before anything launches."""
     ep = preset.endpoint
-    if ep.engine in ("builtin", "provider") or getattr(ep, "attach", False):
+    if ep.engine in ("builtin", "provider", "none") or getattr(ep, "attach", False):
         return []
     problems = []
     model_path = getattr(ep, "model_path", "")
@@ -208,7 +208,9 @@ def endpoint_problems(preset: Preset) -> list[str]:
         binary = os.environ.get("AUTOPILOT_VLLM") or ep.binary
         if not (shutil.which(binary) or Path(binary).is_file()):
             src = preset.env_source(binary)
-            problems.append(f"endpoint binary {binary} not found" + (f" ({src})" if src else ""))
+            problems.append(f"endpoint binary {binary} not found (pip install vllm on the GPU "
+                            "box, or point $AUTOPILOT_VLLM at it)"
+                            + (f" ({src})" if src else ""))
     mode = getattr(ep, "mode", "process")
     docker_dir = getattr(getattr(ep, "docker", None), "model_dir", "")
     local = (mode == "process" and (ep.engine == "llamacpp" or model_path.startswith("/"))) or (

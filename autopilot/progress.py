@@ -39,6 +39,10 @@ def oneline(status: dict[str, Any]) -> str:
         f"{t.get('running', 0)} running",
         f"eta {fmt_secs(status.get('eta_secs'))}",
     ]
+    live = status.get("liveness") or {}
+    if live.get("label"):  # STALE / stopped (supervisor gone): see autopilot.liveness
+        parts[1] = f"{t.get('running', 0)} running when last seen"
+        parts.append(str(live["label"]))
     ep = status.get("endpoint") or {}
     if ep.get("state") not in (None, "up"):
         parts.append(f"endpoint {ep.get('state')}")

@@ -231,10 +231,23 @@ def arm_summary(preset: Preset, facts: list[CellFacts], arm: str) -> str:
 # ------------------------------------------------------------------ findings
 
 
-def findings(preset: Preset, facts: list[CellFacts], n: int) -> str:
+def plan_changes(state_dir: Path) -> list[tuple[str, str, str]]:
+    """(when, old identity, new identity) of every plan change the journal records (a
+    resume with --allow-plan-change relabels earlier verdicts under the new preset)."""
+    return [(md(ev.get("ts"), 40), md(ev.get("old"), 40), md(ev.get("new"), 40))
+            for ev in read_events(state_dir / "journal.jsonl").events
+            if ev.get("event") == "plan_changed"]
+
+
+def findings(preset: Preset, facts: list[CellFacts], n: int,
+             changes: list[tuple[str, str, str]] | None = None) -> str:
     arms = [a.label for a in preset.arms]
     t = trust_block(facts)
     out = [f"# Findings — {preset.name} ({preset.model}), N={n}", ""]
+    for when, old, new in changes or []:
+        out += [f"> **PLAN CHANGED** at {when}: identity {old} → {new} (resumed with "
+                "`--allow-plan-change`); verdicts recorded before it were judged under the "
+                "old plan and are counted under this one.", ""]
     total = len(facts)
     if t["absent"] or any(not f.valid and not f.quarantined and f.verdict != "INVALID"
                           for f in facts):
@@ -368,4 +381,4 @@ def _tokens_section(preset: Preset, facts: list[CellFacts], arms: list[str]) -> 
 
 
 def render_findings(preset: Preset, n: int, state_dir: Path) -> str:
-    return findings(preset, collect(preset, n, state_dir), n)
+    return findings(preset, collect(preset, n, state_dir), n, plan_changes(state_dir))

@@ -53,7 +53,7 @@ from autopilot.fsutil import (
 )
 from autopilot.journal import Journal, read_events
 from autopilot.ledger import Ledger, StreakState, should_quarantine, streak_step
-from autopilot.lock import HEARTBEAT_SECS, RunLock
+from autopilot.lock import RunLock, beat_interval
 from autopilot.logsetup import get_logger
 from autopilot.notify import MILESTONES, Notifier, urls_from_env
 from autopilot.plan import Plan, arm_groups, cell_context
@@ -83,6 +83,16 @@ class RunOptions:
     warnings: tuple[str, ...] = ()
     publish: bool = False
     results_repo: str | None = None
+    resume_command: str = ""  # said on a stop signal: how to carry on
+    live_view: bool = False  # a terminal: the progress panel (autopilot.liveview)
+
+
+# Log levels that mean something: a warning is the run healing itself, an error is
+# something a person must look at (shown on the console even with --quiet).
+WARNING_EVENTS = frozenset({"cell_killed", "endpoint_down", "endpoint_restart",
+                            "cell_quarantined", "unsafe_path_refused", "journal_pid_refused",
+                            "notify_failed", "launching_paused"})
+ERROR_EVENTS = frozenset({"endpoint_failed", "harness_anomaly", "publish_failed"})
 
 
 def secret_values(preset: Preset) -> list[str]:
@@ -169,7 +179,10 @@ class Supervisor:
         assert self.journal is not None
         record = self.journal.append(event, **fields)
         self.ledger.apply(record)
-        log.info(event, **{k: v for k, v in fields.items() if k != "token"})
+        name = fields.get("kind") if event == "milestone" else event
+        level = ("error" if name in ERROR_EVENTS else "warning" if name in WARNING_EVENTS
+                 else "info")
+        getattr(log, level)(event, **{k: v for k, v in fields.items() if k != "token"})
         self.status.mark()
         return record
 
@@ -372,7 +385,8 @@ class Supervisor:
             # Logging starts only once we own the run: a refused second supervisor
             # must not even append to the holder's autopilot.log.
             logsetup.configure(self.state_dir / "autopilot.log", console=self.opts.console_log,
-                               secrets=secret_values(self.preset))
+                               secrets=secret_values(self.preset),
+                               console_floor="warning" if self.opts.live_view else None)
             self.journal = Journal(self.state_dir / "journal.jsonl")
             self._replay()
             self._record_plan()
@@ -450,6 +464,10 @@ class Supervisor:
                 tg.start_soon(self.notifier.run)
                 tg.start_soon(self._signals, tg.cancel_scope)
                 tg.start_soon(self._heartbeat)
+                if self.opts.live_view:
+                    from autopilot import liveview  # rich: only on a terminal
+
+                    tg.start_soon(liveview.show, self.snapshot)
                 if isinstance(self.clock, RunClock):
                     tg.start_soon(self._clock_ticker)
                 await self.status.write_now()
@@ -607,6 +625,8 @@ class Supervisor:
                 else:
                     result = await self._execute_per_arm(run)
             except Exception as e:  # a bug in our own code must not take the run down
+                if storage_error(e) is not None:
+                    raise  # a full disk ends the run (Supervisor._disk_full), not the cell
                 log.exception("cell_internal_error", cell=cell.id)
                 self.emit("cell_abandoned", cell=cell.id, attempt=attempt,
                           why=f"internal error: {type(e).__name__}: {e}")
@@ -715,6 +735,11 @@ class Supervisor:
             self.phase = "stopped"
             self.outcome_reason = f"stopped by {signal.Signals(self.stop_signal).name}"
             self.emit("run_finished", outcome="stopped", reason=self.outcome_reason)
+            # One line for the person who pressed Ctrl-C: how far, and how to go on.
+            resume = f"; resume with: {self.opts.resume_command}" if self.opts.resume_command \
+                else ""
+            print(f"AUTOPILOT_STOPPED by {signal.Signals(self.stop_signal).name}: "
+                  f"{self.progress_line()}{resume}", file=sys.stderr, flush=True)
             return EXIT_SIGINT if self.stop_signal == signal.SIGINT else EXIT_SIGTERM
         if self.ledger.complete():
             self.phase = "COMPLETE"
@@ -751,7 +776,8 @@ class Supervisor:
     async def _publish(self) -> None:
         """scorecard.md + findings.md into the state dir, then a commit on the results
         branch. A failure (a git error, a hostile value in an artifact, a full disk) is
-        logged, journaled, shown in status, notified and said on stderr; the run stays
+        logged as an error (on the console even with --quiet), journaled, shown in status
+        and notified; the run stays
         COMPLETE and exits 0: a restart under Restart=on-failure would not fix it."""
         repo = str(self.opts.results_repo or self.preset.publish.results_repo or os.getcwd())
         try:
@@ -767,11 +793,9 @@ class Supervisor:
         if res is not None and res.ok:
             self.emit("published", **self.publish_state)
             return
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # an error: on the console even with --quiet
             self.emit("publish_failed", **self.publish_state)
             self.milestone("publish_failed", why=self.publish_state["error"])
-        print(f"autopilot: publish failed: {self.publish_state['error']}", file=sys.stderr,
-              flush=True)
 
     async def _publish_now(self, repo: Path) -> Any:
         from autopilot import publish, report
@@ -779,7 +803,7 @@ class Supervisor:
         n = self.plan.target_n
         facts = await anyio.to_thread.run_sync(report.collect, self.preset, n, self.state_dir)
         card = report.scorecard(self.preset, facts, n)
-        found = report.findings(self.preset, facts, n)
+        found = report.findings(self.preset, facts, n, report.plan_changes(self.state_dir))
         atomic_write_text(self.state_dir / "scorecard.md", card)
         atomic_write_text(self.state_dir / "findings.md", found)
         prefix = self.preset.publish.path.replace("{preset}", self.preset.name).strip("/")
@@ -831,7 +855,7 @@ class Supervisor:
             await anyio.sleep(TICK)
 
     async def _heartbeat(self) -> None:
-        interval = min(HEARTBEAT_SECS, sdnotify.watchdog_interval() or HEARTBEAT_SECS)
+        interval = beat_interval()
         while True:
             await anyio.to_thread.run_sync(self.lock.beat, self.phase)
             reap_adopted()  # zombies of orphans re-parented to us (we are the subreaper)

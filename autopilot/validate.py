@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from autopilot.config import Preset
+from autopilot.escape import clean, term
 from autopilot.fsutil import read_json
 from autopilot.grading import missing_requirements, read_checks
 from autopilot.journal import read_events
@@ -38,6 +39,7 @@ class CellCheck:
 class ValidationResult:
     cells: list[CellCheck] = field(default_factory=list)
     armless: list[str] = field(default_factory=list)
+    in_progress: bool = False  # a live supervisor drives the run: running cells wait
 
     @property
     def invalid(self) -> list[CellCheck]:
@@ -48,27 +50,48 @@ class ValidationResult:
         return not self.invalid and not self.armless
 
 
-def validate_run(preset: Preset, plan: Plan, state_dir: Path) -> ValidationResult:
+def validate_run(preset: Preset, plan: Plan, state_dir: Path,
+                 in_progress: bool = False) -> ValidationResult:
+    """``in_progress``: a live supervisor drives the run, so a cell it is running is
+    reported RUNNING, not judged from half-written outputs."""
     last_outcome: dict[str, dict[str, Any]] = {}
     attempts: dict[str, int] = {}
     quarantined: set[str] = set()
+    running: set[str] = set()
+    last_invalid: dict[str, tuple[str, str]] = {}
+    invalid_count: dict[str, int] = {}
     for ev in read_events(state_dir / "journal.jsonl").events:
         cid = ev.get("cell")
         if not isinstance(cid, str):
             continue
-        if ev["event"] == "cell_started":
-            attempts[cid] = int(ev.get("attempt", 1))
+        kind = ev["event"]
+        if kind == "cell_started":
+            attempts[cid] = ev["attempt"] if type(ev.get("attempt")) is int else 1
             last_outcome.pop(cid, None)
-        elif ev["event"] in ("cell_exited", "cell_ran") and isinstance(ev.get("outcome"), dict):
+            running.add(cid)
+        elif kind in ("cell_exited", "cell_ran") and isinstance(ev.get("outcome"), dict):
             last_outcome[cid] = ev["outcome"]
-        elif ev["event"] == "cell_quarantined":
+        elif kind == "cell_quarantined":
             quarantined.add(cid)
-    result = ValidationResult()
+        elif kind == "cell_verdict" and ev.get("verdict") == "INVALID":
+            last_invalid[cid] = (clean(ev.get("reason"), 40), clean(ev.get("detail") or "", 300))
+            invalid_count[cid] = invalid_count.get(cid, 0) + 1
+        if kind in ("cell_exited", "cell_ran", "cell_verdict", "cell_quarantined",
+                    "cell_abandoned"):
+            running.discard(cid)
+    result = ValidationResult(in_progress=in_progress)
     for cell in plan.cells:
         ctx = cell_context(preset, cell, attempts.get(cell.id, 1), state_dir)
         out_dir = Path(ctx["output_dir"])
         if cell.id in quarantined:
-            result.cells.append(CellCheck(cell.id, "INVALID", "quarantined"))
+            reason, detail = last_invalid.get(cell.id, ("", ""))
+            result.cells.append(CellCheck(
+                cell.id, "INVALID", "quarantined",
+                f"after {invalid_count.get(cell.id, 0)} INVALID attempts; last: "
+                f"{reason}{': ' + detail if detail else ''}"))
+            continue
+        if in_progress and cell.id in running:
+            result.cells.append(CellCheck(cell.id, "RUNNING"))
             continue
         if cell.id not in attempts and not out_dir.exists():
             result.cells.append(CellCheck(cell.id, "ABSENT"))
@@ -119,11 +142,14 @@ def render_table(result: ValidationResult) -> str:
     for c in result.cells:
         counts[c.verdict] = counts.get(c.verdict, 0) + 1
     lines = ["validate: " + " ".join(f"{k}={v}" for k, v in sorted(counts.items()))]
+    if result.in_progress:
+        lines.append(f"run in progress: {counts.get('RUNNING', 0)} running cell(s) are not "
+                     "judged until they end; INVALID below are from finished attempts")
     if result.invalid:
         width = max(len(c.cell) for c in result.invalid)
         lines.append(f"{'cell':<{width}}  reason            detail")
         for c in result.invalid:
-            lines.append(f"{c.cell:<{width}}  {c.reason:<16}  {c.detail}")
+            lines.append(f"{c.cell:<{width}}  {c.reason:<16}  {term(c.detail, 300)}")
     for d in result.armless:
         lines.append(f"ARM-LESS DIRECTORY: {d} maps to no cell of the plan")
     return "\n".join(lines)

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import socket
+import time
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 TASKS = ["t_alpha", "t_beta", "t_gamma"]
 ARMS = ["m-nothink", "m-think"]
@@ -46,6 +50,11 @@ def write(state: Path, *, tasks: list[str], n: int, cells: dict[str, Any],
         "thresholds": {"warn_secs": 90, "stuck_secs": 1200}, "baseline": baseline,
         "outcome_reason": "", "tasks_order": tasks, "arms_order": ARMS,
     }))
+    # A live supervisor's heartbeat: this test process, beating hourly (never STALE here).
+    me = psutil.Process()
+    (state / "heartbeat.json").write_text(json.dumps({
+        "pid": me.pid, "create_time": me.create_time(), "host": socket.gethostname(),
+        "epoch": time.time(), "interval_secs": 3600, "phase": phase}))
     return state
 
 

@@ -19,6 +19,7 @@ from autopilot.cliutil import OneLineParser, default_state_dir, run_and_exit
 from autopilot.errors import EXIT_USAGE
 from autopilot.escape import sane
 from autopilot.fsutil import read_json
+from autopilot.liveness import annotate, look
 from autopilot.progress import oneline
 
 
@@ -34,13 +35,14 @@ def positive_float(value: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = OneLineParser(prog="dashboard", description="Read-only view of a bench-autopilot run.")
-    ap.add_argument("--state-dir", default=None,
+    ap.add_argument("--state-dir", default=None, metavar="DIR",
                     help="default $AUTOPILOT_STATE_DIR or /tmp/bench-autopilot")
     views = ap.add_mutually_exclusive_group()
     views.add_argument("--oneline", action="store_true", help="one compact status line")
     views.add_argument("--watch", nargs="?", type=positive_float, const=15.0, metavar="SECS",
                        help="redraw in place every SECS (default 15); Ctrl-C exits")
-    views.add_argument("--html", metavar="FILE", help="write a self-contained HTML page")
+    ap.add_argument("--html", metavar="FILE", help="write a self-contained HTML page (with "
+                    "--watch: rewritten atomically every SECS)")
     views.add_argument("--json", action="store_true", help="compact machine-readable status")
     views.add_argument("--trend", action="store_true",
                        help="per-task cumulative pass rate over v1-3/5/10/20")
@@ -50,24 +52,70 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-events", action="store_true", help="grid without recent events")
     ap.add_argument("--no-sparkline", action="store_true", help="grid without the sparkline")
     ap.add_argument("--width", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--print-completion", choices=("bash", "zsh", "tcsh"), metavar="SHELL",
+                    help="print a shell completion script (bash, zsh, tcsh) and exit")
     return ap
 
 
 def _no_run(state_dir: Path) -> int:
+    denied = unreadable(state_dir)
+    if denied:
+        print(f"dashboard: error: {denied}", file=sys.stderr)
+        return EXIT_USAGE
     print(f"no run yet: nothing readable in {state_dir} (status.json / plan.json missing)")
     return 0
 
 
+def unreadable(state_dir: Path) -> str | None:
+    """Why a run that is there cannot be read (its state dir is private to its owner),
+    or None: "no run yet" would send the user looking in the wrong place."""
+    for path in (state_dir, state_dir / "status.json", state_dir / "plan.json"):
+        try:
+            if path.is_dir():
+                os.listdir(path)
+            elif path.exists():
+                path.open("rb").close()
+        except PermissionError:
+            owner = path.stat().st_uid if path.exists() else "?"
+            return (f"{path}: permission denied (state files are private to their owner, "
+                    f"uid {owner}: run as that user or root)")
+    return None
+
+
 def write_html(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(tmp, path)  # a browser refresh never sees half a page
 
 
+def watch_html(state_dir: Path, every: float, out: Path) -> int:
+    """``--watch SECS --html FILE``: rewrite the page every SECS (atomically: a browser
+    refresh never sees half a page) until Ctrl-C, one line per rewrite."""
+    from autopilot.dashboard import model
+    from autopilot.dashboard.html import render_html
+
+    k = 0
+    try:
+        while True:
+            k += 1
+            data = model.load(state_dir)
+            if data is not None:
+                write_html(out, render_html(data))
+                print(f"wrote {out} (refresh #{k})", flush=True)
+            time.sleep(every)
+    except KeyboardInterrupt:
+        return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.print_completion:
+        import shtab
+
+        print(shtab.complete(parser, args.print_completion))
+        return 0
     state_dir = Path(args.state_dir or default_state_dir()).absolute()
     no_color = args.no_color or bool(os.environ.get("NO_COLOR"))
     if args.oneline:
@@ -75,17 +123,27 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(status, dict):
             return _no_run(state_dir)
         try:
-            print(oneline(sane(status)))
+            print(oneline(annotate(sane(status), look(state_dir, status))))
         except (TypeError, ValueError, KeyError, AttributeError, OverflowError):
             print(f"dashboard: error: {state_dir}/status.json: malformed", file=sys.stderr)
             return 1
         return 0
     if args.html:
         out = Path(args.html).absolute()
+        if args.json or args.trend or args.flips:
+            print("dashboard: error: --html goes with the grid (or --watch), not with "
+                  "--json/--trend/--flips", file=sys.stderr)
+            return EXIT_USAGE
         if out.is_relative_to(state_dir):
             print(f"dashboard: error: --html {out}: inside the state dir, which the dashboard "
                   "never writes; choose another path", file=sys.stderr)
             return EXIT_USAGE
+        if not out.parent.is_dir():
+            print(f"dashboard: error: --html {out}: directory {out.parent} does not exist",
+                  file=sys.stderr)
+            return EXIT_USAGE
+    if args.watch and args.html:
+        return watch_html(state_dir, args.watch, Path(args.html).absolute())
     if args.watch:
         return watch(state_dir, args.watch, no_color, args)
     from autopilot.dashboard import model  # the views need the journal; --oneline does not

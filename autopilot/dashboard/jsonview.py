@@ -48,5 +48,6 @@ def to_json(d: DashData) -> str:
     s = d.status
     doc = {"schema_version": SCHEMA_VERSION, "phase": s.get("phase"), "preset": s.get("preset"),
            "model": s.get("model"), "target_n": d.target_n, "generated_at": iso(),
+           "liveness": s.get("liveness"),
            "arms": arms, "trust": d.trust}
     return json.dumps(doc, separators=(",", ":"), sort_keys=False)

@@ -18,11 +18,13 @@ from autopilot.escape import sane
 from autopilot.fsutil import parse_iso, read_json
 from autopilot.journal import read_events
 from autopilot.ledger import CellState, Ledger
+from autopilot.liveness import annotate, look
 from autopilot.plan import Cell
 
 NOTABLE = {
     "cell_verdict", "cell_quarantined", "cell_killed", "endpoint_down", "endpoint_restart",
     "endpoint_failed", "milestone", "run_started", "run_finished", "notify_failed",
+    "plan_changed",
 }
 
 
@@ -85,6 +87,7 @@ def load(state_dir: Path, recent: int = 8) -> DashData | None:
     if not isinstance(status, dict) and not isinstance(plan, dict):
         return None
     status = sane(status) if isinstance(status, dict) else {}
+    status = annotate(status, look(state_dir, status)) if status else status
     plan = sane(plan) if isinstance(plan, dict) else {}
     tasks = _names(plan.get("tasks") or status.get("tasks_order"))
     arms = _names(plan.get("arms") or status.get("arms_order"))

@@ -34,6 +34,9 @@ def header(d: DashData) -> list[str]:
         f"elapsed {fmt_secs(s.get('elapsed_secs'))} | eta {fmt_secs(s.get('eta_secs'))}",
         trust_line(d.trust),
     ]
+    live = s.get("liveness") or {}
+    if live.get("label"):  # the figures are as the supervisor last wrote them
+        lines[0] = f"{live['label']}, as last written: {lines[0]}"
     if s.get("outcome_reason"):
         lines.append(f"reason: {s['outcome_reason']}")
     return lines
@@ -141,6 +144,8 @@ def events_text(d: DashData) -> list[str]:
                 "teardown_masked") else "")
         elif what == "milestone":
             detail = f"{ev.get('kind')} [{ev.get('priority')}]"
+        elif what == "plan_changed":
+            detail = f"identity {ev.get('old')} -> {ev.get('new')} (--allow-plan-change)"
         else:
             detail = " ".join(str(ev.get(k)) for k in ("cell", "reason", "why", "outcome")
                               if ev.get(k))

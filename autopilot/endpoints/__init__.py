@@ -4,6 +4,7 @@
     llamacpp  llama.cpp's llama-server
     vllm      ``vllm serve``
     provider  a hosted OpenAI-compatible API: no lifecycle, an authenticated probe
+    none      no endpoint at all (a harness that needs none)
 
 ``make_endpoint`` is the name -> class registry (uvicorn-style); the ``Keeper`` owns the
 lifecycle inside the supervisor's task group.
@@ -17,6 +18,7 @@ from autopilot.config import Preset
 from autopilot.endpoints.base import Endpoint
 from autopilot.endpoints.builtin import BuiltinEndpoint
 from autopilot.endpoints.llamacpp import LlamaCppEndpoint
+from autopilot.endpoints.none import NoEndpoint
 from autopilot.endpoints.provider import ProviderEndpoint
 from autopilot.endpoints.vllm import VllmEndpoint
 
@@ -25,6 +27,7 @@ ENGINES: dict[str, type[Endpoint]] = {
     "llamacpp": LlamaCppEndpoint,
     "vllm": VllmEndpoint,
     "provider": ProviderEndpoint,
+    "none": NoEndpoint,
 }
 
 

@@ -12,7 +12,7 @@ import re
 import socket
 import subprocess
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -28,6 +28,7 @@ from anyio.abc import Process
 from autopilot.childenv import child_env
 from autopilot.config import ArmEndpoint, EndpointCommon, Preset
 from autopilot.errors import EndpointCrashed, EndpointError, EndpointStartTimeout
+from autopilot.fsutil import log_tail
 from autopilot.logsetup import get_logger
 from autopilot.procs import (
     OWNED,
@@ -55,15 +56,6 @@ def probe_pause(waited: float) -> float:
     is seen at most ~10% (+10 ms) late, so a simulator ready in 0.1 s is seen at once and
     a 30-minute model load is probed twice a second, not hammered."""
     return min(0.5, 0.01 + waited / 10)
-
-
-def log_tail(path: Path, lines: int = 8) -> str:
-    try:
-        with path.open("rb") as f:
-            tail = deque(f, maxlen=lines)
-    except OSError:
-        return ""
-    return " | ".join(b.decode("utf-8", "replace").rstrip() for b in tail)
 
 
 class Endpoint:
