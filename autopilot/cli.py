@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--results-repo", metavar="REPO",
                     help="git repo for --publish (default: preset "
                     "publish.results_repo, else the current directory's repo)")
+    ap.add_argument("--metrics-textfile", metavar="PATH",
+                    help="also write Prometheus metrics there on every status write (for "
+                    "node_exporter's textfile collector; name it *.prom)")
     ap.add_argument("--quiet", action="store_true", help="no console log (file log only)")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("presets", help="list presets with a one-line description")
@@ -367,6 +370,15 @@ def resume_command(args: argparse.Namespace, state_dir: Path, target_n: int) -> 
     return shlex.join(argv)
 
 
+def metrics_path(value: str | None) -> Path | None:
+    if not value:
+        return None
+    path = Path(value).absolute()
+    if not path.parent.is_dir():
+        raise ConfigError(f"--metrics-textfile {path}: directory {path.parent} does not exist")
+    return path
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from autopilot.statedir import check_trusted
     from autopilot.supervisor import RunOptions, Supervisor, check_plan_identity, snapshot_once
@@ -423,6 +435,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         publish=args.publish, results_repo=args.results_repo,
         resume_command=resume_command(args, state_dir, plan.target_n),
         live_view=not args.quiet and sys.stderr.isatty(),
+        metrics_textfile=metrics_path(args.metrics_textfile),
     )
     sup = Supervisor(preset, plan, opts)
     return anyio.run(sup.run)

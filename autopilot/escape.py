@@ -26,6 +26,15 @@ def clean(value: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+_CONTROL_KEEP_LINES = re.compile(
+    r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def block(text: str) -> str:
+    """Multi-line text (a log tail) with control characters removed, newlines kept."""
+    return _CONTROL_KEEP_LINES.sub("", text.replace("\r\n", "\n"))
+
+
 def md(value: Any, limit: int = 200) -> str:
     """Inline markdown (a table cell, a list item): no markup, no HTML, one line."""
     text = clean(value, limit)

@@ -96,6 +96,10 @@ class Ledger:
         self.endpoint_restarts = 0
         self.grade_retries = 0
         self.completed_ts: list[str] = []
+        # Counters for monitoring (autopilot.metrics): watchdog kills by kind, failed
+        # notifications. Replaying a journal rebuilds them exactly.
+        self.kills: Counter[str] = Counter()
+        self.notify_failures = 0
 
     def _cell(self, cid: str) -> CellState | None:
         # Events of cells outside this plan (an earlier, bigger --target-n) are kept in
@@ -104,6 +108,10 @@ class Ledger:
 
     def apply(self, ev: dict[str, Any]) -> None:
         kind = ev.get("event")
+        if kind == "cell_killed" and isinstance(ev.get("cell"), str) and ev["cell"] in self.cells:
+            self.kills[str(ev.get("kind") or "stall")] += 1
+        elif kind == "notify_failed":
+            self.notify_failures += 1
         if kind == "endpoint_restart":
             self.endpoint_restarts += 1
             return

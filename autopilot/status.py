@@ -40,9 +40,11 @@ SCHEMA_VERSION = 1
 class StatusWriter:
     """Debounced atomic writer: ``mark()`` is cheap and can be called on every event."""
 
-    def __init__(self, path: Path, build: Callable[[], dict[str, Any]], debounce: float) -> None:
+    def __init__(self, path: Path, build: Callable[[], dict[str, Any]], debounce: float,
+                 also: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.path = path
         self.build = build
+        self.also = also  # e.g. the metrics textfile, written with every status write
         self.debounce = debounce
         self._dirty = anyio.Event()
         self.writes = 0
@@ -62,5 +64,7 @@ class StatusWriter:
         snapshot = self.build()
         t0 = time.perf_counter()
         await anyio.to_thread.run_sync(atomic_write_json, self.path, snapshot)
+        if self.also is not None:
+            await anyio.to_thread.run_sync(self.also, snapshot)
         self.last_write_secs = time.perf_counter() - t0
         self.writes += 1

@@ -85,6 +85,7 @@ class RunOptions:
     results_repo: str | None = None
     resume_command: str = ""  # said on a stop signal: how to carry on
     live_view: bool = False  # a terminal: the progress panel (autopilot.liveview)
+    metrics_textfile: Path | None = None  # node_exporter textfile, see autopilot.metrics
 
 
 # Log levels that mean something: a warning is the run healing itself, an error is
@@ -160,7 +161,8 @@ class Supervisor:
         self.stop_signal: int | None = None
         self.forced = False
         self.status = StatusWriter(
-            self.state_dir / "status.json", self.snapshot, preset.run.status_debounce_secs
+            self.state_dir / "status.json", self.snapshot, preset.run.status_debounce_secs,
+            also=self._write_metrics if opts.metrics_textfile else None,
         )
         self._last_status_line = ""
         self._grading = anyio.Lock()
@@ -262,6 +264,19 @@ class Supervisor:
         snap["arms_order"] = [a.label for a in self.preset.arms]
         snap["tasks_order"] = [t.id for t in self.preset.tasks]
         return snap
+
+    def _write_metrics(self, snap: dict[str, Any]) -> None:
+        """The node_exporter textfile (--metrics-textfile), from the same snapshot."""
+        from autopilot import metrics
+        from autopilot.liveness import FINAL_PHASES, Liveness
+
+        assert self.opts.metrics_textfile is not None
+        live = Liveness("finished" if self.phase in FINAL_PHASES else "live", 0.0, "")
+        try:
+            metrics.write_textfile(self.opts.metrics_textfile, self.ledger, snap, live)
+        except OSError as e:  # monitoring must never end the run
+            log.warning("metrics_textfile_failed", path=str(self.opts.metrics_textfile),
+                        error=str(e))
 
     def _on_tick(self, cid: str, state: Any, tier: str) -> None:
         cell = self.ledger.cells.get(cid)
@@ -519,7 +534,10 @@ class Supervisor:
 
     def phase_final_write(self) -> None:
         try:
-            atomic_write_json(self.state_dir / "status.json", self.snapshot())
+            snap = self.snapshot()
+            atomic_write_json(self.state_dir / "status.json", snap)
+            if self.opts.metrics_textfile:
+                self._write_metrics(snap)
             self.lock.beat(self.phase)
         except OSError as e:  # a full disk: the run is ending anyway; the journal decides
             log.error("final_status_write_failed", error=str(e))

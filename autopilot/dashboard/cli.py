@@ -44,10 +44,19 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--html", metavar="FILE", help="write a self-contained HTML page (with "
                     "--watch: rewritten atomically every SECS)")
     views.add_argument("--json", action="store_true", help="compact machine-readable status")
+    views.add_argument("--serve", action="store_true",
+                       help="serve the live view, per-cell pages, /status.json and /metrics "
+                       "over HTTP (read-only)")
     views.add_argument("--trend", action="store_true",
                        help="per-task cumulative pass rate over v1-3/5/10/20")
     views.add_argument("--flips", action="store_true",
                        help="per-task cells that differ from the modal verdict")
+    ap.add_argument("--bind", default="127.0.0.1:8765", metavar="HOST:PORT",
+                    help="--serve address (default 127.0.0.1:8765; anything but loopback "
+                    "needs --token-file)")
+    ap.add_argument("--token-file", metavar="FILE",
+                    help="--serve: clients must present this token (Bearer header, or "
+                    "?token= once, then a cookie)")
     ap.add_argument("--no-color", action="store_true", help="no colour (also: NO_COLOR)")
     ap.add_argument("--no-events", action="store_true", help="grid without recent events")
     ap.add_argument("--no-sparkline", action="store_true", help="grid without the sparkline")
@@ -63,6 +72,41 @@ def _no_run(state_dir: Path) -> int:
         print(f"dashboard: error: {denied}", file=sys.stderr)
         return EXIT_USAGE
     print(f"no run yet: nothing readable in {state_dir} (status.json / plan.json missing)")
+    return 0
+
+
+def serve(state_dir: Path, args: argparse.Namespace) -> int:
+    import asyncio
+
+    from autopilot.dashboard import serve as server
+
+    host, _, port_text = args.bind.rpartition(":")
+    host = host.strip("[]")
+    try:
+        port = int(port_text)
+        if not host or not 0 <= port <= 65535:
+            raise ValueError
+    except ValueError:
+        print(f"dashboard: error: --bind {args.bind!r}: expected HOST:PORT", file=sys.stderr)
+        return EXIT_USAGE
+    token = None
+    if args.token_file:
+        try:
+            token = server.read_token(Path(args.token_file))
+        except (OSError, ValueError) as e:
+            print(f"dashboard: error: --token-file: {e}", file=sys.stderr)
+            return EXIT_USAGE
+    elif not server.is_loopback(host):
+        print(f"dashboard: error: --bind {args.bind}: not loopback, so --token-file is "
+              "required (or reach it through an SSH tunnel to 127.0.0.1)", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        asyncio.run(server.run(state_dir, host, port, token))
+    except KeyboardInterrupt:
+        return 0
+    except OSError as e:
+        print(f"dashboard: error: --bind {args.bind}: {e.strerror}", file=sys.stderr)
+        return EXIT_USAGE
     return 0
 
 
@@ -118,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     state_dir = Path(args.state_dir or default_state_dir()).absolute()
     no_color = args.no_color or bool(os.environ.get("NO_COLOR"))
+    if args.serve:
+        return serve(state_dir, args)
     if args.oneline:
         status = read_json(state_dir / "status.json")
         if not isinstance(status, dict):

@@ -31,7 +31,9 @@ def _spark(times: list[float], width: int = 400, height: int = 40) -> dict[str, 
     return {"width": width, "height": height, "bars": bars}
 
 
-def render_html(d: DashData, refresh: int = 15) -> str:
+def live_context(d: DashData, links: bool = False) -> dict[str, Any]:
+    """What the grid fragment (``_live.html.j2``) shows; ``links``: each cell links to
+    its own page (the served view)."""
     warn = float((d.status.get("thresholds") or {}).get("warn_secs") or 0)
     arms = []
     for arm in d.arms:
@@ -47,13 +49,20 @@ def render_html(d: DashData, refresh: int = 15) -> str:
                 if cell is not None and cell.reason:
                     title += f" INVALID({cell.reason})"
                 cells.append({"kind": analysis.kind(cell), "code": analysis.code(cell, warn),
-                              "title": title})
+                              "title": title, "id": cell.id if cell else ""})
             rows.append({"task": task, "cells": cells, "score": f"{c['pass']}/{c['valid']}",
                          "delta": delta(d, arm, task, c["pass"], c["valid"])})
         arms.append({"name": arm, "rows": rows, "total": f"{tp}/{tv}",
                      "has_base": bool(d.baseline and d.baseline.get("arm") == arm)})
+    return {"status": d.status, "header": header(d), "arms": arms,
+            "ns": range(1, d.target_n + 1), "legend": analysis.LEGEND,
+            "spark": _spark(d.completions), "events": events_text(d), "links": links}
+
+
+def render_html(d: DashData, refresh: int = 15) -> str:
     return _env.get_template("dashboard.html.j2").render(
-        status=d.status, header=header(d), arms=arms, ns=range(1, d.target_n + 1),
-        legend=analysis.LEGEND, spark=_spark(d.completions), events=events_text(d),
-        refresh=refresh, generated=iso(), state_dir=str(d.state_dir),
-    )
+        **live_context(d), refresh=refresh, generated=iso(), state_dir=str(d.state_dir))
+
+
+def render_template(name: str, **ctx: Any) -> str:
+    return _env.get_template(name).render(**ctx)
