@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
@@ -114,6 +115,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also use this preset's [notify] urls")
     nt.add_argument("--notify-config", dest="nt_config", metavar="FILE",
                     help="apprise config file")
+    ca = sub.add_parser("campaign", help="run a roster of presets (models) one after another "
+                        "(hosted providers beside them), each in its own state dir under "
+                        "the campaign dir; re-entrant like a run")
+    ca.add_argument("roster", metavar="ROSTER.toml")
+    ca.add_argument("--target-n", dest="ca_target_n", type=positive_int, metavar="N",
+                    help="N for every entry (default: the entry's, then [campaign])")
+    ca.add_argument("--state-dir", dest="sub_state_dir", metavar="DIR",
+                    help="the campaign dir (default $AUTOPILOT_STATE_DIR-campaigns/NAME)")
+    ca.add_argument("--dry-run", dest="ca_dry_run", action="store_true",
+                    help="print every entry's plan and the order; launch nothing")
+    ca.add_argument("--quiet", dest="ca_quiet", action="store_true",
+                    help="no console log (the campaign's journal and entry logs stay)")
     it = sub.add_parser("init", help="write a commented starter preset NAME.toml with its "
                         "harness and grader scripts (what --dry-run accepts as it is)")
     it.add_argument("name", metavar="NAME")
@@ -379,6 +392,36 @@ def metrics_path(value: str | None) -> Path | None:
     return path
 
 
+def cmd_campaign(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from autopilot import logsetup
+    from autopilot.campaign import Campaign, campaign_dir_for, entry_argv, load_roster, order_text
+
+    roster_path = Path(args.roster).absolute()
+    target_n = args.ca_target_n or args.target_n
+    roster, planned = load_roster(roster_path, target_n, None)
+    cdir = campaign_dir_for(roster.campaign.name, getattr(args, "sub_state_dir", None)
+                            or args.state_dir)
+    planned = [replace(p, state_dir=cdir / p.entry.name) for p in planned]
+    if args.ca_dry_run:
+        print(f"campaign {roster.campaign.name}: {len(planned)} entries in {cdir}")
+        print(order_text(planned, roster.providers))
+        for p in planned:
+            print(f"--- entry {p.entry.name} ({p.state_dir})", flush=True)
+            r = subprocess.run(entry_argv(p, "--dry-run"), capture_output=True, text=True)
+            sys.stdout.write(r.stdout)
+            if r.returncode != 0:
+                raise ConfigError(f"entry {p.entry.name}: {r.stderr.strip()}")
+        print("dry run: nothing launched")
+        return 0
+    why = check_writable_dir(cdir)
+    if why:
+        raise StateDirError(f"campaign dir {why}")
+    logsetup.configure(None, console=not (args.quiet or args.ca_quiet))
+    return anyio.run(Campaign(roster_path, cdir, planned, roster.providers).run)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from autopilot.statedir import check_trusted
     from autopilot.supervisor import RunOptions, Supervisor, check_plan_identity, snapshot_once
@@ -449,6 +492,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_presets()
         if args.command == "notify-test":
             return cmd_notify_test(args)
+        if args.command == "campaign":
+            return cmd_campaign(args)
         if args.command == "init":
             from autopilot.starter import write_starter
 

@@ -40,6 +40,9 @@ MILESTONES: dict[str, tuple[str, str]] = {
     "run_incomplete": ("warning", "high"),
     "harness_anomaly": ("failure", "emergency"),
     "publish_failed": ("warning", "high"),
+    "campaign_entry_finished": ("info", "normal"),
+    "campaign_complete": ("success", "high"),
+    "campaign_incomplete": ("warning", "high"),
     "test": ("info", "normal"),
 }
 _SERVICE_PRIORITY = {
