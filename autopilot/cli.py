@@ -127,6 +127,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="print every entry's plan and the order; launch nothing")
     ca.add_argument("--quiet", dest="ca_quiet", action="store_true",
                     help="no console log (the campaign's journal and entry logs stay)")
+    bo = sub.add_parser("board", help="one board across runs (a campaign dir, or run dirs): "
+                        "board.json + board.md, per model and arm")
+    bo.add_argument("dirs", nargs="+", metavar="DIR")
+    bo.add_argument("--allow-mixed", action="store_true",
+                    help="build it even if the runs' task tables or graders differ (marked)")
+    bo.add_argument("--out", dest="bo_out", metavar="DIR",
+                    help="where board.json and board.md go (default: the campaign dir when "
+                    "one is given, else here)")
+    bo.add_argument("--publish", dest="bo_publish", action="store_true",
+                    help="also commit them to the results repo's bench-results-<date> branch")
+    bo.add_argument("--results-repo", dest="bo_repo", metavar="REPO",
+                    help="git repo for --publish (default: the current directory's)")
     it = sub.add_parser("init", help="write a commented starter preset NAME.toml with its "
                         "harness and grader scripts (what --dry-run accepts as it is)")
     it.add_argument("name", metavar="NAME")
@@ -392,6 +404,34 @@ def metrics_path(value: str | None) -> Path | None:
     return path
 
 
+def cmd_board(args: argparse.Namespace) -> int:
+    from autopilot import board, publish
+
+    dirs = [Path(d) for d in args.dirs]
+    result = board.build(dirs, allow_mixed=args.allow_mixed)
+    if args.bo_out:
+        out = Path(args.bo_out).absolute()
+    elif len(dirs) == 1 and not (dirs[0] / "plan.json").exists():
+        out = dirs[0].absolute()  # a campaign dir: the board sits beside its entries
+    else:
+        out = Path.cwd()
+    why = check_writable_dir(out)
+    if why:
+        raise StateDirError(f"--out {why}")
+    for path in board.write(result, out):
+        print(f"wrote {path}")
+    if args.bo_publish:
+        repo = Path(args.bo_repo or Path.cwd())
+        res = publish.publish(repo, {"bench-results/board/board.md": board.to_markdown(result),
+                                     "bench-results/board/board.json": board.to_json(result)},
+                              f"bench-autopilot: board of {len(result['runs'])} runs")
+        if not res.ok:
+            print(f"autopilot: error: publish failed: {res.error}", file=sys.stderr)
+            return 1
+        print(f"published on {res.branch} ({res.commit or 'unchanged'})")
+    return 0
+
+
 def cmd_campaign(args: argparse.Namespace) -> int:
     import subprocess
 
@@ -494,6 +534,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_notify_test(args)
         if args.command == "campaign":
             return cmd_campaign(args)
+        if args.command == "board":
+            return cmd_board(args)
         if args.command == "init":
             from autopilot.starter import write_starter
 

@@ -220,7 +220,7 @@ INVALID_REASONS = frozenset(
     {
         "stall", "deadline", "harness_crash", "missing_output", "grader_failed",
         "malformed_grade", "zero_tokens", "arm_mismatch", "endpoint_down", "api_error",
-        "grader_unavailable", "malformed_summary",
+        "grader_unavailable", "malformed_summary", "rate_limited",
     }
 )
 # Reasons that lie with grading, not with the harness's run: the outputs stand, so the
@@ -342,6 +342,9 @@ class FinishCheck(_Frozen):
     file: str = "{output_dir}/summary.json"
     field: str = "finish_reason"
     invalid_prefixes: list[str] = Field(default_factory=lambda: ["api_error"])
+    # The harness gave up because the provider kept answering 429: INVALID(rate_limited),
+    # retried without counting towards quarantine (the provider's state, not the model's).
+    rate_limited_prefixes: list[str] = Field(default_factory=lambda: ["rate_limited"])
 
 
 class Trust(_Frozen):

@@ -15,8 +15,10 @@ import re
 from typing import Any
 
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-# Markdown's specials, plus the HTML ones a markdown renderer passes through as markup.
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>])")
+# Markdown's inline specials (md() output is always inline, never at a line start, so
+# '#', '-', '+', '.' cannot open a heading or a list there); '<', '>' and '&' become
+# entities first, so a renderer that passes HTML through gets text.
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()|~!])")
 
 
 def clean(value: Any, limit: int = 200) -> str:

@@ -120,11 +120,13 @@ def read_checks(p: Preset, ctx: Mapping[str, str]) -> Checks:
         tokens = count_or_none(value)
         if value is not None and tokens is None:
             malformed.append(f"{t.tokens.field} is {clean(value, 60)}, not a finite count")
-    finish_error = None
+    finish_error = rate_limited = None
     if t.finish:
         why = lookup(read_json(Path(render(t.finish.file, ctx))), t.finish.field)
         if why is not None and not isinstance(why, str):
             malformed.append(f"{t.finish.field} is a {type(why).__name__}, not a string")
+        elif isinstance(why, str) and why.startswith(tuple(t.finish.rate_limited_prefixes)):
+            rate_limited = why
         elif isinstance(why, str) and why.startswith(tuple(t.finish.invalid_prefixes)):
             finish_error = why
     mismatches = []
@@ -135,6 +137,7 @@ def read_checks(p: Preset, ctx: Mapping[str, str]) -> Checks:
             mismatches.append(f"{chk.field}: requested {want!r}, executed {got!r}")
     return Checks(tokens=tokens, tokens_checked=t.tokens is not None,
                   mismatches=tuple(mismatches), finish_error=finish_error,
+                  rate_limited=rate_limited,
                   malformed="; ".join(malformed) or None)
 
 

@@ -164,7 +164,8 @@ class Ledger:
         else:
             cell.status = "invalid"
             cell.reason = str(ev.get("reason") or "unknown")
-            cell.invalid_attempts += 1
+            if cell.reason != "rate_limited":  # a throttling provider is not the cell's fault
+                cell.invalid_attempts += 1
             cell.reasons.append(cell.reason)
         row = {
             "cell": cell.id,

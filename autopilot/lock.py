@@ -63,6 +63,8 @@ def heartbeat_holder(state_dir: Path, now: float | None = None) -> dict[str, Any
         p = psutil.Process(int(hb["pid"]))
         if p.create_time() != float(hb["create_time"]):  # exact: no window for a decoy
             return None
+        if p.status() == psutil.STATUS_ZOMBIE:  # dead, only not yet reaped by its parent
+            return None
     except (psutil.NoSuchProcess, KeyError, ValueError, TypeError):
         return None
     if int(hb["pid"]) == os.getpid():
@@ -75,7 +77,9 @@ def _live(rec: Any) -> bool:
     if not isinstance(rec, dict) or rec.get("host") != socket.gethostname():
         return False
     try:
-        return bool(psutil.Process(int(rec["pid"])).create_time() == float(rec["create_time"]))
+        p = psutil.Process(int(rec["pid"]))
+        return bool(p.create_time() == float(rec["create_time"])
+                    and p.status() != psutil.STATUS_ZOMBIE)
     except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError, ValueError, TypeError):
         return False
 

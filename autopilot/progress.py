@@ -46,4 +46,7 @@ def oneline(status: dict[str, Any]) -> str:
     ep = status.get("endpoint") or {}
     if ep.get("state") not in (None, "up"):
         parts.append(f"endpoint {ep.get('state')}")
+    thr = status.get("throttle") or {}
+    if isinstance(thr, dict) and thr.get("throttled"):
+        parts.append(f"provider throttling: {thr.get('limit')}/{thr.get('ceiling')} at once")
     return " | ".join(parts)

@@ -62,6 +62,7 @@ from autopilot.procs import RUN_TOKEN_ENV, enable_subreaper, reap_adopted, run_t
 from autopilot.statedir import open_append
 from autopilot.status import SCHEMA_VERSION, StatusWriter, eta_secs, oneline
 from autopilot.templates import render
+from autopilot.throttle import Throttle, on_throttled, on_tick
 from autopilot.validity import Classification, RunOutcome, attempt_outcomes, classify
 
 log = get_logger(__name__)
@@ -159,6 +160,7 @@ class Supervisor:
         self.orphans_cleaned: list[dict[str, Any]] = []
         self.adopted: list[tuple[str, int, RunOutcome]] = []
         self.stop_signal: int | None = None
+        self.throttle = Throttle(preset.run.concurrency, preset.run.concurrency)
         self.forced = False
         self.status = StatusWriter(
             self.state_dir / "status.json", self.snapshot, preset.run.status_debounce_secs,
@@ -243,6 +245,8 @@ class Supervisor:
                            "stuck_secs": self.preset.watchdog.stuck_secs},
             "baseline": self.preset.baseline.model_dump() if self.preset.baseline else None,
             "publish": self.publish_state,
+            "throttle": {"limit": self.throttle.limit, "ceiling": self.throttle.ceiling,
+                         "throttled": self.throttle.throttled},
         }
         if light:
             return snap
@@ -472,6 +476,7 @@ class Supervisor:
         ep = make_endpoint(self.preset, self.state_dir)
         ep.arm_setting, ep.arm_group = self._pending_group()
         self.keeper = Keeper(ep, self.emit, self.milestone, self.clock)
+        self.keeper.on_throttled = lambda _after: self._throttled()
         code = EXIT_INCOMPLETE
         try:
             async with anyio.create_task_group() as tg:
@@ -611,8 +616,29 @@ class Supervisor:
                 if self.stop_signal:
                     slots.release()
                     break
+                await self._throttle_gate()
                 cell = self.plan.by_id[cell_state.id]
                 tg.start_soon(self._run_cell, cell, cell_state.attempts + 1, slots)
+
+    def _throttled(self) -> None:
+        before = self.throttle.limit
+        self.throttle = on_throttled(self.throttle, self.clock())
+        if self.throttle.limit != before:
+            self.emit("launch_throttled", limit=self.throttle.limit,
+                      ceiling=self.throttle.ceiling)
+
+    async def _throttle_gate(self) -> None:
+        """While the provider throttles, launch fewer cells at once (autopilot.throttle)."""
+        while True:
+            before = self.throttle.limit
+            self.throttle = on_tick(self.throttle, self.clock())
+            if self.throttle.limit != before:
+                self.emit("launch_throttled", limit=self.throttle.limit,
+                          ceiling=self.throttle.ceiling)
+            running = sum(c.status == "running" for c in self.ledger.cells.values())
+            if running < self.throttle.limit or self.stop_signal:
+                return
+            await anyio.sleep(0.2)
 
     def _cell_context(self) -> CellContext:
         # Built once, at the first cell: the endpoint keeper and the Docker hooks are set
@@ -695,6 +721,8 @@ class Supervisor:
                   word=c.word, caveat=c.caveat, teardown_masked=c.teardown_masked,
                   detail=c.detail, **extra)
         state = self.ledger.cells[cid]
+        if c.reason == "rate_limited":
+            self._throttled()  # the harness saw the provider throttle: launch fewer
         if c.verdict in ("PASS", "FAIL"):
             self.done_this_session += 1
         elif not c.grade_side and should_quarantine(state.invalid_attempts,

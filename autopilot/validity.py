@@ -52,6 +52,7 @@ class Checks:
     tokens_checked: bool = False
     mismatches: tuple[str, ...] = ()
     finish_error: str | None = None  # the harness stopped on an endpoint error
+    rate_limited: str | None = None  # the harness gave up on a throttling provider
     malformed: str | None = None  # a value of the wrong shape in the harness's files
 
 
@@ -111,6 +112,9 @@ def classify(
         return _invalid("arm_mismatch", "; ".join(checks.mismatches), teardown_masked=masked)
     if checks.malformed:
         return _invalid("malformed_summary", checks.malformed, teardown_masked=masked)
+    if checks.rate_limited:  # before zero_tokens: throttled before its first token
+        return _invalid("rate_limited", f"harness ended by the provider's rate limiting: "
+                        f"{checks.rate_limited[:200]}", teardown_masked=masked)
     if checks.tokens_checked and not (checks.tokens and checks.tokens > 0):
         return _invalid("zero_tokens", "token accounting missing or zero", teardown_masked=masked)
     if checks.finish_error:

@@ -21,14 +21,15 @@ def free_port() -> int:
 class FakeProvider:
     """autopilot.demo.endpoint requiring a bearer key: a fake hosted OpenAI-style API."""
 
-    def __init__(self, key: str, model: str = "sim-pro-1", extra: str = "sim-pro-2,sim-lite-1"):
+    def __init__(self, key: str, model: str = "sim-pro-1", extra: str = "sim-pro-2,sim-lite-1",
+                 args: tuple[str, ...] = ()):
         self.port = free_port()
         self.key = key
         env = {**os.environ, "FAKE_KEY_FOR_SERVER": key}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "autopilot.demo.endpoint", "--port", str(self.port),
              "--model", model, "--require-key-env", "FAKE_KEY_FOR_SERVER",
-             "--extra-models", extra],
+             "--extra-models", extra, *args],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for(self._up, 20, "fake provider up")
 

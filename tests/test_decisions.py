@@ -257,3 +257,26 @@ def test_slots_and_metrics_are_read_defensively() -> None:
     assert metrics_generation(text) == 1300
     assert metrics_generation(text.replace("} 1.0", "} 0.0")) is None
     assert metrics_generation("garbage\n\x1b[31m") is None
+
+
+def test_throttle_halves_per_episode_and_grows_back_when_calm() -> None:
+    from autopilot.throttle import CALM_SECS, HALVE_SECS, Throttle, on_throttled, on_tick
+
+    t = Throttle(limit=8, ceiling=8)
+    assert not t.throttled
+    t = on_throttled(t, 100.0)
+    assert t.limit == 4 and t.throttled
+    t = on_throttled(t, 100.0 + HALVE_SECS / 2)  # the same episode: no further halving
+    assert t.limit == 4
+    t = on_throttled(t, 100.0 + HALVE_SECS + 1)
+    assert t.limit == 2
+    t = on_throttled(on_throttled(t, 200.0), 200.0 + HALVE_SECS + 1)
+    assert t.limit == 1  # never below one cell at once
+    quiet = 200.0 + HALVE_SECS + 1
+    assert on_tick(t, quiet + CALM_SECS - 1).limit == 1  # not calm long enough
+    t = on_tick(t, quiet + CALM_SECS)
+    assert t.limit == 2
+    assert on_tick(t, quiet + CALM_SECS + 1).limit == 2  # one step per calm period
+    for k in range(2, 20):
+        t = on_tick(t, quiet + CALM_SECS * k)
+    assert t.limit == 8 and not t.throttled  # back to the ceiling, never past it

@@ -11,13 +11,13 @@ REASON_LETTER = {
     "stall": "s", "deadline": "d", "harness_crash": "c", "missing_output": "m",
     "grader_failed": "g", "malformed_grade": "j", "zero_tokens": "z", "arm_mismatch": "a",
     "endpoint_down": "e", "api_error": "x", "grader_unavailable": "u",
-    "malformed_summary": "y",
+    "malformed_summary": "y", "rate_limited": "l",
 }
 LEGEND = ("P pass  F fail  I<r> invalid (s stall, d deadline, c crash, m missing output, "
           "g grader failed, j malformed grade, z zero tokens, a arm mismatch, e endpoint "
-          "down, x api error, u grader unavailable, y malformed summary)  U<r> ungraded "
-          "(run stands, grading failed)  Q quarantined  R running  ~ awaiting grade  "
-          ". pending  * teardown-masked")
+          "down, x api error, u grader unavailable, y malformed summary, l rate limited)  "
+          "U<r> ungraded (run stands, grading failed)  Q quarantined  R running  "
+          "~ awaiting grade  . pending  * teardown-masked")
 
 
 def code(c: CellState | None, frozen_warn: float = 0) -> str:

@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--html", metavar="FILE", help="write a self-contained HTML page (with "
                     "--watch: rewritten atomically every SECS)")
     views.add_argument("--json", action="store_true", help="compact machine-readable status")
+    ap.add_argument("--board", nargs="+", metavar="DIR",
+                       help="the board across runs (a campaign dir, or run dirs); with "
+                       "--json or --html for those forms")
     views.add_argument("--serve", action="store_true",
                        help="serve the live view, per-cell pages, /status.json and /metrics "
                        "over HTTP (read-only)")
@@ -110,6 +113,36 @@ def serve(state_dir: Path, args: argparse.Namespace) -> int:
     return 0
 
 
+def board_view(args: argparse.Namespace, no_color: bool) -> int:
+    """``--board DIR...``: the consolidated board (mixed runs are shown, marked)."""
+    from autopilot import board
+    from autopilot.errors import AutopilotError
+
+    try:
+        result = board.build([Path(d) for d in args.board], allow_mixed=True)
+    except AutopilotError as e:
+        print(f"dashboard: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        sys.stdout.write(board.to_json(result))
+        return 0
+    if args.html:
+        from autopilot.dashboard.html import render_template
+
+        out = Path(args.html).absolute()
+        if not out.parent.is_dir():
+            print(f"dashboard: error: --html {out}: directory {out.parent} does not exist",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        write_html(out, render_template("board.html.j2", board=result))
+        print(f"wrote {out}")
+        return 0
+    from autopilot.dashboard import term
+
+    term.make_console(no_color, args.width).print(term.board_view(result))
+    return 0
+
+
 def unreadable(state_dir: Path) -> str | None:
     """Why a run that is there cannot be read (its state dir is private to its owner),
     or None: "no run yet" would send the user looking in the wrong place."""
@@ -164,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     no_color = args.no_color or bool(os.environ.get("NO_COLOR"))
     if args.serve:
         return serve(state_dir, args)
+    if args.board:
+        return board_view(args, no_color)
     if args.oneline:
         status = read_json(state_dir / "status.json")
         if not isinstance(status, dict):

@@ -24,7 +24,7 @@ from autopilot.plan import Cell
 NOTABLE = {
     "cell_verdict", "cell_quarantined", "cell_killed", "endpoint_down", "endpoint_restart",
     "endpoint_failed", "milestone", "run_started", "run_finished", "notify_failed",
-    "plan_changed",
+    "plan_changed", "endpoint_throttled", "launch_throttled",
 }
 
 

@@ -16,6 +16,7 @@ from rich.text import Text
 from autopilot import stats
 from autopilot.dashboard import analysis
 from autopilot.dashboard.model import DashData, counts
+from autopilot.escape import clean
 from autopilot.ledger import CellState
 from autopilot.status import fmt_secs
 
@@ -217,3 +218,28 @@ def flips_view(d: DashData) -> RenderableType:
 def make_console(no_color: bool, width: int | None = None, file: Any = None) -> Console:
     return Console(no_color=no_color, color_system=None if no_color else "auto",
                    width=width, file=file, highlight=False, soft_wrap=False)
+
+
+def board_view(board: dict[str, Any]) -> RenderableType:
+    """The board across runs; every value from a run goes in as Text (never markup)."""
+    t = Table(box=None, pad_edge=False)
+    for col in ("model", "arm", "p/v", "rate [95% CI]", "N", "invalid", "quar.",
+                "masked", "tokens", "cost"):
+        name = col in ("model", "arm", "invalid")
+        t.add_column(col, justify="left" if name else "right", no_wrap=not name,
+                     overflow="fold", min_width=12 if col in ("model", "arm") else None)
+    for r in board["rows"]:
+        ci = (f"{r['rate'] * 100:.0f}% [{r['wilson'][0] * 100:.0f}-{r['wilson'][1] * 100:.0f}]"
+              if r["wilson"] else "-")
+        inv = ", ".join(f"{k} {v}" for k, v in r["invalid_by_reason"].items()) or "0"
+        tok = f"{r['tokens']['prompt']}/{r['tokens']['completion']}" if r["tokens"] else "-"
+        cost = f"${r['cost']['usd']:.4f}" if r["cost"]["usd"] is not None else "unpriced"
+        t.add_row(Text(clean(r["model"], 80)), Text(clean(r["arm"], 80)),
+                  f"{r['pass']}/{r['valid']}", ci, f"{r['n_reached']}/{r['target_n']}",
+                  Text(clean(inv, 120)), str(r["quarantined"]), str(r["teardown_masked"]),
+                  tok, cost)
+    parts: list[RenderableType] = [Text(f"board of {len(board['runs'])} runs", style="bold")]
+    if board.get("mixed"):
+        parts.append(Text("MIXED: the runs' task tables or graders differ; rates do not "
+                          "compare across them", style="bold"))
+    return Group(*parts, t)

@@ -50,6 +50,7 @@ def make_handler(args: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
     decoded = [0] * args.parallel  # tokens "decoded" by each slot's finished requests
     thinking = bool(json.loads(args.chat_template_kwargs or "{}").get("enable_thinking"))
     rate = 50.0  # simulated tokens per second while a slot is busy
+    throttled_until = [0.0]  # a hosted provider's rate limit, as a burst of 429s
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -67,6 +68,22 @@ def make_handler(args: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+
+        def _throttled(self) -> bool:
+            """Answer 429 (with Retry-After, as OpenAI and Anthropic do) inside a burst."""
+            left = throttled_until[0] - time.monotonic()
+            if left <= 0:
+                return False
+            data = json.dumps({"error": {"message": "Rate limit reached", "type": "requests",
+                                         "code": "rate_limit_exceeded"}}).encode()
+            self.send_response(429)
+            self.send_header("Content-Type", "application/json")
+            if not args.no_retry_after:
+                self.send_header("Retry-After", str(max(1, int(left + 0.999))))
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return True
 
         def _loading(self) -> bool:
             return bool(args.never_ready or time.monotonic() - started < args.startup_delay)
@@ -97,6 +114,8 @@ def make_handler(args: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
                              for i in range(args.parallel)]
                 self._send(200, slots)
             elif self.path == "/v1/models":
+                if self._throttled():
+                    return
                 ids = [args.model, *filter(None, args.extra_models.split(","))]
                 self._send(200, {"object": "list", "data": [
                     {"id": m, "object": "model", "owned_by": "autopilot-demo-sim"} for m in ids]})
@@ -118,9 +137,13 @@ def make_handler(args: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
             if self._loading():
                 self._send(503, {"error": {"message": "Loading model"}})
                 return
+            if self._throttled():
+                return
             with lock:
                 count[0] += 1
                 n_req = count[0]
+                if args.throttle_every and n_req % args.throttle_every == 0:
+                    throttled_until[0] = time.monotonic() + args.throttle_secs
                 slot = next((i for i in range(args.parallel) if i not in busy), -1)
                 if slot >= 0:
                     busy[slot] = time.monotonic()
@@ -175,6 +198,12 @@ def main(argv: list[str] | None = None) -> None:
                     help='JSON, e.g. {"enable_thinking": true}: reasoning in-band')
     ap.add_argument("--require-key-env", default="")
     ap.add_argument("--extra-models", default="", help="more ids for /v1/models, comma separated")
+    ap.add_argument("--throttle-every", type=int, default=0,
+                    help="fault knob: after every K-th chat request, answer 429 for a while")
+    ap.add_argument("--throttle-secs", type=float, default=2.0,
+                    help="how long each 429 burst lasts")
+    ap.add_argument("--no-retry-after", action="store_true",
+                    help="send 429s without a Retry-After header")
     args = ap.parse_args(argv)
     ThreadingHTTPServer.allow_reuse_address = True
     ThreadingHTTPServer.daemon_threads = True

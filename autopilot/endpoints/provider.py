@@ -49,6 +49,14 @@ class ProviderEndpoint(Endpoint):
             r = await self.client().get(f"{self.base_url}/models")
         except httpx.HTTPError as e:
             return False, type(e).__name__
+        if r.status_code == 429:
+            # Rate limited: the provider is up, only asking us to slow down. Not an outage
+            # (no cell is INVALID(endpoint_down) for it); the keeper backs the launch off.
+            try:
+                after = max(1.0, float(r.headers.get("Retry-After") or 1.0))
+            except ValueError:
+                after = 1.0
+            return True, f"throttled: HTTP 429, Retry-After {after:g}s"
         if r.status_code in (401, 403):
             raise EndpointError(
                 f"provider {self.base_url} rejected the key in ${self.key_env} "
