@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from autopilot.budget import Spend, of_events
 from autopilot.config import NAME_RE
 from autopilot.errors import ConfigError
 from autopilot.fsutil import read_json
@@ -71,6 +72,10 @@ class Entry(_Strict):
 class CampaignTable(_Strict):
     name: str
     target_n: int | None = Field(default=None, ge=1)
+    # Spend limits across every entry: checked before each entry starts (each entry's
+    # own [budget] limits it inside); reached, no further entry starts.
+    budget_tokens: int | None = Field(default=None, ge=1)
+    budget_usd: float | None = Field(default=None, gt=0)
 
 
 class Roster(_Strict):
@@ -87,6 +92,7 @@ class Planned:
     overlay: str | None
     target_n: int
     provider: str | None  # the provider's host for hosted entries; None: a local engine
+    rate: tuple[float, float] | None = None  # the entry model's price (rate card)
 
 
 def load_roster(path: Path, target_n: int | None, campaign_dir: Path | None = None
@@ -131,7 +137,7 @@ def load_roster(path: Path, target_n: int | None, campaign_dir: Path | None = No
         if preset.endpoint.engine == "provider":
             provider = urlsplit(preset.endpoint.base_url).netloc or preset.endpoint.base_url
         out.append(Planned(entry, campaign_dir / entry.name, ref, overlay,
-                           preset.run.target_n, provider))
+                           preset.run.target_n, provider, preset.rate_card.get(preset.model)))
     for host, cap in roster.providers.items():
         if cap < 1:
             raise ConfigError(f"{path}: providers.{host}: the cap must be >= 1")
@@ -206,7 +212,8 @@ def _die_with_parent() -> None:
 
 class Campaign:
     def __init__(self, roster_path: Path, campaign_dir: Path, planned: list[Planned],
-                 caps: dict[str, int]) -> None:
+                 caps: dict[str, int], table: CampaignTable | None = None) -> None:
+        self.table = table
         self.roster_path = roster_path
         self.dir = campaign_dir
         self.planned = planned
@@ -292,11 +299,39 @@ class Campaign:
                 if p.provider == host:
                     tg.start_soon(one, p)
 
+    def _budget_reached(self) -> str | None:
+        """The campaign's budget against what every entry's journal says it spent."""
+        t = self.table
+        if t is None or (t.budget_tokens is None and t.budget_usd is None):
+            return None
+        total, usd, unpriced = Spend(), 0.0, False
+        for q in self.planned:
+            spent = of_events(read_events(q.state_dir / "journal.jsonl").events)
+            total = total + spent
+            cost = spent.usd(q.rate)
+            unpriced |= cost is None and spent.tokens > 0
+            usd += cost or 0.0
+        if t.budget_tokens is not None and total.tokens >= t.budget_tokens:
+            return f"campaign budget reached: {total.tokens} tokens of {t.budget_tokens}"
+        if t.budget_usd is not None:
+            if unpriced:
+                return "campaign budget unusable: an entry's model is unpriced (not $0)"
+            if usd >= t.budget_usd:
+                return f"campaign budget reached: ${usd:.4f} of ${t.budget_usd:g}"
+        return None
+
     async def _entry(self, p: Planned, previous_gone: str | None = None) -> None:
         name = p.entry.name
         if entry_phase(p.state_dir) == "COMPLETE":
             self.results[name] = "COMPLETE"
             self.emit("entry_skipped", entry=name, why="already COMPLETE")
+            return
+        why = self._budget_reached()
+        if why:
+            if not self.failed:
+                self.failed = why
+                self.emit("campaign_budget_reached", why=why)
+                self.notifier.submit("budget_reached", {"alarm": "campaign", "why": why})
             return
         ensure_private_dir(p.state_dir)
         with open_append(self.dir / f"{name}.log") as out:

@@ -459,7 +459,8 @@ def cmd_campaign(args: argparse.Namespace) -> int:
     if why:
         raise StateDirError(f"campaign dir {why}")
     logsetup.configure(None, console=not (args.quiet or args.ca_quiet))
-    return anyio.run(Campaign(roster_path, cdir, planned, roster.providers).run)
+    return anyio.run(Campaign(roster_path, cdir, planned, roster.providers,
+                              roster.campaign).run)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

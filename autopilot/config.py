@@ -409,6 +409,15 @@ class EnvRef(NamedTuple):
         return f"from ${{{self.name}}}={self.value!r}"
 
 
+class Budget(_Frozen):
+    """Spend limits of a run: reached, launching stops (a milestone says so) and the run
+    ends INCOMPLETE with the reason. Spend is every attempt's token totals from its summary
+    (INVALID attempts cost money too), priced by the rate card for ``usd``."""
+
+    tokens: int | None = Field(default=None, ge=1)
+    usd: float | None = Field(default=None, gt=0)
+
+
 class Preset(_Frozen):
     name: str = ""
     description: str = ""
@@ -420,6 +429,7 @@ class Preset(_Frozen):
     tasks: list[Task] = Field(min_length=1)
     arms: list[Arm] = Field(min_length=1)
     run: Run = Field(default_factory=Run)
+    budget: Budget = Field(default_factory=Budget)
     watchdog: Watchdog = Field(default_factory=Watchdog)
     trust: Trust = Field(default_factory=Trust)
     notify: Notify = Field(default_factory=Notify)

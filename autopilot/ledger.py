@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from autopilot.budget import Spend, of_events
 from autopilot.plan import Cell, Plan
 
 Status = Literal["pending", "running", "ran", "PASS", "FAIL", "invalid", "quarantined",
@@ -100,6 +101,7 @@ class Ledger:
         # notifications. Replaying a journal rebuilds them exactly.
         self.kills: Counter[str] = Counter()
         self.notify_failures = 0
+        self.spend = Spend()  # tokens used by every attempt (journaled with its verdict)
 
     def _cell(self, cid: str) -> CellState | None:
         # Events of cells outside this plan (an earlier, bigger --target-n) are kept in
@@ -112,6 +114,8 @@ class Ledger:
             self.kills[str(ev.get("kind") or "stall")] += 1
         elif kind == "notify_failed":
             self.notify_failures += 1
+        elif kind == "cell_verdict" and ev.get("cell") in self.cells:
+            self.spend = self.spend + of_events([ev])
         if kind == "endpoint_restart":
             self.endpoint_restarts += 1
             return

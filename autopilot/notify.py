@@ -41,6 +41,7 @@ MILESTONES: dict[str, tuple[str, str]] = {
     "harness_anomaly": ("failure", "emergency"),
     "publish_failed": ("warning", "high"),
     "campaign_entry_finished": ("info", "normal"),
+    "budget_reached": ("warning", "high"),
     "campaign_complete": ("success", "high"),
     "campaign_incomplete": ("warning", "high"),
     "test": ("info", "normal"),

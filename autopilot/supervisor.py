@@ -25,7 +25,8 @@ from typing import Any
 
 import anyio
 
-from autopilot import logsetup, sdnotify, sweep
+from autopilot import budget, logsetup, sdnotify, sweep
+from autopilot.budget import Spend
 from autopilot.cells import CellContext, CellRun
 from autopilot.childenv import child_env
 from autopilot.clock import TICK, RunClock
@@ -245,6 +246,9 @@ class Supervisor:
                            "stuck_secs": self.preset.watchdog.stuck_secs},
             "baseline": self.preset.baseline.model_dump() if self.preset.baseline else None,
             "publish": self.publish_state,
+            "spend": {"prompt_tokens": led.spend.prompt,
+                      "completion_tokens": led.spend.completion,
+                      "usd": led.spend.usd(self.preset.rate_card.get(self.preset.model))},
             "throttle": {"limit": self.throttle.limit, "ceiling": self.throttle.ceiling,
                          "throttled": self.throttle.throttled},
         }
@@ -602,6 +606,7 @@ class Supervisor:
         async with anyio.create_task_group() as tg:
             for cell_state in pending:
                 await slots.acquire()
+                self._check_budget()  # a resumed run may already be past it
                 if self.stop_signal or self.paused:
                     slots.release()
                     break
@@ -717,6 +722,9 @@ class Supervisor:
         extra: dict[str, Any] = {"ungraded": True} if c.grade_side else {}
         if regrade:
             extra["regrade"] = True
+        else:
+            spent = self._attempt_spend(cid)
+            extra["spend"] = [spent.prompt, spent.completion]
         self.emit("cell_verdict", cell=cid, attempt=attempt, verdict=c.verdict, reason=c.reason,
                   word=c.word, caveat=c.caveat, teardown_masked=c.teardown_masked,
                   detail=c.detail, **extra)
@@ -731,7 +739,24 @@ class Supervisor:
                       reasons=state.reasons)
         if not regrade:  # the streak is about fresh runs and fresh grades
             self._streak_step(cid, c)
+            self._check_budget()
         self._maybe_arm_complete(state.arm)
+
+    def _attempt_spend(self, cid: str) -> Spend:
+        """What the attempt's summary says it used (its tokens; 0 without a summary)."""
+        ctx = self._static_ctx(self.plan.by_id[cid])
+        return budget.of_summary(read_json(Path(render(self.preset.harness.summary, ctx))))
+
+    def _check_budget(self) -> None:
+        b = self.preset.budget
+        if self.paused or (b.tokens is None and b.usd is None):
+            return
+        why = budget.reached(b.tokens, b.usd, self.ledger.spend,
+                             self.preset.rate_card.get(self.preset.model))
+        if why:
+            self.paused = f"{why}; launching stopped (raise [budget] to go on)"
+            self.emit("launching_paused", why=self.paused)
+            self.milestone("budget_reached", why=why)
 
     def _on_grade_failure(self, cid: str, c: Classification) -> None:
         self._streak_step(cid, c)

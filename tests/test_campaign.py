@@ -237,3 +237,41 @@ def test_hostile_model_names_are_escaped_in_every_medium(tmp_path: Path) -> None
         capture_output=True, text=True, timeout=120).stdout
     assert '<table id="board">' in dom and not re.search(r"<body[^>]*data-pwned", dom)
     assert signal.SIGTERM  # (the module's signal import serves the kill test above)
+
+
+def test_a_run_budget_stops_launching_and_ends_incomplete(tmp_path: Path) -> None:
+    from autopilot.budget import of_events
+
+    state = tmp_path / "state"
+    over = write_overlay(tmp_path / "o.json", {"vars": {"think_secs": "0"},
+                                               "run": {"concurrency": 1},
+                                               "budget": {"tokens": 300}})
+    args = ["--preset", "demo", "--target-n", "2", "--config", str(over), "--state-dir",
+            str(state), "--quiet"]
+    r = run_cli(*args)
+    assert r.returncode == 1
+    assert r.stdout.strip().splitlines()[-1].startswith(
+        "AUTOPILOT_INCOMPLETE budget reached: ")
+    evs = read_events(state / "journal.jsonl").events
+    assert any(e["event"] == "milestone" and e["kind"] == "budget_reached" for e in evs)
+    spent = of_events(evs)
+    ran = sum(e["event"] == "cell_started" for e in evs)
+    assert spent.tokens >= 300 and ran < 24  # it stopped launching
+    status = json.loads((state / "status.json").read_text())
+    assert status["spend"]["prompt_tokens"] == spent.prompt
+    r = run_cli(*args)  # resumed: still past the budget, so nothing more is launched
+    assert r.returncode == 1
+    assert sum(e["event"] == "cell_started" for e in
+               read_events(state / "journal.jsonl").events) == ran
+
+
+def test_a_campaign_budget_keeps_further_entries_from_starting(tmp_path: Path) -> None:
+    path = roster(tmp_path, None, name="budgeted")
+    path.write_text(path.read_text().replace("target_n = 2\n",
+                                             "target_n = 2\nbudget_tokens = 100\n"))
+    cdir = tmp_path / "campaign"
+    r = run_cli("campaign", str(path), "--state-dir", str(cdir), "--quiet")
+    assert r.returncode == 1 and "CAMPAIGN_INCOMPLETE beta" in r.stdout
+    evs = campaign_events(cdir)
+    assert [e["entry"] for e in evs if e["event"] == "entry_started"] == ["alpha"]
+    assert any(e["event"] == "campaign_budget_reached" for e in evs)

@@ -280,3 +280,31 @@ def test_throttle_halves_per_episode_and_grows_back_when_calm() -> None:
     for k in range(2, 20):
         t = on_tick(t, quiet + CALM_SECS * k)
     assert t.limit == 8 and not t.throttled  # back to the ceiling, never past it
+
+
+@pytest.mark.parametrize(("tokens", "usd", "spend", "rate", "why"), [
+    (None, None, (10**9, 10**9), None, None),
+    (1000, None, (400, 500), None, None),
+    (1000, None, (500, 500), None, "budget reached: 1000 tokens of 1000"),
+    (None, 1.0, (10**6, 0), (0.5, 2.0), None),
+    (None, 1.0, (10**6, 250_000), (0.5, 2.0), "budget reached: $1.0000 of $1"),
+    (None, 1.0, (10, 10), None, "budget unusable: a USD budget needs a rate-card price"),
+])
+def test_budget_reached(tokens, usd, spend, rate, why) -> None:
+    from autopilot.budget import Spend, reached
+
+    got = reached(tokens, usd, Spend(*spend), rate)
+    assert (got is None and why is None) or (got is not None and why is not None
+                                             and got.startswith(why))
+
+
+def test_spend_from_summaries_and_journals() -> None:
+    from autopilot.budget import Spend, of_events, of_summary
+
+    assert of_summary({"total_prompt_tokens": 10, "total_completion_tokens": 5}) == Spend(10, 5)
+    assert of_summary({"total_prompt_tokens": float("inf"), "total_completion_tokens": "x"}) \
+        == Spend()
+    evs = [{"event": "cell_verdict", "spend": [10, 5]},
+           {"event": "cell_verdict", "spend": [1, 1], "regrade": True},
+           {"event": "cell_verdict", "spend": [-1, 2]}, {"event": "cell_started"}]
+    assert of_events(evs) == Spend(10, 5)
