@@ -24,7 +24,7 @@ import psutil
 
 from autopilot.errors import LockHeld
 from autopilot.fsutil import atomic_write_json, iso, read_json
-from autopilot.liveness import HEARTBEAT_SECS
+from autopilot.liveness import HEARTBEAT_SECS, holder_alive
 from autopilot.statedir import ensure_private_dir, open_private
 
 FRESH_SECS = 120.0
@@ -41,6 +41,8 @@ def beat_interval() -> float:
     except ValueError:
         every = HEARTBEAT_SECS
     return min(every, sdnotify.watchdog_interval() or every)
+
+
 LOCK_NAME = "autopilot.lock"
 HEARTBEAT_NAME = "heartbeat.json"
 
@@ -55,17 +57,12 @@ def heartbeat_holder(state_dir: Path, now: float | None = None) -> dict[str, Any
     if not isinstance(hb, dict):
         return None
     now = time.time() if now is None else now
-    if now - float(hb.get("epoch", 0)) > FRESH_SECS:
+    epoch = hb.get("epoch")
+    if not isinstance(epoch, int | float) or isinstance(epoch, bool) or now - epoch > FRESH_SECS:
         return None
-    if hb.get("host") != socket.gethostname():
-        return None  # another host's process cannot be checked; flock covers local runs
-    try:
-        p = psutil.Process(int(hb["pid"]))
-        if p.create_time() != float(hb["create_time"]):  # exact: no window for a decoy
-            return None
-        if p.status() == psutil.STATUS_ZOMBIE:  # dead, only not yet reaped by its parent
-            return None
-    except (psutil.NoSuchProcess, KeyError, ValueError, TypeError):
+    # Another host's process cannot be checked (flock covers local runs); a zombie is
+    # dead, only not yet reaped; the start time is compared exactly (no decoy window).
+    if holder_alive(hb) is not True:
         return None
     if int(hb["pid"]) == os.getpid():
         return None
@@ -74,14 +71,7 @@ def heartbeat_holder(state_dir: Path, now: float | None = None) -> dict[str, Any
 
 def _live(rec: Any) -> bool:
     """``rec`` names a live process on this host with exactly that start time."""
-    if not isinstance(rec, dict) or rec.get("host") != socket.gethostname():
-        return False
-    try:
-        p = psutil.Process(int(rec["pid"]))
-        return bool(p.create_time() == float(rec["create_time"])
-                    and p.status() != psutil.STATUS_ZOMBIE)
-    except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError, ValueError, TypeError):
-        return False
+    return holder_alive(rec) is True
 
 
 def describe_holder(hb: dict[str, Any] | None) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -165,3 +166,23 @@ def test_images(docker_host: str, tmp_path_factory: pytest.TempPathFactory) -> d
 def container_names(host: str) -> set[str]:
     out = docker_cli(host, "ps", "-a", "--format", "{{.Names}}").stdout.decode()
     return set(out.split())
+
+
+# The demo harness's arguments after its cell id, for tests that wrap it in an adversary.
+DEMO_ARGS = ["{cell}", "--task", "{task}", "--arm", "{arm}", "--n", "{n}", "--attempt",
+             "{attempt}", "--host", "{host}", "--port", "{port}", "--model", "{model}",
+             "--out", "{output_dir}", "--think-secs", "0"]
+
+
+def chromium(tmp_path: Path, url: str, *extra: str,
+             width: str = "1280,900") -> subprocess.CompletedProcess[str]:
+    """Debian's headless Chromium on ``url`` (--dump-dom, --screenshot=...), offline and
+    with a fresh profile; the test is skipped, saying why, where it is not installed."""
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.skip("Debian's chromium is not installed (tools/test installs it)")
+    return subprocess.run(
+        [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--no-first-run", f"--window-size={width}",
+         f"--user-data-dir={tmp_path / 'chromium-profile'}", *extra, url],
+        capture_output=True, text=True, timeout=120)

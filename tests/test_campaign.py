@@ -9,15 +9,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import signal
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, cli_env, run_cli, wait_for, write_overlay
+from conftest import ROOT, chromium, cli_env, run_cli, wait_for, write_overlay
 from provider_fake import FakeProvider
 
 from autopilot.journal import read_events
@@ -227,16 +225,8 @@ def test_hostile_model_names_are_escaped_in_every_medium(tmp_path: Path) -> None
     assert "<img" not in html and "&lt;img" in html
     js = json.loads(run_cli("--board", str(run), "--json", prog="dashboard").stdout)
     assert js["rows"][0]["model"] == HOSTILE_MODEL  # JSON keeps the value, escaped by JSON
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    if exe is None:
-        pytest.skip("Debian's chromium is not installed (tools/test installs it)")
-    dom = subprocess.run(
-        [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--no-first-run",
-         f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.as_uri()],
-        capture_output=True, text=True, timeout=120).stdout
+    dom = chromium(tmp_path, page.as_uri(), "--dump-dom").stdout
     assert '<table id="board">' in dom and not re.search(r"<body[^>]*data-pwned", dom)
-    assert signal.SIGTERM  # (the module's signal import serves the kill test above)
 
 
 def test_a_run_budget_stops_launching_and_ends_incomplete(tmp_path: Path) -> None:

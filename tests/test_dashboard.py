@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, cli_env, events, spawn_cli, wait_for, write_overlay
+from conftest import ROOT, chromium, cli_env, events, spawn_cli, wait_for, write_overlay
 from dashfix import XSS_TASK, complete, partial, trust, wide
 
 GOLDEN = ROOT / "tests" / "golden"
@@ -155,10 +155,6 @@ def test_html_refuses_state_dir(tmp_path: Path) -> None:
 
 
 def test_html_in_headless_chromium(tmp_path: Path) -> None:
-    chromium = next((c for c in ("chromium", "chromium-browser") if
-                     subprocess.run(["which", c], capture_output=True).returncode == 0), None)
-    if chromium is None:
-        pytest.skip("Debian's chromium is not installed (tools/test installs it)")
     state = trust(tmp_path)
     page = tmp_path / "out" / "dash.html"
     page.parent.mkdir()  # the dashboard writes into an existing directory only
@@ -167,12 +163,7 @@ def test_html_in_headless_chromium(tmp_path: Path) -> None:
     assert "<script" not in html.replace("&lt;script", "")  # only escaped forms
     assert 'http-equiv="refresh"' in html and "<svg" in html
     assert not re.search(r"""(src|href)=["']https?://""", html)  # self-contained
-    r = subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu",
-         "--disable-background-networking", "--disable-component-update", "--no-first-run",
-         f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.as_uri()],
-        capture_output=True, text=True, timeout=120)
-    dom = r.stdout
+    dom = chromium(tmp_path, page.as_uri(), "--dump-dom").stdout
     assert '<table class="grid" data-arm="m-nothink">' in dom
     assert dom.count('<table class="grid"') == 2
     assert "&lt;script&gt;document.body.setAttribute" in dom  # rendered as text

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, cli_env, events, run_cli, wait_for, write_overlay
+from conftest import DEMO_ARGS, ROOT, cli_env, events, run_cli, wait_for, write_overlay
 
 ANSI = __import__("re").compile(r"\x1b\[[0-9;?]*[a-zA-Z]")
 
@@ -122,9 +122,6 @@ FATE = ("import os, sys\n"
         "    print('ImportError: no module named frob'); sys.exit(3)\n"
         "os.execv(sys.executable, [sys.executable, '-m', 'autopilot.demo.harness', "
         "*sys.argv[2:]])\n")
-DEMO_ARGS = ["{cell}", "--task", "{task}", "--arm", "{arm}", "--n", "{n}", "--attempt",
-             "{attempt}", "--host", "{host}", "--port", "{port}", "--model", "{model}",
-             "--out", "{output_dir}", "--think-secs", "0"]
 
 
 def test_every_cell_that_is_not_valid_says_why(tmp_path: Path) -> None:

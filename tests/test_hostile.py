@@ -6,12 +6,11 @@ output carries no escape sequence from outside."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, events, run_cli, write_overlay
+from conftest import ROOT, chromium, events, run_cli, write_overlay
 from markdown_it import MarkdownIt
 
 ADV = str(ROOT / "tests" / "adversaries" / "hostile_summary.py")
@@ -76,9 +75,6 @@ def test_read_only_verbs_survive_every_hostile_value(hostile_run, verb: list[str
 
 
 def test_report_markdown_is_inert_in_a_browser(hostile_run, tmp_path: Path) -> None:
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("Debian's chromium is not installed (tools/test installs it)")
     state, _ = hostile_run
     text = run_cli("report", "--state-dir", str(state)).stdout
     assert "](javascript:" not in text
@@ -90,12 +86,7 @@ def test_report_markdown_is_inert_in_a_browser(hostile_run, tmp_path: Path) -> N
     page.write_text("<!doctype html><html><body>"
                     + MarkdownIt("commonmark", {"html": True}).enable("table").render(text)
                     + "</body></html>")
-    r = subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu",
-         "--disable-background-networking", "--disable-component-update", "--no-first-run",
-         f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.as_uri()],
-        capture_output=True, text=True, timeout=120)
-    dom = r.stdout
+    dom = chromium(tmp_path, page.as_uri(), "--dump-dom").stdout
     assert "<table>" in dom and "&lt;img src=x onerror" in dom  # shown as text ...
     assert "data-pwned" not in dom  # ... and nothing ran
     assert 'href="javascript:' not in dom and "<img" not in dom

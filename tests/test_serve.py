@@ -17,10 +17,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import ROOT, cli_env, events, run_cli, wait_for, write_overlay
+from conftest import DEMO_ARGS, ROOT, chromium, cli_env, events, run_cli, wait_for, write_overlay
 
 PROMTOOL = shutil.which("promtool")
 TOKEN = "s3cret-token-0123456789abcdef"
+PHONE = "390,844"  # a phone's viewport
 
 
 @pytest.fixture
@@ -138,21 +139,6 @@ HOSTILE_TRANSCRIPT = (
     " b' \\x1b[31mred\\x1b]8;;javascript:alert(2)\\x1b\\\\ \\xff\\xfe bad utf-8\\n'); "
     "print('<img src=x onerror=\"document.body.dataset.pwned=2\">\\x1b[2J', flush=True); "
     "os.execv(sys.executable, [sys.executable, '-m', 'autopilot.demo.harness', *sys.argv[2:]])")
-DEMO_ARGS = ["{cell}", "--task", "{task}", "--arm", "{arm}", "--n", "{n}", "--attempt",
-             "{attempt}", "--host", "{host}", "--port", "{port}", "--model", "{model}",
-             "--out", "{output_dir}", "--think-secs", "0"]
-
-
-def chromium(tmp_path: Path, url: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    if exe is None:
-        pytest.skip("Debian's chromium is not installed (tools/test installs it)")
-    return subprocess.run(
-        [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--no-first-run", "--window-size=390,844",
-         f"--user-data-dir={tmp_path / 'profile'}", *extra, url],
-        capture_output=True, text=True, timeout=120)
-
 
 @pytest.mark.slow
 def test_phone_width_pages_render_and_hostile_content_is_inert(server, tmp_path: Path) -> None:
@@ -164,22 +150,22 @@ def test_phone_width_pages_render_and_hostile_content_is_inert(server, tmp_path:
     assert run_cli("--preset", "demo", "--target-n", "2", "--config", str(over),
                    "--state-dir", str(state), "--quiet").returncode == 0
     shot = tmp_path / "grid.png"
-    chromium(tmp_path, url, f"--screenshot={shot}")
+    chromium(tmp_path, url, f"--screenshot={shot}", width=PHONE)
     assert shot.stat().st_size > 1000 and shot.read_bytes()[:4] == b"\x89PNG"
-    grid = chromium(tmp_path, url, "--dump-dom").stdout
+    grid = chromium(tmp_path, url, "--dump-dom", width=PHONE).stdout
     assert '<table class="grid" data-arm="demo-nothink">' in grid
     cell_url = url + "cell/p1_bugfix_demo-nothink_v1"
     raw = httpx.get(cell_url)
     assert "Content-Security-Policy" in raw.headers and "\x1b" not in raw.text
     assert "<script>" not in raw.text and "<img" not in raw.text
     assert not re.search(r"""(src|href)=["']?(https?:|//|javascript:)""", raw.text)
-    dom = chromium(tmp_path, cell_url, "--dump-dom").stdout
+    dom = chromium(tmp_path, cell_url, "--dump-dom", width=PHONE).stdout
     assert '<p class="verdict pass" id="verdict">PASS</p>' in dom or 'id="verdict">FAIL' in dom
     assert "&lt;script&gt;document.body.dataset.pwned=1&lt;/script&gt;" in dom  # as text
     assert not re.search(r"<body[^>]*data-pwned", dom)  # no script ran
     assert not re.search(r"<a\s[^>]*href=\"javascript:", dom)  # no live link (text only)
     assert "bad utf-8" in dom and "\ufffd" in dom  # invalid UTF-8 shown replaced
-    chromium(tmp_path, cell_url, f"--screenshot={tmp_path / 'cell.png'}")
+    chromium(tmp_path, cell_url, f"--screenshot={tmp_path / 'cell.png'}", width=PHONE)
     assert (tmp_path / "cell.png").stat().st_size > 1000
     assert httpx.get(url + "cell/..%2F..%2Fetc%2Fpasswd").status_code == 404
     assert httpx.get(url + "cell/nope_demo-nothink_v9").status_code == 404
