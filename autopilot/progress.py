@@ -44,7 +44,8 @@ def oneline(status: dict[str, Any]) -> str:
         parts[1] = f"{t.get('running', 0)} running when last seen"
         parts.append(str(live["label"]))
     ep = status.get("endpoint") or {}
-    if ep.get("state") not in (None, "up"):
+    finished = status.get("phase") in ("COMPLETE", "INCOMPLETE", "stopped")
+    if ep.get("state") not in (None, "up") and not finished:  # stopped at the end: expected
         parts.append(f"endpoint {ep.get('state')}")
     thr = status.get("throttle") or {}
     if isinstance(thr, dict) and thr.get("throttled"):
