@@ -24,7 +24,8 @@ _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()|~!])")
 def clean(value: Any, limit: int = 200) -> str:
     """Text with control characters replaced by spaces, cut to ``limit`` characters."""
     text = value if isinstance(value, str) else repr(value)
-    text = _CONTROL.sub(" ", text)
+    if not text.isprintable():  # C-fast check first: most values have nothing to strip
+        text = _CONTROL.sub(" ", text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

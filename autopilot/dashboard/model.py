@@ -97,10 +97,9 @@ def load(state_dir: Path, recent: int = 8) -> DashData | None:
     events: list[dict[str, Any]] = []
     completions: list[float] = []
     for ev in read_events(state_dir / "journal.jsonl").events:
-        ev = sane(ev)
-        ledger.apply(ev)
+        ledger.apply(ev)  # the ledger keeps words; views escape what they show of them
         if ev.get("event") in NOTABLE:
-            events.append(ev)
+            events.append(sane(ev))  # shown as they are: cleaned here, once
         if ev.get("event") == "cell_verdict" and ev.get("verdict") in ("PASS", "FAIL"):
             t = _epoch(ev.get("ts"))
             if t is not None:
