@@ -265,3 +265,22 @@ def test_a_campaign_budget_keeps_further_entries_from_starting(tmp_path: Path) -
     evs = campaign_events(cdir)
     assert [e["entry"] for e in evs if e["event"] == "entry_started"] == ["alpha"]
     assert any(e["event"] == "campaign_budget_reached" for e in evs)
+
+
+def test_board_publish_commits_to_the_results_branch(tmp_path: Path) -> None:
+    run = make_run(tmp_path, "p", {"model": "m-p", "tasks": [{"id": "p1_bugfix"}]})
+    repo = tmp_path / "results"
+    repo.mkdir()
+    git_env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+               "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"}
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "commit", "-q", "--allow-empty", "-m", "init"],
+                   check=True, env=git_env)
+    r = run_cli("board", str(run), "--out", str(tmp_path), "--publish", "--results-repo",
+                str(repo))
+    assert r.returncode == 0, r.stderr
+    branch = re.search(r"published on (\S+)", r.stdout).group(1)
+    shown = subprocess.run(["git", "-C", str(repo), "show",
+                            f"{branch}:bench-results/board/board.md"],
+                           capture_output=True, text=True, check=True).stdout
+    assert shown == (tmp_path / "board.md").read_text() and "m-p" in shown
