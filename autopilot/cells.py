@@ -66,6 +66,7 @@ class CellContext:
     on_grade_failure: Callable[[str, Classification], None] | None = None
     # os.environ decoded once: copying it per cell is measurable at 8 cells in flight
     base_env: dict[str, str] = field(default_factory=dict)  # see childenv.child_env
+    replica: int = 0  # the endpoint replica this context's cells run against
 
 
 def template_context(
@@ -256,7 +257,7 @@ class CellRun:
         cx.emit("cell_started", cell=self.cell.id, attempt=self.attempt, pid=proc.pid,
                 create_time=ident.create_time if ident else None,
                 start_ticks=ident.ticks if ident else None, token=self.token,
-                endpoint_arms=list(ep.arm_group))
+                endpoint_arms=list(ep.arm_group), replica=cx.replica)
         killed: Killed | None = None
         kill_reason: str | None = None
         state = WatchState.begin(start_mono)

@@ -216,6 +216,16 @@ def dry_run_text(preset: Preset, plan: Plan, state_dir: Path, warnings: list[str
         f"{c['pending'] + c['running'] + c['grading']} pending | {c['invalid']} invalid | "
         f"{c['quarantined']} quarantined | {c['ungraded']} ungraded",
     ]
+    ep = preset.endpoint
+    if ep.replicas > 1:
+        per = ep.slots or -(-preset.run.concurrency // ep.replicas)
+        for i in range(ep.replicas):
+            env = ep.replica_env[i] if i < len(ep.replica_env) else {}
+            port = ep.port + i if ep.port else "free port"
+            pinned = [a.label for a in preset.arms if a.replicas and i in a.replicas]
+            lines.append(f"replica {i}: this machine, port {port}, {per} slot(s), env "
+                         f"{', '.join(f'{k}={v}' for k, v in env.items()) or '(shared)'}"
+                         + (f", pinned arms {', '.join(pinned)}" if pinned else ""))
     lines += env_lines(preset)
     lines += [f"warning: {w}" for w in warnings]
     lines.append("dry run: nothing launched")

@@ -7,6 +7,7 @@ re-reads or mutates configuration. Loading, merging and errors live in ``loader`
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, NamedTuple
@@ -81,6 +82,7 @@ class Arm(_Frozen):
     label: str
     mode: str
     model: str | None = None
+    replicas: list[int] | None = None  # pin to these endpoint replicas (default: any)
     vars: dict[str, str] = Field(default_factory=dict)
     endpoint: ArmEndpoint = Field(default_factory=ArmEndpoint)
 
@@ -118,6 +120,12 @@ class EndpointCommon(_Frozen):
     restart_backoff_secs: float = Field(default=5, ge=0)
     restart_backoff_max_secs: float = Field(default=300, ge=0)
     attach: bool = False
+    # Replicas of this endpoint on this machine (e.g. one per GPU): each its own port
+    # (port + i, or a free one), its own env (replica_env[i]: CUDA_VISIBLE_DEVICES...),
+    # its own keeper and `slots` cells at once; a cell goes to a replica with a free slot.
+    replicas: int = Field(default=1, ge=1, le=64)
+    replica_env: list[dict[str, str]] = Field(default_factory=list)
+    slots: int | None = Field(default=None, ge=1)  # per replica; default: concurrency / R
 
 
 class BuiltinEndpoint(EndpointCommon):
@@ -459,6 +467,19 @@ class Preset(_Frozen):
             labels[key] = a
         if self.baseline and self.baseline.arm not in {a.label for a in self.arms}:
             raise ValueError(f"baseline.arm {self.baseline.arm!r} is not an arm of this preset")
+        r = self.endpoint.replicas
+        if len(self.endpoint.replica_env) > r:
+            raise ValueError(f"endpoint.replica_env has {len(self.endpoint.replica_env)} "
+                             f"entries for {r} replica(s)")
+        for a in self.arms:
+            bad = [i for i in a.replicas or [] if not 0 <= i < r]
+            if bad:
+                raise ValueError(f"arm {a.label!r}: replicas {bad} outside 0..{r - 1}")
+        if r > 1 and len({json.dumps(a.endpoint.model_dump(mode="json"), sort_keys=True)
+                          for a in self.arms}) > 1:
+            raise ValueError("endpoint.replicas > 1 needs every arm on the same endpoint "
+                             "settings (arms that restart the endpoint run one group at a "
+                             "time); pin arms to replicas instead")
         return self
 
     _env_refs: tuple[EnvRef, ...] = PrivateAttr(default=())

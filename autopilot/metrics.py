@@ -60,15 +60,23 @@ class RunCollector(Collector):
         for kind in sorted({"stall", "deadline", "teardown", *self.ledger.kills}):
             kills.add_metric([preset, kind], self.ledger.kills[kind])
         yield kills
-        raw = self.status.get("endpoint")
-        ep: dict[str, Any] = raw if isinstance(raw, dict) else {}
-        replica = "0"  # one endpoint per run today; the label is there for replicas
-        yield _gauge("autopilot_endpoint_up", "1 when the model endpoint answers",
-                     [preset, replica], 1 if ep.get("state") == "up" else 0, ["replica"])
-        yield _counter("autopilot_endpoint_restarts", "Endpoint restarts",
-                       [preset, replica], _num(ep.get("restarts")), ["replica"])
-        yield _counter("autopilot_endpoint_down_seconds", "Seconds the endpoint was down",
-                       [preset, replica], _num(ep.get("down_secs")), ["replica"])
+        raw = self.status.get("endpoints")
+        eps = [e for e in raw if isinstance(e, dict)] if isinstance(raw, list) else []
+        if not eps:  # one endpoint: status.json's "endpoint"
+            one = self.status.get("endpoint")
+            eps = [one] if isinstance(one, dict) else [{}]
+        up = GaugeMetricFamily("autopilot_endpoint_up", "1 when the model endpoint answers",
+                               labels=["preset", "replica"])
+        restarts = CounterMetricFamily("autopilot_endpoint_restarts", "Endpoint restarts",
+                                       labels=["preset", "replica"])
+        down = CounterMetricFamily("autopilot_endpoint_down_seconds",
+                                   "Seconds the endpoint was down", labels=["preset", "replica"])
+        for i, ep in enumerate(eps):
+            replica = str(ep.get("replica", i))
+            up.add_metric([preset, replica], 1 if ep.get("state") == "up" else 0)
+            restarts.add_metric([preset, replica], _num(ep.get("restarts")))
+            down.add_metric([preset, replica], _num(ep.get("down_secs")))
+        yield from (up, restarts, down)
         yield _counter("autopilot_notify_failures", "Notifications that failed to send",
                        [preset], self.ledger.notify_failures)
         age = self.live.age_secs

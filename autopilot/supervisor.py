@@ -19,7 +19,8 @@ import signal
 import socket
 import sys
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +148,10 @@ class Supervisor:
         self.ledger = Ledger(plan)
         self.journal: Journal | None = None
         self.lock = RunLock(self.state_dir)
-        self.keeper: Keeper | None = None
+        self.keeper: Keeper | None = None  # replica 0 (the only one, usually)
+        self.keepers: list[Keeper] = []
+        self.replica_slots: list[anyio.Semaphore] = []
+        self._cxs: dict[int, CellContext] = {}
         self.phase = "starting"
         self.outcome_reason = ""
         self.pass_no = 0
@@ -242,6 +246,10 @@ class Supervisor:
             "trust": summary.trust,
             "endpoint": self.keeper.describe() if self.keeper else {
                 "engine": self.preset.endpoint.engine, "state": "not running"},
+            "endpoints": [{**k.describe(), "slots": self._replica_slots,
+                           "slots_used": self._replica_slots - self.replica_slots[i].value}
+                          for i, k in enumerate(self.keepers)] if len(self.keepers) > 1
+            else None,
             "thresholds": {"warn_secs": self.preset.watchdog.warn_secs,
                            "stuck_secs": self.preset.watchdog.stuck_secs},
             "baseline": self.preset.baseline.model_dump() if self.preset.baseline else None,
@@ -475,12 +483,69 @@ class Supervisor:
     def _static_ctx(self, cell: Any) -> dict[str, str]:
         return cell_context(self.preset, cell, 1, self.state_dir)
 
+    def _make_keepers(self) -> None:
+        """One endpoint and keeper per replica (usually one). With several, every event a
+        keeper journals names its replica."""
+        n = self.preset.endpoint.replicas
+        setting, group = self._pending_group()
+        per = self._replica_slots
+        for i in range(n):
+            ep = make_endpoint(self.preset, self.state_dir, i)
+            ep.arm_setting, ep.arm_group = setting, group
+            if n == 1:
+                k = Keeper(ep, self.emit, self.milestone, self.clock)
+            else:
+                k = Keeper(ep, partial(self.emit, replica=i),
+                           partial(self.milestone, replica=i), self.clock)
+            k.on_throttled = lambda _after: self._throttled()
+            self.keepers.append(k)
+            self.replica_slots.append(anyio.Semaphore(per if n > 1 else
+                                                      self.preset.run.concurrency))
+        self.keeper = self.keepers[0]
+
+    @property
+    def _replica_slots(self) -> int:
+        """Cells at once per replica: ``[endpoint] slots``, else concurrency split evenly."""
+        n = self.preset.endpoint.replicas
+        return self.preset.endpoint.slots or -(-self.preset.run.concurrency // n)
+
+    async def _start_replicas(self) -> None:
+        """Start every replica at once; raise only when none could start (the others
+        then serve: one replica down slows the run, it does not stop it)."""
+        errors: dict[int, str] = {}
+
+        async def one(i: int, k: Keeper) -> None:
+            try:
+                await k.start()
+            except EndpointError as e:
+                errors[i] = str(e)
+                k.failed = f"replica {i}: {e}"
+
+        if len(self.keepers) == 1:
+            await self.keepers[0].start()
+            return
+        async with anyio.create_task_group() as tg:
+            for i, k in enumerate(self.keepers):
+                tg.start_soon(one, i, k)
+        if len(errors) == len(self.keepers):
+            raise EndpointError("; ".join(f"replica {i}: {e}" for i, e in errors.items()))
+        for i, why in errors.items():
+            self.milestone("endpoint_failed", why=f"replica {i} did not start: {why}",
+                           replica=i)
+
+    def _endpoint_failed(self) -> str | None:
+        """Why no replica can serve any more, or None while one can."""
+        fails = [k.failed for k in self.keepers]
+        if not fails or not all(fails):
+            return None
+        if len(fails) == 1:
+            return fails[0]
+        return "; ".join(f if f and f.startswith("replica ") else f"replica {i}: {f}"
+                         for i, f in enumerate(fails))
+
     async def _drive(self) -> int:
         docker = await self._docker_setup()
-        ep = make_endpoint(self.preset, self.state_dir)
-        ep.arm_setting, ep.arm_group = self._pending_group()
-        self.keeper = Keeper(ep, self.emit, self.milestone, self.clock)
-        self.keeper.on_throttled = lambda _after: self._throttled()
+        self._make_keepers()
         code = EXIT_INCOMPLETE
         try:
             async with anyio.create_task_group() as tg:
@@ -507,7 +572,7 @@ class Supervisor:
                 try:
                     # A 397B load can take half an hour: a stop signal must not wait for it.
                     with self._interruptible() as scope:
-                        await self.keeper.start()
+                        await self._start_replicas()
                 except EndpointError as e:
                     self.outcome_reason = f"endpoint failed to start: {e}"
                     self.milestone("endpoint_failed", why=str(e))
@@ -516,7 +581,9 @@ class Supervisor:
                         code = await self._finish()
                         tg.cancel_scope.cancel()
                         return code
-                    tg.start_soon(self.keeper.watch)
+                    for k in self.keepers:
+                        if not k.failed:
+                            tg.start_soon(k.watch)
                     self.emit("run_started", target_n=self.plan.target_n,
                               identity=self.plan.identity, pid=os.getpid(),
                               preset=self.preset.name)
@@ -530,12 +597,13 @@ class Supervisor:
         finally:
             with anyio.CancelScope(shield=True):
                 sdnotify.notify("STOPPING=1")
-                await ep.stop()
-                await ep.aclose()
-                with contextlib.suppress(OSError):
-                    self.redactor.scrub_file(ep.log_path)
-                if self.keeper is not None and not ep.attached and self.keeper.state != "failed":
-                    self.keeper.state = "stopped"
+                for k in self.keepers:
+                    await k.ep.stop()
+                    await k.ep.aclose()
+                    with contextlib.suppress(OSError):
+                        self.redactor.scrub_file(k.ep.log_path)
+                    if not k.ep.attached and k.state != "failed":
+                        k.state = "stopped"
                 if docker is not None:
                     await docker.close()
                 self.phase_final_write()
@@ -580,7 +648,7 @@ class Supervisor:
                 if scope.cancelled_caught:
                     return
             await self._group_passes(set(arms))
-            if self.keeper.failed:
+            if self._endpoint_failed():
                 return
 
     async def _group_passes(self, arms: set[str]) -> None:
@@ -594,8 +662,9 @@ class Supervisor:
             self.phase = f"run:pass{pass_no}"
             self.emit("pass_started", **{"pass": pass_no, "pending": len(pending)})
             await self._run_pass(pending)
-            if self.keeper is not None and self.keeper.failed:
-                self.outcome_reason = self.keeper.failed
+            failed = self._endpoint_failed()
+            if failed:
+                self.outcome_reason = failed
                 return
             if self.preset.grader.mode == "per-arm" and not self.stop_signal:
                 await self._grade_ready_arms(force=True)
@@ -610,20 +679,45 @@ class Supervisor:
                 if self.stop_signal or self.paused:
                     slots.release()
                     break
+                cell = self.plan.by_id[cell_state.id]
+                replica: int | None = None
                 try:
                     with self._interruptible():  # an outage must not hold up a stop
-                        await self.keeper.wait_up()
+                        replica = await self._pick_replica(cell.arm)
                 except EndpointFailed:
                     # Not raised through the task group (it would arrive wrapped in an
                     # ExceptionGroup): running cells finish, the pass ends, the run stops.
                     slots.release()
                     break
-                if self.stop_signal:
+                if self.stop_signal or replica is None:  # stopped while waiting
+                    if replica is not None:
+                        self.replica_slots[replica].release()
                     slots.release()
                     break
                 await self._throttle_gate(slots)
-                cell = self.plan.by_id[cell_state.id]
-                tg.start_soon(self._run_cell, cell, cell_state.attempts + 1, slots)
+                tg.start_soon(self._run_cell, cell, cell_state.attempts + 1, slots, replica)
+
+    async def _pick_replica(self, arm: str) -> int:
+        """A replica that may serve ``arm`` (its pins), is up and has a free slot: the
+        one with the most free slots. Raises EndpointFailed when none of them can ever
+        serve again."""
+        if len(self.keepers) == 1:
+            await self.keepers[0].wait_up()  # raises EndpointFailed once given up
+            self.replica_slots[0].acquire_nowait()  # sized to the concurrency: never waits
+            return 0
+        allowed = self.preset.arm(arm).replicas or range(len(self.keepers))
+        while True:
+            live = [i for i in allowed if not self.keepers[i].failed]
+            if not live:
+                raise EndpointFailed(self._endpoint_failed()
+                                     or f"no replica of {list(allowed)} can serve {arm}")
+            ready = [i for i in live if self.keepers[i].is_up
+                     and self.replica_slots[i].value > 0]
+            if ready:
+                best = max(ready, key=lambda i: self.replica_slots[i].value)
+                self.replica_slots[best].acquire_nowait()
+                return best
+            await anyio.sleep(0.05)
 
     def _throttled(self) -> None:
         before = self.throttle.limit
@@ -647,7 +741,7 @@ class Supervisor:
                 return
             await anyio.sleep(0.2)
 
-    def _cell_context(self) -> CellContext:
+    def _cell_context(self, replica: int = 0) -> CellContext:
         # Built once, at the first cell: the endpoint keeper and the Docker hooks are set
         # by then, and decoding os.environ for every cell is measurable at 200 cells.
         if self._cx is None:
@@ -665,11 +759,17 @@ class Supervisor:
                 roots=run_roots(self.preset, self.state_dir),
                 base_env={**child_env(self.preset, "harness"), RUN_TOKEN_ENV: self.run_token},
             )
-        return self._cx
+        if replica == 0:
+            return self._cx
+        if replica not in self._cxs:  # the same context, bound to that replica's keeper
+            self._cxs[replica] = replace(self._cx, keeper=self.keepers[replica],
+                                         replica=replica)
+        return self._cxs[replica]
 
-    async def _run_cell(self, cell: Any, attempt: int, slots: anyio.Semaphore) -> None:
+    async def _run_cell(self, cell: Any, attempt: int, slots: anyio.Semaphore,
+                        replica: int = 0) -> None:
         try:
-            run = CellRun(self._cell_context(), cell, attempt)
+            run = CellRun(self._cell_context(replica), cell, attempt)
             try:
                 if self.preset.grader.mode == "per-cell":
                     result = await run.run()
@@ -686,6 +786,8 @@ class Supervisor:
                 self._record_verdict(cell.id, attempt, result)
         finally:
             slots.release()
+            if self.replica_slots:
+                self.replica_slots[replica].release()
         if self.preset.grader.mode == "per-arm":
             await self._grade_ready_arms(force=False)
 

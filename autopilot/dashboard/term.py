@@ -35,6 +35,13 @@ def header(d: DashData) -> list[str]:
         f"elapsed {fmt_secs(s.get('elapsed_secs'))} | eta {fmt_secs(s.get('eta_secs'))}",
         trust_line(d.trust),
     ]
+    reps = s.get("endpoints")
+    if isinstance(reps, list) and reps:
+        lines.append("replicas: " + " · ".join(
+            f"{r.get('replica', i)} {r.get('state', '?')} {r.get('slots_used', 0)}/"
+            f"{r.get('slots', '?')} slots" + (f", {r['restarts']} restarts"
+                                              if r.get("restarts") else "")
+            for i, r in enumerate(reps) if isinstance(r, dict)))
     live = s.get("liveness") or {}
     if live.get("label"):  # the figures are as the supervisor last wrote them
         lines[0] = f"{live['label']}, as last written: {lines[0]}"

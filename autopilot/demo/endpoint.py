@@ -191,7 +191,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", default=os.environ.get("AUTOPILOT_DEMO_SEED", "7"))
     ap.add_argument("--latency", type=float, default=0.0)
     ap.add_argument("--startup-delay", type=float, default=0.0)
-    ap.add_argument("--crash-after", type=int, default=0)
+    # Also from the env, so one replica of several can be the faulty one (replica_env).
+    ap.add_argument("--crash-after", type=int,
+                    default=int(os.environ.get("AUTOPILOT_DEMO_CRASH_AFTER") or 0))
     ap.add_argument("--never-ready", action="store_true")
     ap.add_argument("--parallel", type=int, default=4, help="slots shown by /slots")
     ap.add_argument("--chat-template-kwargs", default="",

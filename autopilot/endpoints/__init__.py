@@ -31,8 +31,8 @@ ENGINES: dict[str, type[Endpoint]] = {
 }
 
 
-def make_endpoint(preset: Preset, state_dir: Path) -> Endpoint:
-    return ENGINES[preset.endpoint.engine](preset, state_dir)
+def make_endpoint(preset: Preset, state_dir: Path, replica: int = 0) -> Endpoint:
+    return ENGINES[preset.endpoint.engine](preset, state_dir, replica)
 
 
 __all__ = ["ENGINES", "Endpoint", "make_endpoint"]

@@ -64,13 +64,16 @@ class Endpoint:
     engine: ClassVar[str] = ""
     owns_lifecycle: ClassVar[bool] = True
 
-    def __init__(self, preset: Preset, state_dir: Path) -> None:
+    def __init__(self, preset: Preset, state_dir: Path, replica: int = 0) -> None:
         self.preset = preset
         self.cfg: EndpointCommon = preset.endpoint
         self.state_dir = state_dir
-        self.log_path = state_dir / "endpoint.log"
+        self.replica = replica
+        # Replica 0 keeps the single-endpoint names (endpoint.log, the port as given).
+        self.log_path = state_dir / ("endpoint.log" if replica == 0
+                                     else f"endpoint-{replica}.log")
         self.host = self.cfg.host
-        self.port = self.cfg.port or free_port(self.cfg.host)
+        self.port = (self.cfg.port + replica) if self.cfg.port else free_port(self.cfg.host)
         self.served_model = preset.model
         # The arm settings this endpoint runs with (arms whose mode is an endpoint
         # setting run against differently started endpoints; see Keeper.reconfigure).
@@ -110,6 +113,7 @@ class Endpoint:
             "attached": self.attached,
             "arms": list(self.arm_group),
             "arm_args": list(self.arm_setting.args),
+            "replica": self.replica,
         }
 
     def argv(self) -> list[str]:
@@ -134,7 +138,8 @@ class Endpoint:
 
     def container_name(self) -> str:
         d = getattr(self.cfg, "docker", None)
-        return (d.container_name if d and d.container_name else self.default_container)
+        name = d.container_name if d and d.container_name else self.default_container
+        return name if self.replica == 0 else f"{name}-{self.replica}"
 
     def container_config(self) -> dict[str, Any]:
         # aiodocker (and aiohttp under it) load only in docker mode: process-mode runs
@@ -222,7 +227,10 @@ class Endpoint:
         return self._docker
 
     def env(self) -> dict[str, str]:
-        return child_env(self.preset, "endpoint")
+        env = child_env(self.preset, "endpoint")
+        if self.replica < len(self.cfg.replica_env):  # this replica's devices, e.g. GPUs
+            env.update(self.cfg.replica_env[self.replica])
+        return env
 
     def headers(self) -> dict[str, str]:
         return {}

@@ -21,8 +21,8 @@ class ProviderEndpoint(Endpoint):
     engine = "provider"
     owns_lifecycle = False
 
-    def __init__(self, preset: Preset, state_dir: Path) -> None:
-        super().__init__(preset, state_dir)
+    def __init__(self, preset: Preset, state_dir: Path, replica: int = 0) -> None:
+        super().__init__(preset, state_dir, replica)
         assert isinstance(self.cfg, ProviderConfig)
         self.base_url = self.cfg.base_url.rstrip("/")
         self.key_env = self.cfg.api_key_env

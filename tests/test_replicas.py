@@ -1,0 +1,99 @@
+"""Endpoint replicas on one machine (no Ray): cells go to a replica with a free slot, an
+arm may be pinned, one replica dying over and over slows the run instead of stopping it,
+and the run ends endpoint_failed only when no replica can serve."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import events, run_cli, write_overlay
+
+CRASHY = {"AUTOPILOT_DEMO_CRASH_AFTER": "3"}  # the demo endpoint dies after 3 requests
+
+
+def run(tmp_path: Path, overlay: dict, n: int = 3) -> tuple[int, Path]:
+    state = tmp_path / "state"
+    over = write_overlay(tmp_path / "o.json", {"vars": {"think_secs": "0.05"}, **overlay})
+    r = run_cli("--preset", "demo", "--target-n", str(n), "--config", str(over),
+                "--state-dir", str(state), "--quiet")
+    return r.returncode, state
+
+
+@pytest.mark.slow
+def test_one_replica_dying_again_and_again_slows_the_run_but_never_stops_it(
+        tmp_path: Path) -> None:
+    code, state = run(tmp_path, {"endpoint": {"replicas": 3,
+                                              "replica_env": [{}, CRASHY, {}]},
+                                 "run": {"concurrency": 6}})
+    assert code == 0
+    evs = events(state)
+    where = Counter(e["replica"] for e in evs if e["event"] == "cell_started")
+    assert where[0] > 0 and where[2] > 0  # the healthy replicas kept serving
+    restarts = Counter(e.get("replica") for e in evs if e["event"] == "endpoint_restart")
+    assert restarts and set(restarts) == {1}  # only the faulty one was restarted
+    valid = Counter(e["cell"] for e in evs if e["event"] == "cell_verdict"
+                    and e["verdict"] in ("PASS", "FAIL"))
+    status = json.loads((state / "status.json").read_text())
+    assert status["phase"] == "COMPLETE" and set(valid.values()) == {1}
+    assert len(valid) == status["totals"]["total"] == 36
+    ports = {ep["url"] for ep in status["endpoints"]}
+    assert len(status["endpoints"]) == 3 and len(ports) == 3
+    assert (state / "endpoint-1.log").exists() and (state / "endpoint-2.log").exists()
+
+
+def test_a_pinned_arm_runs_only_on_its_replicas(tmp_path: Path) -> None:
+    code, state = run(tmp_path, {"endpoint": {"replicas": 2},
+                                 "arms": [{"label": "demo-nothink", "mode": "nothink"},
+                                          {"label": "demo-think", "mode": "think",
+                                           "replicas": [1]}],
+                                 "tasks": [{"id": "p1_bugfix"}, {"id": "p2_extract"}]}, n=2)
+    assert code == 0
+    think = {e["replica"] for e in events(state)
+             if e["event"] == "cell_started" and "_demo-think_" in e["cell"]}
+    assert think == {1}
+
+
+def test_the_run_fails_only_when_no_replica_can_serve(tmp_path: Path) -> None:
+    code, state = run(tmp_path, {
+        "endpoint": {"replicas": 2, "replica_env": [CRASHY, CRASHY], "max_restarts": 1,
+                     "restart_window_secs": 600},
+        "tasks": [{"id": "p1_bugfix"}, {"id": "p2_extract"}, {"id": "p3_market"}]})
+    assert code == 1
+    evs = events(state)
+    failed = [e for e in evs if e["event"] == "milestone" and e["kind"] == "endpoint_failed"]
+    assert {e.get("replica") for e in failed} == {0, 1}  # both gave up, each said so
+    status = json.loads((state / "status.json").read_text())
+    assert status["phase"] == "INCOMPLETE" and "replica" in status["outcome_reason"]
+
+
+@pytest.mark.parametrize(("overlay", "why"), [
+    ({"endpoint": {"replicas": 2, "replica_env": [{}, {}, {}]}}, "3 entries for 2 replica"),
+    ({"endpoint": {"replicas": 2}, "arms": [{"label": "demo-nothink", "mode": "nothink"},
+                                             {"label": "demo-think", "mode": "think",
+                                              "replicas": [2]}]}, "outside 0..1"),
+    ({"endpoint": {"replicas": 2}, "arms": [
+        {"label": "demo-think", "mode": "think", "endpoint": {"args": ["--x"]}},
+        {"label": "demo-nothink", "mode": "nothink"}]}, "same endpoint settings"),
+])
+def test_replica_config_errors(tmp_path: Path, overlay: dict, why: str) -> None:
+    over = write_overlay(tmp_path / "o.json", overlay)
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over), "--dry-run",
+                "--state-dir", str(tmp_path / "s"))
+    assert r.returncode == 2 and why in r.stderr
+
+
+def test_dry_run_prints_the_placement(tmp_path: Path) -> None:
+    over = write_overlay(tmp_path / "o.json", {
+        "endpoint": {"replicas": 2, "port": 18100, "slots": 3,
+                     "replica_env": [{"CUDA_VISIBLE_DEVICES": "0"},
+                                     {"CUDA_VISIBLE_DEVICES": "1"}]}})
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over), "--dry-run",
+                "--state-dir", str(tmp_path / "s"))
+    assert r.returncode == 0, r.stderr
+    assert "replica 0: this machine, port 18100, 3 slot(s), env CUDA_VISIBLE_DEVICES=0" \
+        in r.stdout
+    assert "replica 1: this machine, port 18101, 3 slot(s), env CUDA_VISIBLE_DEVICES=1" \
+        in r.stdout
