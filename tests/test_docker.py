@@ -195,3 +195,23 @@ def test_cleanup_removes_exactly_the_plan_containers(docker_host: str, test_imag
     assert not (state_dir / "scratch" / "p1_bugfix_demo-think_v1").exists()
     for n in decoys:
         docker_cli(docker_host, "rm", "-f", n)
+
+
+def test_two_endpoint_replicas_as_containers(docker_host: str, test_images, state_dir: Path,
+                                             tmp_path: Path) -> None:
+    name = f"llama-autopilot-rep-{os.getpid()}"
+    over = llama_overlay(tmp_path, test_images, name)
+    doc = json.loads(Path(over).read_text())
+    doc["endpoint"]["replicas"] = 2
+    doc["tasks"] = [{"id": "p1_bugfix"}, {"id": "p2_extract"}]
+    Path(over).write_text(json.dumps(doc))
+    r = run_cli("--preset", "demo", "--target-n", "2", "--config", over, "--state-dir",
+                str(state_dir), "--quiet", env=env(docker_host), timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    evs = events(state_dir)
+    started = {e.get("replica") for e in evs if e["event"] == "endpoint_started"}
+    assert started == {0, 1}
+    ran = {e["replica"] for e in evs if e["event"] == "cell_started"}
+    assert ran == {0, 1}  # both containers served cells
+    left = container_names(docker_host)
+    assert name not in left and f"{name}-1" not in left  # both removed at the end

@@ -97,3 +97,24 @@ def test_dry_run_prints_the_placement(tmp_path: Path) -> None:
         in r.stdout
     assert "replica 1: this machine, port 18101, 3 slot(s), env CUDA_VISIBLE_DEVICES=1" \
         in r.stdout
+
+
+def test_docker_replicas_get_their_own_gpus_name_and_port(tmp_path: Path) -> None:
+    from autopilot.endpoints import make_endpoint
+    from autopilot.loader import load_preset
+
+    over = write_overlay(tmp_path / "o.json", {"endpoint": {
+        "engine": "llamacpp", "mode": "docker", "model_path": "/models/m.gguf", "port": 18200,
+        "replicas": 2, "docker": {"image": "img", "container_name": "llm", "gpus": "all"},
+        "replica_env": [{"CUDA_VISIBLE_DEVICES": "0,1"}, {"CUDA_VISIBLE_DEVICES": "2",
+                                                          "EXTRA": "x"}]}})
+    preset = load_preset("demo", overlay=str(over))
+    one, two = (make_endpoint(preset, tmp_path / "s", i) for i in (0, 1))
+    assert (one.container_name(), two.container_name()) == ("llm", "llm-1")
+    assert (one.port, two.port) == (18200, 18201)
+    c1, c2 = one.container_config(), two.container_config()
+    assert c1["HostConfig"]["DeviceRequests"][0]["DeviceIDs"] == ["0", "1"]
+    assert c2["HostConfig"]["DeviceRequests"][0]["DeviceIDs"] == ["2"]
+    assert "EXTRA=x" in c2["Env"] and not any(e.startswith("CUDA_VISIBLE") for e in c2["Env"])
+    assert c2["Labels"]["autopilot.replica"] == "1"
+    assert two.log_path.name == "endpoint-1.log"

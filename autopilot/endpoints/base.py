@@ -147,9 +147,16 @@ class Endpoint:
         from autopilot.sandbox import LABEL_ROLE, LABEL_STATE, gpu_requests
 
         d = self.cfg.docker  # type: ignore[attr-defined]
-        env = {**getattr(self.cfg, "env", {}), **self.arm_setting.env}
+        mine = dict(self.cfg.replica_env[self.replica]) \
+            if self.replica < len(self.cfg.replica_env) else {}
+        # A replica's CUDA_VISIBLE_DEVICES picks the GPUs handed to its container (Docker
+        # DeviceRequests by id); inside, they are renumbered from 0, so the variable itself
+        # stays outside.
+        devices = mine.pop("CUDA_VISIBLE_DEVICES", None)
+        gpus = devices if devices is not None and d.gpus != "none" else d.gpus
+        env = {**getattr(self.cfg, "env", {}), **mine, **self.arm_setting.env}
         binds = [*(f"{d.model_dir}:{d.model_dir}:ro" for _ in [0] if d.model_dir), *d.binds]
-        host: dict[str, Any] = {"Binds": binds, "DeviceRequests": gpu_requests(d.gpus)}
+        host: dict[str, Any] = {"Binds": binds, "DeviceRequests": gpu_requests(gpus)}
         if d.network == "host":
             host["NetworkMode"] = "host"
         else:
@@ -159,7 +166,8 @@ class Endpoint:
             "Image": d.image or self.default_image,
             "Cmd": self.container_cmd(),
             "Env": [f"{k}={v}" for k, v in env.items()],
-            "Labels": {LABEL_STATE: str(self.state_dir), LABEL_ROLE: "endpoint"},
+            "Labels": {LABEL_STATE: str(self.state_dir), LABEL_ROLE: "endpoint",
+                       "autopilot.replica": str(self.replica)},
             "ExposedPorts": {f"{self.port}/tcp": {}},
             "HostConfig": host,
         }
