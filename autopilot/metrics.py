@@ -102,16 +102,14 @@ def _num(v: Any) -> float:
         and math.isfinite(v) else 0.0
 
 
-def _gauge(name: str, doc: str, values: list[str], value: float,
-           extra: list[str] | None = None) -> GaugeMetricFamily:
-    g = GaugeMetricFamily(name, doc, labels=["preset", *(extra or [])])
+def _gauge(name: str, doc: str, values: list[str], value: float) -> GaugeMetricFamily:
+    g = GaugeMetricFamily(name, doc, labels=["preset"])
     g.add_metric(values, value)
     return g
 
 
-def _counter(name: str, doc: str, values: list[str], value: float,
-             extra: list[str] | None = None) -> CounterMetricFamily:
-    c = CounterMetricFamily(name, doc, labels=["preset", *(extra or [])])
+def _counter(name: str, doc: str, values: list[str], value: float) -> CounterMetricFamily:
+    c = CounterMetricFamily(name, doc, labels=["preset"])
     c.add_metric(values, value)
     return c
 

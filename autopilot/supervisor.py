@@ -497,7 +497,7 @@ class Supervisor:
             else:
                 k = Keeper(ep, partial(self.emit, replica=i),
                            partial(self.milestone, replica=i), self.clock)
-            k.on_throttled = lambda _after: self._throttled()
+            k.on_throttled = self._throttled
             self.keepers.append(k)
             self.replica_slots.append(anyio.Semaphore(per if n > 1 else
                                                       self.preset.run.concurrency))

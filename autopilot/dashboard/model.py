@@ -40,6 +40,7 @@ class DashData:
     events: list[dict[str, Any]] = field(default_factory=list)
     completions: list[float] = field(default_factory=list)
     baseline: dict[str, Any] | None = None
+    ledger: Ledger | None = None  # the replay behind ``cells`` (metrics read its counters)
 
     def cell(self, task: str, arm: str, n: int) -> CellState | None:
         return self.cells.get(f"{task}_{arm}_v{n}")
@@ -117,6 +118,7 @@ def load(state_dir: Path, recent: int = 8) -> DashData | None:
         cells=ledger.cells, trust=ledger.trust(), events=events[-recent:],
         completions=completions,
         baseline=status["baseline"] if isinstance(status.get("baseline"), dict) else None,
+        ledger=ledger,
     )
 
 

@@ -171,20 +171,14 @@ class Server:
             "Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     def _metrics(self) -> bytes | None:
-        from autopilot.ledger import Ledger
         from autopilot.metrics import exposition
-        from autopilot.plan import Cell
 
         d = model.load(self.state_dir)
-        if d is None:
+        if d is None or d.ledger is None:
             return None
-        ledger = Ledger([Cell(c.task, c.arm, c.n) for c in d.cells.values()])
-        for ev in read_events(self.state_dir / "journal.jsonl").events:
-            ledger.apply(ev)
         raw = read_json(self.state_dir / "status.json")
-        status = d.status if isinstance(raw, dict) else {}
-        return exposition(ledger, status, look(self.state_dir, raw if isinstance(raw, dict)
-                                               else {}))
+        return exposition(d.ledger, d.status, look(self.state_dir,
+                                                   raw if isinstance(raw, dict) else {}))
 
     async def static(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]

@@ -52,7 +52,7 @@ class Keeper:
         self._decoding_lock = anyio.Lock()
         endpoint.on_spawn = lambda **kw: self.emit("endpoint_spawned", **kw)
         # A hosted provider answering 429: up, but throttled (see autopilot.throttle).
-        self.on_throttled: Callable[[float], None] = lambda retry_after: None
+        self.on_throttled: Callable[[], None] = lambda: None
 
     @property
     def is_up(self) -> bool:
@@ -148,7 +148,7 @@ class Keeper:
                 ok, why = False, str(e)
             if ok and why.startswith("throttled"):
                 self.emit("endpoint_throttled", why=why)
-                self.on_throttled(float(why.rsplit(" ", 1)[-1].rstrip("s") or 1))
+                self.on_throttled()
             if ok:
                 if self.state != "up":
                     down = self.clock() - (self.down_since or self.clock())
