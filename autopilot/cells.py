@@ -124,6 +124,7 @@ class CellRun:
         self.token = uuid.uuid4().hex
         self.tracker: Tracker | None = None
         self.abandoned = False
+        self.launched: float | None = None  # monotonic, when the harness was spawned
 
     # ------------------------------------------------------------------ helpers
 
@@ -242,6 +243,7 @@ class CellRun:
             spool.write(f"--- attempt {self.attempt} argv: {cx.redact(str(argv))}\n".encode())
             spool.flush()
             try:
+                self.launched = time.monotonic()
                 proc = await spawn(
                     argv, cwd=cwd, env=self._env(deadline_epoch), stdout=spool,
                     stderr=subprocess.STDOUT, start_new_session=True,
@@ -365,6 +367,8 @@ class CellRun:
                 tail = await anyio.to_thread.run_sync(log_tail, self.spool, 3)
                 if tail:
                     c = replace(c, detail=f"{c.detail}; launcher log: {tail}")
+            if c.launched is None:  # decided without a grader: the harness's evidence
+                c = replace(c, launched=self.launched or time.monotonic())
             return c
         finally:
             self._clean_scratch()

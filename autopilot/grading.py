@@ -12,7 +12,9 @@ import contextlib
 import math
 import subprocess
 import tarfile
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -197,12 +199,14 @@ async def grade_outputs(
     tries = g.retries + 1
     for n in range(1, tries + 1):
         env["AUTOPILOT_GRADE_TRY"] = str(n)
+        launched = time.monotonic()
         grade = await run_grader(
             argv, cwd=_grader_cwd(p, ctx), env=env, timeout=g.timeout_secs,
             grade_file=Path(ctx["grade_file"]), log_path=grade_log, extract=extract,
             roots=roots, state_dir=state_dir,
         )
-        c = classify(outcome, grade, g.verdicts, checks, g.verdict_field)
+        c = replace(classify(outcome, grade, g.verdicts, checks, g.verdict_field),
+                    launched=launched)
         if not c.grade_side or n == tries:
             return c
         if on_retry is not None:

@@ -67,20 +67,53 @@ def should_quarantine(invalid_attempts: int, infra_retries: int) -> bool:
     return invalid_attempts > infra_retries
 
 
-@dataclass
+StreakKind = Literal["break", "healthy", "neutral"]
+STREAK_MEMORY = 256  # results remembered for ordering; a streak is never that long
+
+
+@dataclass(frozen=True)
 class StreakState:
-    count: int = 0
-    alarmed: bool = False
+    """Recent results as (launch stamp, is a break), ordered by launch, and the stamps of
+    the breaks that already alarmed."""
+    seen: tuple[tuple[float, bool], ...] = ()
+    alarmed: frozenset[float] = frozenset()
+
+    @property
+    def count(self) -> int:
+        """Breaks at the end of the launch order: the streak as it stands."""
+        n = 0
+        for _, brk in reversed(self.seen):
+            if not brk:
+                break
+            n += 1
+        return n
 
 
-def streak_step(state: StreakState, is_break: bool, threshold: int) -> tuple[StreakState, bool]:
-    """Harness-break streak: True exactly once when a run of ``threshold`` consecutive
-    breaks is reached; a healthy grade resets it so a later streak alarms again."""
-    if not is_break:
-        return StreakState(), False
-    count = state.count + 1
-    fire = count >= threshold and not state.alarmed
-    return StreakState(count=count, alarmed=state.alarmed or fire), fire
+def streak_step(state: StreakState, kind: StreakKind, launched: float,
+                threshold: int) -> tuple[StreakState, bool]:
+    """Harness-break streak: True exactly once when ``threshold`` breaks follow each other
+    in *launch* order; a healthy result launched between them splits the streak, so a
+    later streak alarms again. Launch order, not completion order: with cells running
+    at once, a grader that crashed may be reported just after a healthy grade that
+    started later, and three crashes in a row must still read as three in a row.
+    A neutral result (INVALID for infrastructure: a stall, the endpoint down) says
+    nothing about the harness and leaves the streak as it is."""
+    if kind == "neutral":
+        return state, False
+    seen = sorted((*state.seen, (launched, kind == "break")))[-STREAK_MEMORY:]
+    i = seen.index((launched, kind == "break"))
+    if kind == "healthy":
+        return StreakState(tuple(seen), state.alarmed), False
+    lo, hi = i, i  # the run of breaks around the new one
+    while lo > 0 and seen[lo - 1][1]:
+        lo -= 1
+    while hi + 1 < len(seen) and seen[hi + 1][1]:
+        hi += 1
+    run = {stamp for stamp, _ in seen[lo:hi + 1]}
+    fire = hi - lo + 1 >= threshold and not (run & state.alarmed)
+    kept = {stamp for stamp, _ in seen}
+    alarmed = (state.alarmed | run) if fire or run & state.alarmed else state.alarmed
+    return StreakState(tuple(seen), frozenset(alarmed & kept)), fire
 
 
 class Ledger:

@@ -18,6 +18,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from functools import partial
@@ -866,7 +867,8 @@ class Supervisor:
         self._streak_step(cid, c)
 
     def _streak_step(self, cid: str, c: Classification) -> None:
-        self.streak, fire = streak_step(self.streak, c.harness_break,
+        launched = c.launched if c.launched is not None else time.monotonic()
+        self.streak, fire = streak_step(self.streak, c.streak_kind, launched,
                                         self.preset.trust.anomaly_streak)
         if not fire:
             return

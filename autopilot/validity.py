@@ -66,10 +66,21 @@ class Classification:
     detail: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     streak: bool = False  # the verdict word counts towards the harness-break streak
+    # When the process whose evidence decided this was launched (monotonic): the
+    # harness-break streak is counted in launch order (autopilot.ledger.streak_step).
+    launched: float | None = None
 
     @property
     def harness_break(self) -> bool:
         return self.streak or self.reason in STREAK_REASONS
+
+    @property
+    def streak_kind(self) -> Literal["break", "healthy", "neutral"]:
+        """What this says about the harness and grader: broken, working (a grade came
+        back), or nothing (INVALID for infrastructure: a stall, the endpoint down)."""
+        if self.harness_break:
+            return "break"
+        return "healthy" if self.verdict in ("PASS", "FAIL") else "neutral"
 
     @property
     def grade_side(self) -> bool:

@@ -125,10 +125,31 @@ def test_retry_then_quarantine() -> None:
 
 def test_streak_fires_once_per_streak() -> None:
     s, fired = StreakState(), []
-    for brk in [True, True, True, True, False, True, True, True]:
-        s, f = streak_step(s, brk, 3)
+    for t, brk in enumerate([True, True, True, True, False, True, True, True]):
+        s, f = streak_step(s, "break" if brk else "healthy", float(t), 3)
         fired.append(f)
     assert fired == [False, False, True, False, False, False, False, True]
+
+
+@pytest.mark.parametrize(("arrivals", "fires_at"), [
+    # (launch stamp, kind) in the order the results arrive
+    # three crashes launched in a row; a healthy grade launched after them reports first
+    ([(1, "break"), (2, "break"), (4, "healthy"), (3, "break")], 3),
+    # a healthy grade launched between the crashes splits them: no streak
+    ([(1, "break"), (3, "break"), (2, "healthy"), (4, "break")], None),
+    # infrastructure INVALIDs (a stall, the endpoint down) neither count nor split
+    ([(1, "break"), (2, "neutral"), (3, "break"), (4, "neutral"), (5, "break")], 4),
+    # a late crash joining a streak that already alarmed does not alarm again
+    ([(1, "break"), (2, "break"), (4, "break"), (3, "break"), (5, "break")], 2),
+])
+def test_streak_counts_in_launch_order(arrivals: list[tuple[int, str]],
+                                       fires_at: int | None) -> None:
+    s, fired = StreakState(), []
+    for i, (t, kind) in enumerate(arrivals):
+        s, f = streak_step(s, kind, float(t), 3)  # type: ignore[arg-type]
+        if f:
+            fired.append(i)
+    assert fired == ([] if fires_at is None else [fires_at])
 
 
 def test_restart_policy() -> None:
