@@ -216,14 +216,20 @@ def dry_run_text(preset: Preset, plan: Plan, state_dir: Path, warnings: list[str
         f"{c['pending'] + c['running'] + c['grading']} pending | {c['invalid']} invalid | "
         f"{c['quarantined']} quarantined | {c['ungraded']} ungraded",
     ]
-    ep = preset.endpoint
-    if ep.replicas > 1:
+    ep, backend = preset.endpoint, preset.backend
+    if backend.kind == "ray":
+        from autopilot.rayexec import placement_lines  # imports no Ray
+
+        lines += placement_lines(backend.resources, ep.replicas, backend.placement,
+                                 backend.address)
+    if ep.replicas > 1 or backend.kind == "ray":
         per = ep.slots or -(-preset.run.concurrency // ep.replicas)
+        where = "its Ray node" if backend.kind == "ray" else "this machine"
         for i in range(ep.replicas):
             env = ep.replica_env[i] if i < len(ep.replica_env) else {}
             port = ep.port + i if ep.port else "free port"
             pinned = [a.label for a in preset.arms if a.replicas and i in a.replicas]
-            lines.append(f"replica {i}: this machine, port {port}, {per} slot(s), env "
+            lines.append(f"replica {i}: {where}, port {port}, {per} slot(s), env "
                          f"{', '.join(f'{k}={v}' for k, v in env.items()) or '(shared)'}"
                          + (f", pinned arms {', '.join(pinned)}" if pinned else ""))
     lines += env_lines(preset)

@@ -426,6 +426,34 @@ class Budget(_Frozen):
     usd: float | None = Field(default=None, gt=0)
 
 
+class Backend(_Frozen):
+    """Where cells run: this machine (``local``), or the nodes of a Ray cluster (``ray``:
+    ``pip install 'bench-autopilot[ray]'``; autopilot.rayexec). With Ray, a named actor on
+    a node owns each endpoint replica and runs that replica's cells with the same local
+    machinery; the supervisor on the head decides and journals."""
+
+    kind: Literal["local", "ray"] = "local"
+    address: str = "auto"  # the cluster (``ray start --head`` prints it), e.g. HEAD:6379
+    namespace: str = "bench-autopilot"
+    placement: Literal["spread", "pack", "strict_spread", "strict_pack"] = "spread"
+    # Ray resources of each replica's bundle, e.g. {GPU = 1}, or a custom resource a
+    # node was started with ({gpu_box_a = 1}); one entry per replica, or one for all.
+    resources: list[dict[str, float]] = Field(default_factory=list)
+    # The state dir is on storage every node mounts at the same path (NFS, or one host):
+    # cells' outputs, transcripts and logs land there directly. Required for now;
+    # shipping artifacts back from nodes without shared storage is not built.
+    shared_state_dir: bool = False
+    start_timeout_secs: float = Field(default=120, gt=0)  # placement + actors ready
+    poll_secs: float = Field(default=0.25, gt=0)  # how often actors' events are drained
+
+    @model_validator(mode="after")
+    def _shared(self) -> Backend:
+        if self.kind == "ray" and not self.shared_state_dir:
+            raise ValueError("backend.kind = 'ray' needs backend.shared_state_dir = true "
+                             "(the state dir on storage every node mounts at the same path)")
+        return self
+
+
 class Preset(_Frozen):
     name: str = ""
     description: str = ""
@@ -446,6 +474,7 @@ class Preset(_Frozen):
     baseline: Baseline | None = None
     comparators: dict[str, float] = Field(default_factory=dict)
     rate_card: dict[str, tuple[float, float]] = Field(default_factory=dict)
+    backend: Backend = Field(default_factory=Backend)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Preset:
@@ -480,7 +509,29 @@ class Preset(_Frozen):
             raise ValueError("endpoint.replicas > 1 needs every arm on the same endpoint "
                              "settings (arms that restart the endpoint run one group at a "
                              "time); pin arms to replicas instead")
+        self._check_backend()
         return self
+
+    def _check_backend(self) -> None:
+        b, r = self.backend, self.endpoint.replicas
+        if b.kind != "ray":
+            if b.resources:
+                raise ValueError("backend.resources is for backend.kind = 'ray'")
+            return
+        if len(b.resources) not in (0, 1, r):
+            raise ValueError(f"backend.resources has {len(b.resources)} entries for {r} "
+                             "replica(s): give one per replica, or one for all")
+        if len({json.dumps(a.endpoint.model_dump(mode="json"), sort_keys=True)
+                for a in self.arms}) > 1:
+            raise ValueError("backend.kind = 'ray' needs every arm on the same endpoint "
+                             "settings; pin arms to replicas instead")
+        if self.grader.mode != "per-cell":
+            raise ValueError("backend.kind = 'ray' grades on the node: grader.mode must "
+                             "be 'per-cell'")
+        if self.harness.sandbox_container or getattr(self.endpoint, "mode", "") == "docker":
+            raise ValueError("backend.kind = 'ray' runs endpoints and harnesses as processes "
+                             "on the nodes (Docker on nodes is not built yet): leave "
+                             "harness.sandbox_container unset and endpoint.mode = 'process'")
 
     _env_refs: tuple[EnvRef, ...] = PrivateAttr(default=())
 

@@ -150,7 +150,9 @@ class Supervisor:
         self.journal: Journal | None = None
         self.lock = RunLock(self.state_dir)
         self.keeper: Keeper | None = None  # replica 0 (the only one, usually)
-        self.keepers: list[Keeper] = []
+        # Keeper, or rayexec.RemoteKeeper (the same surface) under the Ray backend
+        self.keepers: list[Any] = []
+        self.executor: Any = None  # rayexec.RayExecutor when backend.kind = "ray"
         self.replica_slots: list[anyio.Semaphore] = []
         self._cxs: dict[int, CellContext] = {}
         self.phase = "starting"
@@ -249,8 +251,8 @@ class Supervisor:
                 "engine": self.preset.endpoint.engine, "state": "not running"},
             "endpoints": [{**k.describe(), "slots": self._replica_slots,
                            "slots_used": self._replica_slots - self.replica_slots[i].value}
-                          for i, k in enumerate(self.keepers)] if len(self.keepers) > 1
-            else None,
+                          for i, k in enumerate(self.keepers)]
+            if len(self.keepers) > 1 or self.executor else None,
             "thresholds": {"warn_secs": self.preset.watchdog.warn_secs,
                            "stuck_secs": self.preset.watchdog.stuck_secs},
             "baseline": self.preset.baseline.model_dump() if self.preset.baseline else None,
@@ -296,12 +298,16 @@ class Supervisor:
                         error=str(e))
 
     def _on_tick(self, cid: str, state: Any, tier: str) -> None:
+        self.apply_tick(cid, self.clock() - state.last_transcript, tier, state.last_signal)
+
+    def apply_tick(self, cid: str, frozen_secs: float, tier: str, last_signal: Any) -> None:
+        """A running cell's watchdog tick (from here, or from a node's actor)."""
         cell = self.ledger.cells.get(cid)
         if cell is not None:
-            cell.frozen_secs = self.clock() - state.last_transcript
+            cell.frozen_secs = frozen_secs
             changed = tier != cell.tier
             cell.tier = tier
-            cell.last_signal = state.last_signal
+            cell.last_signal = last_signal
             # frozen_secs moves on every tick; rewriting status.json for that alone is
             # only worth it every few seconds (a tier change is written at once).
             now = self.clock()
@@ -490,6 +496,15 @@ class Supervisor:
         n = self.preset.endpoint.replicas
         setting, group = self._pending_group()
         per = self._replica_slots
+        if self.preset.backend.kind == "ray":
+            from autopilot.rayexec import RayExecutor  # only with the [ray] extra
+
+            self.executor = RayExecutor(self)
+            self.keepers = list(self.executor.keepers)
+            self.replica_slots = [anyio.Semaphore(per if n > 1 else self.preset.run.concurrency)
+                                  for _ in range(n)]
+            self.keeper = self.keepers[0]
+            return
         for i in range(n):
             ep = make_endpoint(self.preset, self.state_dir, i)
             ep.arm_setting, ep.arm_group = setting, group
@@ -536,7 +551,7 @@ class Supervisor:
 
     def _endpoint_failed(self) -> str | None:
         """Why no replica can serve any more, or None while one can."""
-        fails = [k.failed for k in self.keepers]
+        fails: list[str | None] = [k.failed for k in self.keepers]
         if not fails or not all(fails):
             return None
         if len(fails) == 1:
@@ -605,6 +620,8 @@ class Supervisor:
                         self.redactor.scrub_file(k.ep.log_path)
                     if not k.ep.attached and k.state != "failed":
                         k.state = "stopped"
+                if self.executor is not None:
+                    await self.executor.close()
                 if docker is not None:
                     await docker.close()
                 self.phase_final_write()
@@ -770,9 +787,11 @@ class Supervisor:
     async def _run_cell(self, cell: Any, attempt: int, slots: anyio.Semaphore,
                         replica: int = 0) -> None:
         try:
-            run = CellRun(self._cell_context(replica), cell, attempt)
+            run = None if self.executor else CellRun(self._cell_context(replica), cell, attempt)
             try:
-                if self.preset.grader.mode == "per-cell":
+                if run is None:  # on a node of the cluster (autopilot.rayexec)
+                    result = await self.executor.run(cell, attempt, replica)
+                elif self.preset.grader.mode == "per-cell":
                     result = await run.run()
                 else:
                     result = await self._execute_per_arm(run)

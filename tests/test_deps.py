@@ -22,7 +22,8 @@ def pins() -> dict[str, str]:
 
 def requirements() -> list[Requirement]:
     doc = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    reqs = doc["project"]["dependencies"] + doc["project"]["optional-dependencies"]["test"]
+    extras = doc["project"]["optional-dependencies"]
+    reqs = doc["project"]["dependencies"] + extras["test"] + extras["ray"]
     return [Requirement(r) for r in reqs]
 
 

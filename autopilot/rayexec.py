@@ -1,0 +1,419 @@
+"""The Ray backend, supervisor side: where cells run when ``backend.kind = "ray"``.
+
+The supervisor stays the one event loop that decides (ledger, passes, retries, which
+replica gets a cell); this module only carries those decisions to the nodes and their
+reports back. Each endpoint replica is a named, detached ``NodeAgent`` actor
+(autopilot.raynode) in one bundle of a placement group (spread or pack). A
+``RemoteKeeper`` mirrors that actor's keeper for the supervisor (up, down, failed,
+restarts), draining the actor's buffered events into the journal as it polls.
+
+Failure semantics:
+- An actor or its node lost: every cell it was running is INVALID(node_lost), never
+  FAIL, and goes back to the queue like any INVALID cell; the lease's processes are
+  killed on that machine where a live node can reach it (``sweep_lease``); a new actor
+  (the next incarnation, a new lease) is created in the bundle once Ray can place it.
+- A result is accepted only from the lease that was asked for it; a late one is ignored.
+- A supervisor SIGKILLed leaves its detached actors and placement group behind: the next
+  one (the lock held) stops them first, so nothing a predecessor started runs on beside
+  the re-queued cells, then creates its own.
+
+Imported only when a preset asks for Ray (``pip install 'bench-autopilot[ray]'``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from autopilot.errors import ConfigError, EndpointError, EndpointFailed
+from autopilot.logsetup import get_logger
+from autopilot.raynode import NodeAgent, lease_of, sweep_lease
+from autopilot.validity import Classification
+
+if TYPE_CHECKING:
+    from autopilot.plan import Cell
+    from autopilot.supervisor import Supervisor
+
+log = get_logger(__name__)
+
+STRATEGY = {"spread": "SPREAD", "pack": "PACK", "strict_spread": "STRICT_SPREAD",
+            "strict_pack": "STRICT_PACK"}
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as e:
+        raise ConfigError("backend.kind = 'ray' needs Ray on this machine and every node: "
+                          "pip install 'bench-autopilot[ray]'") from e
+    return ray
+
+
+def bundle_of(resources: dict[str, float]) -> dict[str, float]:
+    """A replica's placement bundle; a replica that asks for nothing takes one CPU."""
+    return dict(resources) or {"CPU": 1.0}
+
+
+def actor_options(bundle: dict[str, float]) -> dict[str, Any]:
+    """Ray actor options asking for exactly the bundle (GPUs by ``num_gpus``, so Ray
+    sets the actor's CUDA_VISIBLE_DEVICES, which the endpoint then inherits)."""
+    custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
+    return {"num_cpus": bundle.get("CPU", 0), "num_gpus": bundle.get("GPU", 0),
+            "resources": custom or None}
+
+
+def placement_lines(resources: list[dict[str, float]], replicas: int, placement: str,
+                    address: str) -> list[str]:
+    """What --dry-run says about where replicas go (Ray places them at run time)."""
+    lines = [f"ray cluster {address}: {replicas} replica actor(s), placement "
+             f"{STRATEGY[placement]}"]
+    for i in range(replicas):
+        res = resources[i] if len(resources) > 1 else (resources[0] if resources else {})
+        lines.append(f"  replica {i} -> a node with {bundle_of(res)}")
+    return lines
+
+
+class RemoteEndpoint:
+    """What the supervisor touches of a replica's endpoint when it runs on a node."""
+
+    attached = False
+
+    def __init__(self, executor: RayExecutor, replica: int, log_path: Path,
+                 arm_group: tuple[str, ...]) -> None:
+        self.executor = executor
+        self.replica = replica
+        self.log_path = log_path
+        self.arm_group = arm_group
+
+    async def stop(self) -> None:
+        await self.executor.stop_replica(self.replica)
+
+    async def aclose(self) -> None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": self.executor.sup.preset.endpoint.engine, "replica": self.replica}
+
+
+class RemoteKeeper:
+    """The supervisor's view of a keeper that runs in a node's actor."""
+
+    def __init__(self, executor: RayExecutor, replica: int, endpoint: RemoteEndpoint) -> None:
+        self.x = executor
+        self.i = replica
+        self.ep = endpoint
+        self.state = "starting"
+        self.failed: str | None = None
+        self.lost_since: float | None = None
+        self.seen: dict[str, Any] = {}  # the actor's keeper, as last polled
+        self.where: dict[str, Any] = {}  # node, host, ip, devices of the live actor
+        self.incarnation = 0
+        self.restarts: list[float] = []  # recreations after a loss, on the monotonic clock
+        self.on_throttled: Callable[[], None] = lambda: None
+
+    @property
+    def is_up(self) -> bool:
+        return self.state == "up"
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.seen, **self.ep.describe(), "state": self.state,
+                "failed": self.failed,
+                "restarts": len(self.restarts) + int(self.seen.get("restarts", 0)),
+                "node": self.where.get("node", "")[:12], "host": self.where.get("host"),
+                "ip": self.where.get("ip"), "devices": self.where.get("devices"),
+                "lease": self.where.get("lease"), "backend": "ray"}
+
+    async def start(self) -> None:
+        await self.x.start_replica(self.i)
+
+    async def wait_up(self) -> None:
+        while not self.is_up:
+            if self.failed:
+                raise EndpointFailed(self.failed)
+            await anyio.sleep(self.x.poll_secs)
+
+    async def watch(self) -> None:
+        await self.x.watch(self.i)
+
+
+class RayExecutor:
+    """Runs each replica's cells in its node actor; see the module doc."""
+
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+        self.cfg = sup.preset.backend
+        self.poll_secs = self.cfg.poll_secs
+        self.ray = _ray()
+        self.n = sup.preset.endpoint.replicas
+        res = self.cfg.resources
+        self.bundles = [bundle_of(res[i] if len(res) > 1 else (res[0] if res else {}))
+                        for i in range(self.n)]
+        from autopilot.plan import arm_groups
+
+        group = arm_groups(sup.preset)[0][1]
+        self.keepers = [RemoteKeeper(self, i, RemoteEndpoint(
+            self, i, sup.state_dir / (f"endpoint-{i}.log" if self.n > 1 else "endpoint.log"),
+            group)) for i in range(self.n)]
+        self.actors: list[Any] = [None] * self.n
+        self.pg: Any = None
+        self._ready = anyio.Lock()
+        self._connected = False
+        self._drain_locks = [anyio.Lock() for _ in range(self.n)]
+        # Attempts sent to each replica's current lease and not answered yet.
+        self.inflight: list[set[tuple[str, int]]] = [set() for _ in range(self.n)]
+        self.revoked: list[list[tuple[str, int]]] = [[] for _ in range(self.n)]
+
+    # ------------------------------------------------------------------ names
+
+    def _name(self, what: str) -> str:
+        return f"autopilot-{self.sup.run_token[:16]}-{what}"
+
+    # ------------------------------------------------------------------ start-up
+
+    async def ready(self) -> None:
+        """Connect, stop what a dead predecessor left, place the bundles (once)."""
+        async with self._ready:
+            if self._connected:
+                return
+            await anyio.to_thread.run_sync(self._connect)
+            await self._reap_predecessors()
+            await anyio.to_thread.run_sync(self._place)
+            self._connected = True
+
+    def _connect(self) -> None:
+        ray = self.ray
+        if not ray.is_initialized():
+            ray.init(address=self.cfg.address, namespace=self.cfg.namespace,
+                     log_to_driver=False, logging_level="WARNING")
+
+    async def _reap_predecessors(self) -> None:
+        ray = self.ray
+        for i in range(self.n):
+            try:
+                old = ray.get_actor(self._name(f"r{i}"), namespace=self.cfg.namespace)
+            except ValueError:
+                continue
+            stopped: list[str] = []
+            try:
+                with anyio.fail_after(60):
+                    stopped = await old.stop.remote()
+            except Exception as e:  # dead or hung: killed below either way
+                log.warning("ray_predecessor_stop_failed", replica=i, error=str(e))
+            ray.kill(old, no_restart=True)
+            self.sup.emit("ray_actor_reaped", replica=i, killed_cells=stopped,
+                          why="left by a supervisor that did not stop it")
+        try:
+            pg = ray.util.get_placement_group(self._name("pg"))
+        except ValueError:
+            return
+        ray.util.remove_placement_group(pg)
+
+    def _place(self) -> None:
+        ray = self.ray
+        self.pg = ray.util.placement_group(
+            self.bundles, strategy=STRATEGY[self.cfg.placement], name=self._name("pg"),
+            lifetime="detached")
+        try:
+            ray.get(self.pg.ready(), timeout=self.cfg.start_timeout_secs)
+        except ray.exceptions.GetTimeoutError:
+            ray.util.remove_placement_group(self.pg)
+            raise EndpointError(
+                f"Ray could not place {self.n} replica bundle(s) {self.bundles} "
+                f"({STRATEGY[self.cfg.placement]}) within {self.cfg.start_timeout_secs:g}s: "
+                f"the cluster has {ray.cluster_resources()}") from None
+
+    def _new_actor(self, i: int) -> Any:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        k = self.keepers[i]
+        k.incarnation += 1
+        cls = self.ray.remote(NodeAgent)
+        return cls.options(
+            name=self._name(f"r{i}"), namespace=self.cfg.namespace, lifetime="detached",
+            max_restarts=0, max_task_retries=0, max_concurrency=10_000,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=self.pg, placement_group_bundle_index=i),
+            **actor_options(self.bundles[i]),
+        ).remote(self.sup.preset, str(self.sup.state_dir), i, k.incarnation,
+                 self.sup.run_token)
+
+    async def start_replica(self, i: int) -> None:
+        await self.ready()
+        k = self.keepers[i]
+        actor = self._new_actor(i)
+        self.actors[i] = actor
+        try:
+            with anyio.fail_after(self.cfg.start_timeout_secs
+                                  + self.sup.preset.endpoint.startup_timeout_secs):
+                k.where = await actor.start.remote()
+        except TimeoutError:
+            self.ray.kill(actor, no_restart=True)
+            raise EndpointError(f"replica {i}: its actor did not start in time") from None
+        except self.ray.exceptions.RayError as e:
+            await self._drain(i)  # the keeper's own account of why
+            self.ray.kill(actor, no_restart=True)
+            raise EndpointError(f"replica {i}: {_short(e)}") from None
+        k.state = "up"
+        k.lost_since = None
+        self.sup.emit("ray_replica_started", replica=i, **k.where)
+        await self._drain(i)
+
+    # ------------------------------------------------------------------ the loop
+
+    async def _drain(self, i: int) -> bool:
+        """Journal what replica ``i``'s actor buffered; False when it is unreachable."""
+        actor = self.actors[i]
+        if actor is None:
+            return False
+        async with self._drain_locks[i]:
+            revoked, self.revoked[i] = self.revoked[i], []
+            try:
+                got = await actor.poll.remote([list(r) for r in revoked])
+            except self.ray.exceptions.RayActorError as e:
+                self.revoked[i] = revoked + self.revoked[i]
+                self._lost(i, _short(e))
+                return False
+            self._apply(i, got)
+            return True
+
+    def _apply(self, i: int, got: dict[str, Any]) -> None:
+        sup, k = self.sup, self.keepers[i]
+        tag = {"replica": i, "node": k.where.get("node", "")[:12]}
+        for ev in got["events"]:
+            name = ev.pop("event")
+            if name == "__milestone__":
+                sup.milestone(ev.pop("kind"), **{**ev, **tag})
+            elif name == "__grade_failure__":
+                sup._on_grade_failure(ev["cell"], ev["classification"])
+            else:
+                sup.emit(name, **{**ev, **tag})
+        for cid, t in got["ticks"].items():
+            sup.apply_tick(cid, t["frozen_secs"], t["tier"], t["last_signal"])
+        seen = got.get("keeper")
+        if seen is not None:
+            k.seen = {key: seen[key] for key in ("port", "engine", "down_secs", "down_since",
+                                                 "restarts") if key in seen}
+            if seen.get("failed"):
+                k.failed = f"replica {i}: {seen['failed']}"
+                k.state = "failed"
+            elif k.state != "lost":
+                k.state = seen.get("state", k.state)
+
+    def _lost(self, i: int, why: str) -> None:
+        k = self.keepers[i]
+        if k.state in ("lost", "failed", "stopped"):
+            return
+        k.state = "lost"
+        k.lost_since = time.monotonic()
+        self.sup.milestone("node_lost", replica=i, node=k.where.get("node", "")[:12],
+                           host=k.where.get("host"), why=why,
+                           running=sorted(f"{c}#{a}" for c, a in self.inflight[i]))
+
+    async def watch(self, i: int) -> None:
+        """Poll replica ``i`` for ever: journal its events, notice a lost actor, recreate
+        it (a new lease) once Ray can place it, give up after the backend's timeout."""
+        k = self.keepers[i]
+        while k.state not in ("failed", "stopped"):
+            await anyio.sleep(self.poll_secs)
+            if k.state == "lost":
+                await self._recover(i)
+            else:
+                await self._drain(i)
+
+    async def _recover(self, i: int) -> None:
+        k = self.keepers[i]
+        lease = lease_of(i, k.incarnation)
+        await self._sweep(i, lease)
+        old, self.actors[i] = self.actors[i], None
+        if old is not None:  # merely unreachable, perhaps: it must not come back as i
+            self.ray.kill(old, no_restart=True)
+        assert k.lost_since is not None
+        limit = self.cfg.start_timeout_secs + self.sup.preset.endpoint.startup_timeout_secs
+        try:
+            with anyio.fail_after(max(1.0, limit - (time.monotonic() - k.lost_since))):
+                await self.start_replica(i)
+        except (EndpointError, TimeoutError) as e:
+            k.failed = f"replica {i}: lost and not recreated: {e or 'no room in the cluster'}"
+            k.state = "failed"
+            self.sup.milestone("endpoint_failed", replica=i, why=k.failed)
+            return
+        k.restarts.append(time.monotonic())
+        self.sup.milestone("endpoint_restart", replica=i, why="replica recreated after "
+                           "its node was lost", node=k.where.get("node", "")[:12])
+
+    async def _sweep(self, i: int, lease: str) -> None:
+        """Kill the lost lease's processes on its machine, from a live node there."""
+        ray = self.ray
+        ip = self.keepers[i].where.get("ip")
+        nodes = [n for n in await anyio.to_thread.run_sync(ray.nodes)
+                 if n.get("Alive") and n.get("NodeManagerAddress") == ip]
+        if not nodes:
+            self.sup.emit("lease_sweep_unreachable", replica=i, lease=lease, ip=ip,
+                          why="no live node on that machine: its processes end with it")
+            return
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        task = ray.remote(sweep_lease).options(
+            num_cpus=0, max_retries=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[0]["NodeID"], soft=False))
+        try:
+            with anyio.fail_after(60):
+                pids = await task.remote(self.sup.run_token, lease,
+                                         self.sup.preset.watchdog.kill_grace_secs)
+        except Exception as e:  # a sweep that failed is said, not fatal
+            self.sup.emit("lease_sweep_failed", replica=i, lease=lease, error=_short(e))
+            return
+        self.sup.emit("lease_swept", replica=i, lease=lease, pids=pids)
+
+    # ------------------------------------------------------------------ cells
+
+    async def run(self, cell: Cell, attempt: int, replica: int) -> Classification | None:
+        """Run one attempt on the replica's actor; its verdict, INVALID(node_lost) when
+        the actor or node went away, or None when it was abandoned (stopping)."""
+        i, k = replica, self.keepers[replica]
+        actor, key = self.actors[i], (cell.id, attempt)
+        self.inflight[i].add(key)
+        try:
+            c: Classification | None = await actor.run_cell.remote(cell, attempt)
+        except self.ray.exceptions.RayActorError as e:
+            self._lost(i, _short(e))
+            self.revoked[i].append(key)  # if the actor was only unreachable, it kills it
+            await self._sweep(i, lease_of(i, k.incarnation))
+            return Classification(
+                "INVALID", reason="node_lost", launched=time.time(),
+                detail=f"replica {i} on {k.where.get('host')} "
+                       f"(node {k.where.get('node', '')[:12]}) lost: {_short(e)}")
+        finally:
+            self.inflight[i].discard(key)
+        await self._drain(i)  # its events (started, exited, graded) before its verdict
+        return c
+
+    async def stop_replica(self, i: int) -> None:
+        k, actor = self.keepers[i], self.actors[i]
+        if actor is not None:
+            try:
+                with anyio.fail_after(60):
+                    await actor.stop.remote()
+                await self._drain(i)
+            except Exception as e:  # lost already: nothing to stop there
+                log.warning("ray_replica_stop_failed", replica=i, error=_short(e))
+            self.ray.kill(actor, no_restart=True)
+            self.actors[i] = None
+        if k.state != "failed":
+            k.state = "stopped"
+
+    async def close(self) -> None:
+        """After every replica stopped: free the placement group."""
+        if self.pg is not None:
+            self.ray.util.remove_placement_group(self.pg)
+            self.pg = None
+
+
+def _short(e: BaseException) -> str:
+    """The first line of a Ray error (they run to pages)."""
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:300]

@@ -1,0 +1,185 @@
+"""The node side of the Ray backend: one actor per endpoint replica.
+
+``NodeAgent`` runs in a Ray worker process on the node its placement bundle landed on.
+It owns that node's replica (the same ``Endpoint`` and ``Keeper`` as a local run: start,
+probe, restart with backoff, give up) and runs the replica's cells with the same
+``CellRun`` (exact-identity tree kill, transcript-freeze and stall watchdog, grading on
+the node). It decides nothing about the run: every event it would journal is buffered,
+and the supervisor drains the buffer (``poll``) and journals it, so the journal, status,
+lock and notifications stay single and central.
+
+Leases: the actor is created for one *incarnation* of its replica. Every process it starts
+carries ``AUTOPILOT_RAY_LEASE=<replica>.<incarnation>`` beside the run's marker, so when a
+node or actor is lost the supervisor can have exactly those processes killed on the
+machine (``sweep_lease``), and a partitioned actor whose lease the supervisor revoked
+(``poll(revoked=...)``) kills what it still runs instead of finishing it.
+
+Nothing here imports Ray: the supervisor side (autopilot.rayexec) wraps these with
+``ray.remote`` so that a run without the extra never needs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from autopilot.cells import CellContext, CellRun
+from autopilot.childenv import child_env
+from autopilot.config import Preset
+from autopilot.endpoints import make_endpoint
+from autopilot.endpoints.keeper import Keeper
+from autopilot.fsguard import run_roots
+from autopilot.logsetup import Redactor
+from autopilot.plan import Cell, arm_groups
+from autopilot.procs import RUN_TOKEN_ENV, TOKEN_ENV, Tracker, identify, kill_tree, marked_processes
+from autopilot.validity import Classification
+
+LEASE_ENV = "AUTOPILOT_RAY_LEASE"
+
+
+def lease_of(replica: int, incarnation: int) -> str:
+    return f"{replica}.{incarnation}"
+
+
+class NodeAgent:
+    """One replica on one node (a named, detached Ray actor; see module doc)."""
+
+    def __init__(self, preset: Preset, state_dir: str, replica: int, incarnation: int,
+                 run_token: str) -> None:
+        from autopilot.supervisor import secret_values  # late: a heavy import
+
+        self.preset = preset
+        self.state_dir = Path(state_dir)
+        self.replica = replica
+        self.lease = lease_of(replica, incarnation)
+        self.run_token = run_token
+        # The node's own values of the preset's secret names: no secret travels through
+        # Ray (actor arguments are kept by its control store).
+        self.redactor = Redactor(secret_values(preset))
+        self.events: list[dict[str, Any]] = []
+        self.ticks: dict[str, dict[str, Any]] = {}
+        self.running: dict[tuple[str, int], asyncio.Task[Any]] = {}
+        self.keeper: Keeper | None = None
+        self.stopping = False
+        self._watch: asyncio.Task[Any] | None = None
+        # Every process this actor starts (endpoint, harness, grader) inherits the lease.
+        os.environ[LEASE_ENV] = self.lease
+
+    # ------------------------------------------------------------------ buffering
+
+    def _emit(self, event: str, **fields: Any) -> dict[str, Any]:
+        rec = {"event": event, **fields}
+        self.events.append(rec)
+        return rec
+
+    def _milestone(self, kind: str, **info: Any) -> None:
+        self.events.append({"event": "__milestone__", "kind": kind, **info})
+
+    def _on_tick(self, cid: str, state: Any, tier: str) -> None:
+        self.ticks[cid] = {"frozen_secs": time.monotonic() - state.last_transcript,
+                           "tier": tier, "last_signal": state.last_signal}
+
+    def _on_grade_failure(self, cid: str, c: Classification) -> None:
+        self.events.append({"event": "__grade_failure__", "cell": cid, "classification": c})
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> dict[str, Any]:
+        """Start this replica's endpoint and keeper; where it runs, for the journal."""
+        p = self.preset
+        ep = make_endpoint(p, self.state_dir, self.replica)
+        ep.arm_setting, ep.arm_group = arm_groups(p)[0]
+        self.keeper = Keeper(ep, self._emit, self._milestone)
+        await self.keeper.start()
+        self._watch = asyncio.ensure_future(self.keeper.watch())
+        self.cx = CellContext(
+            preset=p, state_dir=self.state_dir, keeper=self.keeper, emit=self._emit,
+            stopping=lambda: self.stopping, forced=lambda: self.stopping,
+            on_tick=self._on_tick,
+            env_overrides={k: v for k, v in os.environ.items()
+                           if k.startswith("AUTOPILOT_STALL_")},
+            redact=self.redactor.scrub, scrub_file=self.redactor.scrub_file,
+            on_grade_failure=self._on_grade_failure,
+            roots=run_roots(p, self.state_dir),
+            base_env={**child_env(p, "harness"), RUN_TOKEN_ENV: self.run_token,
+                      LEASE_ENV: self.lease},
+            replica=self.replica,
+        )
+        return self.where()
+
+    def where(self) -> dict[str, Any]:
+        import ray  # present wherever this runs as an actor
+
+        ctx = ray.get_runtime_context()
+        return {"node": ctx.get_node_id(), "host": socket.gethostname(),
+                "ip": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
+                "actor_pid": os.getpid(),
+                "lease": self.lease,
+                "devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+    async def poll(self, revoked: list[list[Any]] | None = None) -> dict[str, Any]:
+        """Drain the buffered events; kill the attempts whose lease the supervisor
+        revoked (it re-queued them while this actor was unreachable)."""
+        for cid, attempt in revoked or ():
+            task = self.running.get((cid, attempt))
+            if task is not None:
+                task.cancel()  # CellRun kills the harness tree on cancellation
+        events, self.events = self.events, []
+        ticks, self.ticks = self.ticks, {}
+        k = self.keeper
+        return {"events": events, "ticks": ticks,
+                "keeper": None if k is None else {
+                    **k.describe(), "is_up": k.is_up,
+                    "restarts_at": len(k.restarts)},
+                "running": [list(key) for key in self.running]}
+
+    async def run_cell(self, cell: Cell, attempt: int) -> Classification | None:
+        assert self.keeper is not None, "run_cell before start"
+        key = (cell.id, attempt)
+        task = asyncio.ensure_future(CellRun(self.cx, cell, attempt).run())
+        self.running[key] = task
+        try:
+            return await task
+        finally:
+            self.running.pop(key, None)
+
+    async def stop(self) -> list[str]:
+        """Kill every cell this actor runs and stop its endpoint (a supervisor ending,
+        or a successor reaping a predecessor's actor). What was running, by cell."""
+        self.stopping = True
+        tasks = list(self.running.items())
+        for _, task in tasks:
+            task.cancel()
+        for _, task in tasks:
+            with contextlib.suppress(BaseException):  # cancelled or failed: gone
+                await task
+        if self._watch is not None:
+            self._watch.cancel()
+        if self.keeper is not None:
+            await self.keeper.ep.stop()
+            await self.keeper.ep.aclose()
+            self.redactor.scrub_file(self.keeper.ep.log_path)
+        return [f"{cid}#{attempt}" for (cid, attempt), _ in tasks]
+
+
+def sweep_lease(run_token: str, lease: str, grace: float) -> list[int]:
+    """Kill, on the machine this runs on, every process of the run (its marker) that
+    carries ``lease``: what a lost actor left behind. A Ray task placed on a live node of
+    the lost node's machine; exact identity, never a process without both markers."""
+    killed: list[int] = []
+    for p, env in marked_processes(run_token):
+        if env.get(LEASE_ENV) != lease:
+            continue
+        ident = identify(p.pid)
+        if ident is not None:
+            killed += kill_tree(Tracker(ident, env.get(TOKEN_ENV),
+                                        full_scan=True), grace)
+    return killed
+
+
+__all__ = ["LEASE_ENV", "NodeAgent", "lease_of", "sweep_lease"]

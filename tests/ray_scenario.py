@@ -1,0 +1,132 @@
+"""Drives the Ray backend against a real local Ray cluster; run *inside* a loopback-only
+network namespace (tests/test_ray.py starts it with ``unshare -n``).
+
+On this 2-core machine the cluster's "nodes" are three raylets on one host
+(``ray.cluster_utils.Cluster``), each started with its own custom resource (``node0``,
+``node1``, ``node2``) so that replica i's bundle can only land on node i. Ray binds its
+services to the namespace's only interface, 127.0.0.1: no Ray traffic leaves it.
+
+Scenarios (each writes its state dir under OUT and ``OUT/<scenario>.json`` with what the
+test asserts on beside the journal):
+- ``node-loss``: the demo with 3 replicas; once replica 2 runs cells, its node is
+  removed (its raylet and workers killed); the run must still end COMPLETE.
+- ``sigkill``: the demo with 3 replicas; the supervisor is SIGKILLed mid-run (its
+  detached actors keep running), then the same command is run again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def journal(state: Path) -> list[dict[str, Any]]:
+    try:
+        text = (state / "journal.jsonl").read_text()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def wait_for(pred: Any, timeout: float, what: str) -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise SystemExit(f"timed out waiting for {what}")
+
+
+def overlay(out: Path, address: str) -> Path:
+    path = out / "ray.json"
+    path.write_text(json.dumps({
+        "vars": {"think_secs": "0.25"},  # cells of a few seconds: a node dies mid-cell
+        "endpoint": {"replicas": 3, "slots": 2},
+        "run": {"concurrency": 6},
+        "backend": {"kind": "ray", "address": address, "shared_state_dir": True,
+                    "resources": [{"node0": 1}, {"node1": 1}, {"node2": 1}],
+                    "poll_secs": 0.2, "start_timeout_secs": 60},
+    }))
+    return path
+
+
+def cli(state: Path, over: Path) -> list[str]:
+    return [sys.executable, "-m", "autopilot.cli", "--preset", "demo", "--target-n", "2",
+            "--config", str(over), "--state-dir", str(state), "--quiet"]
+
+
+def running_on(state: Path, replica: int) -> bool:
+    """A cell of ``replica`` started and not yet ended."""
+    evs = journal(state)
+    started = {(e["cell"], e["attempt"]) for e in evs
+               if e["event"] == "cell_started" and e.get("replica") == replica}
+    ended = {(e["cell"], e["attempt"]) for e in evs if e["event"] == "cell_exited"}
+    return bool(started - ended)
+
+
+def node_loss(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
+    state = out / "node-loss"
+    over = overlay(out, cluster.address)
+    proc = subprocess.Popen(cli(state, over), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    wait_for(lambda: running_on(state, 2) and sum(
+        e["event"] == "cell_verdict" for e in journal(state)) >= 3, 240,
+        "replica 2 running cells")
+    lease = next(e["lease"] for e in journal(state)
+                 if e["event"] == "ray_replica_started" and e["replica"] == 2)
+    cluster.remove_node(nodes[2])
+    output, _ = proc.communicate(timeout=400)
+    return {"code": proc.returncode, "output": output[-4000:], "lost_lease": lease}
+
+
+def sigkill(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
+    nodes[2] = cluster.add_node(num_cpus=2, resources={"node2": 1},
+                                object_store_memory=80 * 2**20)
+    cluster.wait_for_nodes()
+    state = out / "sigkill"
+    over = overlay(out, cluster.address)
+    proc = subprocess.Popen(cli(state, over), cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    wait_for(lambda: sum(e["event"] == "cell_verdict" for e in journal(state)) >= 4
+             and running_on(state, 0), 240, "a few verdicts")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    second = subprocess.run(cli(state, over), cwd=ROOT, capture_output=True, text=True,
+                            timeout=400)
+    return {"code": second.returncode, "output": (second.stdout + second.stderr)[-4000:]}
+
+
+def main() -> int:
+    scenario, out = sys.argv[1], Path(sys.argv[2])
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    from ray.cluster_utils import Cluster
+
+    common = {"num_cpus": 2, "object_store_memory": 80 * 2**20}
+    cluster = Cluster(initialize_head=True, head_node_args={
+        **common, "resources": {"node0": 1}, "include_dashboard": False})
+    try:
+        nodes = [cluster.head_node]
+        nodes += [cluster.add_node(**common, resources={f"node{i}": 1}) for i in (1, 2)]
+        cluster.wait_for_nodes()
+        result: dict[str, Any] = {}
+        for name in scenario.split(","):
+            fn = {"node-loss": node_loss, "sigkill": sigkill}[name]
+            result[name] = fn(cluster, nodes, out)
+        (out / "result.json").write_text(json.dumps(result))
+    finally:
+        cluster.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
