@@ -23,6 +23,7 @@ Imported only when a preset asks for Ray (``pip install 'bench-autopilot[ray]'``
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -88,6 +89,24 @@ class RemoteEndpoint:
         self.replica = replica
         self.log_path = log_path
         self.arm_group = arm_group
+
+    # Where the node's endpoint answers (as its actor last reported): for templates of
+    # work done here, e.g. grading centrally what a predecessor's cell left finished.
+    @property
+    def port(self) -> int:
+        return int(self.executor.keepers[self.replica].seen.get("port") or 0)
+
+    @property
+    def host(self) -> str:
+        return str(self.executor.keepers[self.replica].seen.get("host") or "127.0.0.1")
+
+    @property
+    def api_base(self) -> str:
+        return str(self.executor.keepers[self.replica].seen.get("api_base") or "")
+
+    @property
+    def served_model(self) -> str:
+        return str(self.executor.keepers[self.replica].seen.get("model") or "")
 
     async def stop(self) -> None:
         await self.executor.stop_replica(self.replica)
@@ -166,11 +185,16 @@ class RayExecutor:
         # Attempts sent to each replica's current lease and not answered yet.
         self.inflight: list[set[tuple[str, int]]] = [set() for _ in range(self.n)]
         self.revoked: list[list[tuple[str, int]]] = [[] for _ in range(self.n)]
+        self._swept: dict[str, anyio.Event] = {}  # lease -> its sweep is done
+        self.session = uuid.uuid4().hex[:8]  # this supervisor's leases are its own
 
     # ------------------------------------------------------------------ names
 
     def _name(self, what: str) -> str:
         return f"autopilot-{self.sup.run_token[:16]}-{what}"
+
+    def _lease(self, i: int) -> str:
+        return lease_of(self.session, i, self.keepers[i].incarnation)
 
     # ------------------------------------------------------------------ start-up
 
@@ -238,7 +262,7 @@ class RayExecutor:
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=self.pg, placement_group_bundle_index=i),
             **actor_options(self.bundles[i]),
-        ).remote(self.sup.preset, str(self.sup.state_dir), i, k.incarnation,
+        ).remote(self.sup.preset, str(self.sup.state_dir), i, self._lease(i),
                  self.sup.run_token)
 
     async def start_replica(self, i: int) -> None:
@@ -259,7 +283,8 @@ class RayExecutor:
             raise EndpointError(f"replica {i}: {_short(e)}") from None
         k.state = "up"
         k.lost_since = None
-        self.sup.emit("ray_replica_started", replica=i, **k.where)
+        self.sup.emit("ray_replica_started", replica=i,
+                      **{**k.where, "node": k.where["node"][:12]})
         await self._drain(i)
 
     # ------------------------------------------------------------------ the loop
@@ -295,7 +320,8 @@ class RayExecutor:
             sup.apply_tick(cid, t["frozen_secs"], t["tier"], t["last_signal"])
         seen = got.get("keeper")
         if seen is not None:
-            k.seen = {key: seen[key] for key in ("port", "engine", "down_secs", "down_since",
+            k.seen = {key: seen[key] for key in ("port", "host", "api_base", "url", "engine",
+                                                 "model", "down_secs", "down_since",
                                                  "restarts") if key in seen}
             if seen.get("failed"):
                 k.failed = f"replica {i}: {seen['failed']}"
@@ -326,7 +352,7 @@ class RayExecutor:
 
     async def _recover(self, i: int) -> None:
         k = self.keepers[i]
-        lease = lease_of(i, k.incarnation)
+        lease = self._lease(i)
         await self._sweep(i, lease)
         old, self.actors[i] = self.actors[i], None
         if old is not None:  # merely unreachable, perhaps: it must not come back as i
@@ -346,7 +372,20 @@ class RayExecutor:
                            "its node was lost", node=k.where.get("node", "")[:12])
 
     async def _sweep(self, i: int, lease: str) -> None:
-        """Kill the lost lease's processes on its machine, from a live node there."""
+        """Kill the lost lease's processes on its machine, from a live node there: once
+        per lease, and every caller waits for it (a cell re-queued before its harness is
+        dead could meet it writing into the same output dir)."""
+        done = self._swept.get(lease)
+        if done is not None:
+            await done.wait()
+            return
+        self._swept[lease] = done = anyio.Event()
+        try:
+            await self._sweep_once(i, lease)
+        finally:
+            done.set()
+
+    async def _sweep_once(self, i: int, lease: str) -> None:
         ray = self.ray
         ip = self.keepers[i].where.get("ip")
         nodes = [n for n in await anyio.to_thread.run_sync(ray.nodes)
@@ -382,7 +421,7 @@ class RayExecutor:
         except self.ray.exceptions.RayActorError as e:
             self._lost(i, _short(e))
             self.revoked[i].append(key)  # if the actor was only unreachable, it kills it
-            await self._sweep(i, lease_of(i, k.incarnation))
+            await self._sweep(i, self._lease(i))
             return Classification(
                 "INVALID", reason="node_lost", launched=time.time(),
                 detail=f"replica {i} on {k.where.get('host')} "

@@ -8,8 +8,9 @@ the node). It decides nothing about the run: every event it would journal is buf
 and the supervisor drains the buffer (``poll``) and journals it, so the journal, status,
 lock and notifications stay single and central.
 
-Leases: the actor is created for one *incarnation* of its replica. Every process it starts
-carries ``AUTOPILOT_RAY_LEASE=<replica>.<incarnation>`` beside the run's marker, so when a
+Leases: the actor is created for one *incarnation* of its replica by one supervisor.
+Every process it starts carries ``AUTOPILOT_RAY_LEASE=<session>-<replica>.<incarnation>``
+beside the run's marker, so when a
 node or actor is lost the supervisor can have exactly those processes killed on the
 machine (``sweep_lease``), and a partitioned actor whose lease the supervisor revoked
 (``poll(revoked=...)``) kills what it still runs instead of finishing it.
@@ -42,21 +43,22 @@ from autopilot.validity import Classification
 LEASE_ENV = "AUTOPILOT_RAY_LEASE"
 
 
-def lease_of(replica: int, incarnation: int) -> str:
-    return f"{replica}.{incarnation}"
+def lease_of(session: str, replica: int, incarnation: int) -> str:
+    """One supervisor session's ``incarnation``-th actor of ``replica``: never reused."""
+    return f"{session}-{replica}.{incarnation}"
 
 
 class NodeAgent:
     """One replica on one node (a named, detached Ray actor; see module doc)."""
 
-    def __init__(self, preset: Preset, state_dir: str, replica: int, incarnation: int,
+    def __init__(self, preset: Preset, state_dir: str, replica: int, lease: str,
                  run_token: str) -> None:
         from autopilot.supervisor import secret_values  # late: a heavy import
 
         self.preset = preset
         self.state_dir = Path(state_dir)
         self.replica = replica
-        self.lease = lease_of(replica, incarnation)
+        self.lease = lease
         self.run_token = run_token
         # The node's own values of the preset's secret names: no secret travels through
         # Ray (actor arguments are kept by its control store).
@@ -134,8 +136,8 @@ class NodeAgent:
         k = self.keeper
         return {"events": events, "ticks": ticks,
                 "keeper": None if k is None else {
-                    **k.describe(), "is_up": k.is_up,
-                    "restarts_at": len(k.restarts)},
+                    **k.describe(), "port": k.ep.port, "host": k.ep.host,
+                    "api_base": k.ep.api_base},
                 "running": [list(key) for key in self.running]}
 
     async def run_cell(self, cell: Cell, attempt: int) -> Classification | None:

@@ -85,7 +85,22 @@ def node_loss(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
                  if e["event"] == "ray_replica_started" and e["replica"] == 2)
     cluster.remove_node(nodes[2])
     output, _ = proc.communicate(timeout=400)
-    return {"code": proc.returncode, "output": output[-4000:], "lost_lease": lease}
+    return {"code": proc.returncode, "output": output[-4000:], "lost_lease": lease,
+            "leftover": holders("AUTOPILOT_RAY_LEASE", lease)}
+
+
+def holders(key: str, value: str) -> list[int]:
+    """Live processes whose environment has ``key`` = ``value``."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(key) == value and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p.pid)
+        except (psutil.Error, OSError):
+            continue
+    return found
 
 
 def sigkill(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
@@ -100,9 +115,13 @@ def sigkill(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
              and running_on(state, 0), 240, "a few verdicts")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    leases = [e["lease"] for e in journal(state) if e["event"] == "ray_replica_started"]
     second = subprocess.run(cli(state, over), cwd=ROOT, capture_output=True, text=True,
                             timeout=400)
-    return {"code": second.returncode, "output": (second.stdout + second.stderr)[-4000:]}
+    return {"code": second.returncode, "output": (second.stdout + second.stderr)[-4000:],
+            "first_leases": leases,
+            "leftover": [pid for lease in leases
+                         for pid in holders("AUTOPILOT_RAY_LEASE", lease)]}
 
 
 def main() -> int:
