@@ -74,7 +74,8 @@ def placement_lines(resources: list[dict[str, float]], replicas: int, placement:
              f"{STRATEGY[placement]}"]
     for i in range(replicas):
         res = resources[i] if len(resources) > 1 else (resources[0] if resources else {})
-        lines.append(f"  replica {i} -> a node with {bundle_of(res)}")
+        want = ", ".join(f"{k}={v:g}" for k, v in bundle_of(res).items())
+        lines.append(f"  replica {i} -> a node with {want} (Ray places it at start)")
     return lines
 
 
@@ -433,7 +434,11 @@ class RayExecutor:
 
     async def stop_replica(self, i: int) -> None:
         k, actor = self.keepers[i], self.actors[i]
-        if actor is not None:
+        if actor is not None and k.state in ("lost", "failed"):
+            # Not started (waiting for room in the cluster), or its lease swept already.
+            self.ray.kill(actor, no_restart=True)
+            self.actors[i] = None
+        elif actor is not None:
             try:
                 with anyio.fail_after(60):
                     await actor.stop.remote()
@@ -442,7 +447,7 @@ class RayExecutor:
                 log.warning("ray_replica_stop_failed", replica=i, error=_short(e))
             self.ray.kill(actor, no_restart=True)
             self.actors[i] = None
-        if k.state != "failed":
+        if k.state not in ("failed", "lost"):
             k.state = "stopped"
 
     async def close(self) -> None:

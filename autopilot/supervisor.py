@@ -618,7 +618,7 @@ class Supervisor:
                     await k.ep.aclose()
                     with contextlib.suppress(OSError):
                         self.redactor.scrub_file(k.ep.log_path)
-                    if not k.ep.attached and k.state != "failed":
+                    if not k.ep.attached and k.state not in ("failed", "lost"):
                         k.state = "stopped"
                 if self.executor is not None:
                     await self.executor.close()

@@ -1,0 +1,123 @@
+"""The Ray backend (autopilot.rayexec) against a real Ray cluster, no mocks.
+
+On this 2-core machine the cluster's "nodes" are three raylets on one host, each with its
+own custom resource so that replica i lands on node i (tests/ray_scenario.py). Every
+cluster, and the supervisor under test, runs inside a fresh network namespace with only
+loopback (``unshare -n``, then ``ip link set lo up``): Ray binds its services to the
+host's interface and probes a public address to find it, and here it finds 127.0.0.1
+and nothing else, so no Ray traffic can leave the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, cli_env, events, run_cli, write_overlay
+from test_run import assert_each_cell_once_and_never_rerun
+
+
+@pytest.fixture(scope="module")
+def scenarios(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """One 3-node cluster; first a node is lost mid-run, then a supervisor is SIGKILLed
+    mid-run and resumed (a fresh state dir each)."""
+    out = tmp_path_factory.mktemp("ray")
+    r = subprocess.run(
+        ["unshare", "-n", "--", sys.executable, str(ROOT / "tests" / "ray_scenario.py"),
+         "node-loss,sigkill", str(out)],
+        capture_output=True, text=True, timeout=1500, env=cli_env(), cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return out, json.loads((out / "result.json").read_text())
+
+
+def _valid_on(evs: list[dict[str, Any]]) -> dict[str, int]:
+    """The replica each cell's valid attempt ran on."""
+    started = {(e["cell"], e["attempt"]): e.get("replica") for e in evs
+               if e["event"] == "cell_started"}
+    return {e["cell"]: started[(e["cell"], e["attempt"])] for e in evs
+            if e["event"] == "cell_verdict" and e["verdict"] in ("PASS", "FAIL")}
+
+
+def test_node_lost_mid_run_ends_complete_with_its_cells_rerun_elsewhere(
+        scenarios: tuple[Path, dict[str, Any]]) -> None:
+    out, result = scenarios
+    got = result["node-loss"]
+    assert got["code"] == 0, got["output"]
+    evs = events(out / "node-loss")
+    placed = {e["replica"]: e["node"] for e in evs if e["event"] == "ray_replica_started"}
+    assert sorted(placed) == [0, 1, 2] and len(set(placed.values())) == 3  # a node each
+    lost = [e for e in evs if e["event"] == "milestone" and e["kind"] == "node_lost"]
+    assert [e["replica"] for e in lost] == [2]
+    lost_cells = {e["cell"] for e in evs if e["event"] == "cell_verdict"
+                  and e.get("reason") == "node_lost"}
+    assert lost_cells, "the node was removed while replica 2 ran cells"
+    assert all(e["verdict"] == "INVALID" for e in evs
+               if e["event"] == "cell_verdict" and e.get("reason") == "node_lost")
+    on = _valid_on(evs)
+    assert all(on[c] != 2 for c in lost_cells), "re-run on a replica that still exists"
+    assert_each_cell_once_and_never_rerun(evs, 24)
+    # nothing of the lost lease outlived it: its harnesses and endpoint were swept
+    assert got["leftover"] == []
+    assert any(e["event"] == "lease_swept" and e["lease"] == got["lost_lease"] for e in evs)
+    status = json.loads((out / "node-loss" / "status.json").read_text())
+    assert status["phase"] == "COMPLETE"
+    assert status["trust"]["invalid_by_reason"] == {"node_lost": len(lost_cells)}
+    ends = {e["replica"]: e for e in status["endpoints"]}
+    assert ends[2]["state"] in ("lost", "failed") and ends[0]["state"] == "stopped"
+    assert ends[0]["backend"] == "ray" and ends[1]["node"] == placed[1]
+
+
+def test_supervisor_sigkilled_then_resumed_reaps_its_actors_and_reruns_nothing_valid(
+        scenarios: tuple[Path, dict[str, Any]]) -> None:
+    out, result = scenarios
+    got = result["sigkill"]
+    assert got["code"] == 0, got["output"]
+    evs = events(out / "sigkill")
+    assert sum(e["event"] == "run_started" for e in evs) == 2
+    # the predecessor's detached actors were found by name and stopped, each of them
+    assert sorted(e["replica"] for e in evs if e["event"] == "ray_actor_reaped") == [0, 1, 2]
+    assert_each_cell_once_and_never_rerun(evs, 24)
+    assert got["leftover"] == []  # no process of the first supervisor's leases is left
+    assert len(got["first_leases"]) == 3
+    second = {e["lease"] for e in evs if e["event"] == "ray_replica_started"} - set(
+        got["first_leases"])
+    assert len(second) == 3  # a new session's leases: never confused with the old ones
+
+
+def test_ray_backend_config_errors_are_one_line_exit_2(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    cases = [
+        ({"backend": {"kind": "ray"}}, "shared_state_dir"),
+        ({"endpoint": {"replicas": 2}, "backend": {"kind": "ray", "shared_state_dir": True,
+                                                    "resources": [{}, {}, {}]}},
+         "backend.resources has 3 entries for 2 replica(s)"),
+        ({"backend": {"resources": [{"GPU": 1}]}}, "backend.resources is for"),
+    ]
+    for doc, words in cases:
+        over = write_overlay(tmp_path / "o.json", doc)
+        r = run_cli("--preset", "demo", "--config", str(over), "--state-dir", str(state),
+                    "--dry-run")
+        assert r.returncode == 2, r.stderr
+        assert words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not state.exists()
+
+
+def test_dry_run_prints_the_ray_placement(tmp_path: Path) -> None:
+    over = write_overlay(tmp_path / "o.json", {
+        "endpoint": {"replicas": 2, "slots": 3},
+        "backend": {"kind": "ray", "address": "127.0.0.1:6379", "shared_state_dir": True,
+                    "placement": "strict_spread", "resources": [{"GPU": 1}]}})
+    r = run_cli("--preset", "demo", "--config", str(over), "--state-dir",
+                str(tmp_path / "s"), "--dry-run")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "ray cluster 127.0.0.1:6379: 2 replica actor(s), placement STRICT_SPREAD" in lines
+    assert "  replica 1 -> a node with GPU=1 (Ray places it at start)" in lines
+    assert any(x.startswith("replica 1: its Ray node, port free port, 3 slot(s)")
+               for x in lines), lines
+    # a dry run connects to nothing: no cluster is reachable at that address here
+    assert "dry run: nothing launched" in lines
