@@ -45,6 +45,7 @@ from autopilot.errors import (
     PlanChangedError,
 )
 from autopilot.escape import clean, term
+from autopilot.executor import Executor, LocalExecutor
 from autopilot.fsguard import remove_stale_temps, run_roots
 from autopilot.fsutil import (
     atomic_write_json,
@@ -66,7 +67,7 @@ from autopilot.statedir import open_append
 from autopilot.status import SCHEMA_VERSION, StatusWriter, eta_secs, oneline
 from autopilot.templates import render
 from autopilot.throttle import Throttle, on_throttled, on_tick
-from autopilot.validity import Classification, RunOutcome, attempt_outcomes, classify
+from autopilot.validity import Classification, RunOutcome, attempt_outcomes
 
 log = get_logger(__name__)
 
@@ -152,7 +153,8 @@ class Supervisor:
         self.keeper: Keeper | None = None  # replica 0 (the only one, usually)
         # Keeper, or rayexec.RemoteKeeper (the same surface) under the Ray backend
         self.keepers: list[Any] = []
-        self.executor: Any = None  # rayexec.RayExecutor when backend.kind = "ray"
+        # Where cells run (autopilot.executor): set with the keepers, in _make_keepers.
+        self.executor: Executor | None = None
         self.replica_slots: list[anyio.Semaphore] = []
         self._cxs: dict[int, CellContext] = {}
         self.phase = "starting"
@@ -505,6 +507,7 @@ class Supervisor:
                                   for _ in range(n)]
             self.keeper = self.keepers[0]
             return
+        self.executor = LocalExecutor(self)
         for i in range(n):
             ep = make_endpoint(self.preset, self.state_dir, i)
             ep.arm_setting, ep.arm_group = setting, group
@@ -786,15 +789,10 @@ class Supervisor:
 
     async def _run_cell(self, cell: Any, attempt: int, slots: anyio.Semaphore,
                         replica: int = 0) -> None:
+        assert self.executor is not None
         try:
-            run = None if self.executor else CellRun(self._cell_context(replica), cell, attempt)
             try:
-                if run is None:  # on a node of the cluster (autopilot.rayexec)
-                    result = await self.executor.run(cell, attempt, replica)
-                elif self.preset.grader.mode == "per-cell":
-                    result = await run.run()
-                else:
-                    result = await self._execute_per_arm(run)
+                result = await self.executor.run(cell, attempt, replica)
             except Exception as e:  # a bug in our own code must not take the run down
                 if storage_error(e) is not None:
                     raise  # a full disk ends the run (Supervisor._disk_full), not the cell
@@ -810,18 +808,6 @@ class Supervisor:
                 self.replica_slots[replica].release()
         if self.preset.grader.mode == "per-arm":
             await self._grade_ready_arms(force=False)
-
-    async def _execute_per_arm(self, run: CellRun) -> Classification | None:
-        """Per-arm grading (the origin's way): a finished attempt with its outputs is
-        journaled as ``cell_ran`` and graded once its whole arm has run; one without
-        outputs is INVALID at once (no grader could change that)."""
-        outcome = await run.execute()
-        if outcome is None:
-            return None
-        if not outcome.completion:
-            return classify(outcome, None, self.preset.grader.verdicts)
-        self.emit("cell_ran", cell=run.cell.id, attempt=run.attempt, outcome=asdict(outcome))
-        return None
 
     async def _grade_ready_arms(self, force: bool) -> None:
         """Grade the ``ran`` cells of every arm with nothing left to run (or of every arm,

@@ -69,6 +69,13 @@ def test_node_lost_mid_run_ends_complete_with_its_cells_rerun_elsewhere(
     ends = {e["replica"]: e for e in status["endpoints"]}
     assert ends[2]["state"] in ("lost", "failed") and ends[0]["state"] == "stopped"
     assert ends[0]["backend"] == "ray" and ends[1]["node"] == placed[1]
+    # every view shows the replicas and their nodes (the terminal grid, the html page)
+    grid = run_cli("--state-dir", str(out / "node-loss"), "--no-color", prog="dashboard",
+                   env=cli_env(COLUMNS="400"))
+    assert grid.returncode == 0, grid.stderr
+    line = next(x for x in grid.stdout.splitlines() if x.startswith("replicas: "))
+    assert f"0 stopped 0/2 slots on {ends[0]['host']} node {placed[0]}" in line
+    assert f"2 {ends[2]['state']} 0/2 slots" in line
 
 
 def test_supervisor_sigkilled_then_resumed_reaps_its_actors_and_reruns_nothing_valid(

@@ -41,6 +41,7 @@ def header(d: DashData) -> list[str]:
             f"{r.get('replica', i)} {r.get('state', '?')} {r.get('slots_used', 0)}/"
             f"{r.get('slots', '?')} slots" + (f", {r['restarts']} restarts"
                                               if r.get("restarts") else "")
+            + (f" on {r.get('host')} node {r['node']}" if r.get("node") else "")
             for i, r in enumerate(reps) if isinstance(r, dict)))
     live = s.get("liveness") or {}
     if live.get("label"):  # the figures are as the supervisor last wrote them
