@@ -1,4 +1,5 @@
-"""bench-autopilot benchmarks: overhead, detection latency, scale, idle cost, chaos.
+"""bench-autopilot benchmarks: overhead, detection latency, scale, idle cost, chaos,
+replica scaling and the Ray backend's dispatch cost.
 
     python tools/bench.py [--quick] [--write BENCHMARKS.md] [--only NAME ...]
 
@@ -536,6 +537,79 @@ def bench_chaos(tmp: Path, kills: int) -> list[Row]:
 
 # ------------------------------------------------------------------ main
 
+# ------------------------------------------------------------------ replicas and Ray
+
+def bench_replicas(tmp: Path, n: int) -> list[Row]:
+    """Endpoint replicas of the simulator with a fixed per-request latency and one slot
+    each: the same cells at R = 1, 2, 4 (local backend; Ray is measured below)."""
+    walls = {}
+    for r in (1, 2, 4):
+        doc = {"vars": {"think_secs": "0"}, "run": {"concurrency": r},
+               "endpoint": {"replicas": r, "slots": 1, "latency_secs": 0.25}}
+        t0 = time.monotonic()
+        res = autopilot("--preset", "demo", "--target-n", str(n), "--config",
+                        overlay(tmp, doc), "--state-dir", str(tmp / f"rep{r}"), "--quiet")
+        walls[r] = time.monotonic() - t0
+        assert res.returncode == 0, res.stderr[-2000:]
+    rows = []
+    for r in (2, 4):
+        speed = walls[1] / walls[r]
+        rows.append(Row(f"replica scaling: speed-up at R = {r} (one slot each, 0.25 s per "
+                        f"request, {12 * n} cells)", f"{speed:.2f}x ({walls[r]:.1f}s vs "
+                        f"{walls[1]:.1f}s)", f">= {0.8 * r:.1f}x",
+                        "the same run at R = 1", speed >= 0.8 * r))
+    return rows
+
+
+RAY_INNER = "--ray-inner"
+
+
+def bench_ray(tmp: Path, k: int) -> list[Row]:
+    """Dispatch cost of the Ray backend: the trivial-cells workload through a one-node
+    Ray cluster vs the local backend, in one loopback-only network namespace (Ray binds
+    the host's interface otherwise)."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return [Row("Ray dispatch", "not measured", "(no target)", "Ray is not installed",
+                    None)]
+    out = subprocess.run(["unshare", "-n", "--", PY, __file__, RAY_INNER, str(tmp), str(k)],
+                         capture_output=True, text=True, env=env(), cwd=ROOT, timeout=1800)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    m = json.loads(out.stdout.strip().splitlines()[-1])
+    return [Row(f"Ray dispatch: {k} trivial cells at concurrency 8, wall(ray)/wall(local)",
+                f"{m['ray'] / m['local']:.2f} ({m['ray']:.1f}s / {m['local']:.1f}s)",
+                "(no target)", "the local backend, same workload, same namespace (best of 2, "
+                "interleaved; a one-node cluster started beforehand)", None)]
+
+
+def ray_inner(tmp: Path, k: int) -> None:
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "object_store_memory": 80 * 2**20, "include_dashboard": False})
+    try:
+        walls: dict[str, list[float]] = {"local": [], "ray": []}
+        for rep in range(2):
+            for kind in ("local", "ray"):
+                doc = trivial_doc(k, 8)
+                doc["endpoint"]["slots"] = 8
+                if kind == "ray":
+                    doc["backend"] = {"kind": "ray", "address": cluster.address,
+                                      "shared_state_dir": True}
+                t0 = time.monotonic()
+                res = autopilot("--preset", "demo", "--target-n", "1", "--config",
+                                overlay(tmp, doc), "--state-dir", str(tmp / f"{kind}{rep}"),
+                                "--quiet")
+                walls[kind].append(time.monotonic() - t0)
+                assert res.returncode == 0, res.stderr[-2000:]
+        print(json.dumps({kind: min(v) for kind, v in walls.items()}))
+    finally:
+        cluster.shutdown()
+
+
 def machine() -> str:
     return (f"{platform.node()}: {platform.system()} {platform.release()}, "
             f"{psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB, "
@@ -547,7 +621,11 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="smaller trials (a smoke run)")
     ap.add_argument("--write", help="also write the table to this markdown file")
     ap.add_argument("--only", nargs="*", default=None,
-                    choices=["overhead", "stuck", "endpoint", "scale", "idle", "chaos"])
+                    choices=["overhead", "stuck", "endpoint", "scale", "idle", "chaos",
+                             "replicas", "ray"])
+    if len(sys.argv) == 4 and sys.argv[1] == RAY_INNER:  # inside `unshare -n` (bench_ray)
+        ray_inner(Path(sys.argv[2]), int(sys.argv[3]))
+        return 0
     a = ap.parse_args()
     q = a.quick
     plan = {
@@ -557,6 +635,8 @@ def main() -> int:
         "scale": bench_scale,
         "idle": lambda t: bench_idle(t, 10 if q else 30),
         "chaos": lambda t: bench_chaos(t, 5 if q else 20),
+        "replicas": lambda t: bench_replicas(t, 1 if q else 2),
+        "ray": lambda t: bench_ray(t, 60 if q else 200),
     }
     # This machine exports PYTHONDONTWRITEBYTECODE=1, so an editable checkout would
     # recompile every autopilot module on every start (~0.1 s); an installed package has
