@@ -124,7 +124,9 @@ class CellRun:
         self.token = uuid.uuid4().hex
         self.tracker: Tracker | None = None
         self.abandoned = False
-        self.launched: float | None = None  # monotonic, when the harness was spawned
+        # When the harness was spawned, wall clock: comparable across the nodes of a
+        # cluster (the harness-break streak is ordered by it; an order, not a duration).
+        self.launched: float | None = None
 
     # ------------------------------------------------------------------ helpers
 
@@ -243,7 +245,7 @@ class CellRun:
             spool.write(f"--- attempt {self.attempt} argv: {cx.redact(str(argv))}\n".encode())
             spool.flush()
             try:
-                self.launched = time.monotonic()
+                self.launched = time.time()
                 proc = await spawn(
                     argv, cwd=cwd, env=self._env(deadline_epoch), stdout=spool,
                     stderr=subprocess.STDOUT, start_new_session=True,
@@ -368,7 +370,7 @@ class CellRun:
                 if tail:
                     c = replace(c, detail=f"{c.detail}; launcher log: {tail}")
             if c.launched is None:  # decided without a grader: the harness's evidence
-                c = replace(c, launched=self.launched or time.monotonic())
+                c = replace(c, launched=self.launched or time.time())
             return c
         finally:
             self._clean_scratch()

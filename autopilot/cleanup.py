@@ -4,8 +4,10 @@ Kills the run's leftover harness and grader processes (they carry the run's mark
 with the lock free none can belong to a live supervisor), removes the plan's sandbox
 containers (the preset's name template rendered for every cell of the plan), with
 ``--endpoint`` the endpoint container or process this state dir started (label or
-marker says so), and the scratch dirs (exact rendered paths, never a glob). It refuses
-while a supervisor holds the run.
+marker says so), and the scratch dirs (exact rendered paths, never a glob). With the Ray
+backend it does the same on every node first (autopilot.rayexec.cleanup_cluster: the
+run's named actors stopped, its placement group freed, its marked processes killed on
+every live node). It refuses while a supervisor holds the run.
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ def scratch_paths(preset: Preset, plan: Plan, state_dir: Path) -> list[Path]:
 
 async def cleanup(preset: Preset, plan: Plan, state_dir: Path, *, endpoint: bool) -> list[str]:
     removed: list[str] = []
+    if preset.backend.kind == "ray":  # every node of the cluster, not only this machine
+        from autopilot.rayexec import cleanup_cluster
+
+        removed += await anyio.to_thread.run_sync(
+            cleanup_cluster, preset, run_token(state_dir), 2.0, endpoint)
     for found in await anyio.to_thread.run_sync(
             partial(orphan_marked, run_token(state_dir), 2.0, endpoint=endpoint)):
         what = f"cell {found['cell']}" if found["cell"] else "endpoint"

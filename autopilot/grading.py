@@ -199,7 +199,7 @@ async def grade_outputs(
     tries = g.retries + 1
     for n in range(1, tries + 1):
         env["AUTOPILOT_GRADE_TRY"] = str(n)
-        launched = time.monotonic()
+        launched = time.time()  # wall: comparable across nodes
         grade = await run_grader(
             argv, cwd=_grader_cwd(p, ctx), env=env, timeout=g.timeout_secs,
             grade_file=Path(ctx["grade_file"]), log_path=grade_log, extract=extract,

@@ -32,10 +32,11 @@ import anyio
 
 from autopilot.errors import ConfigError, EndpointError, EndpointFailed
 from autopilot.logsetup import get_logger
-from autopilot.raynode import NodeAgent, lease_of, sweep_lease
+from autopilot.raynode import NodeAgent, lease_of, sweep_lease, sweep_run
 from autopilot.validity import Classification
 
 if TYPE_CHECKING:
+    from autopilot.config import Backend, Preset
     from autopilot.plan import Cell
     from autopilot.supervisor import Supervisor
 
@@ -52,6 +53,63 @@ def _ray() -> Any:
         raise ConfigError("backend.kind = 'ray' needs Ray on this machine and every node: "
                           "pip install 'bench-autopilot[ray]'") from e
     return ray
+
+
+def actor_name(token: str, what: str) -> str:
+    """A run's Ray names (``r<i>`` per replica actor, ``pg``): derived from the run's
+    marker, so a successor, and ``autopilot cleanup``, find what a predecessor left."""
+    return f"autopilot-{token[:16]}-{what}"
+
+
+def connect(cfg: Backend) -> Any:
+    ray = _ray()
+    if not ray.is_initialized():
+        ray.init(address=cfg.address, namespace=cfg.namespace, log_to_driver=False,
+                 logging_level="WARNING")
+    return ray
+
+
+def cleanup_cluster(preset: Preset, token: str, grace: float, endpoint: bool) -> list[str]:
+    """``autopilot cleanup`` on every node: stop the run's actors (each kills what it runs
+    and its endpoint), free its placement group, then kill what still carries the run's
+    marker on every live node. Blocking; the lock is free (no supervisor runs)."""
+    cfg = preset.backend
+    ray = connect(cfg)
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    done: list[str] = []
+    try:
+        for i in range(preset.endpoint.replicas):
+            name = actor_name(token, f"r{i}")
+            try:
+                actor = ray.get_actor(name, namespace=cfg.namespace)
+            except ValueError:
+                continue
+            try:
+                cells = ray.get(actor.stop.remote(), timeout=60)
+            except Exception as e:  # dead or hung: killed below either way
+                cells = [f"(stop failed: {_short(e)})"]
+            ray.kill(actor, no_restart=True)
+            done.append(f"ray actor {name} (its cells: {', '.join(cells) or 'none'})")
+        try:
+            ray.util.remove_placement_group(ray.util.get_placement_group(actor_name(token, "pg")))
+            done.append(f"ray placement group {actor_name(token, 'pg')}")
+        except ValueError:
+            pass
+        sweep = ray.remote(sweep_run)
+        for node in ray.nodes():
+            if not node.get("Alive"):
+                continue
+            found = ray.get(sweep.options(
+                num_cpus=0, max_retries=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
+            ).remote(token, grace, endpoint), timeout=120)
+            done += [f"processes {' '.join(map(str, f['pids']))} "
+                     f"({'cell ' + f['cell'] if f['cell'] else 'endpoint'}) on node "
+                     f"{node['NodeID'][:12]} ({node.get('NodeManagerAddress')})" for f in found]
+    finally:
+        ray.shutdown()
+    return done
 
 
 def bundle_of(resources: dict[str, float]) -> dict[str, float]:
@@ -192,7 +250,7 @@ class RayExecutor:
     # ------------------------------------------------------------------ names
 
     def _name(self, what: str) -> str:
-        return f"autopilot-{self.sup.run_token[:16]}-{what}"
+        return actor_name(self.sup.run_token, what)
 
     def _lease(self, i: int) -> str:
         return lease_of(self.session, i, self.keepers[i].incarnation)
@@ -210,10 +268,7 @@ class RayExecutor:
             self._connected = True
 
     def _connect(self) -> None:
-        ray = self.ray
-        if not ray.is_initialized():
-            ray.init(address=self.cfg.address, namespace=self.cfg.namespace,
-                     log_to_driver=False, logging_level="WARNING")
+        connect(self.cfg)
 
     async def _reap_predecessors(self) -> None:
         ray = self.ray
@@ -298,7 +353,9 @@ class RayExecutor:
         async with self._drain_locks[i]:
             revoked, self.revoked[i] = self.revoked[i], []
             try:
-                got = await actor.poll.remote([list(r) for r in revoked])
+                got = await actor.poll.remote([list(r) for r in revoked],
+                                              self.sup.stop_signal is not None,
+                                              self.sup.forced)
             except self.ray.exceptions.RayActorError as e:
                 self.revoked[i] = revoked + self.revoked[i]
                 self._lost(i, _short(e))
@@ -416,6 +473,9 @@ class RayExecutor:
         the actor or node went away, or None when it was abandoned (stopping)."""
         i, k = replica, self.keepers[replica]
         actor, key = self.actors[i], (cell.id, attempt)
+        if actor is None:  # lost between being picked and now
+            return Classification("INVALID", reason="node_lost", launched=time.time(),
+                                  detail=f"replica {i} lost before the cell could start")
         self.inflight[i].add(key)
         try:
             c: Classification | None = await actor.run_cell.remote(cell, attempt)

@@ -67,7 +67,8 @@ class NodeAgent:
         self.ticks: dict[str, dict[str, Any]] = {}
         self.running: dict[tuple[str, int], asyncio.Task[Any]] = {}
         self.keeper: Keeper | None = None
-        self.stopping = False
+        self.stopping = False  # the supervisor is stopping: abandon cells (SIGTERM/INT)
+        self.forced = False  # ... at once (a second signal)
         self._watch: asyncio.Task[Any] | None = None
         # Every process this actor starts (endpoint, harness, grader) inherits the lease.
         os.environ[LEASE_ENV] = self.lease
@@ -101,7 +102,7 @@ class NodeAgent:
         self._watch = asyncio.ensure_future(self.keeper.watch())
         self.cx = CellContext(
             preset=p, state_dir=self.state_dir, keeper=self.keeper, emit=self._emit,
-            stopping=lambda: self.stopping, forced=lambda: self.stopping,
+            stopping=lambda: self.stopping, forced=lambda: self.forced,
             on_tick=self._on_tick,
             env_overrides={k: v for k, v in os.environ.items()
                            if k.startswith("AUTOPILOT_STALL_")},
@@ -124,9 +125,13 @@ class NodeAgent:
                 "lease": self.lease,
                 "devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
-    async def poll(self, revoked: list[list[Any]] | None = None) -> dict[str, Any]:
+    async def poll(self, revoked: list[list[Any]] | None = None, stopping: bool = False,
+                   forced: bool = False) -> dict[str, Any]:
         """Drain the buffered events; kill the attempts whose lease the supervisor
-        revoked (it re-queued them while this actor was unreachable)."""
+        revoked (it re-queued them while this actor was unreachable); learn that the
+        supervisor is stopping (its cells are then abandoned, as locally)."""
+        self.stopping = self.stopping or stopping
+        self.forced = self.forced or forced
         for cid, attempt in revoked or ():
             task = self.running.get((cid, attempt))
             if task is not None:
@@ -153,7 +158,7 @@ class NodeAgent:
     async def stop(self) -> list[str]:
         """Kill every cell this actor runs and stop its endpoint (a supervisor ending,
         or a successor reaping a predecessor's actor). What was running, by cell."""
-        self.stopping = True
+        self.stopping = self.forced = True
         tasks = list(self.running.items())
         for _, task in tasks:
             task.cancel()
@@ -184,4 +189,12 @@ def sweep_lease(run_token: str, lease: str, grace: float) -> list[int]:
     return killed
 
 
-__all__ = ["LEASE_ENV", "NodeAgent", "lease_of", "sweep_lease"]
+def sweep_run(run_token: str, grace: float, endpoint: bool) -> list[dict[str, Any]]:
+    """``autopilot cleanup`` on one node: kill whatever still carries the run's marker
+    there (the lock is free, so nothing of it can be live). A Ray task per node."""
+    from autopilot.sweep import orphan_marked
+
+    return orphan_marked(run_token, grace, endpoint=endpoint)
+
+
+__all__ = ["LEASE_ENV", "NodeAgent", "lease_of", "sweep_lease", "sweep_run"]

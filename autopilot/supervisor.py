@@ -872,7 +872,7 @@ class Supervisor:
         self._streak_step(cid, c)
 
     def _streak_step(self, cid: str, c: Classification) -> None:
-        launched = c.launched if c.launched is not None else time.monotonic()
+        launched = c.launched if c.launched is not None else time.time()
         self.streak, fire = streak_step(self.streak, c.streak_kind, launched,
                                         self.preset.trust.anomaly_streak)
         if not fire:

@@ -66,8 +66,9 @@ class Classification:
     detail: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     streak: bool = False  # the verdict word counts towards the harness-break streak
-    # When the process whose evidence decided this was launched (monotonic): the
-    # harness-break streak is counted in launch order (autopilot.ledger.streak_step).
+    # When the process whose evidence decided this was launched (wall clock, so that
+    # nodes of a cluster compare): the harness-break streak is counted in launch order
+    # (autopilot.ledger.streak_step).
     launched: float | None = None
 
     @property

@@ -12,6 +12,8 @@ test asserts on beside the journal):
   removed (its raylet and workers killed); the run must still end COMPLETE.
 - ``sigkill``: the demo with 3 replicas; the supervisor is SIGKILLed mid-run (its
   detached actors keep running), then the same command is run again.
+- ``cleanup``: the same SIGKILL, then ``autopilot cleanup`` (twice) instead.
+- ``sigterm``: SIGTERM mid-run: the cells are abandoned on every node, nothing is left.
 """
 
 from __future__ import annotations
@@ -124,6 +126,47 @@ def sigkill(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
                          for pid in holders("AUTOPILOT_RAY_LEASE", lease)]}
 
 
+def cleanup(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
+    """A supervisor SIGKILLed mid-run, then ``autopilot cleanup`` instead of a resume."""
+    state = out / "cleanup"
+    over = overlay(out, cluster.address)
+    proc = subprocess.Popen(cli(state, over), cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    wait_for(lambda: running_on(state, 1) and running_on(state, 2), 240,
+             "cells running on two nodes")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    leases = [e["lease"] for e in journal(state) if e["event"] == "ray_replica_started"]
+    alive_before = [pid for lease in leases for pid in holders("AUTOPILOT_RAY_LEASE", lease)]
+    r = subprocess.run([sys.executable, "-m", "autopilot.cli", "cleanup", "--state-dir",
+                        str(state), "--preset", "demo", "--config", str(over)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    again = subprocess.run([sys.executable, "-m", "autopilot.cli", "cleanup", "--state-dir",
+                            str(state), "--preset", "demo", "--config", str(over)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return {"code": r.returncode, "output": r.stdout + r.stderr[-3000:],
+            "again": again.stdout + again.stderr[-3000:], "alive_before": alive_before,
+            "leftover": [pid for lease in leases
+                         for pid in holders("AUTOPILOT_RAY_LEASE", lease)]}
+
+
+def sigterm(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
+    """SIGTERM mid-run: the actors learn it at their next poll and abandon their cells,
+    as a local run does; the supervisor exits with its signal code."""
+    state = out / "sigterm"
+    over = overlay(out, cluster.address)
+    proc = subprocess.Popen(cli(state, over), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    wait_for(lambda: running_on(state, 0) and running_on(state, 1), 240,
+             "cells running on two nodes")
+    os.kill(proc.pid, signal.SIGTERM)
+    output, _ = proc.communicate(timeout=300)
+    leases = [e["lease"] for e in journal(state) if e["event"] == "ray_replica_started"]
+    return {"code": proc.returncode, "output": output[-4000:],
+            "leftover": [pid for lease in leases
+                         for pid in holders("AUTOPILOT_RAY_LEASE", lease)]}
+
+
 def main() -> int:
     scenario, out = sys.argv[1], Path(sys.argv[2])
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
@@ -139,7 +182,8 @@ def main() -> int:
         cluster.wait_for_nodes()
         result: dict[str, Any] = {}
         for name in scenario.split(","):
-            fn = {"node-loss": node_loss, "sigkill": sigkill}[name]
+            fn = {"node-loss": node_loss, "sigkill": sigkill, "cleanup": cleanup,
+                  "sigterm": sigterm}[name]
             result[name] = fn(cluster, nodes, out)
         (out / "result.json").write_text(json.dumps(result))
     finally:

@@ -20,15 +20,18 @@ import pytest
 from conftest import ROOT, cli_env, events, run_cli, write_overlay
 from test_run import assert_each_cell_once_and_never_rerun
 
+from autopilot.errors import EXIT_SIGTERM
+
 
 @pytest.fixture(scope="module")
 def scenarios(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     """One 3-node cluster; first a node is lost mid-run, then a supervisor is SIGKILLed
-    mid-run and resumed (a fresh state dir each)."""
+    mid-run and resumed, then one is SIGKILLed and cleaned up after (a fresh state dir
+    each)."""
     out = tmp_path_factory.mktemp("ray")
     r = subprocess.run(
         ["unshare", "-n", "--", sys.executable, str(ROOT / "tests" / "ray_scenario.py"),
-         "node-loss,sigkill", str(out)],
+         "node-loss,sigkill,cleanup,sigterm", str(out)],
         capture_output=True, text=True, timeout=1500, env=cli_env(), cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return out, json.loads((out / "result.json").read_text())
@@ -93,6 +96,35 @@ def test_supervisor_sigkilled_then_resumed_reaps_its_actors_and_reruns_nothing_v
     second = {e["lease"] for e in evs if e["event"] == "ray_replica_started"} - set(
         got["first_leases"])
     assert len(second) == 3  # a new session's leases: never confused with the old ones
+
+
+def test_cleanup_reaches_every_node_after_a_sigkilled_supervisor(
+        scenarios: tuple[Path, dict[str, Any]]) -> None:
+    _, result = scenarios
+    got = result["cleanup"]
+    assert got["code"] == 0, got["output"]
+    assert got["alive_before"], "the killed supervisor's actors were running cells"
+    assert got["leftover"] == []
+    stopped = [x for x in got["output"].splitlines() if x.startswith("removed ray actor ")]
+    assert len(stopped) == 3, got["output"]
+    assert "removed ray placement group " in got["output"]
+    assert "nothing to clean up" in got["again"]  # nothing of the run is left anywhere
+
+
+def test_sigterm_abandons_the_cells_on_every_node(
+        scenarios: tuple[Path, dict[str, Any]]) -> None:
+    out, result = scenarios
+    got = result["sigterm"]
+    assert got["code"] == EXIT_SIGTERM, got["output"]
+    assert "--state-dir" in got["output"]  # the line that says how to resume
+    evs = events(out / "sigterm")
+    abandoned = {(e["cell"], e["attempt"]) for e in evs if e["event"] == "cell_abandoned"}
+    on = {(e["cell"], e["attempt"]): e.get("replica") for e in evs
+          if e["event"] == "cell_started"}
+    assert len({on[k] for k in abandoned}) >= 2, "cells of two nodes were abandoned"
+    judged = {(e["cell"], e["attempt"]) for e in evs if e["event"] == "cell_verdict"}
+    assert not abandoned & judged  # abandoned, never judged (no FAIL, no INVALID)
+    assert got["leftover"] == []
 
 
 def test_ray_backend_config_errors_are_one_line_exit_2(tmp_path: Path) -> None:
