@@ -60,6 +60,7 @@ from autopilot.ledger import Ledger, StreakState, should_quarantine, streak_step
 from autopilot.lock import RunLock, beat_interval
 from autopilot.logsetup import get_logger
 from autopilot.notify import MILESTONES, Notifier, urls_from_env
+from autopilot.placement import ReplicaView, choose_replica
 from autopilot.plan import Plan, arm_groups, cell_context
 from autopilot.preflight import needs_docker
 from autopilot.procs import RUN_TOKEN_ENV, enable_subreaper, reap_adopted, run_token
@@ -726,18 +727,18 @@ class Supervisor:
             await self.keepers[0].wait_up()  # raises EndpointFailed once given up
             self.replica_slots[0].acquire_nowait()  # sized to the concurrency: never waits
             return 0
-        allowed = self.preset.arm(arm).replicas or range(len(self.keepers))
+        allowed = self.preset.arm(arm).replicas
         while True:
-            live = [i for i in allowed if not self.keepers[i].failed]
-            if not live:
+            choice = choose_replica([
+                ReplicaView(up=k.is_up, failed=bool(k.failed), free=self.replica_slots[i].value)
+                for i, k in enumerate(self.keepers)], allowed)
+            if choice == "none":
+                pool = allowed or list(range(len(self.keepers)))
                 raise EndpointFailed(self._endpoint_failed()
-                                     or f"no replica of {list(allowed)} can serve {arm}")
-            ready = [i for i in live if self.keepers[i].is_up
-                     and self.replica_slots[i].value > 0]
-            if ready:
-                best = max(ready, key=lambda i: self.replica_slots[i].value)
-                self.replica_slots[best].acquire_nowait()
-                return best
+                                     or f"no replica of {pool} can serve {arm}")
+            if choice != "wait":
+                self.replica_slots[choice].acquire_nowait()
+                return choice
             await anyio.sleep(0.05)
 
     def _throttled(self) -> None:

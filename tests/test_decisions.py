@@ -11,6 +11,7 @@ from autopilot.config import DEFAULT_VERDICTS, BuiltinEndpoint
 from autopilot.endpoints.base import probe_pause
 from autopilot.endpoints.policy import backoff_secs, restart_action
 from autopilot.ledger import StreakState, should_quarantine, streak_step
+from autopilot.placement import ReplicaView, choose_replica
 from autopilot.status import eta_secs, fmt_secs, oneline
 from autopilot.validity import Checks, GradeOutcome, RunOutcome, classify
 from autopilot.watchdog import Limits, Observation, WatchState, cell_deadline, decide
@@ -329,3 +330,23 @@ def test_spend_from_summaries_and_journals() -> None:
            {"event": "cell_verdict", "spend": [1, 1], "regrade": True},
            {"event": "cell_verdict", "spend": [-1, 2]}, {"event": "cell_started"}]
     assert of_events(evs) == Spend(10, 5)
+
+
+def _r(spec: str) -> list[ReplicaView]:
+    """'U2 D0 F0': up with 2 free slots, down, failed."""
+    return [ReplicaView(up=t[0] == "U", failed=t[0] == "F", free=int(t[1:])) for t in spec.split()]
+
+
+@pytest.mark.parametrize(("spec", "allowed", "expect"), [
+    ("U1 U3 U2", None, 1),  # the most free slots
+    ("U2 U2", None, 0),  # a tie: the lowest index, reproducibly
+    ("U0 U0", None, "wait"),  # all full: wait for a slot
+    ("D2 U0", None, "wait"),  # one down (it may come back), one full
+    ("F2 U1", None, 1),  # a failed replica is never chosen
+    ("F2 F1", None, "none"),  # none can ever serve: the run must end
+    ("U3 U1 U1", [1, 2], 1),  # the arm's pins, even with a freer replica elsewhere
+    ("U3 F1 F1", [1, 2], "none"),  # its pinned replicas all failed
+    ("U3 D1 F1", [1, 2], "wait"),  # a pinned one is down, not failed
+])
+def test_choose_replica(spec: str, allowed: list[int] | None, expect: object) -> None:
+    assert choose_replica(_r(spec), allowed) == expect
