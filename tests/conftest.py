@@ -78,16 +78,20 @@ def write_overlay(path: Path, doc: dict[str, Any]) -> Path:
 
 
 
-def token_holders(tokens: set[str]) -> list[int]:
+def env_holders(key: str, values: set[str]) -> list[int]:
+    """Live processes whose environment has ``key`` set to one of ``values``."""
     found = []
     for p in psutil.process_iter():
         try:
-            if p.environ().get("AUTOPILOT_CELL_TOKEN") in tokens and \
-                    p.status() != psutil.STATUS_ZOMBIE:
+            if p.environ().get(key) in values and p.status() != psutil.STATUS_ZOMBIE:
                 found.append(p.pid)
         except (psutil.Error, OSError):
             pass
     return found
+
+
+def token_holders(tokens: set[str]) -> list[int]:
+    return env_holders("AUTOPILOT_CELL_TOKEN", tokens)
 
 
 @pytest.fixture

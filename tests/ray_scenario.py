@@ -6,7 +6,7 @@ On this 2-core machine the cluster's "nodes" are three raylets on one host
 ``node1``, ``node2``) so that replica i's bundle can only land on node i. Ray binds its
 services to the namespace's only interface, 127.0.0.1: no Ray traffic leaves it.
 
-Scenarios (each writes its state dir under OUT and ``OUT/<scenario>.json`` with what the
+Scenarios (each writes its state dir under OUT/<scenario>, and ``OUT/result.json`` what the
 test asserts on beside the journal):
 - ``node-loss``: the demo with 3 replicas; once replica 2 runs cells, its node is
   removed (its raylet and workers killed); the run must still end COMPLETE.
@@ -23,29 +23,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def journal(state: Path) -> list[dict[str, Any]]:
-    try:
-        text = (state / "journal.jsonl").read_text()
-    except FileNotFoundError:
-        return []
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def wait_for(pred: Any, timeout: float, what: str) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise SystemExit(f"timed out waiting for {what}")
+from conftest import ROOT, env_holders, events, wait_for
 
 
 def overlay(out: Path, address: str) -> Path:
@@ -68,7 +49,7 @@ def cli(state: Path, over: Path) -> list[str]:
 
 def running_on(state: Path, replica: int) -> bool:
     """A cell of ``replica`` started and not yet ended."""
-    evs = journal(state)
+    evs = events(state)
     started = {(e["cell"], e["attempt"]) for e in evs
                if e["event"] == "cell_started" and e.get("replica") == replica}
     ended = {(e["cell"], e["attempt"]) for e in evs if e["event"] == "cell_exited"}
@@ -81,28 +62,14 @@ def node_loss(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
     proc = subprocess.Popen(cli(state, over), cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     wait_for(lambda: running_on(state, 2) and sum(
-        e["event"] == "cell_verdict" for e in journal(state)) >= 3, 240,
+        e["event"] == "cell_verdict" for e in events(state)) >= 3, 240,
         "replica 2 running cells")
-    lease = next(e["lease"] for e in journal(state)
+    lease = next(e["lease"] for e in events(state)
                  if e["event"] == "ray_replica_started" and e["replica"] == 2)
     cluster.remove_node(nodes[2])
     output, _ = proc.communicate(timeout=400)
     return {"code": proc.returncode, "output": output[-4000:], "lost_lease": lease,
-            "leftover": holders("AUTOPILOT_RAY_LEASE", lease)}
-
-
-def holders(key: str, value: str) -> list[int]:
-    """Live processes whose environment has ``key`` = ``value``."""
-    import psutil
-
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if p.environ().get(key) == value and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p.pid)
-        except (psutil.Error, OSError):
-            continue
-    return found
+            "leftover": env_holders("AUTOPILOT_RAY_LEASE", {lease})}
 
 
 def sigkill(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
@@ -113,17 +80,16 @@ def sigkill(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
     over = overlay(out, cluster.address)
     proc = subprocess.Popen(cli(state, over), cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    wait_for(lambda: sum(e["event"] == "cell_verdict" for e in journal(state)) >= 4
+    wait_for(lambda: sum(e["event"] == "cell_verdict" for e in events(state)) >= 4
              and running_on(state, 0), 240, "a few verdicts")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    leases = [e["lease"] for e in journal(state) if e["event"] == "ray_replica_started"]
+    leases = [e["lease"] for e in events(state) if e["event"] == "ray_replica_started"]
     second = subprocess.run(cli(state, over), cwd=ROOT, capture_output=True, text=True,
                             timeout=400)
     return {"code": second.returncode, "output": (second.stdout + second.stderr)[-4000:],
             "first_leases": leases,
-            "leftover": [pid for lease in leases
-                         for pid in holders("AUTOPILOT_RAY_LEASE", lease)]}
+            "leftover": env_holders("AUTOPILOT_RAY_LEASE", set(leases))}
 
 
 def cleanup(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
@@ -136,8 +102,8 @@ def cleanup(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
              "cells running on two nodes")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    leases = [e["lease"] for e in journal(state) if e["event"] == "ray_replica_started"]
-    alive_before = [pid for lease in leases for pid in holders("AUTOPILOT_RAY_LEASE", lease)]
+    leases = [e["lease"] for e in events(state) if e["event"] == "ray_replica_started"]
+    alive_before = env_holders("AUTOPILOT_RAY_LEASE", set(leases))
     r = subprocess.run([sys.executable, "-m", "autopilot.cli", "cleanup", "--state-dir",
                         str(state), "--preset", "demo", "--config", str(over)],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -146,8 +112,7 @@ def cleanup(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
                            cwd=ROOT, capture_output=True, text=True, timeout=300)
     return {"code": r.returncode, "output": r.stdout + r.stderr[-3000:],
             "again": again.stdout + again.stderr[-3000:], "alive_before": alive_before,
-            "leftover": [pid for lease in leases
-                         for pid in holders("AUTOPILOT_RAY_LEASE", lease)]}
+            "leftover": env_holders("AUTOPILOT_RAY_LEASE", set(leases))}
 
 
 def sigterm(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
@@ -161,10 +126,9 @@ def sigterm(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
              "cells running on two nodes")
     os.kill(proc.pid, signal.SIGTERM)
     output, _ = proc.communicate(timeout=300)
-    leases = [e["lease"] for e in journal(state) if e["event"] == "ray_replica_started"]
+    leases = [e["lease"] for e in events(state) if e["event"] == "ray_replica_started"]
     return {"code": proc.returncode, "output": output[-4000:],
-            "leftover": [pid for lease in leases
-                         for pid in holders("AUTOPILOT_RAY_LEASE", lease)]}
+            "leftover": env_holders("AUTOPILOT_RAY_LEASE", set(leases))}
 
 
 def main() -> int:

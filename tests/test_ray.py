@@ -45,12 +45,19 @@ def _valid_on(evs: list[dict[str, Any]]) -> dict[str, int]:
             if e["event"] == "cell_verdict" and e["verdict"] in ("PASS", "FAIL")}
 
 
+def _completed(scenarios: tuple[Path, dict[str, Any]], name: str
+               ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """What scenario ``name`` reported, and its journal; it must have ended COMPLETE."""
+    out, result = scenarios
+    got = result[name]
+    assert got["code"] == 0, got["output"]
+    return got, events(out / name)
+
+
 def test_node_lost_mid_run_ends_complete_with_its_cells_rerun_elsewhere(
         scenarios: tuple[Path, dict[str, Any]]) -> None:
-    out, result = scenarios
-    got = result["node-loss"]
-    assert got["code"] == 0, got["output"]
-    evs = events(out / "node-loss")
+    out = scenarios[0]
+    got, evs = _completed(scenarios, "node-loss")
     placed = {e["replica"]: e["node"] for e in evs if e["event"] == "ray_replica_started"}
     assert sorted(placed) == [0, 1, 2] and len(set(placed.values())) == 3  # a node each
     lost = [e for e in evs if e["event"] == "milestone" and e["kind"] == "node_lost"]
@@ -83,10 +90,7 @@ def test_node_lost_mid_run_ends_complete_with_its_cells_rerun_elsewhere(
 
 def test_supervisor_sigkilled_then_resumed_reaps_its_actors_and_reruns_nothing_valid(
         scenarios: tuple[Path, dict[str, Any]]) -> None:
-    out, result = scenarios
-    got = result["sigkill"]
-    assert got["code"] == 0, got["output"]
-    evs = events(out / "sigkill")
+    got, evs = _completed(scenarios, "sigkill")
     assert sum(e["event"] == "run_started" for e in evs) == 2
     # the predecessor's detached actors were found by name and stopped, each of them
     assert sorted(e["replica"] for e in evs if e["event"] == "ray_actor_reaped") == [0, 1, 2]
