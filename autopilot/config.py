@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import (
@@ -440,17 +441,18 @@ class Backend(_Frozen):
     # node was started with ({gpu_box_a = 1}); one entry per replica, or one for all.
     resources: list[dict[str, float]] = Field(default_factory=list)
     # The state dir is on storage every node mounts at the same path (NFS, or one host):
-    # cells' outputs, transcripts and logs land there directly. Required for now;
-    # shipping artifacts back from nodes without shared storage is not built.
+    # cells' outputs, transcripts and logs land there directly. Without it, each node
+    # keeps a private mirror under ``node_dir`` and ships every attempt's output dir and
+    # logs back with its verdict (autopilot.shipping).
     shared_state_dir: bool = False
+    node_dir: str = "/tmp/bench-autopilot-node"
     start_timeout_secs: float = Field(default=120, gt=0)  # placement + actors ready
     poll_secs: float = Field(default=0.25, gt=0)  # how often actors' events are drained
 
     @model_validator(mode="after")
-    def _shared(self) -> Backend:
-        if self.kind == "ray" and not self.shared_state_dir:
-            raise ValueError("backend.kind = 'ray' needs backend.shared_state_dir = true "
-                             "(the state dir on storage every node mounts at the same path)")
+    def _node_dir(self) -> Backend:
+        if not Path(self.node_dir).is_absolute():
+            raise ValueError(f"backend.node_dir {self.node_dir!r} must be an absolute path")
         return self
 
 

@@ -287,6 +287,11 @@ def load_preset(
     from autopilot.fsguard import template_problems  # after validation: it renders paths
 
     problems = template_problems(result)
+    if not problems and result.backend.kind == "ray" and not result.backend.shared_state_dir:
+        from autopilot.shipping import outside_problems
+
+        for key, why in outside_problems(result)[:1]:
+            raise ConfigError(f"{origin(tuple(key.split('[')[0].split('.')))}: {key}: {why}")
     if problems:
         key, why = problems[0]
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""

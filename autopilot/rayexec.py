@@ -30,9 +30,13 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from autopilot.cells import move_aside
 from autopilot.errors import ConfigError, EndpointError, EndpointFailed
+from autopilot.fsguard import UnsafePath, run_roots
 from autopilot.logsetup import get_logger
+from autopilot.plan import cell_context
 from autopilot.raynode import NodeAgent, lease_of, sweep_lease, sweep_run
+from autopilot.shipping import unpack
 from autopilot.validity import Classification
 
 if TYPE_CHECKING:
@@ -478,7 +482,8 @@ class RayExecutor:
                                   detail=f"replica {i} lost before the cell could start")
         self.inflight[i].add(key)
         try:
-            c: Classification | None = await actor.run_cell.remote(cell, attempt)
+            got: tuple[Classification | None, bytes | None] = await actor.run_cell.remote(
+                cell, attempt)
         except self.ray.exceptions.RayActorError as e:
             self._lost(i, _short(e))
             self.revoked[i].append(key)  # if the actor was only unreachable, it kills it
@@ -489,8 +494,27 @@ class RayExecutor:
                        f"(node {k.where.get('node', '')[:12]}) lost: {_short(e)}")
         finally:
             self.inflight[i].discard(key)
+        c, files = got
+        if files is not None:  # no shared storage: its files come back before its verdict
+            await self._receive(cell, attempt, files)
         await self._drain(i)  # its events (started, exited, graded) before its verdict
         return c
+
+    async def _receive(self, cell: Cell, attempt: int, files: bytes) -> None:
+        """Unpack an attempt's shipped files into the state dir, the previous attempt's
+        output moved aside first (as a local attempt does at its start)."""
+        sup = self.sup
+        ctx = cell_context(sup.preset, cell, attempt, sup.state_dir)
+        out = Path(ctx["output_dir"])
+        roots = run_roots(sup.preset, sup.state_dir)
+        try:
+            await anyio.to_thread.run_sync(move_aside, out, sup.state_dir, cell.id,
+                                           attempt - 1, roots)
+        except UnsafePath as e:
+            sup.emit("unsafe_path_refused", cell=cell.id, path=str(out), why=str(e))
+        written, skipped = await anyio.to_thread.run_sync(unpack, files, sup.state_dir)
+        sup.emit("cell_files_received", cell=cell.id, attempt=attempt, files=written,
+                 bytes=len(files), skipped=skipped[:20])
 
     async def stop_replica(self, i: int) -> None:
         k, actor = self.keepers[i], self.actors[i]

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from autopilot import shipping
 from autopilot.cells import CellContext, CellRun
 from autopilot.childenv import child_env
 from autopilot.config import Preset
@@ -38,6 +39,7 @@ from autopilot.fsguard import run_roots
 from autopilot.logsetup import Redactor
 from autopilot.plan import Cell, arm_groups
 from autopilot.procs import RUN_TOKEN_ENV, TOKEN_ENV, Tracker, identify, kill_tree, marked_processes
+from autopilot.statedir import check_trusted, ensure_private_dir
 from autopilot.validity import Classification
 
 LEASE_ENV = "AUTOPILOT_RAY_LEASE"
@@ -56,7 +58,16 @@ class NodeAgent:
         from autopilot.supervisor import secret_values  # late: a heavy import
 
         self.preset = preset
-        self.state_dir = Path(state_dir)
+        self.shared = preset.backend.shared_state_dir
+        # Without shared storage: this node's private mirror of the state dir (its cells'
+        # files are shipped back with each verdict, autopilot.shipping).
+        self.state_dir = (Path(state_dir) if self.shared
+                          else Path(preset.backend.node_dir) / run_token[:16])
+        if not self.shared:
+            ensure_private_dir(self.state_dir.parent)
+            ensure_private_dir(self.state_dir)
+            ensure_private_dir(self.state_dir / "logs")
+            check_trusted(self.state_dir)  # as a state dir: a planted one is refused
         self.replica = replica
         self.lease = lease
         self.run_token = run_token
@@ -96,6 +107,7 @@ class NodeAgent:
         """Start this replica's endpoint and keeper; where it runs, for the journal."""
         p = self.preset
         ep = make_endpoint(p, self.state_dir, self.replica)
+        ep.marker = self.run_token  # the head's run, wherever this node keeps its files
         ep.arm_setting, ep.arm_group = arm_groups(p)[0]
         self.keeper = Keeper(ep, self._emit, self._milestone)
         await self.keeper.start()
@@ -145,15 +157,23 @@ class NodeAgent:
                     "api_base": k.ep.api_base},
                 "running": [list(key) for key in self.running]}
 
-    async def run_cell(self, cell: Cell, attempt: int) -> Classification | None:
+    async def run_cell(self, cell: Cell, attempt: int
+                       ) -> tuple[Classification | None, bytes | None]:
+        """Run and grade one attempt here; its classification, and (without shared
+        storage) its output dir and logs packed for the head."""
         assert self.keeper is not None, "run_cell before start"
         key = (cell.id, attempt)
-        task = asyncio.ensure_future(CellRun(self.cx, cell, attempt).run())
+        run = CellRun(self.cx, cell, attempt)
+        task = asyncio.ensure_future(run.run())
         self.running[key] = task
         try:
-            return await task
+            c = await task
         finally:
             self.running.pop(key, None)
+        if self.shared or c is None:
+            return c, None
+        files = shipping.cell_files(self.state_dir, cell.id, run.output_dir)
+        return c, await asyncio.to_thread(shipping.pack, self.state_dir, files)
 
     async def stop(self) -> list[str]:
         """Kill every cell this actor runs and stop its endpoint (a supervisor ending,

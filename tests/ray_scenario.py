@@ -14,6 +14,7 @@ test asserts on beside the journal):
   detached actors keep running), then the same command is run again.
 - ``cleanup``: the same SIGKILL, then ``autopilot cleanup`` (twice) instead.
 - ``sigterm``: SIGTERM mid-run: the cells are abandoned on every node, nothing is left.
+- ``ship``: no shared storage: the nodes ship each attempt's files back.
 """
 
 from __future__ import annotations
@@ -29,15 +30,15 @@ from typing import Any
 from conftest import ROOT, env_holders, events, wait_for
 
 
-def overlay(out: Path, address: str) -> Path:
-    path = out / "ray.json"
+def overlay(out: Path, address: str, **backend: Any) -> Path:
+    path = out / f"ray{len(backend)}.json"
     path.write_text(json.dumps({
         "vars": {"think_secs": "0.25"},  # cells of a few seconds: a node dies mid-cell
         "endpoint": {"replicas": 3, "slots": 2},
         "run": {"concurrency": 6},
         "backend": {"kind": "ray", "address": address, "shared_state_dir": True,
                     "resources": [{"node0": 1}, {"node1": 1}, {"node2": 1}],
-                    "poll_secs": 0.2, "start_timeout_secs": 60},
+                    "poll_secs": 0.2, "start_timeout_secs": 60, **backend},
     }))
     return path
 
@@ -131,6 +132,17 @@ def sigterm(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
             "leftover": env_holders("AUTOPILOT_RAY_LEASE", set(leases))}
 
 
+def ship(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
+    """No shared storage: each node keeps its cells' files under its own node_dir and
+    ships them back with every verdict."""
+    state = out / "ship"
+    over = overlay(out, cluster.address, shared_state_dir=False, node_dir=str(out / "nodes"))
+    r = subprocess.run(cli(state, over), cwd=ROOT, capture_output=True, text=True,
+                       timeout=400)
+    return {"code": r.returncode, "output": (r.stdout + r.stderr)[-4000:],
+            "node_dir": str(out / "nodes")}
+
+
 def main() -> int:
     scenario, out = sys.argv[1], Path(sys.argv[2])
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
@@ -147,7 +159,7 @@ def main() -> int:
         result: dict[str, Any] = {}
         for name in scenario.split(","):
             fn = {"node-loss": node_loss, "sigkill": sigkill, "cleanup": cleanup,
-                  "sigterm": sigterm}[name]
+                  "sigterm": sigterm, "ship": ship}[name]
             result[name] = fn(cluster, nodes, out)
         (out / "result.json").write_text(json.dumps(result))
     finally:

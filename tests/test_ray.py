@@ -31,7 +31,7 @@ def scenarios(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     out = tmp_path_factory.mktemp("ray")
     r = subprocess.run(
         ["unshare", "-n", "--", sys.executable, str(ROOT / "tests" / "ray_scenario.py"),
-         "node-loss,sigkill,cleanup,sigterm", str(out)],
+         "node-loss,sigkill,cleanup,sigterm,ship", str(out)],
         capture_output=True, text=True, timeout=1500, env=cli_env(), cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return out, json.loads((out / "result.json").read_text())
@@ -131,14 +131,41 @@ def test_sigterm_abandons_the_cells_on_every_node(
     assert got["leftover"] == []
 
 
+def test_without_shared_storage_nodes_ship_each_attempts_files_back(
+        scenarios: tuple[Path, dict[str, Any]]) -> None:
+    out = scenarios[0]
+    got, evs = _completed(scenarios, "ship")
+    state = out / "ship"
+    valid = {e["cell"] for e in evs
+             if e["event"] == "cell_verdict" and e["verdict"] in ("PASS", "FAIL")}
+    assert len(valid) == 24
+    for cell in valid:  # where a local run puts them, before its verdict was journaled
+        for name in ("transcript.jsonl", "summary.json", "grade.json", "answer.txt"):
+            assert (state / "cells" / cell / name).is_file(), (cell, name)
+        assert (state / "logs" / f"{cell}.launcher.log").is_file()
+    order = [(e["event"], e["cell"]) for e in evs
+             if e["event"] in ("cell_files_received", "cell_verdict")]
+    for cell in valid:
+        got_at = order.index(("cell_files_received", cell))
+        assert got_at < order.index(("cell_verdict", cell))
+    # they ran in the nodes' private mirrors, not in the head's state dir
+    mirrors = list(Path(got["node_dir"]).iterdir())
+    assert len(mirrors) == 1 and len(list((mirrors[0] / "cells").iterdir())) == 24
+    assert (mirrors[0].stat().st_mode & 0o777) == 0o700
+    report = run_cli("report", "--state-dir", str(state))
+    assert report.returncode == 0 and "24" in report.stdout, report.stderr
+
+
 def test_ray_backend_config_errors_are_one_line_exit_2(tmp_path: Path) -> None:
     state = tmp_path / "state"
     cases = [
-        ({"backend": {"kind": "ray"}}, "shared_state_dir"),
         ({"endpoint": {"replicas": 2}, "backend": {"kind": "ray", "shared_state_dir": True,
                                                     "resources": [{}, {}, {}]}},
          "backend.resources has 3 entries for 2 replica(s)"),
         ({"backend": {"resources": [{"GPU": 1}]}}, "backend.resources is for"),
+        ({"backend": {"kind": "ray"}, "harness": {"output_dir": "/tmp/elsewhere/{cell}"}},
+         "harness.output_dir: '/tmp/elsewhere/{cell}' is outside {state_dir}"),
+        ({"backend": {"kind": "ray", "node_dir": "rel"}}, "must be an absolute path"),
     ]
     for doc, words in cases:
         over = write_overlay(tmp_path / "o.json", doc)

@@ -69,6 +69,9 @@ class Endpoint:
         self.cfg: EndpointCommon = preset.endpoint
         self.state_dir = state_dir
         self.replica = replica
+        # The run's marker for our processes: the state dir's, unless a Ray node runs this
+        # endpoint from its private mirror of the state dir (autopilot.raynode).
+        self.marker = run_token(state_dir)
         # Replica 0 keeps the single-endpoint names (endpoint.log, the port as given).
         self.log_path = state_dir / ("endpoint.log" if replica == 0
                                      else f"endpoint-{replica}.log")
@@ -281,7 +284,7 @@ class Endpoint:
                 # The run's marker: if we are killed before on_spawn journals it, the
                 # next supervisor's sweep still knows this process is ours (and its port).
                 env = {**self.env(), **self.arm_setting.env,
-                       RUN_TOKEN_ENV: run_token(self.state_dir)}
+                       RUN_TOKEN_ENV: self.marker}
                 self.proc = await spawn(
                     argv, stdout=logf, stderr=subprocess.STDOUT, env=env,
                     start_new_session=True,
