@@ -25,6 +25,8 @@ import asyncio
 import contextlib
 import os
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +40,15 @@ from autopilot.endpoints.keeper import Keeper
 from autopilot.fsguard import run_roots
 from autopilot.logsetup import Redactor
 from autopilot.plan import Cell, arm_groups
-from autopilot.procs import RUN_TOKEN_ENV, TOKEN_ENV, Tracker, identify, kill_tree, marked_processes
+from autopilot.procs import (
+    RUN_TOKEN_ENV,
+    TOKEN_ENV,
+    Tracker,
+    identify,
+    kill_tree,
+    marked_processes,
+    start_ticks,
+)
 from autopilot.statedir import check_trusted, ensure_private_dir
 from autopilot.validity import Classification
 
@@ -110,6 +120,7 @@ class NodeAgent:
         ep.marker = self.run_token  # the head's run, wherever this node keeps its files
         ep.arm_setting, ep.arm_group = arm_groups(p)[0]
         self.keeper = Keeper(ep, self._emit, self._milestone)
+        self._start_guard()
         await self.keeper.start()
         self._watch = asyncio.ensure_future(self.keeper.watch())
         self.cx = CellContext(
@@ -126,6 +137,18 @@ class NodeAgent:
             replica=self.replica,
         )
         return self.where()
+
+    def _start_guard(self) -> None:
+        """The lease guard (autopilot.leaseguard): kills this lease's processes on this
+        machine if this actor dies before it could (a worker crash, a raylet gone)."""
+        env = {k: v for k, v in os.environ.items() if k not in (LEASE_ENV, RUN_TOKEN_ENV)}
+        me = os.getpid()
+        self.guard = subprocess.Popen(
+            [sys.executable, "-m", "autopilot.leaseguard", "--pid", str(me),
+             "--ticks", str(start_ticks(me)), "--token", self.run_token, "--lease", self.lease,
+             "--grace", str(self.preset.watchdog.kill_grace_secs)],
+            env=env, start_new_session=True, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def where(self) -> dict[str, Any]:
         import ray  # present wherever this runs as an actor
