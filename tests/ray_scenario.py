@@ -15,6 +15,8 @@ test asserts on beside the journal):
 - ``cleanup``: the same SIGKILL, then ``autopilot cleanup`` (twice) instead.
 - ``sigterm``: SIGTERM mid-run: the cells are abandoned on every node, nothing is left.
 - ``ship``: no shared storage: the nodes ship each attempt's files back.
+- ``recreate``: an arm pinned to replica 2, whose node is removed mid-run; a node with
+  the same resource joins; the replica must be recreated there for the run to finish.
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ from typing import Any
 from conftest import ROOT, env_holders, events, wait_for
 
 
-def overlay(out: Path, address: str, **backend: Any) -> Path:
-    path = out / f"ray{len(backend)}.json"
+def overlay(out: Path, address: str, arms: list[dict[str, Any]] | None = None,
+            **backend: Any) -> Path:
+    path = out / f"ray{len(backend)}{'-pinned' if arms else ''}.json"
     path.write_text(json.dumps({
+        **({"arms": arms} if arms else {}),
         "vars": {"think_secs": "0.25"},  # cells of a few seconds: a node dies mid-cell
         "endpoint": {"replicas": 3, "slots": 2},
         "run": {"concurrency": 6},
@@ -132,6 +136,28 @@ def sigterm(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
             "leftover": env_holders("AUTOPILOT_RAY_LEASE", set(leases))}
 
 
+def recreate(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
+    """demo-think pinned to replica 2: its node is removed mid-cell, a node with the same
+    resource joins, Ray re-places the bundle there, and the replica is recreated (a new
+    lease); the pinned arm can only finish there, so the run ends COMPLETE only if it was."""
+    state = out / "recreate"
+    over = overlay(out, cluster.address, arms=[
+        {"label": "demo-nothink", "mode": "nothink"},
+        {"label": "demo-think", "mode": "think", "replicas": [2]}])
+    proc = subprocess.Popen(cli(state, over), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    wait_for(lambda: running_on(state, 2) and sum(
+        e["event"] == "cell_verdict" for e in events(state)) >= 2, 240,
+        "replica 2 running cells")
+    cluster.remove_node(nodes[2])
+    wait_for(lambda: any(e["event"] == "milestone" and e["kind"] == "node_lost"
+                         for e in events(state)), 120, "node_lost")
+    nodes[2] = cluster.add_node(num_cpus=2, resources={"node2": 1},
+                                object_store_memory=80 * 2**20)
+    output, _ = proc.communicate(timeout=400)
+    return {"code": proc.returncode, "output": output[-4000:]}
+
+
 def ship(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
     """No shared storage: each node keeps its cells' files under its own node_dir and
     ships them back with every verdict."""
@@ -159,7 +185,7 @@ def main() -> int:
         result: dict[str, Any] = {}
         for name in scenario.split(","):
             fn = {"node-loss": node_loss, "sigkill": sigkill, "cleanup": cleanup,
-                  "sigterm": sigterm, "ship": ship}[name]
+                  "sigterm": sigterm, "ship": ship, "recreate": recreate}[name]
             result[name] = fn(cluster, nodes, out)
         (out / "result.json").write_text(json.dumps(result))
     finally:

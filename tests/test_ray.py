@@ -31,7 +31,7 @@ def scenarios(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     out = tmp_path_factory.mktemp("ray")
     r = subprocess.run(
         ["unshare", "-n", "--", sys.executable, str(ROOT / "tests" / "ray_scenario.py"),
-         "node-loss,sigkill,cleanup,sigterm,ship", str(out)],
+         "node-loss,sigkill,cleanup,sigterm,ship,recreate", str(out)],
         capture_output=True, text=True, timeout=1500, env=cli_env(), cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return out, json.loads((out / "result.json").read_text())
@@ -154,6 +154,25 @@ def test_without_shared_storage_nodes_ship_each_attempts_files_back(
     assert (mirrors[0].stat().st_mode & 0o777) == 0o700
     report = run_cli("report", "--state-dir", str(state))
     assert report.returncode == 0 and "24" in report.stdout, report.stderr
+
+
+def test_a_lost_replica_is_recreated_where_its_resources_come_back(
+        scenarios: tuple[Path, dict[str, Any]]) -> None:
+    _, evs = _completed(scenarios, "recreate")
+    starts = [i for i, e in enumerate(evs)
+              if e["event"] == "ray_replica_started" and e["replica"] == 2]
+    assert len(starts) == 2, "replica 2: started, lost, recreated"
+    first, second = (evs[i] for i in starts)
+    assert first["lease"] != second["lease"] and first["node"] != second["node"]
+    kinds = [(e["kind"], e.get("replica")) for e in evs if e["event"] == "milestone"]
+    assert ("node_lost", 2) in kinds and ("endpoint_restart", 2) in kinds
+    # the pinned arm ran only on replica 2, and finished on its second incarnation
+    on = _valid_on(evs)
+    think = {c: r for c, r in on.items() if "demo-think" in c}
+    assert len(think) == 12 and set(think.values()) == {2}
+    after = {e["cell"] for e in evs[starts[1]:] if e["event"] == "cell_started"}
+    assert after & set(think)
+    assert_each_cell_once_and_never_rerun(evs, 24)
 
 
 def test_ray_backend_config_errors_are_one_line_exit_2(tmp_path: Path) -> None:
