@@ -266,7 +266,15 @@ async def run_preflight(
                     problems.append(f"required file {render(f, ctx)} not found")
     found, warned = checkout_problems(preset, state_dir)
     report.warnings += warned
-    problems += endpoint_problems(preset) + slot_problems(preset)
+    if preset.backend.kind == "ray":
+        # The endpoint starts on the nodes (each actor reports its own failure); here,
+        # only that this machine can drive a cluster at all.
+        if importlib.util.find_spec("ray") is None:
+            problems.append("backend.kind = 'ray' needs Ray here and on every node: "
+                            "pip install 'bench-autopilot[ray]'")
+    else:
+        problems += endpoint_problems(preset)
+    problems += slot_problems(preset)
     names = list(preset.preflight.env)
     if preset.endpoint.engine == "provider" and preset.endpoint.api_key_env:
         names.append(preset.endpoint.api_key_env)

@@ -22,6 +22,7 @@ Imported only when a preset asks for Ray (``pip install 'bench-autopilot[ray]'``
 
 from __future__ import annotations
 
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -65,11 +66,31 @@ def actor_name(token: str, what: str) -> str:
     return f"autopilot-{token[:16]}-{what}"
 
 
+CONNECT_TIMEOUT_SECS = 10.0
+
+
 def connect(cfg: Backend) -> Any:
+    """Join the cluster as a driver, or raise EndpointError in one line. An address
+    that does not answer is found out by a plain TCP connect first: ``ray.init`` itself
+    retries for minutes before giving up."""
     ray = _ray()
-    if not ray.is_initialized():
+    if ray.is_initialized():
+        return ray
+    host, sep, port = cfg.address.rpartition(":")
+    if sep and port.isdigit():
+        try:
+            socket.create_connection((host.strip("[]"), int(port)),
+                                     timeout=CONNECT_TIMEOUT_SECS).close()
+        except OSError as e:
+            raise EndpointError(f"cannot reach the Ray cluster at {cfg.address} "
+                                f"(backend.address): {e.strerror or e}") from None
+    try:
         ray.init(address=cfg.address, namespace=cfg.namespace, log_to_driver=False,
                  logging_level="WARNING")
+    except Exception as e:  # ConnectionError, RuntimeError: said in one line
+        ray.shutdown()
+        raise EndpointError(f"cannot join the Ray cluster at {cfg.address} "
+                            f"(backend.address): {_short(e)}") from None
     return ray
 
 
@@ -535,10 +556,11 @@ class RayExecutor:
             k.state = "stopped"
 
     async def close(self) -> None:
-        """After every replica stopped: free the placement group."""
+        """After every replica stopped: free the placement group, leave the cluster."""
         if self.pg is not None:
             self.ray.util.remove_placement_group(self.pg)
             self.pg = None
+        await anyio.to_thread.run_sync(self.ray.shutdown)
 
 
 def _short(e: BaseException) -> str:

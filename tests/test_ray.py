@@ -20,7 +20,7 @@ import pytest
 from conftest import ROOT, cli_env, events, run_cli, write_overlay
 from test_run import assert_each_cell_once_and_never_rerun
 
-from autopilot.errors import EXIT_SIGTERM
+from autopilot.errors import EXIT_INCOMPLETE, EXIT_SIGTERM
 
 
 @pytest.fixture(scope="module")
@@ -193,6 +193,18 @@ def test_ray_backend_config_errors_are_one_line_exit_2(tmp_path: Path) -> None:
         assert r.returncode == 2, r.stderr
         assert words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not state.exists()
+
+
+def test_an_unreachable_cluster_ends_the_run_in_one_line(tmp_path: Path) -> None:
+    # Nothing listens on 127.0.0.1:1: found out by a TCP connect, before Ray is asked.
+    over = write_overlay(tmp_path / "o.json", {"backend": {
+        "kind": "ray", "address": "127.0.0.1:1", "shared_state_dir": True}})
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                "--state-dir", str(tmp_path / "s"), "--quiet", timeout=120)
+    assert r.returncode == EXIT_INCOMPLETE, r.stderr[-2000:]
+    assert ("endpoint failed to start: cannot reach the Ray cluster at 127.0.0.1:1 "
+            "(backend.address)") in r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_dry_run_prints_the_ray_placement(tmp_path: Path) -> None:
