@@ -453,6 +453,11 @@ class Backend(_Frozen):
     def _node_dir(self) -> Backend:
         if not Path(self.node_dir).is_absolute():
             raise ValueError(f"backend.node_dir {self.node_dir!r} must be an absolute path")
+        for i, res in enumerate(self.resources):
+            bad = {k: v for k, v in res.items() if not v > 0 or not k}
+            if bad:
+                raise ValueError(f"backend.resources[{i}]: amounts must be positive "
+                                 f"(got {bad})")
         return self
 
 
