@@ -511,13 +511,17 @@ class Preset(_Frozen):
             bad = [i for i in a.replicas or [] if not 0 <= i < r]
             if bad:
                 raise ValueError(f"arm {a.label!r}: replicas {bad} outside 0..{r - 1}")
-        if r > 1 and len({json.dumps(a.endpoint.model_dump(mode="json"), sort_keys=True)
-                          for a in self.arms}) > 1:
+        if r > 1 and not self._arms_share_endpoint():
             raise ValueError("endpoint.replicas > 1 needs every arm on the same endpoint "
                              "settings (arms that restart the endpoint run one group at a "
                              "time); pin arms to replicas instead")
         self._check_backend()
         return self
+
+    def _arms_share_endpoint(self) -> bool:
+        """Every arm runs against the same endpoint settings (no restart between arms)."""
+        return len({json.dumps(a.endpoint.model_dump(mode="json"), sort_keys=True)
+                    for a in self.arms}) <= 1
 
     def _check_backend(self) -> None:
         b, r = self.backend, self.endpoint.replicas
@@ -528,8 +532,7 @@ class Preset(_Frozen):
         if len(b.resources) not in (0, 1, r):
             raise ValueError(f"backend.resources has {len(b.resources)} entries for {r} "
                              "replica(s): give one per replica, or one for all")
-        if len({json.dumps(a.endpoint.model_dump(mode="json"), sort_keys=True)
-                for a in self.arms}) > 1:
+        if not self._arms_share_endpoint():
             raise ValueError("backend.kind = 'ray' needs every arm on the same endpoint "
                              "settings; pin arms to replicas instead")
         if self.grader.mode != "per-cell":
