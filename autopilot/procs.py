@@ -37,6 +37,8 @@ TOKEN_ENV = "AUTOPILOT_CELL_TOKEN"  # noqa: S105 - an env var name, not a secret
 # Every harness and grader of a run carries the run's marker, so a process spawned by a
 # supervisor killed before it could journal the spawn is still recognisably this run's.
 RUN_TOKEN_ENV = "AUTOPILOT_RUN_TOKEN"  # noqa: S105 - an env var name, not a secret
+# One Ray actor's processes (autopilot.raynode): <session>-<replica>.<incarnation>
+LEASE_ENV = "AUTOPILOT_RAY_LEASE"
 
 
 def run_token(state_dir: Path) -> str:

@@ -287,13 +287,10 @@ class RayExecutor:
         async with self._ready:
             if self._connected:
                 return
-            await anyio.to_thread.run_sync(self._connect)
+            await anyio.to_thread.run_sync(connect, self.cfg)
             await self._reap_predecessors()
             await anyio.to_thread.run_sync(self._place)
             self._connected = True
-
-    def _connect(self) -> None:
-        connect(self.cfg)
 
     async def _reap_predecessors(self) -> None:
         ray = self.ray
@@ -372,7 +369,7 @@ class RayExecutor:
 
     async def _drain(self, i: int) -> bool:
         """Journal what replica ``i``'s actor buffered; False when it is unreachable."""
-        actor = self.actors[i]
+        actor, inc = self.actors[i], self.keepers[i].incarnation
         if actor is None:
             return False
         async with self._drain_locks[i]:
@@ -383,7 +380,7 @@ class RayExecutor:
                                               self.sup.forced)
             except self.ray.exceptions.RayActorError as e:
                 self.revoked[i] = revoked + self.revoked[i]
-                self._lost(i, _short(e))
+                self._lost(i, inc, _short(e))
                 return False
             self._apply(i, got)
             return True
@@ -412,9 +409,11 @@ class RayExecutor:
             elif k.state != "lost":
                 k.state = seen.get("state", k.state)
 
-    def _lost(self, i: int, why: str) -> None:
+    def _lost(self, i: int, incarnation: int, why: str) -> None:
+        """Replica ``i``'s actor ``incarnation`` is gone. An error that arrives late, from
+        an incarnation already replaced, says nothing about the one running now."""
         k = self.keepers[i]
-        if k.state in ("lost", "failed", "stopped"):
+        if k.incarnation != incarnation or k.state in ("lost", "failed", "stopped"):
             return
         k.state = "lost"
         k.lost_since = time.monotonic()
@@ -436,7 +435,7 @@ class RayExecutor:
     async def _recover(self, i: int) -> None:
         k = self.keepers[i]
         lease = self._lease(i)
-        await self._sweep(i, lease)
+        await self._sweep(i, lease, k.where.get("ip"))
         old, self.actors[i] = self.actors[i], None
         if old is not None:  # merely unreachable, perhaps: it must not come back as i
             self.ray.kill(old, no_restart=True)
@@ -454,7 +453,7 @@ class RayExecutor:
         self.sup.milestone("endpoint_restart", replica=i, why="replica recreated after "
                            "its node was lost", node=k.where.get("node", "")[:12])
 
-    async def _sweep(self, i: int, lease: str) -> None:
+    async def _sweep(self, i: int, lease: str, ip: str | None) -> None:
         """Kill the lost lease's processes on its machine, from a live node there: once
         per lease, and every caller waits for it (a cell re-queued before its harness is
         dead could meet it writing into the same output dir)."""
@@ -464,13 +463,12 @@ class RayExecutor:
             return
         self._swept[lease] = done = anyio.Event()
         try:
-            await self._sweep_once(i, lease)
+            await self._sweep_once(i, lease, ip)
         finally:
             done.set()
 
-    async def _sweep_once(self, i: int, lease: str) -> None:
+    async def _sweep_once(self, i: int, lease: str, ip: str | None) -> None:
         ray = self.ray
-        ip = self.keepers[i].where.get("ip")
         nodes = [n for n in await anyio.to_thread.run_sync(ray.nodes)
                  if n.get("Alive") and n.get("NodeManagerAddress") == ip]
         if not nodes:
@@ -501,18 +499,21 @@ class RayExecutor:
         if actor is None:  # lost between being picked and now
             return Classification("INVALID", reason="node_lost", launched=time.time(),
                                   detail=f"replica {i} lost before the cell could start")
+        # The lease this attempt runs under: by the time an error arrives, the replica
+        # may already be recreated under a new one, which must be left alone.
+        inc, lease, where = k.incarnation, self._lease(i), dict(k.where)
         self.inflight[i].add(key)
         try:
             got: tuple[Classification | None, bytes | None] = await actor.run_cell.remote(
                 cell, attempt)
         except self.ray.exceptions.RayActorError as e:
-            self._lost(i, _short(e))
+            self._lost(i, inc, _short(e))
             self.revoked[i].append(key)  # if the actor was only unreachable, it kills it
-            await self._sweep(i, self._lease(i))
+            await self._sweep(i, lease, where.get("ip"))
             return Classification(
                 "INVALID", reason="node_lost", launched=time.time(),
-                detail=f"replica {i} on {k.where.get('host')} "
-                       f"(node {k.where.get('node', '')[:12]}) lost: {_short(e)}")
+                detail=f"replica {i} on {where.get('host')} "
+                       f"(node {where.get('node', '')[:12]}) lost: {_short(e)}")
         finally:
             self.inflight[i].discard(key)
         c, files = got

@@ -40,19 +40,9 @@ from autopilot.endpoints.keeper import Keeper
 from autopilot.fsguard import run_roots
 from autopilot.logsetup import Redactor
 from autopilot.plan import Cell, arm_groups
-from autopilot.procs import (
-    RUN_TOKEN_ENV,
-    TOKEN_ENV,
-    Tracker,
-    identify,
-    kill_tree,
-    marked_processes,
-    start_ticks,
-)
+from autopilot.procs import LEASE_ENV, RUN_TOKEN_ENV, start_ticks
 from autopilot.statedir import check_trusted, ensure_private_dir
 from autopilot.validity import Classification
-
-LEASE_ENV = "AUTOPILOT_RAY_LEASE"
 
 
 def lease_of(session: str, replica: int, incarnation: int) -> str:
@@ -220,16 +210,11 @@ class NodeAgent:
 def sweep_lease(run_token: str, lease: str, grace: float) -> list[int]:
     """Kill, on the machine this runs on, every process of the run (its marker) that
     carries ``lease``: what a lost actor left behind. A Ray task placed on a live node of
-    the lost node's machine; exact identity, never a process without both markers."""
-    killed: list[int] = []
-    for p, env in marked_processes(run_token):
-        if env.get(LEASE_ENV) != lease:
-            continue
-        ident = identify(p.pid)
-        if ident is not None:
-            killed += kill_tree(Tracker(ident, env.get(TOKEN_ENV),
-                                        full_scan=True), grace)
-    return killed
+    the lost node's machine (or the lease guard); exact identity, both markers."""
+    from autopilot.sweep import orphan_marked
+
+    return [pid for found in orphan_marked(run_token, grace, lease=lease)
+            for pid in found["pids"]]
 
 
 def sweep_run(run_token: str, grace: float, endpoint: bool) -> list[dict[str, Any]]:

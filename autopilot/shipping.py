@@ -22,10 +22,6 @@ from pathlib import Path, PurePosixPath
 
 from autopilot.config import Preset
 
-# The templates whose files the head must see after a cell ran on a node.
-SHIPPED_KEYS = ("harness.output_dir", "harness.transcript", "harness.summary",
-                "grader.grade_file")
-
 
 def _templates(preset: Preset) -> list[tuple[str, str]]:
     h, g = preset.harness, preset.grader

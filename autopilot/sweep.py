@@ -17,6 +17,7 @@ from autopilot.journal import read_events
 from autopilot.ledger import CellState
 from autopilot.logsetup import get_logger
 from autopilot.procs import (
+    LEASE_ENV,
     TOKEN_ENV,
     ProcIdentity,
     Tracker,
@@ -73,17 +74,20 @@ def orphan_cells(cells: list[CellState], journal: Path, grace: float, token: str
     return out
 
 
-def orphan_marked(run_token: str, grace: float, endpoint: bool = True) -> list[dict[str, Any]]:
+def orphan_marked(run_token: str, grace: float, endpoint: bool = True,
+                  lease: str | None = None) -> list[dict[str, Any]]:
     """Kill every process still carrying this run's marker: at start-up, with the lock
     held, none can be ours yet, so each is a predecessor's. This catches what the journal
     cannot know: a harness or grader spawned by a supervisor SIGKILLed before it could
     journal the spawn, which would otherwise run on beside its cell's next attempt (or,
     for an endpoint, hold its port). ``cell`` is None for an endpoint; ``endpoint=False``
-    leaves endpoint processes alone."""
+    leaves endpoint processes alone; ``lease`` keeps to one Ray actor's processes."""
     out = []
     for p, env in marked_processes(run_token):
         if not endpoint and "AUTOPILOT_CELL_ID" not in env:
             continue
+        if lease is not None and env.get(LEASE_ENV) != lease:
+            continue  # another actor's (autopilot.raynode): not what was lost
         # create_time() is cached by psutil: this is the identity seen by the scan, so a
         # process that died meanwhile (killed with an earlier one's tree) is left alone.
         ident = ProcIdentity(p.pid, p.create_time(), start_ticks(p.pid))
