@@ -427,6 +427,10 @@ class Budget(_Frozen):
     usd: float | None = Field(default=None, gt=0)
 
 
+# A Ray cluster address: a host name or IP (IPv6 in brackets), and a port.
+RAY_ADDRESS_RE = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]+\]):\d{1,5}")
+
+
 class Backend(_Frozen):
     """Where cells run: this machine (``local``), or the nodes of a Ray cluster (``ray``:
     ``pip install 'bench-autopilot[ray]'``; autopilot.rayexec). With Ray, a named actor on
@@ -448,6 +452,14 @@ class Backend(_Frozen):
     node_dir: str = "/tmp/bench-autopilot-node"
     start_timeout_secs: float = Field(default=120, gt=0)  # placement + actors ready
     poll_secs: float = Field(default=0.25, gt=0)  # how often actors' events are drained
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        if v != "auto" and not RAY_ADDRESS_RE.fullmatch(v):
+            raise ValueError(f"{v!r} is not 'auto' or HOST:PORT "
+                             "(e.g. 10.0.0.5:6379, head.lan:6379, [fd00::1]:6379)")
+        return v
 
     @model_validator(mode="after")
     def _node_dir(self) -> Backend:

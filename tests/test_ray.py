@@ -185,6 +185,8 @@ def test_ray_backend_config_errors_are_one_line_exit_2(tmp_path: Path) -> None:
         ({"backend": {"kind": "ray"}, "harness": {"output_dir": "/tmp/elsewhere/{cell}"}},
          "harness.output_dir: '/tmp/elsewhere/{cell}' is outside {state_dir}"),
         ({"backend": {"kind": "ray", "node_dir": "rel"}}, "must be an absolute path"),
+        ({"backend": {"kind": "ray", "address": "\x1b[2J[red]x:1"}},
+         "is not 'auto' or HOST:PORT"),
         ({"backend": {"kind": "ray", "resources": [{"GPU": -1}]}},
          "backend.resources[0]: amounts must be positive"),
     ]
