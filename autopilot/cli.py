@@ -26,10 +26,11 @@ from autopilot import __version__
 from autopilot.cliutil import DEFAULT_STATE_DIR, OneLineParser, default_state_dir, run_and_exit
 from autopilot.config import Preset
 from autopilot.errors import AutopilotError, ConfigError, LockHeld, StateDirError
-from autopilot.fsutil import atomic_write_json, atomic_write_text, check_writable_dir
 from autopilot.loader import find_preset, list_presets, load_preset
 from autopilot.plan import Plan
-from autopilot.preflight import run_preflight
+from autopilot.run.preflight import run_preflight
+from autopilot.state.fsutil import atomic_write_json, atomic_write_text, check_writable_dir
+from autopilot.state.readers import load_recorded
 
 
 def positive_int(value: str) -> int:
@@ -177,7 +178,8 @@ def cmd_presets() -> int:
 
 def cmd_notify_test(args: argparse.Namespace) -> int:
     from autopilot import logsetup
-    from autopilot.notify import MILESTONES, Message, Notifier, urls_from_env
+    from autopilot.cell.childenv import urls_from_env
+    from autopilot.run.notify import MILESTONES, Message, Notifier
 
     logsetup.configure(None)  # events to stderr; stdout is the per-URL result table
 
@@ -199,8 +201,8 @@ def cmd_notify_test(args: argparse.Namespace) -> int:
 
 
 def dry_run_text(preset: Preset, plan: Plan, state_dir: Path, warnings: list[str]) -> str:
-    from autopilot.journal import read_events
-    from autopilot.ledger import Ledger
+    from autopilot.state.journal import read_events
+    from autopilot.state.ledger import Ledger
 
     led = Ledger(plan)
     for ev in read_events(state_dir / "journal.jsonl").events:
@@ -216,22 +218,9 @@ def dry_run_text(preset: Preset, plan: Plan, state_dir: Path, warnings: list[str
         f"{c['pending'] + c['running'] + c['grading']} pending | {c['invalid']} invalid | "
         f"{c['quarantined']} quarantined | {c['ungraded']} ungraded",
     ]
-    ep, backend = preset.endpoint, preset.backend
-    if backend.kind == "ray":
-        from autopilot.rayexec import placement_lines  # imports no Ray
+    from autopilot.backends.base import backend_class  # imports no Ray
 
-        lines += placement_lines(backend.resources, ep.replicas, backend.placement,
-                                 backend.address)
-    if ep.replicas > 1 or backend.kind == "ray":
-        per = ep.slots or -(-preset.run.concurrency // ep.replicas)
-        where = "its Ray node" if backend.kind == "ray" else "this machine"
-        for i in range(ep.replicas):
-            env = ep.replica_env[i] if i < len(ep.replica_env) else {}
-            port = ep.port + i if ep.port else "free port"
-            pinned = [a.label for a in preset.arms if a.replicas and i in a.replicas]
-            lines.append(f"replica {i}: {where}, port {port}, {per} slot(s), env "
-                         f"{', '.join(f'{k}={v}' for k, v in env.items()) or '(shared)'}"
-                         + (f", pinned arms {', '.join(pinned)}" if pinned else ""))
+    lines += backend_class(preset.backend.kind).dry_run_lines(preset)
     lines += env_lines(preset)
     lines += [f"warning: {w}" for w in warnings]
     lines.append("dry run: nothing launched")
@@ -241,7 +230,7 @@ def dry_run_text(preset: Preset, plan: Plan, state_dir: Path, warnings: list[str
 def env_lines(preset: Preset) -> list[str]:
     """Which env vars each child role is given on purpose, and which it does not inherit
     (names only: values are never printed)."""
-    from autopilot.childenv import Role, passed, withheld
+    from autopilot.cell.childenv import Role, passed, withheld
 
     out = []
     roles: tuple[Role, ...] = ("harness", "grader", "endpoint")
@@ -252,66 +241,19 @@ def env_lines(preset: Preset) -> list[str]:
     return out
 
 
-def load_recorded(state_dir: Path) -> tuple[Preset, Plan]:
-    """The preset and plan a state dir was run with (from plan.json), for read-only verbs."""
-    rec = _read_plan_record(state_dir)
-    preset_ref = rec.get("preset_path") or rec.get("preset")
-    if rec.get("preset_path") and not Path(rec["preset_path"]).is_file():
-        preset_ref = rec.get("preset")
-    preset = load_preset(str(preset_ref), overlay=rec.get("config_path"))
-    return preset, Plan(preset, int(rec.get("target_n") or preset.run.target_n or 1))
-
-
-def _read_plan_record(state_dir: Path) -> dict[str, Any]:
-    from autopilot.fsutil import read_json
-
-    rec = read_json(state_dir / "plan.json")
-    if not isinstance(rec, dict):
-        from autopilot.dashboard.cli import unreadable
-
-        denied = unreadable(state_dir)
-        raise ConfigError(denied or f"{state_dir}: no plan.json here (not a state dir of a run)")
-    return rec
-
-
 def load_trusted(state_dir: Path, args: argparse.Namespace) -> tuple[Preset, Plan]:
-    """The preset and plan for a verb that deletes or runs commands (cleanup, regrade):
-    the state dir must pass the ownership checks, the preset comes from the user (or the
-    recorded *name* among the preset dirs), and its plan must be the one recorded."""
-    from autopilot.config import NAME_RE
-    from autopilot.statedir import check_trusted
+    """The run's preset and plan for a verb that deletes or runs commands (see
+    autopilot.state.readers.load_trusted), from the verb's --preset / --config."""
+    from autopilot.state.readers import load_trusted as trusted
 
-    check_trusted(state_dir)
-    rec = _read_plan_record(state_dir)
-    ref = getattr(args, "sub_preset", None) or args.preset
-    overlay = getattr(args, "sub_config", None) or args.config
-    if not ref:
-        name = rec.get("preset")
-        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-            raise ConfigError(f"{state_dir}/plan.json: recorded preset {name!r} is not a "
-                              "preset name; pass --preset")
-        ref = name
-    preset = load_preset(ref, overlay=overlay)
-    target_n = rec.get("target_n")
-    plan = Plan(preset, target_n if isinstance(target_n, int) and target_n > 0
-                else preset.run.target_n or 1)
-    # The cells must be the run's (a fixed grader may change the identity: that is what
-    # regrade is for), so the recorded tasks and arms are compared, not the identity.
-    if (rec.get("tasks"), rec.get("arms")) != ([t.id for t in preset.tasks],
-                                               [a.label for a in preset.arms]):
-        hint = " ".join(f"{flag} {rec[k]!r}" for flag, k in
-                        (("--preset", "preset_path"), ("--config", "config_path"))
-                        if isinstance(rec.get(k), str))
-        raise ConfigError(f"{state_dir}: preset {ref!r} does not give this run's tasks and "
-                          "arms: pass the --preset and --config the run was made with"
-                          + (f" (plan.json says {hint}; check them first)" if hint else ""))
-    return preset, plan
+    return trusted(state_dir, getattr(args, "sub_preset", None) or args.preset,
+                   getattr(args, "sub_config", None) or args.config)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from autopilot.fsutil import read_json
-    from autopilot.liveness import look
-    from autopilot.validate import render_table, validate_run
+    from autopilot.state.fsutil import read_json
+    from autopilot.state.liveness import look
+    from autopilot.views.validate import render_table, validate_run
 
     state_dir = _state_dir(args)
     preset, plan = load_recorded(state_dir)
@@ -323,7 +265,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from autopilot import report
+    from autopilot.views import report
 
     state_dir = _state_dir(args)
     preset, plan = load_recorded(state_dir)
@@ -341,7 +283,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_summarize(args: argparse.Namespace) -> int:
-    from autopilot import report
+    from autopilot.views import report
 
     state_dir = _state_dir(args)
     preset, plan = load_recorded(state_dir)
@@ -354,8 +296,8 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
-    from autopilot.cleanup import cleanup
-    from autopilot.lock import describe_holder, lock_held
+    from autopilot.ops.cleanup import cleanup
+    from autopilot.state.lock import describe_holder, lock_held
 
     state_dir = _state_dir(args)
     holder = lock_held(state_dir)
@@ -371,8 +313,8 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
 
 def cmd_regrade(args: argparse.Namespace) -> int:
-    from autopilot.regrade import refresh_status, regrade
-    from autopilot.status import oneline
+    from autopilot.ops.regrade import refresh_status, regrade
+    from autopilot.state.status import oneline
 
     state_dir = _state_dir(args)
     preset, plan = load_trusted(state_dir, args)
@@ -391,7 +333,7 @@ def cmd_regrade(args: argparse.Namespace) -> int:
 def recorded_target_n(state_dir: Path) -> int | None:
     """The target N this state dir's run was last driven to (plan.json), if any: a re-run
     without --target-n keeps it rather than falling back to the preset's."""
-    from autopilot.fsutil import read_json
+    from autopilot.state.fsutil import read_json
 
     rec = read_json(state_dir / "plan.json")
     n = rec.get("target_n") if isinstance(rec, dict) else None
@@ -421,7 +363,8 @@ def metrics_path(value: str | None) -> Path | None:
 
 
 def cmd_board(args: argparse.Namespace) -> int:
-    from autopilot import board, publish
+    from autopilot.run import publish
+    from autopilot.views import board
 
     dirs = [Path(d) for d in args.dirs]
     result = board.build(dirs, allow_mixed=args.allow_mixed)
@@ -452,7 +395,13 @@ def cmd_campaign(args: argparse.Namespace) -> int:
     import subprocess
 
     from autopilot import logsetup
-    from autopilot.campaign import Campaign, campaign_dir_for, entry_argv, load_roster, order_text
+    from autopilot.ops.campaign import (
+        Campaign,
+        campaign_dir_for,
+        entry_argv,
+        load_roster,
+        order_text,
+    )
 
     roster_path = Path(args.roster).absolute()
     target_n = args.ca_target_n or args.target_n
@@ -480,8 +429,9 @@ def cmd_campaign(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from autopilot.statedir import check_trusted
-    from autopilot.supervisor import RunOptions, Supervisor, check_plan_identity, snapshot_once
+    from autopilot.run.recovery import check_plan_identity, snapshot_once
+    from autopilot.run.supervisor import RunOptions, Supervisor
+    from autopilot.state.statedir import check_trusted
 
     state_dir = _state_dir(args)
     why = check_writable_dir(state_dir)
@@ -512,15 +462,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
 
     if args.once:
-        from autopilot.lock import lock_held
-        from autopilot.status import oneline
+        from autopilot.state.lock import lock_held
+        from autopilot.state.status import oneline
 
         snap = snapshot_once(preset, plan, state_dir)
         holder = lock_held(state_dir)
         if holder is None:
             atomic_write_json(state_dir / "status.json", snap)
         else:
-            from autopilot.lock import describe_holder
+            from autopilot.state.lock import describe_holder
 
             print(f"run in progress ({describe_holder(holder)}): status.json is the live "
                   "supervisor's and is left as it is; from the journal:", file=sys.stderr)

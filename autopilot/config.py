@@ -261,7 +261,7 @@ class Harness(_Frozen):
     cwd: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
     # Env vars withheld from children by default (credential-like names, the autopilot's
-    # own notify config: see autopilot.childenv) that this process does need.
+    # own notify config: see autopilot.cell.childenv) that this process does need.
     pass_env: list[str] = Field(default_factory=list)
     output_dir: str = "{state_dir}/cells/{cell}"
     transcript: str = "{output_dir}/transcript.jsonl"
@@ -284,7 +284,7 @@ class Grader(_Frozen):
     argv: Argv
     cwd: str | None = None
     # Env vars withheld from children by default (credential-like names, the autopilot's
-    # own notify config: see autopilot.childenv) that this process does need.
+    # own notify config: see autopilot.cell.childenv) that this process does need.
     pass_env: list[str] = Field(default_factory=list)
     timeout_secs: float = Field(default=600, gt=0)
     grade_file: str = "{output_dir}/grade.json"
@@ -387,7 +387,7 @@ class Notify(_Frozen):
 
 
 class Preflight(_Frozen):
-    """Fail-closed checks before anything is launched or spent (autopilot.preflight)."""
+    """Fail-closed checks before anything is launched or spent (autopilot.run.preflight)."""
 
     env: list[str] = Field(default_factory=list)  # env var NAMES that must be set
     secrets: list[str] = Field(default_factory=list)  # env var NAMES whose values are redacted
@@ -433,7 +433,7 @@ RAY_ADDRESS_RE = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-
 
 class Backend(_Frozen):
     """Where cells run: this machine (``local``), or the nodes of a Ray cluster (``ray``:
-    ``pip install 'bench-autopilot[ray]'``; autopilot.rayexec). With Ray, a named actor on
+    ``pip install 'bench-autopilot[ray]'``; autopilot.backends.ray.head). With Ray, a named actor on
     a node owns each endpoint replica and runs that replica's cells with the same local
     machinery; the supervisor on the head decides and journals."""
 
@@ -447,7 +447,7 @@ class Backend(_Frozen):
     # The state dir is on storage every node mounts at the same path (NFS, or one host):
     # cells' outputs, transcripts and logs land there directly. Without it, each node
     # keeps a private mirror under ``node_dir`` and ships every attempt's output dir and
-    # logs back with its verdict (autopilot.shipping).
+    # logs back with its verdict (autopilot.backends.ray.shipping).
     shared_state_dir: bool = False
     node_dir: str = "/tmp/bench-autopilot-node"
     start_timeout_secs: float = Field(default=120, gt=0)  # placement + actors ready

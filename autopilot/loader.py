@@ -284,11 +284,11 @@ def load_preset(
         check_templates(result)
     except TemplateError as e:
         raise ConfigError(f"{origin(tuple(e.path.split('.')))}: {e.path}: {e.msg}") from None
-    from autopilot.fsguard import template_problems  # after validation: it renders paths
+    from autopilot.state.fsguard import template_problems  # after validation: it renders paths
 
     problems = template_problems(result)
     if not problems and result.backend.kind == "ray" and not result.backend.shared_state_dir:
-        from autopilot.shipping import outside_problems
+        from autopilot.backends.ray.shipping import outside_problems
 
         for key, why in outside_problems(result)[:1]:
             raise ConfigError(f"{origin(tuple(key.split('[')[0].split('.')))}: {key}: {why}")

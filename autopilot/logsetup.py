@@ -124,7 +124,7 @@ def configure(log_path: Path | None, secrets: Iterable[str] = (), console: bool 
         _current_file.close()
         _current_file = None
     if log_path is not None:
-        from autopilot.statedir import open_append
+        from autopilot.state.statedir import open_append
 
         _current_file = open_append(log_path, binary=False)
     redactor = Redactor(secrets)

@@ -31,8 +31,8 @@ def run_cli(*args: str, timeout: float = 180, env: dict[str, str] | None = None,
             prog: str = "autopilot", cwd: Path | None = None
             ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", f"autopilot.{'cli' if prog == 'autopilot' else 'dashboard.cli'}",
-         *args],
+        [sys.executable, "-m",
+         "autopilot.cli" if prog == "autopilot" else "autopilot.views.dashboard.cli", *args],
         capture_output=True, text=True, timeout=timeout, env=env or cli_env(),
         cwd=cwd or ROOT,
     )

@@ -18,8 +18,8 @@ import pytest
 from conftest import ROOT, chromium, cli_env, run_cli, wait_for, write_overlay
 from provider_fake import FakeProvider
 
-from autopilot.journal import read_events
-from autopilot.procs import ProcIdentity, verify
+from autopilot.cell.procs import ProcIdentity, verify
+from autopilot.state.journal import read_events
 
 GOLDEN = ROOT / "tests" / "golden"
 KEY = "sk-fake-campaign-0123456789"
@@ -167,7 +167,7 @@ def test_a_second_campaign_driver_exits_3(tmp_path: Path) -> None:
     path = roster(tmp_path, None, name="locked")
     cdir = tmp_path / "campaign"
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from autopilot.lock import RunLock\n"
+        "import sys, time; from pathlib import Path; from autopilot.state.lock import RunLock\n"
         "lk = RunLock(Path(sys.argv[1])); lk.acquire(); print('HELD', flush=True); "
         "time.sleep(60)"), str(cdir)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
@@ -230,7 +230,7 @@ def test_hostile_model_names_are_escaped_in_every_medium(tmp_path: Path) -> None
 
 
 def test_a_run_budget_stops_launching_and_ends_incomplete(tmp_path: Path) -> None:
-    from autopilot.budget import of_events
+    from autopilot.state.budget import of_events
 
     state = tmp_path / "state"
     over = write_overlay(tmp_path / "o.json", {"vars": {"think_secs": "0"},

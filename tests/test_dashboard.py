@@ -29,7 +29,7 @@ VIEWS = {
 
 
 def dash(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "autopilot.dashboard.cli", *args],
+    return subprocess.run([sys.executable, "-m", "autopilot.views.dashboard.cli", *args],
                           capture_output=True, text=True, timeout=60, cwd=ROOT,
                           env=env or cli_env())
 
@@ -91,7 +91,7 @@ def test_wide_grid_goes_compact_instead_of_cutting_cells(tmp_path: Path) -> None
 def test_compact_switch_is_exact_at_the_boundary(tmp_path: Path) -> None:
     import io
 
-    from autopilot.dashboard import model, term
+    from autopilot.views.dashboard import model, term
 
     data = model.load(wide(tmp_path))
     assert data is not None
@@ -177,7 +177,7 @@ def test_watch_redraws_and_exits_cleanly_on_sigint(tmp_path: Path) -> None:
     pid, fd = pty.fork()
     if pid == 0:  # child: the dashboard in a pseudo-terminal
         os.chdir(ROOT)
-        os.execve(sys.executable, [sys.executable, "-m", "autopilot.dashboard.cli",
+        os.execve(sys.executable, [sys.executable, "-m", "autopilot.views.dashboard.cli",
                                    "--state-dir", str(state), "--watch", "0.2", "--no-color"],
                   cli_env(TERM="xterm", COLUMNS="120", LINES="60"))
     out = b""

@@ -7,14 +7,14 @@ import math
 
 import pytest
 
+from autopilot.cell.validity import Checks, GradeOutcome, RunOutcome, classify
+from autopilot.cell.watchdog import Limits, Observation, WatchState, cell_deadline, decide
 from autopilot.config import DEFAULT_VERDICTS, BuiltinEndpoint
 from autopilot.endpoints.base import probe_pause
 from autopilot.endpoints.policy import backoff_secs, restart_action
-from autopilot.ledger import StreakState, should_quarantine, streak_step
-from autopilot.placement import ReplicaView, choose_replica
-from autopilot.status import eta_secs, fmt_secs, oneline
-from autopilot.validity import Checks, GradeOutcome, RunOutcome, classify
-from autopilot.watchdog import Limits, Observation, WatchState, cell_deadline, decide
+from autopilot.run.placement import ReplicaView, choose_replica
+from autopilot.run.runbook import StreakState, should_quarantine, streak_step
+from autopilot.state.status import eta_secs, fmt_secs, oneline
 
 LIM = Limits(warn_secs=90, probe_secs=180, kill_secs=300, stuck_secs=1200,
              teardown_grace_secs=10, deadline=5000)
@@ -199,7 +199,7 @@ def _call(page: int) -> dict:
 
 
 def test_scroll_loop_tail_streak_ignores_digits() -> None:
-    from autopilot.substance import substance_decision
+    from autopilot.cell.substance import substance_decision
 
     rows = [{"role": "assistant", "content": "hi"}] + [_call(p) for p in range(30)]
     assert substance_decision(rows, 0, _wd()) == (
@@ -211,7 +211,7 @@ def test_scroll_loop_tail_streak_ignores_digits() -> None:
 
 
 def test_runaway_generation() -> None:
-    from autopilot.substance import substance_decision
+    from autopilot.cell.substance import substance_decision
 
     rows = [_call(1), {"role": "assistant", "content": "thinking " * 1000}]
     assert substance_decision(rows, 601, _wd())[1].startswith("runaway generation")
@@ -223,7 +223,7 @@ def test_runaway_generation() -> None:
 def test_check_substance_reads_transcript_tail(tmp_path) -> None:
     import json as _json
 
-    from autopilot.substance import SubstanceState, check_substance
+    from autopilot.cell.substance import SubstanceState, check_substance
 
     t = tmp_path / "transcript.jsonl"
     t.write_text("".join(_json.dumps(_call(i)) + "\n" for i in range(40)) + '{"torn')
@@ -282,7 +282,7 @@ def test_slots_and_metrics_are_read_defensively() -> None:
 
 
 def test_throttle_halves_per_episode_and_grows_back_when_calm() -> None:
-    from autopilot.throttle import CALM_SECS, HALVE_SECS, Throttle, on_throttled, on_tick
+    from autopilot.run.throttle import CALM_SECS, HALVE_SECS, Throttle, on_throttled, on_tick
 
     t = Throttle(limit=8, ceiling=8)
     assert not t.throttled
@@ -313,7 +313,7 @@ def test_throttle_halves_per_episode_and_grows_back_when_calm() -> None:
     (None, 1.0, (10, 10), None, "budget unusable: a USD budget needs a rate-card price"),
 ])
 def test_budget_reached(tokens, usd, spend, rate, why) -> None:
-    from autopilot.budget import Spend, reached
+    from autopilot.state.budget import Spend, reached
 
     got = reached(tokens, usd, Spend(*spend), rate)
     assert (got is None and why is None) or (got is not None and why is not None
@@ -321,7 +321,7 @@ def test_budget_reached(tokens, usd, spend, rate, why) -> None:
 
 
 def test_spend_from_summaries_and_journals() -> None:
-    from autopilot.budget import Spend, of_events, of_summary
+    from autopilot.state.budget import Spend, of_events, of_summary
 
     assert of_summary({"total_prompt_tokens": 10, "total_completion_tokens": 5}) == Spend(10, 5)
     assert of_summary({"total_prompt_tokens": float("inf"), "total_completion_tokens": "x"}) \

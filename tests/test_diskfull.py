@@ -17,8 +17,8 @@ import psutil
 import pytest
 from conftest import cli_env, events, run_cli, wait_for, write_overlay
 
-from autopilot.journal import Journal, read_events
-from autopilot.procs import RUN_TOKEN_ENV, run_token
+from autopilot.cell.procs import RUN_TOKEN_ENV, run_token
+from autopilot.state.journal import Journal, read_events
 
 
 @pytest.fixture

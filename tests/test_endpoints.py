@@ -23,9 +23,9 @@ from conftest import (
 )
 from provider_fake import free_port
 
+from autopilot.cell.procs import RUN_TOKEN_ENV, run_token
 from autopilot.endpoints import make_endpoint
 from autopilot.loader import load_preset
-from autopilot.procs import RUN_TOKEN_ENV, run_token
 
 pytestmark = pytest.mark.slow
 

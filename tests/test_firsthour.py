@@ -199,7 +199,7 @@ def test_small_things_that_break_scripts(tmp_path: Path) -> None:
     assert run_cli("--preset", "demo", "--target-n", "1", "--state-dir", str(state),
                    "--quiet").returncode == 0
     # A closed pipe is the reader's choice, not an error.
-    for cmd in ([sys.executable, "-m", "autopilot.dashboard.cli", "--json"],
+    for cmd in ([sys.executable, "-m", "autopilot.views.dashboard.cli", "--json"],
                 [sys.executable, "-m", "autopilot", "validate"]):
         p = subprocess.run(f"{shlex.join(cmd)} --state-dir {state} | head -c 10",
                            shell=True, capture_output=True, text=True, env=cli_env(),
@@ -236,7 +236,7 @@ def test_a_private_state_dir_says_permission_denied() -> None:
                        "--quiet").returncode == 0
         site = next((ROOT / ".venv" / "lib").glob("python3*/site-packages"))
         env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{ROOT}:{site}"}
-        for argv in (["-m", "autopilot.dashboard.cli", "--oneline"],
+        for argv in (["-m", "autopilot.views.dashboard.cli", "--oneline"],
                      ["-m", "autopilot", "validate"]):
             r = subprocess.run([str(system_python), *argv, "--state-dir", str(state)],
                                capture_output=True, text=True, env=env, cwd="/",
@@ -253,7 +253,7 @@ def test_watch_with_html_rewrites_the_page(tmp_path: Path) -> None:
     assert run_cli("--preset", "demo", "--target-n", "1", "--state-dir", str(state),
                    "--quiet").returncode == 0
     page = tmp_path / "live.html"
-    p = subprocess.Popen([sys.executable, "-m", "autopilot.dashboard.cli", "--state-dir",
+    p = subprocess.Popen([sys.executable, "-m", "autopilot.views.dashboard.cli", "--state-dir",
                           str(state), "--watch", "0.2", "--html", str(page)], env=cli_env(),
                          cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:

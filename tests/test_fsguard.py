@@ -1,4 +1,4 @@
-"""Every deletion and move goes through autopilot.fsguard: hostile and careless paths
+"""Every deletion and move goes through autopilot.state.fsguard: hostile and careless paths
 (empty, relative, '..', '/', home, cwd, the state dir, a symlink out) are refused and
 nothing is touched; paths inside the run's roots are removed."""
 
@@ -11,8 +11,8 @@ import pytest
 from conftest import run_cli, write_overlay
 
 from autopilot.errors import ConfigError
-from autopilot.fsguard import UnsafePath, check, move_tree, remove_tree, run_roots
 from autopilot.loader import load_preset
+from autopilot.state.fsguard import UnsafePath, check, move_tree, remove_tree, run_roots
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The lease guard (autopilot.leaseguard), with real processes: once the process it
+"""The lease guard (autopilot.backends.ray.leaseguard), with real processes: once the process it
 watches is gone, exactly the processes carrying the run's marker *and* the lease die."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 import psutil
 from conftest import ROOT, cli_env
 
-from autopilot.procs import start_ticks
+from autopilot.cell.procs import start_ticks
 
 
 def _sleeper(**env: str) -> subprocess.Popen[bytes]:
@@ -27,8 +27,8 @@ def test_guard_kills_the_lease_once_its_actor_is_gone() -> None:
     ticks = start_ticks(actor.pid)
     assert ticks is not None
     guard = subprocess.Popen(
-        [sys.executable, "-m", "autopilot.leaseguard", "--pid", str(actor.pid), "--ticks",
-         str(ticks), "--token", "t" * 32, "--lease", "s-1.1", "--poll", "0.1",
+        [sys.executable, "-m", "autopilot.backends.ray.leaseguard", "--pid", str(actor.pid),
+         "--ticks", str(ticks), "--token", "t" * 32, "--lease", "s-1.1", "--poll", "0.1",
          "--grace", "0.5"], env=cli_env(), cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert psutil.pid_exists(ours.pid) and guard.poll() is None  # watching, not sweeping
@@ -55,7 +55,7 @@ def test_guard_leaves_a_recycled_pid_alone() -> None:
     assert ticks is not None
     try:
         r = subprocess.run(
-            [sys.executable, "-m", "autopilot.leaseguard", "--pid", str(stranger.pid),
+            [sys.executable, "-m", "autopilot.backends.ray.leaseguard", "--pid", str(stranger.pid),
              "--ticks", str(ticks - 1), "--token", "t" * 32, "--lease", "s-9.1",
              "--poll", "0.1", "--grace", "0.5"],
             env=cli_env(), cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import cli_env, events, run_cli, wait_for, write_overlay
 
-from autopilot.liveness import judge
+from autopilot.state.liveness import judge
 
 HB = {"pid": 1, "create_time": 1.0, "host": "h", "epoch": 1000.0, "interval_secs": 10}
 

@@ -16,10 +16,10 @@ import pytest
 from conftest import ROOT, cli_env, events, write_overlay
 
 from autopilot.errors import LockHeld
-from autopilot.lock import RunLock
+from autopilot.state.lock import RunLock
 
 HOLD = (
-    "import sys, time; from pathlib import Path; from autopilot.lock import RunLock\n"
+    "import sys, time; from pathlib import Path; from autopilot.state.lock import RunLock\n"
     "lk = RunLock(Path(sys.argv[1])); lk.acquire(); lk.beat('run:pass1')\n"
     "print('HELD', flush=True); time.sleep(600)\n"
 )

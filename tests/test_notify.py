@@ -10,7 +10,7 @@ import pytest
 from conftest import cli_env, events, run_cli, write_overlay
 from receiver import Receiver
 
-from autopilot.notify import MILESTONES, Notifier, format_message, with_priority
+from autopilot.run.notify import MILESTONES, Notifier, format_message, with_priority
 
 TYPE = {k: t for k, (t, _) in MILESTONES.items()}
 

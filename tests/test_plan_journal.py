@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from autopilot.errors import PlanChangedError
-from autopilot.journal import Journal, read_events
-from autopilot.ledger import Ledger
 from autopilot.loader import load_preset
 from autopilot.plan import Plan
-from autopilot.supervisor import check_plan_identity
+from autopilot.run.recovery import check_plan_identity
+from autopilot.state.journal import Journal, read_events
+from autopilot.state.ledger import Ledger
 
 
 def test_cell_ids_and_order() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autopilot.procs import (
+from autopilot.cell.procs import (
     TOKEN_ENV,
     ProcIdentity,
     Tracker,
@@ -90,7 +90,7 @@ async def test_spawned_children_read_eof_from_stdin() -> None:
     # A harness that reads stdin must see EOF, not block forever on a pipe nobody writes.
     import anyio
 
-    from autopilot.procs import OWNED, spawn
+    from autopilot.cell.procs import OWNED, spawn
 
     proc = await spawn([sys.executable, "-c", "import sys; print(len(sys.stdin.read()))"],
                        stdout=subprocess.PIPE)

@@ -1,4 +1,4 @@
-"""The Ray backend (autopilot.rayexec) against a real Ray cluster, no mocks.
+"""The Ray backend (autopilot.backends.ray.head) against a real Ray cluster, no mocks.
 
 On this 2-core machine the cluster's "nodes" are three raylets on one host, each with its
 own custom resource so that replica i lands on node i (tests/ray_scenario.py). Every

@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT, events, run_cli, write_overlay
 from reportfix import PRESET, complete_run, partial_run, trust_run
 
-from autopilot.publish import publish
+from autopilot.run.publish import publish
 
 GOLDEN = ROOT / "tests" / "golden"
 

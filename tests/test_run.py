@@ -26,8 +26,8 @@ from conftest import (
     write_overlay,
 )
 
-from autopilot.procs import RUN_TOKEN_ENV, TOKEN_ENV, run_token
-from autopilot.procs import journaled_alive as alive_identities
+from autopilot.cell.procs import RUN_TOKEN_ENV, TOKEN_ENV, run_token
+from autopilot.cell.procs import journaled_alive as alive_identities
 
 pytestmark = pytest.mark.slow
 

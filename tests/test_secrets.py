@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import cli_env, run_cli, write_overlay
 
-from autopilot.notify import target_label
+from autopilot.run.notify import target_label
 
 SECRET = "sk-test-51f0c2a9e7d84b6b"
 NTFY = "ntfy://bench-topic-private-31337"

@@ -33,7 +33,7 @@ def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str
     if "TOKEN_FILE" in extra:
         (tmp_path / "token").write_text(TOKEN + "\n")
         extra[extra.index("TOKEN_FILE")] = str(tmp_path / "token")
-    p = subprocess.Popen([sys.executable, "-m", "autopilot.dashboard.cli", "--state-dir",
+    p = subprocess.Popen([sys.executable, "-m", "autopilot.views.dashboard.cli", "--state-dir",
                           str(state), "--serve", "--bind", "127.0.0.1:0", *extra],
                          env=cli_env(), cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:

@@ -1,5 +1,5 @@
-"""What a node ships back is untrusted: autopilot.shipping writes only regular files and
-directories, inside the state dir, through no symlink."""
+"""What a node ships back is untrusted: autopilot.backends.ray.shipping writes only regular
+files and directories, inside the state dir, through no symlink."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import tarfile
 from pathlib import Path
 
-from autopilot.shipping import cell_files, pack, unpack
+from autopilot.backends.ray.shipping import cell_files, pack, unpack
 
 
 def _tar(members: list[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:

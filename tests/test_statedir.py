@@ -18,7 +18,7 @@ import psutil
 import pytest
 from conftest import ROOT, cli_env, events, run_cli
 
-from autopilot.procs import ProcIdentity, identify, start_ticks, verify
+from autopilot.cell.procs import ProcIdentity, identify, start_ticks, verify
 
 NOBODY = 65534
 DEMO1 = ["--preset", "demo", "--target-n", "1", "--quiet"]

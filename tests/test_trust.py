@@ -14,9 +14,9 @@ import pytest
 from conftest import ROOT, cli_env, events, run_cli, write_overlay
 from provider_fake import FakeProvider
 
-from autopilot.grading import judge_cell
+from autopilot.cell.grading import judge_cell
+from autopilot.cell.validity import RunOutcome
 from autopilot.loader import load_preset
-from autopilot.validity import RunOutcome
 
 PRESET = str(ROOT / "tests" / "presets" / "fake-provider.toml")
 

@@ -239,15 +239,15 @@ from pathlib import Path
 import anyio, psutil
 from autopilot.loader import load_preset
 from autopilot.plan import Plan
-from autopilot.supervisor import RunOptions, Supervisor
-from autopilot.journal import read_events
-from autopilot.fsutil import atomic_write_json
+from autopilot.run.supervisor import RunOptions, Supervisor
+from autopilot.state.journal import read_events
+from autopilot.state.fsutil import atomic_write_json
 state, overlay = Path(sys.argv[1]), sys.argv[2]
 preset = load_preset("demo", overlay=overlay)
 plan = Plan(preset, 200)
 t0 = time.perf_counter()
 sup = Supervisor(preset, plan, RunOptions(state))
-sup._replay()
+sup.replay()
 replay = time.perf_counter() - t0
 writes = []
 lag = []
@@ -316,7 +316,7 @@ def bench_scale(tmp: Path) -> list[Row]:
     r = subprocess.run([PY, "-c", SCALE, str(state), ov], capture_output=True, text=True,
                        env=env(), cwd=ROOT, check=True)
     m = json.loads(r.stdout.strip().splitlines()[-1])
-    dash = [PY, "-m", "autopilot.dashboard.cli", "--state-dir", str(state)]
+    dash = [PY, "-m", "autopilot.views.dashboard.cli", "--state-dir", str(state)]
     t_one = timed([*dash, "--oneline"])
     t_grid = timed([*dash, "--no-color", "--no-events"])
     t_html = timed([*dash, "--html", str(tmp / "scale.html")])
@@ -445,7 +445,7 @@ def chaos(tmp: Path, kills: int, seed: int = 1,
             rerun.append(e["cell"])
         if e["event"] == "cell_verdict" and e["verdict"] in ("PASS", "FAIL"):
             done.add(e["cell"])
-    from autopilot.procs import journaled_alive, marked_processes, run_token
+    from autopilot.cell.procs import journaled_alive, marked_processes, run_token
 
     # What the journal recorded, and what it may not know of: the run's marker.
     alive = journaled_alive(evs)
@@ -455,8 +455,8 @@ def chaos(tmp: Path, kills: int, seed: int = 1,
         cells = {e["cell"] for e in evs if e["event"] == "cell_started"}
         containers = sorted(docker_names(docker[0]) & {f"bench-sandbox-{c}" for c in cells})
     from autopilot.cli import load_recorded
-    from autopilot.journal import read_events
-    from autopilot.ledger import Ledger
+    from autopilot.state.journal import read_events
+    from autopilot.state.ledger import Ledger
 
     # The journal alone (no status.json, no supervisor) must fold to a complete run.
     replay = read_events(state / "journal.jsonl")

@@ -20,17 +20,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 if TYPE_CHECKING:
     import httpx
 
-    from autopilot.sandbox import Docker
+    from autopilot.cell.sandbox import Docker
 
 import anyio
 from anyio.abc import Process
 
-from autopilot.childenv import child_env
-from autopilot.config import ArmEndpoint, EndpointCommon, Preset
-from autopilot.errors import EndpointCrashed, EndpointError, EndpointStartTimeout
-from autopilot.fsutil import log_tail
-from autopilot.logsetup import get_logger
-from autopilot.procs import (
+from autopilot.cell.childenv import child_env
+from autopilot.cell.procs import (
     OWNED,
     RUN_TOKEN_ENV,
     Tracker,
@@ -40,7 +36,11 @@ from autopilot.procs import (
     run_token,
     spawn,
 )
-from autopilot.statedir import open_append
+from autopilot.config import ArmEndpoint, EndpointCommon, Preset
+from autopilot.errors import EndpointCrashed, EndpointError, EndpointStartTimeout
+from autopilot.logsetup import get_logger
+from autopilot.state.fsutil import log_tail
+from autopilot.state.statedir import open_append
 
 log = get_logger(__name__)
 
@@ -70,7 +70,7 @@ class Endpoint:
         self.state_dir = state_dir
         self.replica = replica
         # The run's marker for our processes: the state dir's, unless a Ray node runs this
-        # endpoint from its private mirror of the state dir (autopilot.raynode).
+        # endpoint from its private mirror of the state dir (autopilot.backends.ray.node).
         self.marker = run_token(state_dir)
         # Replica 0 keeps the single-endpoint names (endpoint.log, the port as given).
         self.log_path = state_dir / ("endpoint.log" if replica == 0
@@ -147,7 +147,7 @@ class Endpoint:
     def container_config(self) -> dict[str, Any]:
         # aiodocker (and aiohttp under it) load only in docker mode: process-mode runs
         # start a tenth of a second faster.
-        from autopilot.sandbox import LABEL_ROLE, LABEL_STATE, gpu_requests
+        from autopilot.cell.sandbox import LABEL_ROLE, LABEL_STATE, gpu_requests
 
         d = self.cfg.docker  # type: ignore[attr-defined]
         mine = dict(self.cfg.replica_env[self.replica]) \
@@ -178,7 +178,7 @@ class Endpoint:
     async def _start_container(self) -> None:
         from aiodocker.exceptions import DockerError
 
-        from autopilot.sandbox import LABEL_STATE
+        from autopilot.cell.sandbox import LABEL_STATE
 
         docker = self._docker_client()
         name = self.container_name()
@@ -231,7 +231,7 @@ class Endpoint:
             f.writelines(lines)
 
     def _docker_client(self) -> Docker:
-        from autopilot.sandbox import Docker
+        from autopilot.cell.sandbox import Docker
 
         if self._docker is None:
             self._docker = Docker()

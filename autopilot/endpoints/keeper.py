@@ -19,15 +19,39 @@ from autopilot.config import ArmEndpoint
 from autopilot.endpoints.base import Endpoint
 from autopilot.endpoints.policy import restart_action
 from autopilot.errors import EndpointError, EndpointFailed
-from autopilot.fsutil import iso
 from autopilot.logsetup import get_logger
+from autopilot.state.fsutil import iso
 
 log = get_logger(__name__)
 
 Emit = Callable[..., Any]
 
 
-class Keeper:
+class KeeperBase:
+    """What every keeper is to the loop, wherever its endpoint runs: a state (starting,
+    up, down, restarting, failed, lost, stopped...), why it failed for good, and the
+    hook a provider's throttling calls. autopilot.backends.ray.head.RemoteKeeper mirrors
+    a node's keeper on this base."""
+
+    def __init__(self) -> None:
+        self.state = "starting"
+        self.failed: str | None = None
+        # A hosted provider answering 429: up, but throttled (see autopilot.run.throttle).
+        self.on_throttled: Callable[[], None] = lambda: None
+
+    @property
+    def is_up(self) -> bool:
+        return self.state == "up"
+
+    async def decoding(self, max_age: float) -> int | None:
+        """The endpoint's decoded-token counter while busy; None where it is not seen."""
+        return None
+
+    def outage_overlaps(self, start: float, end: float) -> bool:
+        return False
+
+
+class Keeper(KeeperBase):
     def __init__(
         self,
         endpoint: Endpoint,
@@ -35,28 +59,21 @@ class Keeper:
         milestone: Emit,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        super().__init__()
         self.ep = endpoint
         self.cfg = endpoint.cfg
         self.emit = emit
         self.milestone = milestone
         self.clock = clock
-        self.state = "starting"
         self.down_since: float | None = None
         self._down_since_wall: str | None = None  # the same instant, UTC, for readers
         self.restarts: list[float] = []
         self.outages: list[tuple[float, float | None]] = []  # (down, up) on self.clock
-        self.failed: str | None = None
         self.reconfiguring = False
         self._up = anyio.Event()
         self._decoding: tuple[float, int | None] = (float("-inf"), None)
         self._decoding_lock = anyio.Lock()
         endpoint.on_spawn = lambda **kw: self.emit("endpoint_spawned", **kw)
-        # A hosted provider answering 429: up, but throttled (see autopilot.throttle).
-        self.on_throttled: Callable[[], None] = lambda: None
-
-    @property
-    def is_up(self) -> bool:
-        return self.state == "up"
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,204 @@
+"""What the loop asks of a backend, and the narrow port a backend reports through.
+
+The loop (autopilot.run.supervisor) decides: the ledger, passes, retries, which replica
+gets a cell, what a verdict means for the run. A backend acts: it owns the endpoint
+replicas' keepers, runs one attempt of a cell against the replica it was given, grades
+a finished attempt, and releases what it holds at the end. It reports back only through
+a ``Port`` (events, milestones, watchdog ticks, grading tries that failed, throttling,
+whether the run is stopping), so no backend imports the loop, and the loop knows no
+backend but by the name in ``BACKENDS``.
+
+A new backend (Slurm, say: one job per cell) is one module beside ``local.py`` with a
+class of ``Backend``'s shape, one entry in ``BACKENDS``, and its kind in
+``config.Backend.kind`` (with its own settings). The files it would touch:
+``autopilot/backends/slurm.py`` (new), this module's ``BACKENDS`` table, and
+``autopilot/config.py`` (the kind and its settings). The loop, the cli and
+``autopilot cleanup`` call it through ``backend_class(kind)`` and need no edit.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import importlib
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from autopilot.cell.childenv import child_env
+from autopilot.cell.procs import RUN_TOKEN_ENV
+from autopilot.cell.runner import CellContext, CellRun
+from autopilot.cell.validity import Classification, RunOutcome
+from autopilot.config import ArmEndpoint, Preset
+from autopilot.errors import EndpointError
+from autopilot.logsetup import Redactor
+from autopilot.plan import Cell
+from autopilot.state.fsguard import run_roots
+
+
+class Port(Protocol):
+    """How a backend reports to the loop (the loop implements it; a node buffers it)."""
+
+    def emit(self, event: str, **fields: Any) -> dict[str, Any]: ...
+    def milestone(self, kind: str, **info: Any) -> None: ...
+    def tick(self, cid: str, frozen_secs: float, tier: str, last_signal: Any) -> None: ...
+    def grade_failure(self, cid: str, c: Classification) -> None: ...
+    def throttled(self) -> None: ...
+    def stopping(self) -> bool: ...
+    def forced(self) -> bool: ...
+
+
+class Keeper(Protocol):
+    """A replica's keeper as the loop sees it (endpoints.keeper.Keeper on this machine,
+    ray.head.RemoteKeeper for one on a node; both on endpoints.keeper.KeeperBase)."""
+
+    ep: Any
+    state: str
+    failed: str | None
+
+    @property
+    def is_up(self) -> bool: ...
+    def describe(self) -> dict[str, Any]: ...
+    async def start(self) -> None: ...
+    async def wait_up(self) -> None: ...
+    async def watch(self) -> None: ...
+    async def decoding(self, max_age: float) -> int | None: ...
+    def outage_overlaps(self, start: float, end: float) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """What the loop hands a backend when it makes it."""
+
+    preset: Preset
+    state_dir: Path
+    run_token: str
+    port: Port
+    redactor: Redactor
+    clock: Callable[[], float]
+    # Docker hooks for the harness's sandbox (None without Docker)
+    remove_sandbox: Callable[[str], Awaitable[Any]] | None = None
+    sandbox_activity: Callable[[dict[str, str]], Awaitable[int | None]] | None = None
+
+
+def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
+                 extra_env: dict[str, str] | None = None) -> CellContext:
+    """The one builder of what a cell run needs (here, and in a Ray node's actor)."""
+    port, clock = w.port, w.clock
+    return CellContext(
+        preset=w.preset, state_dir=w.state_dir, keeper=keeper, emit=port.emit,
+        stopping=port.stopping, forced=port.forced, clock=clock,
+        on_tick=lambda cid, s, tier: port.tick(cid, clock() - s.last_transcript, tier,
+                                                s.last_signal),
+        # os.environ decoded once: for every cell it is measurable at 200 cells
+        env_overrides={k: v for k, v in os.environ.items()
+                       if k.startswith("AUTOPILOT_STALL_")},
+        redact=w.redactor.scrub, scrub_file=w.redactor.scrub_file,
+        remove_sandbox=w.remove_sandbox, sandbox_activity=w.sandbox_activity,
+        on_grade_failure=port.grade_failure,
+        roots=run_roots(w.preset, w.state_dir),
+        base_env={**child_env(w.preset, "harness"), RUN_TOKEN_ENV: w.run_token,
+                  **(extra_env or {})},
+        replica=replica,
+    )
+
+
+def replica_lines(preset: Preset, where: str) -> list[str]:
+    """What --dry-run says of each replica: where it runs, its port, slots, env, pins."""
+    ep = preset.endpoint
+    per = ep.slots or -(-preset.run.concurrency // ep.replicas)
+    lines = []
+    for i in range(ep.replicas):
+        env = ep.replica_env[i] if i < len(ep.replica_env) else {}
+        port = ep.port + i if ep.port else "free port"
+        pinned = [a.label for a in preset.arms if a.replicas and i in a.replicas]
+        lines.append(f"replica {i}: {where}, port {port}, {per} slot(s), env "
+                     f"{', '.join(f'{k}={v}' for k, v in env.items()) or '(shared)'}"
+                     + (f", pinned arms {', '.join(pinned)}" if pinned else ""))
+    return lines
+
+
+class Backend(abc.ABC):
+    """The shape every backend has; the shared parts (the cell context, grading a
+    finished attempt here, stopping the replicas) are implemented once."""
+
+    kind: ClassVar[str]
+
+    def __init__(self, w: Wiring, setting: ArmEndpoint, group: tuple[str, ...]) -> None:
+        """``setting``, ``group``: the endpoint settings and arms replica 0 starts with."""
+        self.w = w
+        self.keepers: Sequence[Keeper] = []
+        self._cx: dict[int, CellContext] = {}
+
+    # ------------------------------------------------------------------ what --dry-run
+    # and `autopilot cleanup` ask of a backend kind, before any backend is made
+
+    @classmethod
+    def dry_run_lines(cls, preset: Preset) -> list[str]:
+        return replica_lines(preset, "this machine") if preset.endpoint.replicas > 1 else []
+
+    @classmethod
+    def cleanup(cls, preset: Preset, token: str, grace: float, endpoint: bool) -> list[str]:
+        """Blocking: what the backend leaves elsewhere than this machine, removed."""
+        return []
+
+    # ------------------------------------------------------------------ the run
+
+    def context(self, replica: int = 0) -> CellContext:
+        # Built once per replica, at its first cell: by then the keepers and the Docker
+        # hooks are set.
+        if replica not in self._cx:
+            base = self._cx.get(0) or cell_context(self.w, self.keepers[0])
+            self._cx[0] = base
+            if replica:
+                self._cx[replica] = replace(base, keeper=self.keepers[replica],
+                                            replica=replica)
+        return self._cx[replica]
+
+    @abc.abstractmethod
+    async def run(self, cell: Cell, attempt: int, replica: int) -> Classification | None:
+        """Run one attempt of ``cell`` against replica ``replica``: its classification,
+        or None (abandoned, or journaled as ``cell_ran`` to be graded with its arm)."""
+
+    async def reconfigure(self, setting: ArmEndpoint, arms: tuple[str, ...]) -> None:
+        """Restart replica 0's endpoint for another arm group (no cell is running)."""
+        raise EndpointError(f"the {self.kind} backend serves one arm group only")
+
+    async def grade(self, cell: Cell, attempt: int, outcome: RunOutcome) -> Classification:
+        """Grade a finished attempt whose outputs are in the state dir (an arm graded at
+        once, or an attempt a dead predecessor left finished): here, centrally."""
+        return await CellRun(self.context(), cell, attempt).judge(outcome)
+
+    async def close(self) -> None:
+        """At the end of the run: stop every replica, then release what the backend
+        holds. Shielded by the caller."""
+        for k in self.keepers:
+            await k.ep.stop()
+            await k.ep.aclose()
+            with contextlib.suppress(OSError):
+                self.w.redactor.scrub_file(k.ep.log_path)
+            if not k.ep.attached and k.state not in ("failed", "lost"):
+                k.state = "stopped"
+        await self.release()
+
+    async def release(self) -> None:
+        return None
+
+
+# name -> "module:Class"; imported on use, so that a run without Ray never loads it
+BACKENDS: dict[str, str] = {
+    "local": "autopilot.backends.local:LocalBackend",
+    "ray": "autopilot.backends.ray.head:RayBackend",
+}
+
+
+def backend_class(kind: str) -> type[Backend]:
+    module, _, name = BACKENDS[kind].partition(":")
+    cls: type[Backend] = getattr(importlib.import_module(module), name)
+    return cls
+
+
+__all__ = ["BACKENDS", "Backend", "Keeper", "Port", "Wiring", "backend_class",
+           "cell_context", "replica_lines"]

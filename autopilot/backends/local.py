@@ -1,0 +1,59 @@
+"""The local backend: every replica's endpoint and every cell on this machine.
+
+Cells are process trees here (autopilot.cell.runner.CellRun: exact-identity tree kill,
+the transcript-freeze and stall watchdog, grading). With per-arm grading (the origin's
+way) a finished attempt with its outputs is journaled as ``cell_ran`` and graded once
+its whole arm has run; one without outputs is INVALID at once (no grader could change
+that).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from functools import partial
+
+from autopilot.backends.base import Backend, Wiring
+from autopilot.cell.runner import CellRun
+from autopilot.cell.validity import Classification, classify
+from autopilot.config import ArmEndpoint
+from autopilot.endpoints import make_endpoint
+from autopilot.endpoints.keeper import Keeper
+from autopilot.plan import Cell
+
+
+class LocalBackend(Backend):
+    kind = "local"
+
+    def __init__(self, w: Wiring, setting: ArmEndpoint, group: tuple[str, ...]) -> None:
+        super().__init__(w, setting, group)
+        n = w.preset.endpoint.replicas
+        keepers = []
+        for i in range(n):
+            ep = make_endpoint(w.preset, w.state_dir, i)
+            ep.arm_setting, ep.arm_group = setting, group
+            # With several replicas, every event a keeper journals names its replica.
+            emit = w.port.emit if n == 1 else partial(w.port.emit, replica=i)
+            milestone = w.port.milestone if n == 1 else partial(w.port.milestone, replica=i)
+            k = Keeper(ep, emit, milestone, w.clock)
+            k.on_throttled = w.port.throttled
+            keepers.append(k)
+        self.keepers = keepers
+        self.local = keepers
+
+    async def reconfigure(self, setting: ArmEndpoint, arms: tuple[str, ...]) -> None:
+        await self.local[0].reconfigure(setting, arms)
+
+    async def run(self, cell: Cell, attempt: int, replica: int) -> Classification | None:
+        run = CellRun(self.context(replica), cell, attempt)
+        if self.w.preset.grader.mode == "per-cell":
+            return await run.run()
+        outcome = await run.execute()
+        if outcome is None:
+            return None
+        if not outcome.completion:
+            return classify(outcome, None, self.w.preset.grader.verdicts)
+        self.w.port.emit("cell_ran", cell=cell.id, attempt=attempt, outcome=asdict(outcome))
+        return None
+
+
+__all__ = ["LocalBackend"]

@@ -1,0 +1,579 @@
+"""The Ray backend, supervisor side: where cells run when ``backend.kind = "ray"``.
+
+The supervisor stays the one event loop that decides (ledger, passes, retries, which
+replica gets a cell); this module only carries those decisions to the nodes and their
+reports back. Each endpoint replica is a named, detached ``NodeAgent`` actor
+(autopilot.backends.ray.node) in one bundle of a placement group (spread or pack). A
+``RemoteKeeper`` mirrors that actor's keeper for the supervisor (up, down, failed,
+restarts), draining the actor's buffered events into the journal as it polls.
+
+Failure semantics:
+- An actor or its node lost: every cell it was running is INVALID(node_lost), never
+  FAIL, and goes back to the queue like any INVALID cell; the lease's processes are
+  killed on that machine where a live node can reach it (``sweep_lease``); a new actor
+  (the next incarnation, a new lease) is created in the bundle once Ray can place it.
+- A result is accepted only from the lease that was asked for it; a late one is ignored.
+- A supervisor SIGKILLed leaves its detached actors and placement group behind: the next
+  one (the lock held) stops them first, so nothing a predecessor started runs on beside
+  the re-queued cells, then creates its own.
+
+Imported only when a preset asks for Ray (``pip install 'bench-autopilot[ray]'``).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from autopilot.backends.base import Backend, Wiring, replica_lines
+from autopilot.backends.ray.node import NodeAgent, Report, lease_of, sweep_lease, sweep_run
+from autopilot.backends.ray.shipping import unpack
+from autopilot.cell.runner import move_aside
+from autopilot.cell.validity import Classification
+from autopilot.endpoints.keeper import KeeperBase
+from autopilot.errors import ConfigError, EndpointError, EndpointFailed
+from autopilot.logsetup import get_logger
+from autopilot.plan import cell_context
+from autopilot.state.fsguard import UnsafePath, run_roots
+
+if TYPE_CHECKING:
+    from autopilot.config import ArmEndpoint, Preset
+    from autopilot.config import Backend as BackendConfig
+    from autopilot.plan import Cell
+
+log = get_logger(__name__)
+
+STRATEGY = {"spread": "SPREAD", "pack": "PACK", "strict_spread": "STRICT_SPREAD",
+            "strict_pack": "STRICT_PACK"}
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as e:
+        raise ConfigError("backend.kind = 'ray' needs Ray on this machine and every node: "
+                          "pip install 'bench-autopilot[ray]'") from e
+    return ray
+
+
+def actor_name(token: str, what: str) -> str:
+    """A run's Ray names (``r<i>`` per replica actor, ``pg``): derived from the run's
+    marker, so a successor, and ``autopilot cleanup``, find what a predecessor left."""
+    return f"autopilot-{token[:16]}-{what}"
+
+
+CONNECT_TIMEOUT_SECS = 10.0
+
+
+def connect(cfg: BackendConfig) -> Any:
+    """Join the cluster as a driver, or raise EndpointError in one line. An address
+    that does not answer is found out by a plain TCP connect first: ``ray.init`` itself
+    retries for minutes before giving up."""
+    ray = _ray()
+    if ray.is_initialized():
+        return ray
+    host, sep, port = cfg.address.rpartition(":")
+    if sep and port.isdigit():
+        try:
+            socket.create_connection((host.strip("[]"), int(port)),
+                                     timeout=CONNECT_TIMEOUT_SECS).close()
+        except OSError as e:
+            raise EndpointError(f"cannot reach the Ray cluster at {cfg.address} "
+                                f"(backend.address): {e.strerror or e}") from None
+    try:
+        ray.init(address=cfg.address, namespace=cfg.namespace, log_to_driver=False,
+                 logging_level="WARNING")
+    except Exception as e:  # ConnectionError, RuntimeError: said in one line
+        ray.shutdown()
+        raise EndpointError(f"cannot join the Ray cluster at {cfg.address} "
+                            f"(backend.address): {_short(e)}") from None
+    return ray
+
+
+def cleanup_cluster(preset: Preset, token: str, grace: float, endpoint: bool) -> list[str]:
+    """``autopilot cleanup`` on every node: stop the run's actors (each kills what it runs
+    and its endpoint), free its placement group, then kill what still carries the run's
+    marker on every live node. Blocking; the lock is free (no supervisor runs)."""
+    cfg = preset.backend
+    ray = connect(cfg)
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    done: list[str] = []
+    try:
+        for i in range(preset.endpoint.replicas):
+            name = actor_name(token, f"r{i}")
+            try:
+                actor = ray.get_actor(name, namespace=cfg.namespace)
+            except ValueError:
+                continue
+            try:
+                cells = ray.get(actor.stop.remote(), timeout=60)
+            except Exception as e:  # dead or hung: killed below either way
+                cells = [f"(stop failed: {_short(e)})"]
+            ray.kill(actor, no_restart=True)
+            done.append(f"ray actor {name} (its cells: {', '.join(cells) or 'none'})")
+        try:
+            ray.util.remove_placement_group(ray.util.get_placement_group(actor_name(token, "pg")))
+            done.append(f"ray placement group {actor_name(token, 'pg')}")
+        except ValueError:
+            pass
+        sweep = ray.remote(sweep_run)
+        for node in ray.nodes():
+            if not node.get("Alive"):
+                continue
+            found = ray.get(sweep.options(
+                num_cpus=0, max_retries=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
+            ).remote(token, grace, endpoint), timeout=120)
+            done += [f"processes {' '.join(map(str, f['pids']))} "
+                     f"({'cell ' + f['cell'] if f['cell'] else 'endpoint'}) on node "
+                     f"{node['NodeID'][:12]} ({node.get('NodeManagerAddress')})" for f in found]
+    finally:
+        ray.shutdown()
+    return done
+
+
+def bundle_of(resources: dict[str, float]) -> dict[str, float]:
+    """A replica's placement bundle; a replica that asks for nothing takes one CPU."""
+    return dict(resources) or {"CPU": 1.0}
+
+
+def actor_options(bundle: dict[str, float]) -> dict[str, Any]:
+    """Ray actor options asking for exactly the bundle (GPUs by ``num_gpus``, so Ray
+    sets the actor's CUDA_VISIBLE_DEVICES, which the endpoint then inherits)."""
+    custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
+    return {"num_cpus": bundle.get("CPU", 0), "num_gpus": bundle.get("GPU", 0),
+            "resources": custom or None}
+
+
+def placement_lines(resources: list[dict[str, float]], replicas: int, placement: str,
+                    address: str) -> list[str]:
+    """What --dry-run says about where replicas go (Ray places them at run time)."""
+    lines = [f"ray cluster {address}: {replicas} replica actor(s), placement "
+             f"{STRATEGY[placement]}"]
+    for i in range(replicas):
+        res = resources[i] if len(resources) > 1 else (resources[0] if resources else {})
+        want = ", ".join(f"{k}={v:g}" for k, v in bundle_of(res).items())
+        lines.append(f"  replica {i} -> a node with {want} (Ray places it at start)")
+    return lines
+
+
+class RemoteEndpoint:
+    """What the supervisor touches of a replica's endpoint when it runs on a node."""
+
+    attached = False
+
+    def __init__(self, executor: RayBackend, replica: int, log_path: Path,
+                 arm_group: tuple[str, ...]) -> None:
+        self.executor = executor
+        self.replica = replica
+        self.log_path = log_path
+        self.arm_group = arm_group
+
+    # Where the node's endpoint answers (as its actor last reported): for templates of
+    # work done here, e.g. grading centrally what a predecessor's cell left finished.
+    @property
+    def port(self) -> int:
+        return int(self.executor.remote[self.replica].seen.get("port") or 0)
+
+    @property
+    def host(self) -> str:
+        return str(self.executor.remote[self.replica].seen.get("host") or "127.0.0.1")
+
+    @property
+    def api_base(self) -> str:
+        return str(self.executor.remote[self.replica].seen.get("api_base") or "")
+
+    @property
+    def served_model(self) -> str:
+        return str(self.executor.remote[self.replica].seen.get("model") or "")
+
+    async def stop(self) -> None:
+        await self.executor.stop_replica(self.replica)
+
+    async def aclose(self) -> None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": self.executor.w.preset.endpoint.engine, "replica": self.replica}
+
+
+class RemoteKeeper(KeeperBase):
+    """The supervisor's view of a keeper that runs in a node's actor."""
+
+    def __init__(self, executor: RayBackend, replica: int, endpoint: RemoteEndpoint) -> None:
+        super().__init__()
+        self.x = executor
+        self.i = replica
+        self.ep = endpoint
+        self.lost_since: float | None = None
+        self.seen: dict[str, Any] = {}  # the actor's keeper, as last polled
+        self.where: dict[str, Any] = {}  # node, host, ip, devices of the live actor
+        self.incarnation = 0
+        self.restarts: list[float] = []  # recreations after a loss, on the monotonic clock
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.seen, **self.ep.describe(), "state": self.state,
+                "failed": self.failed,
+                "restarts": len(self.restarts) + int(self.seen.get("restarts", 0)),
+                "node": self.where.get("node", "")[:12], "host": self.where.get("host"),
+                "ip": self.where.get("ip"), "devices": self.where.get("devices"),
+                "lease": self.where.get("lease"), "backend": "ray"}
+
+    async def start(self) -> None:
+        await self.x.start_replica(self.i)
+
+    async def wait_up(self) -> None:
+        while not self.is_up:
+            if self.failed:
+                raise EndpointFailed(self.failed)
+            await anyio.sleep(self.x.poll_secs)
+
+    async def watch(self) -> None:
+        await self.x.watch(self.i)
+
+
+class RayBackend(Backend):
+    """Runs each replica's cells in its node actor; see the module doc."""
+
+    kind = "ray"
+
+    @classmethod
+    def dry_run_lines(cls, preset: Preset) -> list[str]:
+        b = preset.backend
+        return (placement_lines(b.resources, preset.endpoint.replicas, b.placement, b.address)
+                + replica_lines(preset, "its Ray node"))
+
+    @classmethod
+    def cleanup(cls, preset: Preset, token: str, grace: float, endpoint: bool) -> list[str]:
+        return cleanup_cluster(preset, token, grace, endpoint)
+
+    def __init__(self, w: Wiring, setting: ArmEndpoint, group: tuple[str, ...]) -> None:
+        # Ray serves one arm group (refused otherwise at load): its first, on every node.
+        super().__init__(w, setting, group)
+        self.cfg = w.preset.backend
+        self.poll_secs = self.cfg.poll_secs
+        self.ray = _ray()
+        self.n = w.preset.endpoint.replicas
+        res = self.cfg.resources
+        self.bundles = [bundle_of(res[i] if len(res) > 1 else (res[0] if res else {}))
+                        for i in range(self.n)]
+        from autopilot.plan import arm_groups
+
+        group = arm_groups(w.preset)[0][1]
+        self.remote = [RemoteKeeper(self, i, RemoteEndpoint(
+            self, i, w.state_dir / (f"endpoint-{i}.log" if self.n > 1 else "endpoint.log"),
+            group)) for i in range(self.n)]
+        self.keepers = self.remote
+        self.actors: list[Any] = [None] * self.n
+        self.pg: Any = None
+        self._ready = anyio.Lock()
+        self._connected = False
+        self._drain_locks = [anyio.Lock() for _ in range(self.n)]
+        # Attempts sent to each replica's current lease and not answered yet.
+        self.inflight: list[set[tuple[str, int]]] = [set() for _ in range(self.n)]
+        self.revoked: list[list[tuple[str, int]]] = [[] for _ in range(self.n)]
+        self._swept: dict[str, anyio.Event] = {}  # lease -> its sweep is done
+        self.session = uuid.uuid4().hex[:8]  # this supervisor's leases are its own
+
+    # ------------------------------------------------------------------ names
+
+    def _name(self, what: str) -> str:
+        return actor_name(self.w.run_token, what)
+
+    def _lease(self, i: int) -> str:
+        return lease_of(self.session, i, self.remote[i].incarnation)
+
+    # ------------------------------------------------------------------ start-up
+
+    async def ready(self) -> None:
+        """Connect, stop what a dead predecessor left, place the bundles (once)."""
+        async with self._ready:
+            if self._connected:
+                return
+            await anyio.to_thread.run_sync(connect, self.cfg)
+            await self._reap_predecessors()
+            await anyio.to_thread.run_sync(self._place)
+            self._connected = True
+
+    async def _reap_predecessors(self) -> None:
+        ray = self.ray
+        for i in range(self.n):
+            try:
+                old = ray.get_actor(self._name(f"r{i}"), namespace=self.cfg.namespace)
+            except ValueError:
+                continue
+            stopped: list[str] = []
+            try:
+                with anyio.fail_after(60):
+                    stopped = await old.stop.remote()
+            except Exception as e:  # dead or hung: killed below either way
+                log.warning("ray_predecessor_stop_failed", replica=i, error=str(e))
+            ray.kill(old, no_restart=True)
+            self.w.port.emit("ray_actor_reaped", replica=i, killed_cells=stopped,
+                          why="left by a supervisor that did not stop it")
+        try:
+            pg = ray.util.get_placement_group(self._name("pg"))
+        except ValueError:
+            return
+        ray.util.remove_placement_group(pg)
+
+    def _place(self) -> None:
+        ray = self.ray
+        self.pg = ray.util.placement_group(
+            self.bundles, strategy=STRATEGY[self.cfg.placement], name=self._name("pg"),
+            lifetime="detached")
+        try:
+            ray.get(self.pg.ready(), timeout=self.cfg.start_timeout_secs)
+        except ray.exceptions.GetTimeoutError:
+            ray.util.remove_placement_group(self.pg)
+            raise EndpointError(
+                f"Ray could not place {self.n} replica bundle(s) {self.bundles} "
+                f"({STRATEGY[self.cfg.placement]}) within {self.cfg.start_timeout_secs:g}s: "
+                f"the cluster has {ray.cluster_resources()}") from None
+
+    def _new_actor(self, i: int) -> Any:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        k = self.remote[i]
+        k.incarnation += 1
+        cls = self.ray.remote(NodeAgent)
+        return cls.options(
+            name=self._name(f"r{i}"), namespace=self.cfg.namespace, lifetime="detached",
+            max_restarts=0, max_task_retries=0, max_concurrency=10_000,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=self.pg, placement_group_bundle_index=i),
+            **actor_options(self.bundles[i]),
+        ).remote(self.w.preset, str(self.w.state_dir), i, self._lease(i),
+                 self.w.run_token)
+
+    async def start_replica(self, i: int) -> None:
+        await self.ready()
+        k = self.remote[i]
+        actor = self._new_actor(i)
+        self.actors[i] = actor
+        try:
+            with anyio.fail_after(self.cfg.start_timeout_secs
+                                  + self.w.preset.endpoint.startup_timeout_secs):
+                k.where = await actor.start.remote()
+        except TimeoutError:
+            self.ray.kill(actor, no_restart=True)
+            raise EndpointError(f"replica {i}: its actor did not start in time") from None
+        except self.ray.exceptions.RayError as e:
+            await self._drain(i)  # the keeper's own account of why
+            self.ray.kill(actor, no_restart=True)
+            raise EndpointError(f"replica {i}: {_short(e)}") from None
+        k.state = "up"
+        k.lost_since = None
+        self.w.port.emit("ray_replica_started", replica=i,
+                      **{**k.where, "node": k.where["node"][:12]})
+        await self._drain(i)
+
+    # ------------------------------------------------------------------ the loop
+
+    async def _drain(self, i: int) -> bool:
+        """Journal what replica ``i``'s actor buffered; False when it is unreachable."""
+        actor, inc = self.actors[i], self.remote[i].incarnation
+        if actor is None:
+            return False
+        async with self._drain_locks[i]:
+            revoked, self.revoked[i] = self.revoked[i], []
+            try:
+                got = await actor.poll.remote([list(r) for r in revoked],
+                                              self.w.port.stopping(), self.w.port.forced())
+            except self.ray.exceptions.RayActorError as e:
+                self.revoked[i] = revoked + self.revoked[i]
+                self._lost(i, inc, _short(e))
+                return False
+            self._apply(i, got)
+            return True
+
+    def _apply(self, i: int, got: dict[str, Any]) -> None:
+        port, k = self.w.port, self.remote[i]
+        tag = {"replica": i, "node": k.where.get("node", "")[:12]}
+        r: Report
+        for r in got["reports"]:
+            if r.kind == "milestone":
+                port.milestone(r.name, **{**r.fields, **tag})
+            elif r.kind == "grade_failure":
+                assert r.classification is not None
+                port.grade_failure(r.name, r.classification)
+            else:
+                port.emit(r.name, **{**r.fields, **tag})
+        for cid, t in got["ticks"].items():
+            port.tick(cid, t["frozen_secs"], t["tier"], t["last_signal"])
+        seen = got.get("keeper")
+        if seen is not None:
+            k.seen = {key: seen[key] for key in ("port", "host", "api_base", "url", "engine",
+                                                 "model", "down_secs", "down_since",
+                                                 "restarts") if key in seen}
+            if seen.get("failed"):
+                k.failed = f"replica {i}: {seen['failed']}"
+                k.state = "failed"
+            elif k.state != "lost":
+                k.state = seen.get("state", k.state)
+
+    def _lost(self, i: int, incarnation: int, why: str) -> None:
+        """Replica ``i``'s actor ``incarnation`` is gone. An error that arrives late, from
+        an incarnation already replaced, says nothing about the one running now."""
+        k = self.remote[i]
+        if k.incarnation != incarnation or k.state in ("lost", "failed", "stopped"):
+            return
+        k.state = "lost"
+        k.lost_since = time.monotonic()
+        self.w.port.milestone("node_lost", replica=i, node=k.where.get("node", "")[:12],
+                           host=k.where.get("host"), why=why,
+                           running=sorted(f"{c}#{a}" for c, a in self.inflight[i]))
+
+    async def watch(self, i: int) -> None:
+        """Poll replica ``i`` for ever: journal its events, notice a lost actor, recreate
+        it (a new lease) once Ray can place it, give up after the backend's timeout."""
+        k = self.remote[i]
+        while k.state not in ("failed", "stopped"):
+            await anyio.sleep(self.poll_secs)
+            if k.state == "lost":
+                await self._recover(i)
+            else:
+                await self._drain(i)
+
+    async def _recover(self, i: int) -> None:
+        k = self.remote[i]
+        lease = self._lease(i)
+        await self._sweep(i, lease, k.where.get("ip"))
+        old, self.actors[i] = self.actors[i], None
+        if old is not None:  # merely unreachable, perhaps: it must not come back as i
+            self.ray.kill(old, no_restart=True)
+        assert k.lost_since is not None
+        limit = self.cfg.start_timeout_secs + self.w.preset.endpoint.startup_timeout_secs
+        try:
+            with anyio.fail_after(max(1.0, limit - (time.monotonic() - k.lost_since))):
+                await self.start_replica(i)
+        except (EndpointError, TimeoutError) as e:
+            k.failed = f"replica {i}: lost and not recreated: {e or 'no room in the cluster'}"
+            k.state = "failed"
+            self.w.port.milestone("endpoint_failed", replica=i, why=k.failed)
+            return
+        k.restarts.append(time.monotonic())
+        self.w.port.milestone("endpoint_restart", replica=i, why="replica recreated after "
+                           "its node was lost", node=k.where.get("node", "")[:12])
+
+    async def _sweep(self, i: int, lease: str, ip: str | None) -> None:
+        """Kill the lost lease's processes on its machine, from a live node there: once
+        per lease, and every caller waits for it (a cell re-queued before its harness is
+        dead could meet it writing into the same output dir)."""
+        done = self._swept.get(lease)
+        if done is not None:
+            await done.wait()
+            return
+        self._swept[lease] = done = anyio.Event()
+        try:
+            await self._sweep_once(i, lease, ip)
+        finally:
+            done.set()
+
+    async def _sweep_once(self, i: int, lease: str, ip: str | None) -> None:
+        ray = self.ray
+        nodes = [n for n in await anyio.to_thread.run_sync(ray.nodes)
+                 if n.get("Alive") and n.get("NodeManagerAddress") == ip]
+        if not nodes:
+            self.w.port.emit("lease_sweep_unreachable", replica=i, lease=lease, ip=ip,
+                          why="no live node on that machine: its processes end with it")
+            return
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        task = ray.remote(sweep_lease).options(
+            num_cpus=0, max_retries=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[0]["NodeID"], soft=False))
+        try:
+            with anyio.fail_after(60):
+                pids = await task.remote(self.w.run_token, lease,
+                                         self.w.preset.watchdog.kill_grace_secs)
+        except Exception as e:  # a sweep that failed is said, not fatal
+            self.w.port.emit("lease_sweep_failed", replica=i, lease=lease, error=_short(e))
+            return
+        self.w.port.emit("lease_swept", replica=i, lease=lease, pids=pids)
+
+    # ------------------------------------------------------------------ cells
+
+    async def run(self, cell: Cell, attempt: int, replica: int) -> Classification | None:
+        """Run one attempt on the replica's actor; its verdict, INVALID(node_lost) when
+        the actor or node went away, or None when it was abandoned (stopping)."""
+        i, k = replica, self.remote[replica]
+        actor, key = self.actors[i], (cell.id, attempt)
+        if actor is None:  # lost between being picked and now
+            return Classification("INVALID", reason="node_lost", launched=time.time(),
+                                  detail=f"replica {i} lost before the cell could start")
+        # The lease this attempt runs under: by the time an error arrives, the replica
+        # may already be recreated under a new one, which must be left alone.
+        inc, lease, where = k.incarnation, self._lease(i), dict(k.where)
+        self.inflight[i].add(key)
+        try:
+            got: tuple[Classification | None, bytes | None] = await actor.run_cell.remote(
+                cell, attempt)
+        except self.ray.exceptions.RayActorError as e:
+            self._lost(i, inc, _short(e))
+            self.revoked[i].append(key)  # if the actor was only unreachable, it kills it
+            await self._sweep(i, lease, where.get("ip"))
+            return Classification(
+                "INVALID", reason="node_lost", launched=time.time(),
+                detail=f"replica {i} on {where.get('host')} "
+                       f"(node {where.get('node', '')[:12]}) lost: {_short(e)}")
+        finally:
+            self.inflight[i].discard(key)
+        c, files = got
+        if files is not None:  # no shared storage: its files come back before its verdict
+            await self._receive(cell, attempt, files)
+        await self._drain(i)  # its events (started, exited, graded) before its verdict
+        return c
+
+    async def _receive(self, cell: Cell, attempt: int, files: bytes) -> None:
+        """Unpack an attempt's shipped files into the state dir, the previous attempt's
+        output moved aside first (as a local attempt does at its start)."""
+        w = self.w
+        ctx = cell_context(w.preset, cell, attempt, w.state_dir)
+        out = Path(ctx["output_dir"])
+        roots = run_roots(w.preset, w.state_dir)
+        try:
+            await anyio.to_thread.run_sync(move_aside, out, w.state_dir, cell.id,
+                                           attempt - 1, roots)
+        except UnsafePath as e:
+            w.port.emit("unsafe_path_refused", cell=cell.id, path=str(out), why=str(e))
+        written, skipped = await anyio.to_thread.run_sync(unpack, files, w.state_dir)
+        w.port.emit("cell_files_received", cell=cell.id, attempt=attempt, files=written,
+                 bytes=len(files), skipped=skipped[:20])
+
+    async def stop_replica(self, i: int) -> None:
+        k, actor = self.remote[i], self.actors[i]
+        if actor is not None and k.state in ("lost", "failed"):
+            # Not started (waiting for room in the cluster), or its lease swept already.
+            self.ray.kill(actor, no_restart=True)
+            self.actors[i] = None
+        elif actor is not None:
+            try:
+                with anyio.fail_after(60):
+                    await actor.stop.remote()
+                await self._drain(i)
+            except Exception as e:  # lost already: nothing to stop there
+                log.warning("ray_replica_stop_failed", replica=i, error=_short(e))
+            self.ray.kill(actor, no_restart=True)
+            self.actors[i] = None
+        if k.state not in ("failed", "lost"):
+            k.state = "stopped"
+
+    async def release(self) -> None:
+        """After every replica stopped: free the placement group, leave the cluster."""
+        if self.pg is not None:
+            self.ray.util.remove_placement_group(self.pg)
+            self.pg = None
+        await anyio.to_thread.run_sync(self.ray.shutdown)
+
+
+def _short(e: BaseException) -> str:
+    """The first line of a Ray error (they run to pages)."""
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:300]

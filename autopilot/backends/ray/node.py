@@ -1,0 +1,247 @@
+"""The node side of the Ray backend: one actor per endpoint replica.
+
+``NodeAgent`` runs in a Ray worker process on the node its placement bundle landed on.
+It owns that node's replica (the same ``Endpoint`` and ``Keeper`` as a local run: start,
+probe, restart with backoff, give up) and runs the replica's cells with the same
+``CellRun`` (exact-identity tree kill, transcript-freeze and stall watchdog, grading on
+the node). It decides nothing about the run: every event it would journal is buffered,
+and the supervisor drains the buffer (``poll``) and journals it, so the journal, status,
+lock and notifications stay single and central.
+
+Leases: the actor is created for one *incarnation* of its replica by one supervisor.
+Every process it starts carries ``AUTOPILOT_RAY_LEASE=<session>-<replica>.<incarnation>``
+beside the run's marker, so when a
+node or actor is lost the supervisor can have exactly those processes killed on the
+machine (``sweep_lease``), and a partitioned actor whose lease the supervisor revoked
+(``poll(revoked=...)``) kills what it still runs instead of finishing it.
+
+Nothing here imports Ray: the supervisor side (autopilot.backends.ray.head) wraps these with
+``ray.remote`` so that a run without the extra never needs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from autopilot.backends.base import Wiring, cell_context
+from autopilot.backends.ray import shipping
+from autopilot.cell.childenv import secret_values
+from autopilot.cell.procs import LEASE_ENV, RUN_TOKEN_ENV, start_ticks
+from autopilot.cell.runner import CellRun
+from autopilot.cell.validity import Classification
+from autopilot.config import Preset
+from autopilot.endpoints import make_endpoint
+from autopilot.endpoints.keeper import Keeper
+from autopilot.logsetup import Redactor
+from autopilot.plan import Cell, arm_groups
+from autopilot.state.statedir import check_trusted, ensure_private_dir
+
+
+@dataclass(frozen=True)
+class Report:
+    """One thing a node reports, in order: an event to journal, a milestone, or a
+    grading try that failed (for the harness-break streak). ``name``: the event's name,
+    the milestone's kind, or the grade failure's cell."""
+
+    kind: Literal["event", "milestone", "grade_failure"]
+    name: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    classification: Classification | None = None
+
+
+class NodePort:
+    """The backend port on a node: everything is buffered until the head polls."""
+
+    def __init__(self) -> None:
+        self.reports: list[Report] = []
+        self.ticks: dict[str, dict[str, Any]] = {}
+        self.stop = False  # the supervisor is stopping: abandon cells (SIGTERM/INT)
+        self.force = False  # ... at once (a second signal)
+
+    def emit(self, event: str, **fields: Any) -> dict[str, Any]:
+        self.reports.append(Report("event", event, fields))
+        return {"event": event, **fields}
+
+    def milestone(self, kind: str, **info: Any) -> None:
+        self.reports.append(Report("milestone", kind, info))
+
+    def tick(self, cid: str, frozen_secs: float, tier: str, last_signal: Any) -> None:
+        self.ticks[cid] = {"frozen_secs": frozen_secs, "tier": tier,
+                           "last_signal": last_signal}
+
+    def grade_failure(self, cid: str, c: Classification) -> None:
+        self.reports.append(Report("grade_failure", cid, classification=c))
+
+    def throttled(self) -> None:
+        return None  # the head's keeper mirror sees the node keeper's throttling
+
+    def stopping(self) -> bool:
+        return self.stop
+
+    def forced(self) -> bool:
+        return self.force
+
+    def drain(self) -> tuple[list[Report], dict[str, dict[str, Any]]]:
+        reports, self.reports = self.reports, []
+        ticks, self.ticks = self.ticks, {}
+        return reports, ticks
+
+
+def lease_of(session: str, replica: int, incarnation: int) -> str:
+    """One supervisor session's ``incarnation``-th actor of ``replica``: never reused."""
+    return f"{session}-{replica}.{incarnation}"
+
+
+class NodeAgent:
+    """One replica on one node (a named, detached Ray actor; see module doc)."""
+
+    def __init__(self, preset: Preset, state_dir: str, replica: int, lease: str,
+                 run_token: str) -> None:
+        self.preset = preset
+        self.shared = preset.backend.shared_state_dir
+        # Without shared storage: this node's private mirror of the state dir (its cells'
+        # files are shipped back with each verdict, autopilot.backends.ray.shipping).
+        self.state_dir = (Path(state_dir) if self.shared
+                          else Path(preset.backend.node_dir) / run_token[:16])
+        if not self.shared:
+            ensure_private_dir(self.state_dir.parent)
+            ensure_private_dir(self.state_dir)
+            ensure_private_dir(self.state_dir / "logs")
+            check_trusted(self.state_dir)  # as a state dir: a planted one is refused
+        self.replica = replica
+        self.lease = lease
+        self.run_token = run_token
+        # The node's own values of the preset's secret names: no secret travels through
+        # Ray (actor arguments are kept by its control store).
+        self.redactor = Redactor(secret_values(preset))
+        self.port = NodePort()
+        self.running: dict[tuple[str, int], asyncio.Task[Any]] = {}
+        self.keeper: Keeper | None = None
+        self._watch: asyncio.Task[Any] | None = None
+        # Every process this actor starts (endpoint, harness, grader) inherits the lease.
+        os.environ[LEASE_ENV] = self.lease
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> dict[str, Any]:
+        """Start this replica's endpoint and keeper; where it runs, for the journal."""
+        p = self.preset
+        ep = make_endpoint(p, self.state_dir, self.replica)
+        ep.marker = self.run_token  # the head's run, wherever this node keeps its files
+        ep.arm_setting, ep.arm_group = arm_groups(p)[0]
+        self.keeper = Keeper(ep, self.port.emit, self.port.milestone)
+        self._start_guard()
+        await self.keeper.start()
+        self._watch = asyncio.ensure_future(self.keeper.watch())
+        w = Wiring(preset=p, state_dir=self.state_dir, run_token=self.run_token,
+                   port=self.port, redactor=self.redactor, clock=time.monotonic)
+        self.cx = cell_context(w, self.keeper, replica=self.replica,
+                               extra_env={LEASE_ENV: self.lease})
+        return self.where()
+
+    def _start_guard(self) -> None:
+        """The lease guard (autopilot.backends.ray.leaseguard): kills this lease's processes on this
+        machine if this actor dies before it could (a worker crash, a raylet gone)."""
+        env = {k: v for k, v in os.environ.items() if k not in (LEASE_ENV, RUN_TOKEN_ENV)}
+        me = os.getpid()
+        self.guard = subprocess.Popen(
+            [sys.executable, "-m", "autopilot.backends.ray.leaseguard", "--pid", str(me),
+             "--ticks", str(start_ticks(me)), "--token", self.run_token, "--lease", self.lease,
+             "--grace", str(self.preset.watchdog.kill_grace_secs)],
+            env=env, start_new_session=True, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def where(self) -> dict[str, Any]:
+        import ray  # present wherever this runs as an actor
+
+        ctx = ray.get_runtime_context()
+        return {"node": ctx.get_node_id(), "host": socket.gethostname(),
+                "ip": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
+                "actor_pid": os.getpid(),
+                "lease": self.lease,
+                "devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+    async def poll(self, revoked: list[list[Any]] | None = None, stopping: bool = False,
+                   forced: bool = False) -> dict[str, Any]:
+        """Drain the buffered events; kill the attempts whose lease the supervisor
+        revoked (it re-queued them while this actor was unreachable); learn that the
+        supervisor is stopping (its cells are then abandoned, as locally)."""
+        self.port.stop = self.port.stop or stopping
+        self.port.force = self.port.force or forced
+        for cid, attempt in revoked or ():
+            task = self.running.get((cid, attempt))
+            if task is not None:
+                task.cancel()  # CellRun kills the harness tree on cancellation
+        reports, ticks = self.port.drain()
+        k = self.keeper
+        return {"reports": reports, "ticks": ticks,
+                "keeper": None if k is None else {
+                    **k.describe(), "port": k.ep.port, "host": k.ep.host,
+                    "api_base": k.ep.api_base},
+                "running": [list(key) for key in self.running]}
+
+    async def run_cell(self, cell: Cell, attempt: int
+                       ) -> tuple[Classification | None, bytes | None]:
+        """Run and grade one attempt here; its classification, and (without shared
+        storage) its output dir and logs packed for the head."""
+        assert self.keeper is not None, "run_cell before start"
+        key = (cell.id, attempt)
+        run = CellRun(self.cx, cell, attempt)
+        task = asyncio.ensure_future(run.run())
+        self.running[key] = task
+        try:
+            c = await task
+        finally:
+            self.running.pop(key, None)
+        if self.shared or c is None:
+            return c, None
+        files = shipping.cell_files(self.state_dir, cell.id, run.output_dir)
+        return c, await asyncio.to_thread(shipping.pack, self.state_dir, files)
+
+    async def stop(self) -> list[str]:
+        """Kill every cell this actor runs and stop its endpoint (a supervisor ending,
+        or a successor reaping a predecessor's actor). What was running, by cell."""
+        self.port.stop = self.port.force = True
+        tasks = list(self.running.items())
+        for _, task in tasks:
+            task.cancel()
+        for _, task in tasks:
+            with contextlib.suppress(BaseException):  # cancelled or failed: gone
+                await task
+        if self._watch is not None:
+            self._watch.cancel()
+        if self.keeper is not None:
+            await self.keeper.ep.stop()
+            await self.keeper.ep.aclose()
+            self.redactor.scrub_file(self.keeper.ep.log_path)
+        return [f"{cid}#{attempt}" for (cid, attempt), _ in tasks]
+
+
+def sweep_lease(run_token: str, lease: str, grace: float) -> list[int]:
+    """Kill, on the machine this runs on, every process of the run (its marker) that
+    carries ``lease``: what a lost actor left behind. A Ray task placed on a live node of
+    the lost node's machine (or the lease guard); exact identity, both markers."""
+    from autopilot.cell.sweep import orphan_marked
+
+    return [pid for found in orphan_marked(run_token, grace, lease=lease)
+            for pid in found["pids"]]
+
+
+def sweep_run(run_token: str, grace: float, endpoint: bool) -> list[dict[str, Any]]:
+    """``autopilot cleanup`` on one node: kill whatever still carries the run's marker
+    there (the lock is free, so nothing of it can be live). A Ray task per node."""
+    from autopilot.cell.sweep import orphan_marked
+
+    return orphan_marked(run_token, grace, endpoint=endpoint)
+
+
+__all__ = ["LEASE_ENV", "NodeAgent", "lease_of", "sweep_lease", "sweep_run"]

@@ -1,0 +1,224 @@
+"""Run a cell's grader and read its grade file.
+
+The grader is someone else's program: it gets an argv (never a shell string), a timeout,
+and its output spooled to the cell's grade log. An optional ``extract`` step unpacks an
+artifact (the origin's ``workspace_final.tar.gz``) into a scratch dir that is removed
+afterwards, whatever happens. What the grade *means* is decided by ``validity``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import tarfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+
+import anyio
+
+from autopilot.cell.childenv import child_env
+from autopilot.cell.procs import (
+    OWNED,
+    RUN_TOKEN_ENV,
+    Tracker,
+    child_exited,
+    identify,
+    kill_tree,
+    spawn,
+)
+from autopilot.cell.validity import (
+    Checks,
+    Classification,
+    GradeOutcome,
+    RunOutcome,
+    classify,
+    grader_unavailable,
+    lookup,
+)
+from autopilot.config import Preset
+from autopilot.escape import clean
+from autopilot.state.budget import count_or_none
+from autopilot.state.fsguard import UnsafePath, remove_tree, run_roots
+from autopilot.state.fsutil import read_json
+from autopilot.state.statedir import open_append
+from autopilot.templates import grader_argv, render, render_argv
+
+
+def _extract(archive: Path, into: Path, roots: tuple[Path, ...], state_dir: Path) -> None:
+    remove_tree(into, roots, state_dir)  # through the guard: UnsafePath outside the run
+    into.mkdir(parents=True)
+    with tarfile.open(archive) as tf:
+        # 'data' refuses absolute paths, '..', devices and links out of the tree.
+        tf.extractall(into, filter="data")
+
+
+async def run_grader(
+    argv: list[str],
+    *,
+    cwd: str | None,
+    env: Mapping[str, str],
+    timeout: float,
+    grade_file: Path,
+    log_path: Path,
+    roots: tuple[Path, ...],
+    state_dir: Path,
+    extract: tuple[Path, Path] | None = None,
+) -> GradeOutcome:
+    """Run one grader. ``extract`` (archive, into) unpacks into a scratch dir first and
+    removes it after; ``roots`` / ``state_dir`` bound where that may happen (fsguard)."""
+    scratch = extract[1] if extract else None
+    guard_dir = state_dir
+    try:
+        if extract is not None:
+            archive, into = extract
+            try:
+                await anyio.to_thread.run_sync(_extract, archive, into, roots, guard_dir)
+            except UnsafePath as e:
+                scratch = None  # refused: nothing there is ours to remove
+                return GradeOutcome(False, f"extract refused: {e}")
+            except (OSError, tarfile.TarError) as e:
+                return GradeOutcome(False, f"extract {archive.name} failed: {e}")
+        try:  # a stale grade must never be read as fresh
+            remove_tree(grade_file, roots, guard_dir)
+        except UnsafePath as e:
+            return GradeOutcome(False, f"grade file refused: {e}")
+        with open_append(log_path) as log:
+            try:
+                proc = await spawn(
+                    argv, cwd=cwd, env=dict(env), stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as e:
+                return GradeOutcome(False, f"grader could not start: {e.strerror}")
+            try:
+                with anyio.move_on_after(timeout) as scope:
+                    code = await proc.wait()
+                if scope.cancelled_caught and child_exited(proc.pid):
+                    # Timed out by the event loop's clock, but in fact finished: the
+                    # supervisor itself was frozen (SIGSTOP) past the timeout.
+                    with anyio.CancelScope(shield=True):
+                        code = await proc.wait()
+                elif scope.cancelled_caught:
+                    ident = identify(proc.pid)
+                    if ident is not None:
+                        await anyio.to_thread.run_sync(kill_tree, Tracker(ident), 1.0)
+                    with anyio.CancelScope(shield=True):
+                        await proc.wait()
+                    return GradeOutcome(False, f"grader timed out after {timeout:.0f}s")
+            finally:
+                OWNED.discard(proc.pid)
+        if code != 0:
+            return GradeOutcome(False, f"grader exit code {code}", read_json(grade_file))
+        return GradeOutcome(True, "", read_json(grade_file))
+    finally:
+        if scratch is not None:
+            with contextlib.suppress(UnsafePath):
+                remove_tree(scratch, roots, guard_dir)
+
+
+def read_checks(p: Preset, ctx: Mapping[str, str]) -> Checks:
+    """Token accounting, the harness's finish reason and executed-vs-requested
+    configuration, from the harness's own files."""
+    t = p.trust
+    tokens: float | None = None
+    malformed: list[str] = []
+    if t.tokens:
+        value = lookup(read_json(Path(render(t.tokens.file, ctx))), t.tokens.field)
+        tokens = count_or_none(value)
+        if value is not None and tokens is None:
+            malformed.append(f"{t.tokens.field} is {clean(value, 60)}, not a finite count")
+    finish_error = rate_limited = None
+    if t.finish:
+        why = lookup(read_json(Path(render(t.finish.file, ctx))), t.finish.field)
+        if why is not None and not isinstance(why, str):
+            malformed.append(f"{t.finish.field} is a {type(why).__name__}, not a string")
+        elif isinstance(why, str) and why.startswith(tuple(t.finish.rate_limited_prefixes)):
+            rate_limited = why
+        elif isinstance(why, str) and why.startswith(tuple(t.finish.invalid_prefixes)):
+            finish_error = why
+    mismatches = []
+    for chk in t.arm_checks:
+        got = lookup(read_json(Path(render(chk.file, ctx))), chk.field)
+        want = render(chk.expect, ctx)
+        if got is None or str(got) != want:
+            mismatches.append(f"{chk.field}: requested {want!r}, executed {got!r}")
+    return Checks(tokens=tokens, tokens_checked=t.tokens is not None,
+                  mismatches=tuple(mismatches), finish_error=finish_error,
+                  rate_limited=rate_limited,
+                  malformed="; ".join(malformed) or None)
+
+
+def _grader_cwd(p: Preset, ctx: Mapping[str, str]) -> str | None:
+    return render(p.grader.cwd, ctx) if p.grader.cwd else None
+
+
+def missing_requirements(p: Preset, task_id: str, ctx: Mapping[str, str]) -> list[str]:
+    """The task's ``grader_requires`` that are not there (relative to the grader's cwd)."""
+    base = Path(_grader_cwd(p, ctx) or Path.cwd())
+    missing = []
+    for tmpl in p.task(task_id).grader_requires:
+        path = Path(render(tmpl, ctx))
+        if not (path if path.is_absolute() else base / path).exists():
+            missing.append(str(path))
+    return missing
+
+
+OnGradeRetry = Callable[[int, Classification], None]
+
+
+async def grade_outputs(
+    p: Preset, ctx: Mapping[str, str], outcome: RunOutcome, grade_log: Path,
+    checks: Checks, base_env: Mapping[str, str] | None = None,
+    on_retry: OnGradeRetry | None = None,
+) -> Classification:
+    """Run the task's grader on a finished attempt's outputs and classify. A failure of
+    grading alone (crash, timeout, malformed grade, GRADER_FAILED) re-runs the grader on
+    the same outputs up to ``grader.retries`` times: never the harness."""
+    g = p.grader
+    missing = missing_requirements(p, ctx["task"], ctx)
+    if missing:
+        return grader_unavailable(missing, outcome.killed == "teardown")
+    extract = None
+    if g.extract:
+        extract = (Path(render(g.extract.archive, ctx)), Path(render(g.extract.into, ctx)))
+    # The grader's own inheritance (its pass_env, not the harness's), plus the run's
+    # marker so a sweep can still recognise it.
+    env = child_env(p, "grader")
+    if base_env is not None and RUN_TOKEN_ENV in base_env:
+        env[RUN_TOKEN_ENV] = base_env[RUN_TOKEN_ENV]
+    env["AUTOPILOT_CELL_ID"] = ctx["cell"]
+    env["AUTOPILOT_CELL_ATTEMPT"] = ctx["attempt"]
+    argv = render_argv(grader_argv(p, ctx["task"]), ctx)
+    state_dir = Path(ctx["state_dir"])
+    roots = run_roots(p, state_dir)
+    tries = g.retries + 1
+    for n in range(1, tries + 1):
+        env["AUTOPILOT_GRADE_TRY"] = str(n)
+        launched = time.time()  # wall: comparable across nodes
+        grade = await run_grader(
+            argv, cwd=_grader_cwd(p, ctx), env=env, timeout=g.timeout_secs,
+            grade_file=Path(ctx["grade_file"]), log_path=grade_log, extract=extract,
+            roots=roots, state_dir=state_dir,
+        )
+        c = replace(classify(outcome, grade, g.verdicts, checks, g.verdict_field),
+                    launched=launched)
+        if not c.grade_side or n == tries:
+            return c
+        if on_retry is not None:
+            on_retry(n, c)
+    raise AssertionError("unreachable")
+
+
+async def judge_cell(
+    p: Preset, ctx: Mapping[str, str], outcome: RunOutcome, grade_log: Path,
+    base_env: Mapping[str, str] | None = None, on_retry: OnGradeRetry | None = None,
+) -> Classification:
+    """Gather evidence for a finished attempt, run the grader when it can count, classify."""
+    checks = read_checks(p, ctx) if outcome.completion else Checks()
+    untrusted = checks.mismatches or checks.finish_error or (
+        checks.tokens_checked and not (checks.tokens and checks.tokens > 0))
+    if outcome.completion and not untrusted:
+        return await grade_outputs(p, ctx, outcome, grade_log, checks, base_env, on_retry)
+    return classify(outcome, None, p.grader.verdicts, checks, p.grader.verdict_field)

@@ -1,0 +1,124 @@
+"""Orphan sweep on start: what a SIGKILLed predecessor left running.
+
+Its cells' harness trees (recorded in the journal with pid + start time and their
+per-attempt token), any process still carrying the run's marker (spawned but never
+journaled) and the endpoint process it started are killed by exact identity;
+its containers are removed by label (ours) or by this plan's exact sandbox names. Its
+orphans were re-parented to init, not to us, so the token scan here looks at every
+process (``full_scan``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from autopilot.cell.procs import (
+    LEASE_ENV,
+    TOKEN_ENV,
+    ProcIdentity,
+    Tracker,
+    journaled_identity,
+    kill_tree,
+    marked_processes,
+    run_marked,
+    start_ticks,
+    verify,
+)
+from autopilot.logsetup import get_logger
+from autopilot.state.journal import read_events
+from autopilot.state.ledger import CellState
+
+log = get_logger(__name__)
+
+
+# Refusals of journal-named processes, as (what, pid): the caller journals them.
+Refusals = list[dict[str, Any]]
+
+
+def _marked_root(ident: ProcIdentity | None, token: str, what: str,
+                 refused: Refusals) -> ProcIdentity | None:
+    """``ident`` if its live process is this run's (see procs.run_marked), else None."""
+    if ident is None:
+        return None
+    p = verify(ident)
+    if p is None:
+        return None
+    if not run_marked(p, token):
+        refused.append({"what": what, "pid": ident.pid})
+        log.warning("journal_pid_refused", what=what, pid=ident.pid)
+        return None
+    return ident
+
+
+def orphan_cells(cells: list[CellState], journal: Path, grace: float, token: str,
+                 refused: Refusals) -> list[tuple[CellState, list[int]]]:
+    """(cell, killed pids) for every cell the journal shows as still running. The
+    journal is untrusted: a recorded process is killed only if it is this run's."""
+    running = [c for c in cells if c.status == "running"]
+    if not running:
+        return []
+    tokens: dict[str, str | None] = {}
+    for ev in read_events(journal).events:
+        if ev.get("event") == "cell_started" and isinstance(ev.get("cell"), str):
+            tokens[ev["cell"]] = ev.get("token")
+    out = []
+    for cell in running:
+        pids: list[int] = []
+        ident = _marked_root(journaled_identity({
+            "pid": cell.pid, "create_time": cell.create_time, "start_ticks": cell.start_ticks,
+        }), token, f"cell {cell.id}", refused)
+        if ident is not None:
+            pids = kill_tree(Tracker(ident, tokens.get(cell.id), full_scan=True), grace)
+        out.append((cell, pids))
+    return out
+
+
+def orphan_marked(run_token: str, grace: float, endpoint: bool = True,
+                  lease: str | None = None) -> list[dict[str, Any]]:
+    """Kill every process still carrying this run's marker: at start-up, with the lock
+    held, none can be ours yet, so each is a predecessor's. This catches what the journal
+    cannot know: a harness or grader spawned by a supervisor SIGKILLed before it could
+    journal the spawn, which would otherwise run on beside its cell's next attempt (or,
+    for an endpoint, hold its port). ``cell`` is None for an endpoint; ``endpoint=False``
+    leaves endpoint processes alone; ``lease`` keeps to one Ray actor's processes."""
+    out = []
+    for p, env in marked_processes(run_token):
+        if not endpoint and "AUTOPILOT_CELL_ID" not in env:
+            continue
+        if lease is not None and env.get(LEASE_ENV) != lease:
+            continue  # another actor's (autopilot.backends.ray.node): not what was lost
+        # create_time() is cached by psutil: this is the identity seen by the scan, so a
+        # process that died meanwhile (killed with an earlier one's tree) is left alone.
+        ident = ProcIdentity(p.pid, p.create_time(), start_ticks(p.pid))
+        pids = kill_tree(Tracker(ident, env.get(TOKEN_ENV), full_scan=True), grace)
+        if pids:
+            out.append({"cell": env.get("AUTOPILOT_CELL_ID"), "pids": pids})
+    if out:
+        log.info("orphan_unjournaled_killed", found=out)
+    return out
+
+
+def orphan_endpoint(journal: Path, token: str, refused: Refusals) -> dict[str, Any] | None:
+    """Stop exactly the endpoint processes dead predecessors spawned (journaled at spawn,
+    before their load finished; never an attached one); what was killed, or None. Each
+    kill is identity-checked, so a process that already exited, or a recycled pid, is
+    left alone."""
+    killed: list[int] = []
+    engine = None
+    seen: set[ProcIdentity] = set()
+    for ev in read_events(journal).events:
+        if ev.get("event") not in ("endpoint_spawned", "endpoint_started") or ev.get("attached"):
+            continue
+        ident = journaled_identity(ev)
+        if ident is None or ident in seen:
+            continue
+        seen.add(ident)
+        if _marked_root(ident, token, "endpoint", refused) is None:
+            continue
+        engine = ev.get("engine")
+        killed += kill_tree(Tracker(ident), 5.0)
+    if not killed:
+        return None
+    log.info("orphan_endpoint_killed", pids=killed)
+    return {"endpoint": engine, "pids": killed}

@@ -1,0 +1,186 @@
+"""Fail-closed validity classification: what is on disk + what happened -> a verdict.
+
+Pure: the cell runner gathers plain data (exit code, watchdog kill, artifacts present,
+the parsed grade, token counts, executed-vs-requested configuration) and this module
+decides. PASS / FAIL only ever come from a well-formed grade whose verdict word the
+preset recognises; everything else is INVALID with exactly one reason from
+``config.INVALID_REASONS`` (origin doc 000: never a silent 0, never a silent pass).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from autopilot.config import GRADE_REASONS, VerdictRule
+
+Verdict = Literal["PASS", "FAIL", "INVALID"]
+Killed = Literal["stall", "deadline", "teardown"]
+# Reasons that point at a broken harness or grader rather than at the model: a harness
+# crash, an attempt without its completion artifacts, a grader that fails. (The verdict
+# words that count too, e.g. MISSING_OUTPUT, are preset data: VerdictRule.streak.)
+STREAK_REASONS = frozenset({"grader_failed", "malformed_grade", "missing_output",
+                            "harness_crash", "malformed_summary"})
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What happened to the harness process."""
+
+    exit_code: int | None
+    killed: Killed | None = None
+    completion: bool = False
+    endpoint_down: bool = False
+    kill_reason: str | None = None
+    # the endpoint was not configured for this cell's arm while it ran (arm settings)
+    arm_mismatch: str | None = None
+
+
+@dataclass(frozen=True)
+class GradeOutcome:
+    ok: bool  # grader ran and exited 0 within its timeout
+    detail: str = ""
+    grade: Any = None  # parsed grade file, None when missing or unparsable
+
+
+@dataclass(frozen=True)
+class Checks:
+    """Accounting and configuration evidence, read from the harness's own files."""
+
+    tokens: float | None = None  # None: not checked; NaN: missing
+    tokens_checked: bool = False
+    mismatches: tuple[str, ...] = ()
+    finish_error: str | None = None  # the harness stopped on an endpoint error
+    rate_limited: str | None = None  # the harness gave up on a throttling provider
+    malformed: str | None = None  # a value of the wrong shape in the harness's files
+
+
+@dataclass(frozen=True)
+class Classification:
+    verdict: Verdict
+    reason: str | None = None
+    word: str | None = None
+    caveat: str | None = None
+    teardown_masked: bool = False
+    detail: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+    streak: bool = False  # the verdict word counts towards the harness-break streak
+    # When the process whose evidence decided this was launched (wall clock, so that
+    # nodes of a cluster compare): the harness-break streak is counted in launch order
+    # (autopilot.run.runbook.streak_step).
+    launched: float | None = None
+
+    @property
+    def harness_break(self) -> bool:
+        return self.streak or self.reason in STREAK_REASONS
+
+    @property
+    def streak_kind(self) -> Literal["break", "healthy", "neutral"]:
+        """What this says about the harness and grader: broken, working (a grade came
+        back), or nothing (INVALID for infrastructure: a stall, the endpoint down)."""
+        if self.harness_break:
+            return "break"
+        return "healthy" if self.verdict in ("PASS", "FAIL") else "neutral"
+
+    @property
+    def grade_side(self) -> bool:
+        """INVALID because of grading alone: the harness's outputs stand."""
+        return self.verdict == "INVALID" and self.reason in GRADE_REASONS
+
+    def label(self) -> str:
+        return self.verdict if self.verdict != "INVALID" else f"INVALID({self.reason})"
+
+
+def _invalid(reason: str, detail: str, **kw: Any) -> Classification:
+    return Classification("INVALID", reason=reason, detail=detail, **kw)
+
+
+def classify(
+    run: RunOutcome,
+    grade: GradeOutcome | None,
+    rules: Mapping[str, VerdictRule],
+    checks: Checks = Checks(),
+    verdict_field: str = "verdict",
+) -> Classification:
+    masked = run.killed == "teardown"
+    if not run.completion:
+        # An outage during the attempt is the cause of whatever followed (a cell starved
+        # of tokens stalls): infrastructure, named as such, before the watchdog's verdict.
+        if run.endpoint_down:
+            why = f" ({run.killed} kill)" if run.killed else ""
+            return _invalid("endpoint_down",
+                            f"harness ended without outputs during an outage{why}")
+        if run.killed in ("stall", "deadline"):
+            return _invalid(run.killed, run.kill_reason or run.killed)
+        if run.killed == "teardown":
+            return _invalid("missing_output", "said it was done, hung, and left no outputs")
+        if run.exit_code not in (0, None):
+            return _invalid("harness_crash", f"exit code {run.exit_code}, no completion artifacts")
+        return _invalid("missing_output", "harness ended without its completion artifacts")
+    if run.arm_mismatch:
+        return _invalid("arm_mismatch", run.arm_mismatch, teardown_masked=masked)
+    if checks.mismatches:
+        return _invalid("arm_mismatch", "; ".join(checks.mismatches), teardown_masked=masked)
+    if checks.malformed:
+        return _invalid("malformed_summary", checks.malformed, teardown_masked=masked)
+    if checks.rate_limited:  # before zero_tokens: throttled before its first token
+        return _invalid("rate_limited", f"harness ended by the provider's rate limiting: "
+                        f"{checks.rate_limited[:200]}", teardown_masked=masked)
+    if checks.tokens_checked and not (checks.tokens and checks.tokens > 0):
+        return _invalid("zero_tokens", "token accounting missing or zero", teardown_masked=masked)
+    if checks.finish_error:
+        return _invalid("api_error", f"harness stopped on an endpoint error: "
+                        f"{checks.finish_error[:200]}", teardown_masked=masked)
+    if grade is None or not grade.ok:
+        detail = grade.detail if grade else "grader did not run"
+        return _invalid("grader_failed", detail, teardown_masked=masked)
+    g = grade.grade
+    if not isinstance(g, Mapping):
+        return _invalid("malformed_grade", "grade file missing or not a JSON object",
+                        teardown_masked=masked)
+    word = g.get(verdict_field)
+    if not isinstance(word, str) or not word:
+        return _invalid("malformed_grade", f"no {verdict_field!r} in grade",
+                        teardown_masked=masked)
+    rule = rules.get(word)
+    if rule is None:
+        return _invalid("malformed_grade", f"unknown verdict word {word!r}", word=word,
+                        teardown_masked=masked)
+    if rule.verdict == "INVALID":
+        assert rule.reason is not None
+        return _invalid(rule.reason, f"grader said {word}", word=word, teardown_masked=masked,
+                        streak=rule.streak)
+    return Classification(rule.verdict, word=word, caveat=rule.caveat, teardown_masked=masked,
+                          streak=rule.streak)
+
+
+def lookup(doc: Any, dotted: str) -> Any:
+    """``a.b.c`` inside nested dicts; None when any step is missing."""
+    cur = doc
+    for part in dotted.split("."):
+        if not isinstance(cur, Mapping) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
+def grader_unavailable(missing: list[str], masked: bool = False) -> Classification:
+    """A task whose grader cannot run here (its declared requirements are missing)."""
+    return _invalid("grader_unavailable", "grader needs " + ", ".join(missing),
+                    teardown_masked=masked)
+
+
+def attempt_outcomes(events: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], RunOutcome]:
+    """What happened to each attempt's harness, from its journaled ``cell_exited`` /
+    ``cell_ran`` (unknown fields of another version ignored, malformed ones skipped)."""
+    out: dict[tuple[str, int], RunOutcome] = {}
+    fields = set(RunOutcome.__dataclass_fields__)
+    for ev in events:
+        if ev.get("event") in ("cell_exited", "cell_ran") and isinstance(ev.get("outcome"), dict):
+            known = {k: v for k, v in ev["outcome"].items() if k in fields}
+            try:
+                out[(str(ev.get("cell")), int(ev.get("attempt", 0)))] = RunOutcome(**known)
+            except (TypeError, ValueError):
+                continue
+    return out

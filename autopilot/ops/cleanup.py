@@ -1,0 +1,73 @@
+"""``autopilot cleanup``: reclaim the box once a run is done — exact names only.
+
+Kills the run's leftover harness and grader processes (they carry the run's marker;
+with the lock free none can belong to a live supervisor), removes the plan's sandbox
+containers (the preset's name template rendered for every cell of the plan), with
+``--endpoint`` the endpoint container or process this state dir started (label or
+marker says so), and the scratch dirs (exact rendered paths, never a glob). With the Ray
+backend it does the same on every node first (the backend's ``cleanup``: the run's named
+actors stopped, its placement group freed, its marked processes killed on every live
+node). It refuses while a supervisor holds the run.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import anyio
+
+from autopilot.backends.base import backend_class
+from autopilot.cell.procs import run_token
+from autopilot.cell.sweep import orphan_marked
+from autopilot.config import Preset
+from autopilot.plan import Plan, cell_context
+from autopilot.run.preflight import needs_docker
+from autopilot.state.fsguard import UnsafePath, remove_tree, run_roots
+from autopilot.templates import render
+
+
+def scratch_paths(preset: Preset, plan: Plan, state_dir: Path) -> list[Path]:
+    paths: list[Path] = []
+    for cell in plan.cells:
+        ctx = cell_context(preset, cell, 1, state_dir)
+        paths.append(Path(ctx["scratch_dir"]))
+        paths += [Path(render(t, ctx)) for t in preset.harness.scratch_dirs]
+        if preset.grader.extract:
+            paths.append(Path(render(preset.grader.extract.into, ctx)))
+    return [p for p in dict.fromkeys(paths) if p.exists()]
+
+
+async def cleanup(preset: Preset, plan: Plan, state_dir: Path, *, endpoint: bool) -> list[str]:
+    removed: list[str] = []
+    # What the backend keeps elsewhere (with Ray: every node of the cluster) first.
+    removed += await anyio.to_thread.run_sync(
+        backend_class(preset.backend.kind).cleanup, preset, run_token(state_dir), 2.0, endpoint)
+    for found in await anyio.to_thread.run_sync(
+            partial(orphan_marked, run_token(state_dir), 2.0, endpoint=endpoint)):
+        what = f"cell {found['cell']}" if found["cell"] else "endpoint"
+        removed.append(f"processes {' '.join(map(str, found['pids']))} ({what})")
+    if needs_docker(preset):
+        from autopilot.cell.sandbox import Docker
+
+        docker = Docker()
+        try:
+            template = preset.harness.sandbox_container
+            if template:
+                names = [render(template, cell_context(preset, c, 1, state_dir))
+                         for c in plan.cells]
+                removed += [f"container {n}" for n in await docker.remove_exact(names)]
+            if endpoint:
+                removed += [f"container {n}" for n in
+                            await docker.remove_labelled(str(state_dir), role="endpoint")]
+        finally:
+            await docker.close()
+    roots = run_roots(preset, state_dir)
+    for path in scratch_paths(preset, plan, state_dir):
+        try:
+            remove_tree(path, roots, state_dir)
+        except UnsafePath as e:
+            removed.append(f"nothing: {e}")  # said, never done
+            continue
+        removed.append(f"dir {path}")
+    return removed

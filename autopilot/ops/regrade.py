@@ -1,0 +1,94 @@
+"""``autopilot regrade``: re-run the grader on finished cells, never the harness.
+
+After a grader is fixed (or a missing helper appears), the outputs of every finished
+attempt are still on disk: an hour of GPU work per cell that must not be re-spent. This
+re-grades them in place and journals each result as a new ``cell_verdict`` of the *same*
+attempt with ``regrade: true``, so the ledger replaces the old verdict and nothing is
+counted twice. It takes the run lock (a supervisor driving the run is exit 3) and touches
+only cells whose verdict came from grading (PASS, FAIL or ungraded): an INVALID run is a
+harness matter and stays for the supervisor to re-run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autopilot.cell.grading import judge_cell
+from autopilot.cell.validity import RunOutcome, attempt_outcomes
+from autopilot.config import Preset
+from autopilot.plan import Plan, cell_context
+from autopilot.state.fsutil import atomic_write_json
+from autopilot.state.journal import Journal, read_events
+from autopilot.state.ledger import Ledger
+from autopilot.state.lock import RunLock
+from autopilot.templates import render
+
+REGRADABLE = ("PASS", "FAIL", "ungraded")
+
+
+@dataclass(frozen=True)
+class Regraded:
+    cell: str
+    attempt: int
+    before: str
+    after: str
+
+
+def _label(status: str, reason: str | None) -> str:
+    return f"ungraded({reason})" if status == "ungraded" else status
+
+
+async def regrade(
+    preset: Preset, plan: Plan, state_dir: Path, *, task: str | None = None,
+    arm: str | None = None, say: Callable[[str], None] = print,
+) -> list[Regraded]:
+    lock = RunLock(state_dir)
+    lock.acquire()  # LockHeld (exit 3) while a supervisor drives the run
+    journal = Journal(state_dir / "journal.jsonl")
+    try:
+        events = read_events(state_dir / "journal.jsonl").events
+        ledger = Ledger(plan)
+        for ev in events:
+            ledger.apply(ev)
+        outcomes = attempt_outcomes(events)
+        done: list[Regraded] = []
+        for c in list(ledger.cells.values()):
+            if c.status not in REGRADABLE or (task and c.task != task) or (arm and c.arm != arm):
+                continue
+            cell = plan.by_id[c.id]
+            ctx = cell_context(preset, cell, c.attempts, state_dir)
+            outcome = outcomes.get((c.id, c.attempts), RunOutcome(0, completion=True))
+            completion = [Path(render(t, ctx)) for t in preset.harness.completion]
+            if not all(p.exists() for p in completion):
+                say(f"{c.id}: skipped, its outputs are gone ({completion[0].parent})")
+                continue
+            before = _label(c.status, c.reason)
+            result = await judge_cell(preset, ctx, outcome,
+                                      state_dir / "logs" / f"{c.id}.grade.log")
+            extra = {"ungraded": True} if result.grade_side else {}
+            record = journal.append(
+                "cell_verdict", cell=c.id, attempt=c.attempts, verdict=result.verdict,
+                reason=result.reason, word=result.word, caveat=result.caveat,
+                teardown_masked=result.teardown_masked, detail=result.detail,
+                regrade=True, **extra)
+            ledger.apply(record)
+            after = _label(ledger.cells[c.id].status, ledger.cells[c.id].reason)
+            done.append(Regraded(c.id, c.attempts, before, after))
+            say(f"{c.id} (attempt {c.attempts}): {before} -> {after}"
+                + (f" [{result.detail}]" if result.detail else ""))
+        return done
+    finally:
+        journal.close()
+        lock.release()
+
+
+def refresh_status(preset: Preset, plan: Plan, state_dir: Path) -> dict[str, Any]:
+    """status.json rebuilt from the journal after a regrade (no supervisor is running)."""
+    from autopilot.run.recovery import snapshot_once
+
+    snap = snapshot_once(preset, plan, state_dir)
+    atomic_write_json(state_dir / "status.json", snap)
+    return snap

@@ -1,0 +1,257 @@
+"""Passes and dispatch: which pending cell runs next, on which replica, and when.
+
+A pass sweeps the pending cells in plan order, ``concurrency`` at a time; the run makes
+up to ``max_passes`` of them per arm group (arms whose mode is an endpoint setting run
+group by group, the endpoint restarted between them). Before each launch: the budget
+(the run policy), a replica that may serve the arm, is up and has a free slot (the pure
+``placement.choose_replica``), and the provider's throttle. Each attempt is the
+backend's to run; its verdict goes back to the loop (``Loop.record_verdict``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any, Protocol
+
+import anyio
+
+from autopilot.backends.base import Backend, Keeper
+from autopilot.cell.validity import Classification, RunOutcome
+from autopilot.config import ArmEndpoint, Preset
+from autopilot.errors import EndpointError, EndpointFailed
+from autopilot.logsetup import get_logger
+from autopilot.plan import Cell, Plan, arm_groups
+from autopilot.run.placement import ReplicaView, choose_replica
+from autopilot.run.throttle import Throttle, on_tick
+from autopilot.state.fsutil import storage_error
+from autopilot.state.ledger import CellState, Ledger
+
+log = get_logger(__name__)
+
+
+class Loop(Protocol):
+    """What dispatch needs of the loop that owns it (autopilot.run.supervisor)."""
+
+    preset: Preset
+    plan: Plan
+    ledger: Ledger
+    backend: Backend | None
+    stop_signal: int | None
+    throttle: Throttle
+    phase: str
+    outcome_reason: str
+    clock: Callable[[], float]
+
+    @property
+    def keepers(self) -> list[Keeper]: ...
+    @property
+    def paused(self) -> str | None: ...
+    def emit(self, event: str, **fields: Any) -> dict[str, Any]: ...
+    def milestone(self, kind: str, **info: Any) -> None: ...
+    def record_verdict(self, cid: str, attempt: int, c: Classification, *,
+                       regrade: bool = False) -> None: ...
+    def check_budget(self) -> None: ...
+    def set_throttle(self, new: Throttle) -> None: ...
+    def endpoint_failed(self) -> str | None: ...
+    def interruptible(self) -> contextlib.AbstractContextManager[anyio.CancelScope]: ...
+
+
+class Passes:
+    def __init__(self, loop: Loop) -> None:
+        self.loop = loop
+        self.preset = loop.preset
+        self.pass_no = 0
+        self.replica_slots: list[anyio.Semaphore] = []
+        self._grading = anyio.Lock()
+
+    @property
+    def per_replica(self) -> int:
+        """Cells at once per replica: ``[endpoint] slots``, else concurrency split evenly."""
+        n = self.preset.endpoint.replicas
+        return self.preset.endpoint.slots or -(-self.preset.run.concurrency // n)
+
+    def make_slots(self, n: int) -> None:
+        # One replica: the pass's own semaphore bounds it (sized to the concurrency).
+        size = self.per_replica if n > 1 else self.preset.run.concurrency
+        self.replica_slots = [anyio.Semaphore(size) for _ in range(n)]
+
+    def pending_group(self) -> tuple[ArmEndpoint, tuple[str, ...]]:
+        """The first arm group (by endpoint settings) with cells to run."""
+        groups = arm_groups(self.preset)
+        pending = {c.arm for c in self.loop.ledger.pending()}
+        return next((g for g in groups if pending & set(g[1])), groups[0])
+
+    @property
+    def _backend(self) -> Backend:
+        assert self.loop.backend is not None
+        return self.loop.backend
+
+    # ------------------------------------------------------------------ passes
+
+    async def run(self, adopted: list[tuple[str, int, RunOutcome]]) -> None:
+        """Every pass of every arm group; first, the attempts a dead predecessor left
+        finished (autopilot.run.recovery) are graded."""
+        loop = self.loop
+        await self._grade_adopted(adopted)
+        if self.preset.grader.mode == "per-arm":
+            await self.grade_ready_arms(force=True)  # ran before a restart, not graded
+        keeper = loop.keepers[0]
+        groups = arm_groups(self.preset)
+        for setting, arms in groups:
+            if loop.stop_signal or loop.paused:
+                return
+            if not any(c.arm in arms for c in loop.ledger.pending()):
+                continue
+            if len(groups) > 1 and keeper.ep.arm_group != arms:
+                # The arm's mode is an endpoint setting: restart it configured for them.
+                try:
+                    with loop.interruptible() as scope:
+                        await self._backend.reconfigure(setting, arms)
+                except EndpointError as e:
+                    loop.outcome_reason = (f"endpoint failed to start for {', '.join(arms)}: "
+                                           f"{e}")
+                    loop.milestone("endpoint_failed", why=loop.outcome_reason)
+                    return
+                if scope.cancelled_caught:
+                    return
+            await self._group_passes(set(arms))
+            if loop.endpoint_failed():
+                return
+
+    async def _group_passes(self, arms: set[str]) -> None:
+        loop = self.loop
+        for pass_no in range(1, self.preset.run.max_passes + 1):
+            if loop.stop_signal or loop.paused or loop.ledger.complete():
+                return
+            pending = [c for c in loop.ledger.pending() if c.arm in arms]
+            if not pending:
+                return
+            self.pass_no = pass_no
+            loop.phase = f"run:pass{pass_no}"
+            loop.emit("pass_started", **{"pass": pass_no, "pending": len(pending)})
+            await self._run_pass(pending)
+            failed = loop.endpoint_failed()
+            if failed:
+                loop.outcome_reason = failed
+                return
+            if self.preset.grader.mode == "per-arm" and not loop.stop_signal:
+                await self.grade_ready_arms(force=True)
+
+    async def _run_pass(self, pending: list[CellState]) -> None:
+        loop = self.loop
+        slots = anyio.Semaphore(self.preset.run.concurrency)
+        async with anyio.create_task_group() as tg:
+            for cell_state in pending:
+                await slots.acquire()
+                loop.check_budget()  # a resumed run may already be past it
+                if loop.stop_signal or loop.paused:
+                    slots.release()
+                    break
+                cell = loop.plan.by_id[cell_state.id]
+                replica: int | None = None
+                try:
+                    with loop.interruptible():  # an outage must not hold up a stop
+                        replica = await self._pick_replica(cell.arm)
+                except EndpointFailed:
+                    # Not raised through the task group (it would arrive wrapped in an
+                    # ExceptionGroup): running cells finish, the pass ends, the run stops.
+                    slots.release()
+                    break
+                if loop.stop_signal or replica is None:  # stopped while waiting
+                    if replica is not None:
+                        self.replica_slots[replica].release()
+                    slots.release()
+                    break
+                await self._throttle_gate(slots)
+                tg.start_soon(self._run_cell, cell, cell_state.attempts + 1, slots, replica)
+
+    async def _pick_replica(self, arm: str) -> int:
+        """A replica that may serve ``arm`` (its pins), is up and has a free slot: the
+        one with the most free slots. Raises EndpointFailed when none of them can ever
+        serve again."""
+        keepers = self.loop.keepers
+        if len(keepers) == 1:
+            await keepers[0].wait_up()  # raises EndpointFailed once given up
+            self.replica_slots[0].acquire_nowait()  # sized to the concurrency: never waits
+            return 0
+        allowed = self.preset.arm(arm).replicas
+        while True:
+            choice = choose_replica([
+                ReplicaView(up=k.is_up, failed=bool(k.failed), free=self.replica_slots[i].value)
+                for i, k in enumerate(keepers)], allowed)
+            if choice == "none":
+                pool = allowed or list(range(len(keepers)))
+                raise EndpointFailed(self.loop.endpoint_failed()
+                                     or f"no replica of {pool} can serve {arm}")
+            if choice != "wait":
+                self.replica_slots[choice].acquire_nowait()
+                return choice
+            await anyio.sleep(0.05)
+
+    async def _throttle_gate(self, slots: anyio.Semaphore) -> None:
+        """While the provider throttles, launch fewer cells at once (autopilot.run.throttle).
+        Cells in flight = slots taken (this one's included): O(1), not a scan of a
+        20,000-cell ledger per launch."""
+        loop = self.loop
+        while True:
+            loop.set_throttle(on_tick(loop.throttle, loop.clock()))
+            in_flight = self.preset.run.concurrency - slots.value - 1  # before this one
+            if in_flight < loop.throttle.limit or loop.stop_signal:
+                return
+            await anyio.sleep(0.2)
+
+    async def _run_cell(self, cell: Cell, attempt: int, slots: anyio.Semaphore,
+                        replica: int = 0) -> None:
+        loop = self.loop
+        try:
+            try:
+                result = await self._backend.run(cell, attempt, replica)
+            except Exception as e:  # a bug in our own code must not take the run down
+                if storage_error(e) is not None:
+                    raise  # a full disk ends the run (Supervisor._disk_full), not the cell
+                log.exception("cell_internal_error", cell=cell.id)
+                loop.emit("cell_abandoned", cell=cell.id, attempt=attempt,
+                          why=f"internal error: {type(e).__name__}: {e}")
+                return
+            if result is not None:
+                loop.record_verdict(cell.id, attempt, result)
+        finally:
+            slots.release()
+            if self.replica_slots:
+                self.replica_slots[replica].release()
+        if self.preset.grader.mode == "per-arm":
+            await self.grade_ready_arms(force=False)
+
+    # ------------------------------------------------------------------ grading here
+
+    async def _grade_adopted(self, adopted: list[tuple[str, int, RunOutcome]]) -> None:
+        loop = self.loop
+        for cid, attempt, outcome in adopted:
+            if self.preset.grader.mode == "per-arm":
+                loop.emit("cell_ran", cell=cid, attempt=attempt, outcome=asdict(outcome))
+            else:
+                loop.record_verdict(cid, attempt, await self._backend.grade(
+                    loop.plan.by_id[cid], attempt, outcome))
+        adopted.clear()
+
+    async def grade_ready_arms(self, force: bool) -> None:
+        """Grade the ``ran`` cells of every arm with nothing left to run (or of every arm,
+        with ``force``, at the end of a pass so retries can go in the next one)."""
+        loop = self.loop
+        async with self._grading:
+            for arm in self.preset.arms:
+                cells = [c for c in loop.ledger.cells.values() if c.arm == arm.label]
+                ran = [c for c in cells if c.status == "ran"]
+                if not ran:
+                    continue
+                busy = any(c.status in ("running", "pending", "invalid") for c in cells)
+                if busy and not force:
+                    continue
+                loop.emit("arm_grading", arm=arm.label, cells=len(ran))
+                for c in ran:
+                    outcome = RunOutcome(**(c.ran_outcome or {}))
+                    loop.record_verdict(c.id, c.attempts, await self._backend.grade(
+                        loop.plan.by_id[c.id], c.attempts, outcome))
+

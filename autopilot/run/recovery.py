@@ -1,0 +1,213 @@
+"""Start-up: the plan's identity, the journal replayed, what a dead predecessor left.
+
+Run by the loop once it holds the lock, before any endpoint starts:
+- the plan is the state dir's (or the change is allowed, and journaled);
+- the journal is replayed into the ledger (a torn last line is skipped);
+- processes a SIGKILLed predecessor left are killed by their recorded identity (and any
+  still carrying the run's marker), and its Docker containers removed by label and exact
+  name; a cell whose harness had finished its work before the predecessor died is
+  *adopted* (graded from its outputs) instead of re-run.
+Every function takes the pieces it needs and journals through ``emit``: nothing here
+holds state of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from autopilot.cell import sweep
+from autopilot.cell.validity import RunOutcome, attempt_outcomes
+from autopilot.config import Preset
+from autopilot.errors import PlanChangedError
+from autopilot.logsetup import get_logger
+from autopilot.plan import Cell, Plan, cell_context
+from autopilot.run.preflight import needs_docker
+from autopilot.run.snapshot import RunView, build
+from autopilot.run.throttle import Throttle
+from autopilot.state.fsutil import atomic_write_json, iso, parse_iso, read_json
+from autopilot.state.journal import read_events
+from autopilot.state.ledger import CellState, Ledger
+from autopilot.state.statedir import open_append
+from autopilot.templates import render
+
+log = get_logger(__name__)
+
+Emit = Callable[..., dict[str, Any]]
+
+
+def check_plan_identity(state_dir: Path, plan: Plan, allow_change: bool) -> dict[str, Any] | None:
+    """Refuse a state dir made by another plan. Read-only."""
+    recorded = read_json(state_dir / "plan.json")
+    if not isinstance(recorded, dict):
+        return None
+    if recorded.get("identity") != plan.identity and not allow_change:
+        raise PlanChangedError(
+            f"{state_dir}: holds a run of preset {recorded.get('preset')!r} with plan "
+            f"identity {recorded.get('identity')}, but this preset gives {plan.identity} "
+            "(tasks, arms, model, harness or grader changed); use another --state-dir "
+            "or pass --allow-plan-change"
+        )
+    return recorded
+
+
+def replay(state_dir: Path, ledger: Ledger) -> set[str]:
+    """Fold the journal into ``ledger``; the arms whose completion was announced."""
+    result = read_events(state_dir / "journal.jsonl")
+    if result.torn_lines:
+        log.warning("journal_torn_lines_skipped", lines=result.torn_lines)
+    announced: set[str] = set()
+    for ev in result.events:
+        ledger.apply(ev)
+        if ev.get("event") == "milestone" and ev.get("kind") == "arm_complete":
+            announced.add(str(ev.get("arm")))
+    return announced
+
+
+def record_plan(state_dir: Path, preset: Preset, plan: Plan, emit: Emit, *,
+                preset_path: str | None, config_path: str | None,
+                identity: dict[str, Any] | None) -> None:
+    """plan.json (enough for read-only tools to rebuild the plan) and, per launch, the
+    preflight's identity record."""
+    path = state_dir / "plan.json"
+    recorded = read_json(path)
+    if isinstance(recorded, dict) and recorded.get("identity") != plan.identity:
+        emit("plan_changed", old=recorded.get("identity"), new=plan.identity)
+    atomic_write_json(path, {
+        "preset": preset.name, "preset_path": preset_path, "config_path": config_path,
+        "target_n": plan.target_n, "identity": plan.identity,
+        "tasks": [t.id for t in preset.tasks],
+        "arms": [a.label for a in preset.arms], "recorded_at": iso(),
+    })
+    if identity:
+        with open_append(state_dir / "identity.jsonl", binary=False) as f:
+            f.write(json.dumps(identity) + "\n")
+
+
+@dataclass
+class Swept:
+    """What the start-up sweep found: for status, and attempts to grade."""
+    cleaned: list[dict[str, Any]] = field(default_factory=list)
+    adopted: list[tuple[str, int, RunOutcome]] = field(default_factory=list)
+
+
+async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Ledger,
+                        run_token: str, emit: Emit) -> Swept:
+    """Kill what a dead predecessor left running (in a worker thread: kills wait); its
+    cells go back to pending (journaled from the loop)."""
+    journal = state_dir / "journal.jsonl"
+    cells = list(ledger.cells.values())
+    grace = preset.watchdog.kill_grace_secs
+    found = Swept()
+    exited: dict[tuple[str, int], RunOutcome] | None = None
+    refused: sweep.Refusals = []
+    for cell, pids in await anyio.to_thread.run_sync(
+            sweep.orphan_cells, cells, journal, grace, run_token, refused):
+        found.cleaned.append({"cell": cell.id, "pids": pids})
+        if exited is None:  # read only when a predecessor left cells running
+            exited = attempt_outcomes(read_events(journal).events)
+        outcome = finished_outcome(preset, plan.by_id[cell.id], state_dir, cell, exited,
+                                   killed=cell.pid in pids)
+        if outcome is not None:
+            # The harness finished before its supervisor died: grade that work
+            # rather than throw away (maybe) an hour of GPU time.
+            found.adopted.append((cell.id, cell.attempts, outcome))
+            emit("cell_adopted", cell=cell.id, attempt=cell.attempts,
+                 why="harness finished before the supervisor died", outcome=asdict(outcome))
+            continue
+        emit("cell_abandoned", cell=cell.id, attempt=cell.attempts,
+             why="supervisor restarted", killed_pids=pids)
+    endpoint = await anyio.to_thread.run_sync(sweep.orphan_endpoint, journal, run_token,
+                                              refused)
+    for r in refused:
+        emit("journal_pid_refused", **r, why="named by the journal, but the process "
+             "carries neither this run's marker nor is our descendant: not signalled")
+    if endpoint:
+        found.cleaned.append(endpoint)
+    # Last, what no journal line records (a spawn the predecessor died before writing).
+    for marked in await anyio.to_thread.run_sync(sweep.orphan_marked, run_token, grace):
+        found.cleaned.append({**marked, "unjournaled": True})
+        emit("orphan_killed", cell=marked["cell"], pids=marked["pids"],
+             why="spawned by a predecessor killed before journaling it")
+    return found
+
+
+def finished_outcome(preset: Preset, cell: Cell, state_dir: Path, state: CellState,
+                     exited: dict[tuple[str, int], RunOutcome],
+                     killed: bool) -> RunOutcome | None:
+    """The outcome of a journaled-running attempt whose completion artifacts are all
+    there and newer than its start; else None. A harness still alive then (``killed``
+    by the sweep) had finished its work and hung in teardown: teardown-masked."""
+    ctx = cell_context(preset, cell, state.attempts, state_dir)
+    started = parse_iso(state.started_ts)
+    for tmpl in preset.harness.completion:
+        try:
+            mtime = Path(render(tmpl, ctx)).stat().st_mtime
+        except OSError:
+            return None
+        if started is None or mtime < started - 1.0:  # a stale file of another attempt
+            return None
+    if killed:
+        return RunOutcome(exit_code=None, killed="teardown", completion=True)
+    known = exited.get((state.id, state.attempts))
+    return known if known is not None and known.completion else RunOutcome(
+        exit_code=None, completion=True)
+
+
+@dataclass
+class DockerWiring:
+    docker: Any
+    remove_sandbox: Callable[[str], Awaitable[Any]] | None = None
+    sandbox_activity: Callable[[dict[str, str]], Awaitable[int | None]] | None = None
+
+
+async def docker_setup(preset: Preset, plan: Plan, state_dir: Path,
+                       cleaned: list[dict[str, Any]]) -> DockerWiring | None:
+    """Connect to Docker when the preset needs it, wire the sandbox hooks, and sweep
+    containers a dead predecessor left: ours by label, harness sandboxes of this
+    plan by their exact names (appended to ``cleaned``)."""
+    if not needs_docker(preset):
+        return None
+    # aiodocker (and aiohttp) load only when a preset needs Docker: -0.1 s of start-up
+    from autopilot.cell.sandbox import Docker
+
+    docker = Docker()
+    wired = DockerWiring(docker)
+    template = preset.harness.sandbox_container
+    if template:
+        wired.remove_sandbox = docker.remove
+
+        async def activity(ctx: dict[str, str]) -> int | None:
+            return await docker.activity(render(template, ctx))
+
+        wired.sandbox_activity = activity
+        names = [render(template, cell_context(preset, c, 1, state_dir)) for c in plan.cells]
+        for name in await docker.remove_exact(names):
+            cleaned.append({"container": name})
+    for name in await docker.remove_labelled(str(state_dir)):
+        cleaned.append({"container": name})
+    if cleaned:
+        log.info("orphans_swept", cleaned=cleaned)
+    return wired
+
+
+def snapshot_once(preset: Preset, plan: Plan, state_dir: Path) -> dict[str, Any]:
+    """``--once``: a status snapshot rebuilt from the journal, without driving anything."""
+    ledger = Ledger(plan)
+    replay(state_dir, ledger)
+    prior = read_json(state_dir / "status.json")
+    started = prior["started_at"] if isinstance(prior, dict) and prior.get("started_at") \
+        else iso()
+    conc = preset.run.concurrency
+    return build(RunView(
+        preset=preset, plan=plan, ledger=ledger,
+        phase="COMPLETE" if ledger.complete() else "stopped", outcome_reason="", pass_no=0,
+        started_at=started, updated_at=iso(), elapsed=0.0, done_this_session=0,
+        throttle=Throttle(conc, conc), pid=os.getpid(), host=socket.gethostname()))

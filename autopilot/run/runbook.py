@@ -1,0 +1,277 @@
+"""The run policy: what the run does after each thing that happens, as data (pure).
+
+The loop (autopilot.run.supervisor) records what happened — a verdict, a grading try
+that failed, a launch about to be made, the end of the passes — and asks this module
+what follows. The answer is the policy's new memory (``Policy``) and a list of effects
+(emit an event, push a milestone, throttle launching, write an arm's summary, count a
+valid verdict) that the loop applies in order. Nothing here reads a file, a clock or a
+process: every rule is a function of the ledger, the preset's rules and the event, and
+is table-tested like ``watchdog.decide`` (tests/test_runbook.py).
+
+The rules, in the words of DESIGN.md:
+- an INVALID attempt is retried ``infra_retries`` times; the next INVALID quarantines it;
+- ``anomaly_streak`` harness breaks in a row, in launch order, alarm once (and pause
+  launching when ``on_anomaly = "pause"``); infrastructure INVALIDs neither count nor split;
+- a spend at or past ``[budget]`` stops launching (a resumed run stays stopped);
+- an arm whose every cell has a valid verdict is complete (once per run);
+- the run's outcome: stopped by a signal, COMPLETE, or INCOMPLETE with the first reason
+  that applies (the loop's own, the pause, quarantine, ungraded cells, max passes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from autopilot.cell.validity import Classification
+from autopilot.config import Preset
+from autopilot.state import budget
+from autopilot.state.ledger import VALID, Ledger
+
+
+def should_quarantine(invalid_attempts: int, infra_retries: int) -> bool:
+    """Retry an INVALID cell ``infra_retries`` times; the next INVALID quarantines it."""
+    return invalid_attempts > infra_retries
+
+
+StreakKind = Literal["break", "healthy", "neutral"]
+STREAK_MEMORY = 256  # results remembered for ordering; a streak is never that long
+
+
+@dataclass(frozen=True)
+class StreakState:
+    """Recent results as (launch stamp, is a break), ordered by launch, and the stamps of
+    the breaks that already alarmed."""
+    seen: tuple[tuple[float, bool], ...] = ()
+    alarmed: frozenset[float] = frozenset()
+
+    @property
+    def count(self) -> int:
+        """Breaks at the end of the launch order: the streak as it stands."""
+        n = 0
+        for _, brk in reversed(self.seen):
+            if not brk:
+                break
+            n += 1
+        return n
+
+
+def streak_step(state: StreakState, kind: StreakKind, launched: float,
+                threshold: int) -> tuple[StreakState, bool]:
+    """Harness-break streak: True exactly once when ``threshold`` breaks follow each other
+    in *launch* order; a healthy result launched between them splits the streak, so a
+    later streak alarms again. Launch order, not completion order: with cells running
+    at once, a grader that crashed may be reported just after a healthy grade that
+    started later, and three crashes in a row must still read as three in a row.
+    A neutral result (INVALID for infrastructure: a stall, the endpoint down) says
+    nothing about the harness and leaves the streak as it is."""
+    if kind == "neutral":
+        return state, False
+    seen = sorted((*state.seen, (launched, kind == "break")))[-STREAK_MEMORY:]
+    i = seen.index((launched, kind == "break"))
+    if kind == "healthy":
+        return StreakState(tuple(seen), state.alarmed), False
+    lo, hi = i, i  # the run of breaks around the new one
+    while lo > 0 and seen[lo - 1][1]:
+        lo -= 1
+    while hi + 1 < len(seen) and seen[hi + 1][1]:
+        hi += 1
+    run = {stamp for stamp, _ in seen[lo:hi + 1]}
+    fire = hi - lo + 1 >= threshold and not (run & state.alarmed)
+    kept = {stamp for stamp, _ in seen}
+    alarmed = (state.alarmed | run) if fire or run & state.alarmed else state.alarmed
+    return StreakState(tuple(seen), frozenset(alarmed & kept)), fire
+
+
+# ---------------------------------------------------------------------- effects
+
+
+@dataclass(frozen=True)
+class Emit:
+    """Journal an event (and so apply it to the ledger)."""
+    event: str
+    fields: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Milestone:
+    """Journal a milestone and push it to the notifier."""
+    kind: str
+    info: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Throttled:
+    """The provider throttled the harness: launch fewer cells at once."""
+
+
+@dataclass(frozen=True)
+class WriteArmSummary:
+    """Write ``summary-<arm>.txt``, the origin's PASS/FAIL table."""
+    arm: str
+
+
+@dataclass(frozen=True)
+class CountValid:
+    """One more valid verdict this session (the ETA's rate)."""
+
+
+Effect = Emit | Milestone | Throttled | WriteArmSummary | CountValid
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The preset's settings the policy decides by."""
+    infra_retries: int
+    anomaly_streak: int
+    pause_on_anomaly: bool
+    budget_tokens: int | None = None
+    budget_usd: float | None = None
+    rate: tuple[float, float] | None = None
+    max_passes: int = 6
+
+    @classmethod
+    def of(cls, preset: Preset) -> Rules:
+        return cls(infra_retries=preset.trust.infra_retries,
+                   anomaly_streak=preset.trust.anomaly_streak,
+                   pause_on_anomaly=preset.trust.on_anomaly == "pause",
+                   budget_tokens=preset.budget.tokens, budget_usd=preset.budget.usd,
+                   rate=preset.rate_card.get(preset.model),
+                   max_passes=preset.run.max_passes)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the policy remembers between events."""
+    streak: StreakState = field(default_factory=StreakState)
+    alarms: int = 0
+    paused: str | None = None  # launching stopped (an anomaly pause, a budget), and why
+    announced: frozenset[str] = frozenset()  # arms whose completion was announced
+
+
+Decision = tuple[Policy, list[Effect]]
+
+
+# ---------------------------------------------------------------------- decisions
+
+
+def on_verdict(policy: Policy, rules: Rules, ledger: Ledger, cid: str, c: Classification,
+               *, regrade: bool, now: float) -> Decision:
+    """A verdict was journaled (the ledger already holds it). ``now``: wall-clock time,
+    the launch stamp of a verdict that carries none."""
+    state = ledger.cells[cid]
+    effects: list[Effect] = []
+    if c.reason == "rate_limited":
+        effects.append(Throttled())
+    if c.verdict in VALID:
+        effects.append(CountValid())
+    elif not c.grade_side and should_quarantine(state.invalid_attempts, rules.infra_retries):
+        effects.append(Emit("cell_quarantined", {"cell": cid, "attempts": state.attempts,
+                                                 "reasons": list(state.reasons)}))
+    if not regrade:  # the streak is about fresh runs and fresh grades
+        policy, fx = on_grade_failure(policy, rules, cid, c, now=now)
+        effects += fx
+        policy, fx = budget_tick(policy, rules, ledger)
+        effects += fx
+    policy, fx = arm_done(policy, ledger, state.arm)
+    return policy, effects + fx
+
+
+def on_grade_failure(policy: Policy, rules: Rules, cid: str, c: Classification, *,
+                     now: float) -> Decision:
+    """A result that feeds the harness-break streak (a verdict, or a grading try that
+    failed and will be retried)."""
+    launched = c.launched if c.launched is not None else now
+    streak, fire = streak_step(policy.streak, c.streak_kind, launched, rules.anomaly_streak)
+    policy = replace(policy, streak=streak)
+    if not fire:
+        return policy, []
+    policy = replace(policy, alarms=policy.alarms + 1)
+    effects: list[Effect] = [Milestone("harness_anomaly", {
+        "alarm": policy.alarms, "streak": streak.count, "last_cell": cid,
+        "reason": c.reason or c.word,
+        "advice": "harness or grader looks broken; check the launcher and grade logs"
+                  + ("; launching paused" if rules.pause_on_anomaly else "")})]
+    if rules.pause_on_anomaly and not policy.paused:
+        why = (f"paused after a harness-break streak of {streak.count} "
+               f"(last {cid}: {c.label()}{' ' + c.word if c.word else ''}); "
+               "fix the harness, then re-run the same command")
+        policy = replace(policy, paused=why)
+        effects.append(Emit("launching_paused", {"why": why}))
+    return policy, effects
+
+
+def budget_tick(policy: Policy, rules: Rules, ledger: Ledger) -> Decision:
+    """Before a launch and after a verdict: stop launching once the budget is spent."""
+    if policy.paused or (rules.budget_tokens is None and rules.budget_usd is None):
+        return policy, []
+    why = budget.reached(rules.budget_tokens, rules.budget_usd, ledger.spend, rules.rate)
+    if not why:
+        return policy, []
+    paused = f"{why}; launching stopped (raise [budget] to go on)"
+    return replace(policy, paused=paused), [Emit("launching_paused", {"why": paused}),
+                                            Milestone("budget_reached", {"why": why})]
+
+
+def arm_done(policy: Policy, ledger: Ledger, arm: str) -> Decision:
+    """An arm whose every cell has a valid verdict is complete: announced once a run."""
+    if arm in policy.announced:
+        return policy, []
+    cells = [x for x in ledger.cells.values() if x.arm == arm]
+    if not all(x.valid for x in cells):
+        return policy, []
+    counts = ledger.counts(cells)
+    return replace(policy, announced=policy.announced | {arm}), [
+        WriteArmSummary(arm),
+        Milestone("arm_complete", {"arm": arm, "passed": counts["pass"],
+                                   "valid": counts["done"]})]
+
+
+def endpoint_failure(fails: Sequence[str | None]) -> str | None:
+    """Why no replica can serve any more (each replica's reason), or None while one can."""
+    if not fails or not all(fails):
+        return None
+    if len(fails) == 1:
+        return fails[0]
+    return "; ".join(f if f and f.startswith("replica ") else f"replica {i}: {f}"
+                     for i, f in enumerate(fails))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    phase: Literal["stopped", "COMPLETE", "INCOMPLETE"]
+    reason: str
+
+
+def outcome(ledger: Ledger, rules: Rules, *, stopped_by: str | None, paused: str | None,
+            reason: str) -> Outcome:
+    """How the run ends. ``stopped_by``: the signal's name; ``reason``: what the loop
+    already knows (an endpoint that failed, a disk that filled), kept first."""
+    if stopped_by:
+        return Outcome("stopped", f"stopped by {stopped_by}")
+    if ledger.complete():
+        return Outcome("COMPLETE", "")
+    if paused and not reason:
+        reason = paused
+    if not reason:
+        trust = ledger.trust()
+        q = [e["cell"] for e in trust["excluded"] if e["status"] == "quarantined"]
+        ungraded = [c.id for c in ledger.cells.values()
+                    if c.status == "ungraded" and not ledger.settled(c)]
+        if q:
+            reason = f"{len(q)} quarantined: {', '.join(q[:5])}"
+        elif ungraded and not ledger.pending():
+            reason = (f"{len(ungraded)} ungraded (grading failed; their runs stand): "
+                      f"{', '.join(ungraded[:5])}; fix the grader, then `autopilot regrade`")
+        else:
+            reason = f"max passes ({rules.max_passes}) reached"
+    return Outcome("INCOMPLETE", reason)
+
+
+__all__ = [
+    "CountValid", "Effect", "Emit", "Milestone", "Outcome", "Policy", "Rules", "StreakKind",
+    "StreakState", "Throttled", "WriteArmSummary", "arm_done", "budget_tick",
+    "endpoint_failure", "on_grade_failure", "on_verdict", "outcome", "should_quarantine",
+    "streak_step",
+]

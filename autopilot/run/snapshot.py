@@ -1,0 +1,107 @@
+"""status.json, built from plain data (pure).
+
+The loop gathers what it knows into a ``RunView`` (the ledger, its phase, the replicas'
+descriptions, the throttle) and ``build`` turns it into the snapshot every reader sees:
+status.json, the heartbeat's progress line, the live panel, the metrics textfile and
+``--once``. Nothing here reads a clock or a file, so ``--once`` (rebuilt from the
+journal) and a live supervisor cannot disagree on what a ledger means.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from autopilot.config import Preset
+from autopilot.plan import Plan
+from autopilot.run.throttle import Throttle
+from autopilot.state.ledger import Ledger
+from autopilot.state.progress import eta_secs
+
+SCHEMA_VERSION = 1  # fields are only ever added (autopilot.state.status lists them)
+
+
+@dataclass(frozen=True)
+class RunView:
+    preset: Preset
+    plan: Plan
+    ledger: Ledger
+    phase: str
+    outcome_reason: str
+    pass_no: int
+    started_at: str
+    updated_at: str
+    elapsed: float
+    done_this_session: int
+    throttle: Throttle
+    pid: int
+    host: str
+    endpoint: dict[str, Any] | None = None  # replica 0, as its keeper describes it
+    endpoints: list[dict[str, Any]] | None = None  # every replica, once there are keepers
+    streak: int = 0
+    alarms: int = 0
+    orphans_cleaned: list[dict[str, Any]] = field(default_factory=list)
+    publish: dict[str, Any] | None = None
+
+
+def build(v: RunView, light: bool = False) -> dict[str, Any]:
+    """The snapshot; ``light``: without the per-cell parts (progress lines, milestones)."""
+    led, preset = v.ledger, v.preset
+    summary = led.summary()
+    totals = summary.totals
+    remaining = (totals["total"] - totals["done"] - totals["quarantined"]
+                 - totals["ungraded"])
+    snap: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "phase": v.phase,
+        "outcome_reason": v.outcome_reason,
+        "preset": preset.name,
+        "description": preset.description,
+        "model": preset.model,
+        "engine": preset.endpoint.engine,
+        "target_n": v.plan.target_n,
+        "plan_identity": v.plan.identity,
+        "pid": v.pid,
+        "host": v.host,
+        "started_at": v.started_at,
+        "updated_at": v.updated_at,
+        "elapsed_secs": round(v.elapsed, 1),
+        "eta_secs": eta_secs(remaining, v.done_this_session, v.elapsed),
+        "pass": v.pass_no,
+        "max_passes": preset.run.max_passes,
+        "concurrency": preset.run.concurrency,
+        "totals": totals,
+        "trust": summary.trust,
+        "endpoint": v.endpoint if v.endpoint is not None else {
+            "engine": preset.endpoint.engine, "state": "not running"},
+        "endpoints": v.endpoints,
+        "thresholds": {"warn_secs": preset.watchdog.warn_secs,
+                       "stuck_secs": preset.watchdog.stuck_secs},
+        "baseline": preset.baseline.model_dump() if preset.baseline else None,
+        "publish": v.publish,
+        "spend": {"prompt_tokens": led.spend.prompt,
+                  "completion_tokens": led.spend.completion,
+                  "usd": led.spend.usd(preset.rate_card.get(preset.model))},
+        "throttle": {"limit": v.throttle.limit, "ceiling": v.throttle.ceiling,
+                     "throttled": v.throttle.throttled},
+    }
+    if light:
+        return snap
+    cells = list(led.cells.values())
+    arms, tasks = [a.label for a in preset.arms], [t.id for t in preset.tasks]
+    empty = led.counts([])
+    snap["arms"] = {a: summary.arms.get(a, empty) for a in arms}
+    snap["tasks"] = {a: {t: summary.tasks.get((a, t), empty) for t in tasks} for a in arms}
+    snap["running"] = [
+        {"cell": c.id, "attempt": c.attempts, "pid": c.pid,
+         "frozen_secs": round(c.frozen_secs, 1), "tier": c.tier,
+         "last_signal": c.last_signal, "started_at": c.started_ts}
+        for c in cells if c.status == "running"
+    ]
+    snap["recent_cells"] = led.recent[-10:]
+    snap["fails"] = led.fails[-20:]
+    snap["anomaly"] = {"streak": v.streak, "alarms": v.alarms}
+    snap["orphans_cleaned"] = v.orphans_cleaned
+    snap["arms_order"] = arms
+    snap["tasks_order"] = tasks
+    return snap

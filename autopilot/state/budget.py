@@ -1,0 +1,79 @@
+"""Spend and budgets (``[budget]`` per run, ``[campaign] budget_*`` per campaign): pure.
+
+Spend is what each finished attempt's summary says it used (``total_prompt_tokens``,
+``total_completion_tokens``: the origin harness's names), INVALID attempts included
+(a retried cell costs twice). It is journaled with each verdict, so a resumed run or a
+campaign adds it up from journals alone. Priced spend uses the rate card (USD per
+million tokens in, out); a model without a price cannot be held to a USD budget, and
+that is said, not assumed to be $0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+
+def count_or_none(value: Any) -> float | None:
+    """A token count as the harness wrote it, if it is one: a finite number >= 0 (JSON
+    lets a harness write Infinity, NaN, true or a string)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return float(value) if value >= 0 else None
+
+
+@dataclass(frozen=True)
+class Spend:
+    prompt: int = 0
+    completion: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt + self.completion
+
+    def __add__(self, other: Spend) -> Spend:
+        return Spend(self.prompt + other.prompt, self.completion + other.completion)
+
+    def usd(self, rate: tuple[float, float] | None) -> float | None:
+        if rate is None:
+            return None
+        return (self.prompt * rate[0] + self.completion * rate[1]) / 1e6
+
+
+def of_summary(summary: Any) -> Spend:
+    """An attempt's spend from its summary (values of the wrong shape count as 0)."""
+    if not isinstance(summary, dict):
+        return Spend()
+    p = count_or_none(summary.get("total_prompt_tokens")) or 0
+    c = count_or_none(summary.get("total_completion_tokens")) or 0
+    return Spend(int(p), int(c))
+
+
+def of_events(events: Iterable[dict[str, Any]]) -> Spend:
+    """The spend journaled with a run's verdicts (regrades re-judge, they spend nothing)."""
+    total = Spend()
+    for ev in events:
+        s = ev.get("spend")
+        if ev.get("event") == "cell_verdict" and not ev.get("regrade") and isinstance(s, list) \
+                and len(s) == 2 and all(type(x) is int and x >= 0 for x in s):
+            total = total + Spend(s[0], s[1])
+    return total
+
+
+def reached(tokens: int | None, usd: float | None, spend: Spend,
+            rate: tuple[float, float] | None) -> str | None:
+    """Why the budget is reached, or None."""
+    if tokens is not None and spend.tokens >= tokens:
+        return f"budget reached: {spend.tokens} tokens of {tokens}"
+    if usd is not None:
+        cost = spend.usd(rate)
+        if cost is None:
+            return ("budget unusable: a USD budget needs a rate-card price for this model "
+                    "(it is unpriced, not $0)")
+        if cost >= usd:
+            return f"budget reached: ${cost:.4f} of ${usd:g}"
+    return None

@@ -1,0 +1,179 @@
+"""The one door for deleting or moving a directory: nothing outside the run, ever.
+
+The autopilot runs as root overnight and removes scratch dirs, moves an attempt's
+outputs aside and empties extraction dirs, all at paths rendered from templates and ids.
+A template whose placeholder renders empty, an id of ``..``, a symlink planted in the
+state dir: each would turn a routine clean-up into ``rm -rf`` of something else. So every
+such path goes through here and must be:
+
+  * absolute and non-empty, free of ``.`` / ``..`` components after rendering;
+  * strictly inside one of the run's *roots*: the state dir, and for each path template
+    of the preset (output dir, scratch dirs, extraction dir) the directory its static
+    part names before the first per-cell placeholder (``{bench_dir}/tooling/workspace/``
+    for ``{bench_dir}/tooling/workspace/{cell}``);
+  * never ``/``, the home dir, the working dir, the state dir itself or an ancestor of
+    any of them, nor reached through a symlink that leaves its root.
+
+A refusal raises ``UnsafePath``; callers journal it and delete nothing (a wrong template
+may fail a run, never empty a home directory).
+"""
+
+from __future__ import annotations
+
+import shutil
+import string
+from collections.abc import Iterable
+from pathlib import Path
+
+from autopilot.config import Preset
+from autopilot.errors import AutopilotError
+from autopilot.templates import render
+
+# Placeholders whose value differs per cell (or per attempt): a root ends before them.
+PER_CELL = frozenset({"cell", "task", "arm", "mode", "n", "attempt", "output_dir",
+                      "scratch_dir", "grade_file", "transcript", "deadline", "port",
+                      "base_url", "model"})
+
+
+class UnsafePath(AutopilotError):
+    """A deletion or move was refused: the path is not inside the run's roots."""
+
+
+def _static_prefix(template: str, values: dict[str, str]) -> str | None:
+    """The directory a path template names before its first per-cell placeholder; None
+    for a template with none (one fixed path: no root, so nothing to delete by it) or
+    whose static part is not a directory path."""
+    out = ""
+    for literal, field, _spec, _conv in string.Formatter().parse(template):
+        out += literal
+        if field is None:
+            continue
+        if field in PER_CELL or field not in values:
+            return out.rsplit("/", 1)[0] if "/" in out else None
+        out += values[field]
+    return None
+
+
+def run_roots(preset: Preset, state_dir: Path) -> tuple[Path, ...]:
+    """Directories inside which this run may delete or move: see the module doc."""
+    values = {**preset.vars, "state_dir": str(state_dir)}
+    for task in preset.tasks:  # a var set by every task alike is static too
+        values.update({k: v for k, v in task.vars.items()
+                       if all(t.vars.get(k) == v for t in preset.tasks)})
+    roots = [state_dir]
+    for _key, t in _destructive_templates(preset):
+        prefix = _static_prefix(t, values)
+        if prefix:
+            roots.append(Path(prefix))
+    return tuple(_forbidden_filtered(dict.fromkeys(roots), state_dir))
+
+
+def _destructive_templates(preset: Preset) -> list[tuple[str, str]]:
+    """(config key, template) of every path the autopilot deletes, moves or extracts into."""
+    out = [("harness.output_dir", preset.harness.output_dir),
+           ("grader.grade_file", preset.grader.grade_file)]
+    out += [(f"harness.scratch_dirs[{i}]", t) for i, t in enumerate(preset.harness.scratch_dirs)]
+    if preset.grader.extract:
+        out.append(("grader.extract.into", preset.grader.extract.into))
+    return out
+
+
+# Stands in for the state dir at load, when the real one (a flag) is not known yet.
+_LOAD_STATE_DIR = Path("/nonexistent-state-dir")
+
+
+def template_problems(preset: Preset) -> list[tuple[str, str]]:
+    """(config key, why) for every destructive path template that would be refused for
+    some cell, found at load where the template shows it (an empty placeholder, a
+    relative result, a path outside the run's roots): a config error, never a run that
+    refuses each deletion later."""
+    from autopilot.plan import Plan, cell_context  # plan imports config only: no cycle
+
+    roots = run_roots(preset, _LOAD_STATE_DIR)
+    problems: dict[str, str] = {}
+    for cell in Plan(preset, 1).cells:  # every task x arm: their vars differ
+        ctx = cell_context(preset, cell, 1, _LOAD_STATE_DIR)
+        for key, template in _destructive_templates(preset):
+            if key in problems:
+                continue
+            try:
+                check(render(template, ctx), roots, _LOAD_STATE_DIR)
+            except UnsafePath as e:
+                problems[key] = f"{template!r} for cell {cell.id}: {e}"
+    return list(problems.items())
+
+
+def _protected(state_dir: Path) -> list[Path]:
+    return [Path("/"), Path.home(), Path.cwd(), state_dir]
+
+
+def _forbidden_filtered(roots: Iterable[Path], state_dir: Path) -> list[Path]:
+    """Roots must themselves be absolute, clean and not an ancestor of something we
+    protect (a root of ``/`` or of the home dir would allow anything)."""
+    out = []
+    for r in roots:
+        if not r.is_absolute() or any(p in (".", "..") for p in r.parts):
+            continue
+        if r != state_dir and any(_within(p, r) for p in _protected(state_dir)):
+            continue
+        out.append(r)
+    return out
+
+
+def _within(path: Path, root: Path) -> bool:
+    """``path`` is ``root`` or below it (lexically)."""
+    return path == root or root in path.parents
+
+
+def check(path: Path | str, roots: Iterable[Path], state_dir: Path) -> Path:
+    """The path, if the run may delete or move it; else UnsafePath naming why."""
+    raw = str(path)
+    p = Path(raw)
+    if not raw or not p.is_absolute():
+        raise UnsafePath(f"refused {raw!r}: not an absolute path")
+    if any(part in (".", "..") for part in raw.split("/")):
+        raise UnsafePath(f"refused {raw}: '.' or '..' in the path")
+    for guarded in _protected(state_dir):
+        if _within(guarded, p):
+            raise UnsafePath(f"refused {p}: it is or contains {guarded}")
+    roots = tuple(roots)
+    root = next((r for r in roots if p != r and r in p.parents), None)
+    if root is None:
+        raise UnsafePath(f"refused {p}: outside the run's roots "
+                         f"({', '.join(map(str, roots)) or 'none'})")
+    # A symlinked component may lead anywhere: the real path must stay inside too.
+    real_parent, real_root = p.parent.resolve(), root.resolve()
+    if not _within(real_parent, real_root):
+        raise UnsafePath(f"refused {p}: resolves outside {root} (through a symlink)")
+    return p
+
+
+def remove_tree(path: Path | str, roots: Iterable[Path], state_dir: Path) -> bool:
+    """Remove a directory (or a file) inside the run's roots; False if it was not there.
+    A symlink is removed itself, never followed."""
+    p = check(path, roots, state_dir)
+    if p.is_symlink() or p.is_file():
+        p.unlink(missing_ok=True)
+        return True
+    if not p.exists():
+        return False
+    shutil.rmtree(p, ignore_errors=True)
+    return True
+
+
+def remove_stale_temps(state_dir: Path) -> list[Path]:
+    """Remove the temp files of atomic writes killed mid-way (``.status.json.*.tmp``...):
+    at start, with the lock held, no writer of ours can still be using one."""
+    from autopilot.state.fsutil import stale_temps
+
+    gone = [p for p in stale_temps(state_dir) if remove_tree(p, (state_dir,), state_dir)]
+    return gone
+
+
+def move_tree(src: Path, dest: Path, roots: Iterable[Path], state_dir: Path) -> None:
+    """Move ``src`` to ``dest``, both inside the run's roots."""
+    roots = tuple(roots)
+    check(src, roots, state_dir)
+    check(dest, roots, state_dir)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(src), str(dest))

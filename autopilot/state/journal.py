@@ -1,0 +1,113 @@
+"""The append-only journal: the one source of truth of a run.
+
+Every cell transition is one JSON line, flushed and fsync'd before the supervisor acts
+on it, so a ``kill -9`` at any moment loses at most the event being written. On start
+the journal is replayed to rebuild all state. A torn last line (the process died inside
+a write) is skipped with a warning, never fatal, and the next append starts on a fresh
+line so the torn bytes can never glue onto a good record.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autopilot.logsetup import get_logger
+from autopilot.state.fsutil import iso
+from autopilot.state.statedir import ensure_private_dir, open_private
+
+log = get_logger(__name__)
+
+
+@dataclass
+class ReplayResult:
+    events: list[dict[str, Any]] = field(default_factory=list)
+    torn_lines: list[int] = field(default_factory=list)
+
+
+def read_events(path: Path) -> ReplayResult:
+    """All well-formed events; malformed lines are reported, not raised."""
+    result = ReplayResult()
+    try:
+        f = path.open("rb")
+    except FileNotFoundError:
+        return result
+    with f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                ev = json.loads(raw)
+            except ValueError:
+                result.torn_lines.append(lineno)
+                continue
+            if isinstance(ev, dict) and "event" in ev:
+                result.events.append(ev)
+            else:
+                result.torn_lines.append(lineno)
+    return result
+
+
+def iter_events(path: Path) -> Iterator[dict[str, Any]]:
+    yield from read_events(path).events
+
+
+class Journal:
+    """Append-only writer. One instance per supervisor; appends are synchronous on
+    purpose: an event must be on disk before the action it records is taken."""
+
+    def __init__(self, path: Path, *, fsync: bool = True) -> None:
+        self.path = path
+        self._fsync = fsync
+        ensure_private_dir(path.parent)
+        self._fd = open_private(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+        self._repair_tail()
+
+    def _repair_tail(self) -> None:
+        size = os.fstat(self._fd).st_size
+        self._end = size
+        if size == 0:
+            return
+        if os.pread(self._fd, 1, size - 1) != b"\n":
+            log.warning("journal_torn_tail", path=str(self.path), size=size)
+            self._write_all(b"\n")
+
+    def _write_all(self, data: bytes) -> None:
+        """Append ``data`` whole, or not at all: ``os.write`` may write part of it (a
+        full disk takes what fits), so loop over the rest; on any failure cut the file
+        back to the last good offset, so the torn bytes can never glue onto the next
+        record once space is freed."""
+        if os.fstat(self._fd).st_size != self._end:
+            os.ftruncate(self._fd, self._end)  # a failed append's bytes the cut missed
+        view = memoryview(data)
+        try:
+            while view:
+                n = os.write(self._fd, view)
+                if n <= 0:
+                    raise OSError(errno.EIO, "journal write made no progress", str(self.path))
+                view = view[n:]
+            if self._fsync:
+                os.fsync(self._fd)
+        except OSError:
+            try:
+                os.ftruncate(self._fd, self._end)
+            except OSError:
+                pass  # retried before the next append
+            raise
+        self._end += len(data)
+
+    def append(self, event: str, **fields: Any) -> dict[str, Any]:
+        record = {"ts": iso(), "event": event, **fields}
+        line = json.dumps(record, separators=(",", ":"), default=str) + "\n"
+        self._write_all(line.encode())
+        return record
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

@@ -1,0 +1,253 @@
+"""Run state folded from journal events (the decisions over it: autopilot.run.runbook).
+
+``Ledger.apply(event)`` is the only way state changes, both when replaying a journal on
+start and live (the supervisor appends an event, then applies that same record), so a
+resumed run and a run that never stopped cannot disagree.
+
+Vocabulary (DESIGN.md): a cell is ABSENT until it first starts; PASS / FAIL come from
+the grader; INVALID(reason) means the cell could not be trusted and is excluded from
+aggregates; after ``infra_retries`` INVALID attempts the cell is quarantined, which is
+reported and never counted as success. A cell whose harness run stands but whose grading
+failed (or whose grader is unavailable) is *ungraded*: excluded like INVALID, never
+re-run, and turned into PASS / FAIL by ``autopilot regrade`` once the grader works.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from autopilot.plan import Cell, Plan
+from autopilot.state.budget import Spend, of_events
+
+Status = Literal["pending", "running", "ran", "PASS", "FAIL", "invalid", "quarantined",
+                 "ungraded"]
+VALID = ("PASS", "FAIL")
+
+
+@dataclass
+class CellState:
+    id: str
+    task: str
+    arm: str
+    n: int
+    status: Status = "pending"
+    attempts: int = 0
+    invalid_attempts: int = 0
+    reasons: list[str] = field(default_factory=list)
+    reason: str | None = None
+    detail: str = ""  # the last verdict's detail (why), for every view that lists the cell
+    word: str | None = None
+    caveat: str | None = None
+    teardown_masked: bool = False
+    pid: int | None = None
+    create_time: float | None = None
+    start_ticks: int | None = None
+    started_ts: str | None = None
+    finished_ts: str | None = None
+    ran_outcome: dict[str, Any] | None = None  # per-arm grading: outputs awaiting a grade
+    # runtime only (not journaled): refreshed by the watchdog
+    frozen_secs: float = 0.0
+    tier: str = "OK"
+    last_signal: str | None = None
+
+    @property
+    def valid(self) -> bool:
+        return self.status in VALID
+
+    @property
+    def absent(self) -> bool:
+        return self.attempts == 0
+
+
+class Ledger:
+    """Per-cell state of a plan (or of a bare list of cells, for read-only tools that
+    have the state dir but not the preset)."""
+
+    def __init__(self, plan: Plan | Sequence[Cell]) -> None:
+        cells = plan.cells if isinstance(plan, Plan) else plan
+        self.cells: dict[str, CellState] = {
+            c.id: CellState(c.id, c.task, c.arm, c.n) for c in cells
+        }
+        self.recent: list[dict[str, Any]] = []
+        self.fails: list[dict[str, Any]] = []
+        self.endpoint_restarts = 0
+        self.grade_retries = 0
+        self.completed_ts: list[str] = []
+        # Counters for monitoring (autopilot.views.metrics): watchdog kills by kind, failed
+        # notifications. Replaying a journal rebuilds them exactly.
+        self.kills: Counter[str] = Counter()
+        self.notify_failures = 0
+        self.spend = Spend()  # tokens used by every attempt (journaled with its verdict)
+
+    def _cell(self, cid: str) -> CellState | None:
+        # Events of cells outside this plan (an earlier, bigger --target-n) are kept in
+        # the journal but do not count towards this plan.
+        return self.cells.get(cid)
+
+    def apply(self, ev: dict[str, Any]) -> None:
+        kind = ev.get("event")
+        if kind == "cell_killed" and isinstance(ev.get("cell"), str) and ev["cell"] in self.cells:
+            self.kills[str(ev.get("kind") or "stall")] += 1
+        elif kind == "notify_failed":
+            self.notify_failures += 1
+        elif kind == "cell_verdict" and ev.get("cell") in self.cells:
+            self.spend = self.spend + of_events([ev])
+        if kind == "endpoint_restart":
+            self.endpoint_restarts += 1
+            return
+        if kind == "grade_retry":
+            self.grade_retries += 1
+            return
+        cid = ev.get("cell")
+        if not isinstance(cid, str):
+            return
+        cell = self._cell(cid)
+        if cell is None:
+            return
+        if kind == "cell_started":
+            cell.status = "running"
+            cell.attempts = int(ev.get("attempt", cell.attempts + 1))
+            cell.pid = ev.get("pid")
+            cell.create_time = ev.get("create_time")
+            cell.start_ticks = ev.get("start_ticks")
+            cell.started_ts = ev.get("ts")
+            cell.frozen_secs, cell.tier, cell.last_signal = 0.0, "OK", None
+        elif kind == "cell_abandoned":
+            cell.status = "pending"
+            cell.pid = cell.create_time = None
+        elif kind == "cell_verdict":
+            self._verdict(cell, ev)
+        elif kind == "cell_ran":
+            cell.status = "ran"
+            cell.ran_outcome = ev.get("outcome")
+            cell.pid = cell.create_time = None
+        elif kind == "cell_quarantined":
+            cell.status = "quarantined"
+            cell.pid = cell.create_time = None
+
+    def _verdict(self, cell: CellState, ev: dict[str, Any]) -> None:
+        verdict = ev.get("verdict")
+        cell.pid = cell.create_time = None
+        cell.finished_ts = ev.get("ts")
+        cell.word = ev.get("word")
+        cell.caveat = ev.get("caveat")
+        cell.teardown_masked = bool(ev.get("teardown_masked"))
+        cell.detail = str(ev.get("detail") or "")
+        if verdict in VALID:
+            cell.status = verdict
+            cell.reason = None
+        elif ev.get("ungraded"):
+            # The attempt's outputs stand; only grading failed: no retry is spent.
+            cell.status = "ungraded"
+            cell.reason = str(ev.get("reason") or "grader_failed")
+            cell.reasons.append(cell.reason)
+        else:
+            cell.status = "invalid"
+            cell.reason = str(ev.get("reason") or "unknown")
+            if cell.reason != "rate_limited":  # a throttling provider is not the cell's fault
+                cell.invalid_attempts += 1
+            cell.reasons.append(cell.reason)
+        row = {
+            "cell": cell.id,
+            "verdict": verdict if verdict in VALID else f"INVALID({cell.reason})",
+            "ts": ev.get("ts"),
+            "attempt": ev.get("attempt"),
+            "teardown_masked": cell.teardown_masked,
+        }
+        self.recent = [*self.recent[-19:], row]
+        if verdict != "PASS":
+            self.fails = [*self.fails[-49:], row]
+        if verdict in VALID and not ev.get("regrade"):
+            self.completed_ts.append(str(ev.get("ts")))
+
+    # ------------------------------------------------------------------ queries
+
+    def pending(self) -> list[CellState]:
+        """Cells to run in the next pass, in plan order."""
+        return [c for c in self.cells.values() if c.status in ("pending", "invalid")]
+
+    def complete(self) -> bool:
+        return all(self.settled(c) for c in self.cells.values())
+
+    def settled(self, c: CellState) -> bool:
+        """Counts towards completion: a valid verdict, or a cell the preset chose to
+        record as ungradable (its grader cannot run here; reported, never a success)."""
+        return c.valid or (c.status == "ungraded" and c.reason == "grader_unavailable")
+
+    def counts(self, cells: list[CellState] | None = None) -> dict[str, int]:
+        cells = list(self.cells.values()) if cells is None else cells
+        return _counts(Counter(x.status for x in cells))
+
+    def trust(self) -> dict[str, Any]:
+        """The fail-closed accounting block shown everywhere aggregates are shown."""
+        return self.summary().trust
+
+    def summary(self) -> Summary:
+        """Totals, per-arm and per-(arm, task) counts and the trust block in ONE pass:
+        status.json is rebuilt on every transition, and a 20,000-cell plan must not
+        stall the event loop."""
+        groups: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+        by_reason: Counter[str] = Counter()
+        excluded = []
+        attempts = masked = retried = 0
+        for c in self.cells.values():
+            groups[(c.arm, c.task)][c.status] += 1
+            if c.reasons:
+                by_reason.update(c.reasons)
+                attempts += c.invalid_attempts
+            if c.status in ("invalid", "quarantined", "ungraded"):
+                excluded.append({"cell": c.id, "status": c.status, "reasons": c.reasons})
+            if c.teardown_masked and c.status in VALID:
+                masked += 1
+            if c.attempts > 1:
+                retried += 1
+        by_arm: dict[str, Counter[str]] = defaultdict(Counter)
+        for (arm, _), cnt in groups.items():
+            by_arm[arm].update(cnt)
+        total: Counter[str] = Counter()
+        for cnt in by_arm.values():
+            total.update(cnt)
+        trust = {
+            "valid_cells": total["PASS"] + total["FAIL"],
+            "invalid_cells": total["invalid"],
+            "invalid_attempts": attempts,
+            "invalid_by_reason": dict(sorted(by_reason.items())),
+            "teardown_masked_cells": masked,
+            "quarantined_cells": total["quarantined"],
+            "ungraded_cells": total["ungraded"],
+            "grade_retries": self.grade_retries,
+            "retried_cells": retried,
+            "excluded": excluded,
+        }
+        return Summary(
+            totals=_counts(total),
+            arms={a: _counts(c) for a, c in by_arm.items()},
+            tasks={k: _counts(c) for k, c in groups.items()},
+            trust=trust,
+        )
+
+
+@dataclass
+class Summary:
+    totals: dict[str, int]
+    arms: dict[str, dict[str, int]]
+    tasks: dict[tuple[str, str], dict[str, int]]
+    trust: dict[str, Any]
+
+
+def _counts(c: Counter[str]) -> dict[str, int]:
+    return {
+        "total": sum(c.values()),
+        "pass": c["PASS"],
+        "fail": c["FAIL"],
+        "invalid": c["invalid"],
+        "quarantined": c["quarantined"],
+        "ungraded": c["ungraded"],
+        "running": c["running"],
+        "grading": c["ran"],
+        "pending": c["pending"],
+        "done": c["PASS"] + c["FAIL"],
+    }

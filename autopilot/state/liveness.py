@@ -1,0 +1,102 @@
+"""Is the run a view shows alive? One function for every view (oneline, grid, json,
+html, systemd STATUS readers, the served page and its metric).
+
+status.json says what the supervisor last wrote; after a ``kill -9`` or a SIGSTOP it
+keeps saying "run:pass1, 3 running, eta 0:06" forever. The heartbeat (rewritten every
+``HEARTBEAT_SECS`` by a live supervisor, with its pid and exact start time) tells the
+difference: a holder that is gone means "stopped (supervisor gone)"; a heartbeat older
+than ``STALE_BEATS`` of its own beat interval means STALE (frozen, or dead on another
+host). ``judge`` is pure; ``look`` reads the heartbeat and asks the kernel whether its
+process is alive. Neither takes the lock (a shared flock probe would race a starting
+supervisor).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from autopilot.state.fsutil import read_json
+
+HEARTBEAT_SECS = 10.0  # the supervisor's default beat (lock.beat_interval)
+STALE_BEATS = 3  # missed beats before a view says STALE
+FINAL_PHASES = frozenset({"COMPLETE", "INCOMPLETE", "stopped"})
+
+State = Literal["live", "stale", "gone", "finished", "unknown"]
+
+
+@dataclass(frozen=True)
+class Liveness:
+    state: State
+    age_secs: float | None  # heartbeat age; None without a heartbeat
+    label: str  # what a view prints ("" when live or finished)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"state": self.state, "heartbeat_age_secs": None if self.age_secs is None
+                else round(self.age_secs, 1), "label": self.label}
+
+
+def judge(phase: Any, heartbeat: Any, holder_alive: bool | None, now: float) -> Liveness:
+    """``phase`` from status.json; ``heartbeat`` as read; ``holder_alive``: the
+    heartbeat's process is alive with its exact start time (None: another host, cannot
+    tell)."""
+    hb = heartbeat if isinstance(heartbeat, dict) else None
+    epoch = hb.get("epoch") if hb else None
+    age = now - epoch if isinstance(epoch, int | float) and not isinstance(epoch, bool) \
+        else None
+    if phase in FINAL_PHASES:
+        return Liveness("finished", age, "")
+    if hb is None or age is None:
+        return Liveness("unknown", None, "no heartbeat (supervisor not running?)")
+    if holder_alive is False:
+        return Liveness("gone", age, "stopped (supervisor gone)")
+    every = hb.get("interval_secs")
+    every = every if isinstance(every, int | float) and not isinstance(every, bool) \
+        and every > 0 else HEARTBEAT_SECS
+    if age > STALE_BEATS * every:
+        return Liveness("stale", age, f"STALE (heartbeat {fmt_age(age)} old)")
+    return Liveness("live", age, "")
+
+
+def fmt_age(secs: float) -> str:
+    secs = max(0, round(secs))
+    h, rem = divmod(secs, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def holder_alive(hb: Any) -> bool | None:
+    """The heartbeat's process is alive (exact start time); None for another host."""
+    if not isinstance(hb, dict):
+        return False
+    if hb.get("host") != socket.gethostname():
+        return None
+    import psutil
+
+    try:
+        p = psutil.Process(int(hb["pid"]))
+        return bool(p.create_time() == float(hb["create_time"])
+                    and p.status() != psutil.STATUS_ZOMBIE)
+    except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError, ValueError, TypeError):
+        return False
+
+
+def look(state_dir: Path, status: dict[str, Any], now: float | None = None) -> Liveness:
+    hb = read_json(state_dir / "heartbeat.json")
+    return judge(status.get("phase"), hb, holder_alive(hb),
+                 time.time() if now is None else now)
+
+
+def annotate(status: dict[str, Any], live: Liveness) -> dict[str, Any]:
+    """status.json as a view should show it: the phase says STALE / stopped when the
+    supervisor that wrote it is not alive, and ``liveness`` says why."""
+    out = dict(status)
+    out["liveness"] = live.to_json()
+    if live.state in ("stale", "gone"):
+        out["phase_written"] = status.get("phase")
+        out["phase"] = "STALE" if live.state == "stale" else "stopped"
+        out["eta_secs"] = None
+    return out

@@ -1,0 +1,159 @@
+"""Double-drive guard: an exclusive flock plus a fresh-heartbeat check.
+
+Two supervisors on one state dir fight over the endpoint and the sandboxes (origin doc
+004), so the second must refuse to start, touching nothing. The kernel releases a flock
+when its holder dies, even by SIGKILL, so a crashed run can be taken over at once; the
+lock fd is close-on-exec so no cell inherits it. ``heartbeat.json`` (pid + process start
+time, host, phase) is a second, human-readable signal: a heartbeat younger than
+``FRESH_SECS`` that names a live process on this host (same pid *and* start time, so a
+recycled pid does not count) also blocks.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from autopilot.errors import LockHeld
+from autopilot.state.fsutil import atomic_write_json, iso, read_json
+from autopilot.state.liveness import HEARTBEAT_SECS, holder_alive
+from autopilot.state.statedir import ensure_private_dir, open_private
+
+FRESH_SECS = 120.0
+
+
+def beat_interval() -> float:
+    """Seconds between heartbeats: HEARTBEAT_SECS, or $AUTOPILOT_HEARTBEAT_SECS (faster
+    staleness detection for tests and demos; at least 0.2), capped by systemd's
+    watchdog interval when one is set."""
+    from autopilot import sdnotify
+
+    try:
+        every = max(0.2, float(os.environ.get("AUTOPILOT_HEARTBEAT_SECS") or HEARTBEAT_SECS))
+    except ValueError:
+        every = HEARTBEAT_SECS
+    return min(every, sdnotify.watchdog_interval() or every)
+
+
+LOCK_NAME = "autopilot.lock"
+HEARTBEAT_NAME = "heartbeat.json"
+
+
+def _me() -> tuple[int, float]:
+    return os.getpid(), psutil.Process().create_time()
+
+
+def heartbeat_holder(state_dir: Path, now: float | None = None) -> dict[str, Any] | None:
+    """The heartbeat's content if it is fresh and names a live process on this host."""
+    hb = read_json(state_dir / HEARTBEAT_NAME)
+    if not isinstance(hb, dict):
+        return None
+    now = time.time() if now is None else now
+    epoch = hb.get("epoch")
+    if not isinstance(epoch, int | float) or isinstance(epoch, bool) or now - epoch > FRESH_SECS:
+        return None
+    # Another host's process cannot be checked (flock covers local runs); a zombie is
+    # dead, only not yet reaped; the start time is compared exactly (no decoy window).
+    if holder_alive(hb) is not True:
+        return None
+    if int(hb["pid"]) == os.getpid():
+        return None
+    return hb
+
+
+def _live(rec: Any) -> bool:
+    """``rec`` names a live process on this host with exactly that start time."""
+    return holder_alive(rec) is True
+
+
+def describe_holder(hb: dict[str, Any] | None) -> str:
+    if hb and hb.get("starting"):
+        return "a supervisor that is starting holds the lock (it has not recorded itself yet)"
+    if not hb:
+        return "holder unknown (lock held)"
+    return f"pid {hb.get('pid')} on host {hb.get('host')} since {hb.get('started_at')}"
+
+
+def lock_held(state_dir: Path) -> dict[str, Any] | None:
+    """Read-only probe for readers (dashboard, --once): who holds the run, if anyone."""
+    path = state_dir / LOCK_NAME
+    if path.exists():
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            return heartbeat_holder(state_dir)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return read_json(state_dir / HEARTBEAT_NAME) or {}
+        finally:
+            os.close(fd)
+    return heartbeat_holder(state_dir)
+
+
+@dataclass
+class RunLock:
+    state_dir: Path
+    fd: int = -1
+    started_at: str = ""
+
+    def acquire(self) -> None:
+        """Take the run or raise LockHeld. Creates nothing when the run is held."""
+        hb = heartbeat_holder(self.state_dir)
+        if hb is not None:
+            raise LockHeld(describe_holder(hb))
+        ensure_private_dir(self.state_dir)
+        fd = open_private(self.state_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise LockHeld(describe_holder(self._holder_record())) from None
+        # Re-check under the lock: a holder may have written its heartbeat and exited
+        # between our first look and the flock.
+        hb = heartbeat_holder(self.state_dir)
+        if hb is not None:
+            os.close(fd)
+            raise LockHeld(describe_holder(hb))
+        self.fd = fd
+        self.started_at = iso()
+        # The holder's identity goes into the lock file itself at once, so a loser of a
+        # simultaneous start can name it before the first heartbeat is written.
+        pid, ct = _me()
+        record = {"pid": pid, "create_time": ct, "host": socket.gethostname(),
+                  "started_at": self.started_at}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+
+    def _holder_record(self) -> dict[str, Any] | None:
+        """Who holds the flock. The holder writes its record right after taking it, so
+        wait briefly for one; a record naming a dead process (a SIGKILLed predecessor's,
+        not yet overwritten by the new winner) is never the answer."""
+        for _ in range(40):
+            for name in (LOCK_NAME, HEARTBEAT_NAME):
+                rec = read_json(self.state_dir / name)
+                if _live(rec):
+                    return rec
+            time.sleep(0.025)
+        return {"starting": True}
+
+    def beat(self, phase: str) -> None:
+        pid, ct = _me()
+        atomic_write_json(self.state_dir / HEARTBEAT_NAME, {
+            "pid": pid, "create_time": ct, "host": socket.gethostname(),
+            "started_at": self.started_at, "ts": iso(), "epoch": time.time(), "phase": phase,
+            "interval_secs": beat_interval(),
+        })
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

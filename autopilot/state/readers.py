@@ -1,0 +1,84 @@
+"""Reading a run back from its state dir: the plan record, and the preset and plan of a
+run, for every verb that is not the run itself (validate, report, summarize, board, the
+dashboard and its server; cleanup and regrade through ``load_trusted``).
+
+One module, so that the cli, the board and the dashboard read a state dir the same way
+and none of them imports another to do it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from autopilot.config import NAME_RE, Preset
+from autopilot.errors import ConfigError
+from autopilot.loader import load_preset
+from autopilot.plan import Plan
+from autopilot.state.fsutil import read_json
+from autopilot.state.statedir import check_trusted
+
+
+def unreadable(state_dir: Path) -> str | None:
+    """Why a run that is there cannot be read (its state dir is private to its owner),
+    or None: "no run yet" would send the user looking in the wrong place."""
+    for path in (state_dir, state_dir / "status.json", state_dir / "plan.json"):
+        try:
+            if path.is_dir():
+                os.listdir(path)
+            elif path.exists():
+                path.open("rb").close()
+        except PermissionError:
+            owner = path.stat().st_uid if path.exists() else "?"
+            return (f"{path}: permission denied (state files are private to their owner, "
+                    f"uid {owner}: run as that user or root)")
+    return None
+
+
+def plan_record(state_dir: Path) -> dict[str, Any]:
+    """plan.json, or ConfigError saying why there is none to read."""
+    rec = read_json(state_dir / "plan.json")
+    if not isinstance(rec, dict):
+        denied = unreadable(state_dir)
+        raise ConfigError(denied or f"{state_dir}: no plan.json here (not a state dir of a run)")
+    return rec
+
+
+def load_recorded(state_dir: Path) -> tuple[Preset, Plan]:
+    """The preset and plan a state dir was run with (from plan.json), for read-only verbs."""
+    rec = plan_record(state_dir)
+    preset_ref = rec.get("preset_path") or rec.get("preset")
+    if rec.get("preset_path") and not Path(rec["preset_path"]).is_file():
+        preset_ref = rec.get("preset")
+    preset = load_preset(str(preset_ref), overlay=rec.get("config_path"))
+    return preset, Plan(preset, int(rec.get("target_n") or preset.run.target_n or 1))
+
+
+def load_trusted(state_dir: Path, ref: str | None, overlay: str | None) -> tuple[Preset, Plan]:
+    """The preset and plan for a verb that deletes or runs commands (cleanup, regrade):
+    the state dir must pass the ownership checks, the preset comes from the user (or the
+    recorded *name* among the preset dirs), and its plan must be the one recorded."""
+    check_trusted(state_dir)
+    rec = plan_record(state_dir)
+    if not ref:
+        name = rec.get("preset")
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+            raise ConfigError(f"{state_dir}/plan.json: recorded preset {name!r} is not a "
+                              "preset name; pass --preset")
+        ref = name
+    preset = load_preset(ref, overlay=overlay)
+    target_n = rec.get("target_n")
+    plan = Plan(preset, target_n if isinstance(target_n, int) and target_n > 0
+                else preset.run.target_n or 1)
+    # The cells must be the run's (a fixed grader may change the identity: that is what
+    # regrade is for), so the recorded tasks and arms are compared, not the identity.
+    if (rec.get("tasks"), rec.get("arms")) != ([t.id for t in preset.tasks],
+                                               [a.label for a in preset.arms]):
+        hint = " ".join(f"{flag} {rec[k]!r}" for flag, k in
+                        (("--preset", "preset_path"), ("--config", "config_path"))
+                        if isinstance(rec.get(k), str))
+        raise ConfigError(f"{state_dir}: preset {ref!r} does not give this run's tasks and "
+                          "arms: pass the --preset and --config the run was made with"
+                          + (f" (plan.json says {hint}; check them first)" if hint else ""))
+    return preset, plan

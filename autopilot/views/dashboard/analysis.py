@@ -1,0 +1,98 @@
+"""Pure helpers of the dashboard views: cell codes and style classes, the sparkline.
+Trend and flips live in ``autopilot.views.stats`` (the report uses them too)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from autopilot.state.ledger import CellState
+
+REASON_LETTER = {
+    "stall": "s", "deadline": "d", "harness_crash": "c", "missing_output": "m",
+    "grader_failed": "g", "malformed_grade": "j", "zero_tokens": "z", "arm_mismatch": "a",
+    "endpoint_down": "e", "api_error": "x", "grader_unavailable": "u",
+    "malformed_summary": "y", "rate_limited": "l",
+}
+LEGEND = ("P pass  F fail  I<r> invalid (s stall, d deadline, c crash, m missing output, "
+          "g grader failed, j malformed grade, z zero tokens, a arm mismatch, e endpoint "
+          "down, x api error, u grader unavailable, y malformed summary, l rate limited)  "
+          "U<r> ungraded (run stands, grading failed)  Q quarantined  R running  "
+          "~ awaiting grade  . pending  * teardown-masked")
+
+
+def code(c: CellState | None, frozen_warn: float = 0) -> str:
+    """A short, colour-independent code for one cell."""
+    if c is None:
+        return "."
+    if c.status in ("PASS", "FAIL"):
+        return c.status[0] + ("*" if c.teardown_masked else "")
+    if c.status == "invalid":
+        return "I" + REASON_LETTER.get(c.reason or "", "?")
+    if c.status == "quarantined":
+        return "Q"
+    if c.status == "ungraded":
+        return "U" + REASON_LETTER.get(c.reason or "", "?")
+    if c.status == "running":
+        if frozen_warn and c.frozen_secs >= frozen_warn:
+            return f"R{int(c.frozen_secs // 60)}m" if c.frozen_secs >= 60 else \
+                f"R{int(c.frozen_secs)}s"
+        return "R"
+    if c.status == "ran":
+        return "~"
+    return "."
+
+
+COMPACT_LEGEND = ("one letter per replicate, in groups of 5: P pass  F fail  p/f teardown-"
+                  "masked  s d c m g j z a e x u invalid or ungraded (reason as above)  "
+                  "Q quarantined  "
+                  "R running  ! running, frozen past warn  ~ awaiting grade  . pending")
+
+
+def compact_code(c: CellState | None, frozen_warn: float = 0) -> str:
+    """``code`` squeezed into one character, for grids too wide for the terminal: an
+    invalid cell is its reason letter, a teardown-masked verdict is lower case."""
+    full = code(c, frozen_warn)
+    if full[0] in "PF":
+        return full[0].lower() if full.endswith("*") else full[0]
+    if full[0] in "IU":
+        return full[1]
+    if full[0] == "R":
+        return "!" if len(full) > 1 else "R"
+    return full
+
+
+def kind(c: CellState | None) -> str:
+    """The style class of a cell (shared by the terminal and HTML views)."""
+    if c is None:
+        return "pending"
+    style = {"PASS": "pass", "FAIL": "fail", "invalid": "invalid", "quarantined": "quarantined",
+             "ungraded": "invalid", "running": "running", "ran": "running"}
+    return style.get(c.status, "pending") + (
+        " masked" if c.teardown_masked and c.status in ("PASS", "FAIL") else "")
+
+
+BLOCKS = "▁▂▃▄▅▆▇█"
+
+
+def bins(times: Sequence[float], n: int = 40) -> list[int]:
+    """Completions per time bucket, ``n`` buckets spanning first..last completion."""
+    if not times:
+        return []
+    lo, hi = min(times), max(times)
+    width = (hi - lo) / n or 1.0
+    out = [0] * n
+    for t in times:
+        out[min(n - 1, int((t - lo) / width))] += 1
+    return out
+
+
+def sparkline(counts: Sequence[int]) -> str:
+    if not counts:
+        return ""
+    top = max(counts) or 1
+    return "".join(BLOCKS[min(len(BLOCKS) - 1, round(c / top * (len(BLOCKS) - 1)))]
+                   if c else " " for c in counts)
+
+
+def statuses(matrix: Mapping[str, Mapping[int, CellState]]) -> dict[str, dict[int, str]]:
+    return {t: {n: c.status for n, c in row.items()} for t, row in matrix.items()}

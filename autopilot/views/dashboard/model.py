@@ -1,0 +1,130 @@
+"""What the dashboard shows, loaded read-only from a state dir.
+
+The journal is the truth for every cell's state (the verdicts in it were read from the
+grade files by the validity classifier); status.json adds what only the live supervisor
+knows (phase, ETA, endpoint state, how long a running cell's transcript has been frozen).
+Nothing here writes, locks, or fails on sparse data: a missing file is an empty view.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autopilot.escape import sane
+from autopilot.plan import Cell
+from autopilot.state.fsutil import parse_iso, read_json
+from autopilot.state.journal import read_events
+from autopilot.state.ledger import CellState, Ledger
+from autopilot.state.liveness import annotate, look
+
+NOTABLE = {
+    "cell_verdict", "cell_quarantined", "cell_killed", "endpoint_down", "endpoint_restart",
+    "endpoint_failed", "milestone", "run_started", "run_finished", "notify_failed",
+    "plan_changed", "endpoint_throttled", "launch_throttled",
+}
+
+
+@dataclass
+class DashData:
+    state_dir: Path
+    status: dict[str, Any]
+    tasks: list[str]
+    arms: list[str]
+    target_n: int
+    cells: dict[str, CellState]
+    trust: dict[str, Any]
+    events: list[dict[str, Any]] = field(default_factory=list)
+    completions: list[float] = field(default_factory=list)
+    baseline: dict[str, Any] | None = None
+    ledger: Ledger | None = None  # the replay behind ``cells`` (metrics read its counters)
+
+    def cell(self, task: str, arm: str, n: int) -> CellState | None:
+        return self.cells.get(f"{task}_{arm}_v{n}")
+
+    def matrix(self, arm: str) -> dict[str, dict[int, CellState]]:
+        out: dict[str, dict[int, CellState]] = {}
+        for t in self.tasks:
+            row = {}
+            for n in range(1, self.target_n + 1):
+                c = self.cell(t, arm, n)
+                if c is not None:
+                    row[n] = c
+            out[t] = row
+        return out
+
+
+def _epoch(ts: Any) -> float | None:
+    return parse_iso(ts)
+
+
+MAX_N = 10_000  # a target N beyond this in a state dir is not a run of ours
+
+
+def _names(values: Any) -> list[str]:
+    """Task ids / arm labels (already ``sane``): strings only, each shown as it is (a
+    forged one is text in every view, never markup: see term and html)."""
+    if not isinstance(values, list):
+        return []
+    return [v for v in values if isinstance(v, str) and v]
+
+
+def _count(value: Any) -> int:
+    return value if type(value) is int and 0 < value <= MAX_N else 0
+
+
+def _float(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
+        and math.isfinite(value) else 0.0
+
+
+def load(state_dir: Path, recent: int = 8) -> DashData | None:
+    """The dashboard's view of ``state_dir``; None when there is no run there yet."""
+    status = read_json(state_dir / "status.json")
+    plan = read_json(state_dir / "plan.json")
+    if not isinstance(status, dict) and not isinstance(plan, dict):
+        return None
+    status = sane(status) if isinstance(status, dict) else {}
+    status = annotate(status, look(state_dir, status)) if status else status
+    plan = sane(plan) if isinstance(plan, dict) else {}
+    tasks = _names(plan.get("tasks") or status.get("tasks_order"))
+    arms = _names(plan.get("arms") or status.get("arms_order"))
+    target_n = _count(status.get("target_n")) or _count(plan.get("target_n"))
+    cells = [Cell(t, a, n) for a in arms for n in range(1, target_n + 1) for t in tasks]
+    ledger = Ledger(cells)
+    events: list[dict[str, Any]] = []
+    completions: list[float] = []
+    for ev in read_events(state_dir / "journal.jsonl").events:
+        ledger.apply(ev)  # the ledger keeps words; views escape what they show of them
+        if ev.get("event") in NOTABLE:
+            events.append(sane(ev))  # shown as they are: cleaned here, once
+        if ev.get("event") == "cell_verdict" and ev.get("verdict") in ("PASS", "FAIL"):
+            t = _epoch(ev.get("ts"))
+            if t is not None:
+                completions.append(t)
+    running = status.get("running")
+    for run in running if isinstance(running, list) else []:
+        if not isinstance(run, dict):
+            continue
+        c = ledger.cells.get(str(run.get("cell")))
+        if c is not None and c.status == "running":
+            c.frozen_secs = _float(run.get("frozen_secs"))
+            c.tier = str(run.get("tier") or "OK")
+    return DashData(
+        state_dir=state_dir, status=status, tasks=tasks, arms=arms, target_n=target_n,
+        cells=ledger.cells, trust=ledger.trust(), events=events[-recent:],
+        completions=completions,
+        baseline=status["baseline"] if isinstance(status.get("baseline"), dict) else None,
+        ledger=ledger,
+    )
+
+
+def counts(cells: Iterable[CellState]) -> dict[str, int]:
+    """The ledger's counts in the dashboard's terms (awaiting a grade shows as running)."""
+    c = Ledger([]).counts(list(cells))
+    return {"pass": c["pass"], "fail": c["fail"], "invalid": c["invalid"],
+            "quarantined": c["quarantined"], "running": c["running"] + c["grading"],
+            "pending": c["pending"], "valid": c["done"]}

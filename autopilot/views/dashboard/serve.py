@@ -1,0 +1,286 @@
+"""``dashboard --serve``: the live run, read-only, over HTTP (aiohttp, already installed
+with aiodocker).
+
+Routes: ``/`` the grid, updated in place by server-sent events (``/events``) as the
+run's files change; ``/cell/<id>`` one cell's verdict, attempts with their evidence,
+grade details and the tails of its transcript, launcher log and grader log;
+``/status.json``; ``/metrics`` (Prometheus); ``/static/app.{css,js}``. It never writes
+into the state dir and never takes the lock, so it survives the supervisor restarting
+and a state dir that appears after it starts.
+
+Everything shown comes from files a harness, grader or endpoint wrote: it is escaped by
+jinja2's autoescaping, control characters are removed, tails are bounded, a cell id
+must be a plain name of the plan before any path is built from it, and a strict
+Content-Security-Policy allows no inline script and no request to anywhere else. Bound
+to anything but loopback it requires a token (``--token-file``): a Bearer header, a
+``?token=`` once (then an HttpOnly, SameSite=Strict cookie), or that cookie.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import json
+import os
+import time
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from autopilot.config import NAME_RE
+from autopilot.escape import block, clean, sane
+from autopilot.state.fsutil import read_json
+from autopilot.state.journal import read_events
+from autopilot.state.liveness import annotate, look
+from autopilot.views.dashboard import model
+from autopilot.views.dashboard.analysis import kind as cell_kind
+from autopilot.views.dashboard.html import live_context, render_template
+
+TAIL_BYTES = 8192
+GRADE_BYTES = 65536
+POLL_SECS = 0.5
+RESEND_SECS = 5.0  # re-render at least this often: a heartbeat going stale changes no file
+COOKIE = "autopilot_token"
+WATCHED = ("journal.jsonl", "status.json", "heartbeat.json", "plan.json")
+STATIC = {"app.css": "text/css", "app.js": "text/javascript"}
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+       "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def read_token(path: Path) -> str:
+    token = path.read_text(encoding="utf-8").strip()
+    if len(token) < 16:
+        raise ValueError(f"{path}: the token must be at least 16 characters")
+    return token
+
+
+class Server:
+    def __init__(self, state_dir: Path, token: str | None = None) -> None:
+        self.state_dir = state_dir
+        self.token = token
+
+    # ------------------------------------------------------------------ plumbing
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._guard])
+        app.router.add_get("/", self.index)
+        app.router.add_get("/events", self.events)
+        app.router.add_get("/status.json", self.status)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/cell/{cid}", self.cell)
+        app.router.add_get("/static/{name}", self.static)
+        return app
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        set_cookie = False
+        if self.token is not None:
+            given = _bearer(request) or request.query.get("token") \
+                or request.cookies.get(COOKIE) or ""
+            if not hmac.compare_digest(given.encode(), self.token.encode()):
+                return web.Response(status=401, text="401: a token is required\n",
+                                    headers={"WWW-Authenticate": "Bearer"})
+            set_cookie = request.query.get("token") is not None
+        resp: web.StreamResponse = await handler(request)
+        resp.headers["Content-Security-Policy"] = CSP
+        resp.headers["X-Content-Type-Options"] = "nosniff"
+        resp.headers["Referrer-Policy"] = "no-referrer"
+        resp.headers["Cache-Control"] = "no-store"
+        if set_cookie and self.token is not None:
+            resp.set_cookie(COOKIE, self.token, httponly=True, samesite="Strict")
+        return resp
+
+    def _version(self) -> tuple[Any, ...]:
+        out: list[tuple[int, int] | None] = []
+        for name in WATCHED:
+            try:
+                st = os.stat(self.state_dir / name)
+                out.append((st.st_mtime_ns, st.st_size))
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
+    def _fragment(self) -> str:
+        d = model.load(self.state_dir)
+        if d is None:
+            return render_template("_empty.html.j2", state_dir=str(self.state_dir))
+        return render_template("_live.html.j2", **live_context(d, links=True))
+
+    # ------------------------------------------------------------------ pages
+
+    async def index(self, request: web.Request) -> web.Response:
+        d = await asyncio.to_thread(model.load, self.state_dir)
+        status = d.status if d is not None else {}
+        fragment = await asyncio.to_thread(self._fragment)
+        html = render_template("serve.html.j2", status=status, base="",
+                               state_dir=str(self.state_dir), live=fragment)
+        return web.Response(text=html, content_type="text/html")
+
+    async def events(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-store"})
+        await resp.prepare(request)
+        try:
+            await self._stream(resp)
+        except ConnectionError:
+            pass  # the client went away
+        return resp
+
+    async def _stream(self, resp: web.StreamResponse) -> None:
+        """Send the grid fragment whenever the run's files change (and at least every
+        RESEND_SECS, since a heartbeat going stale changes no file), unless identical."""
+        last_version: tuple[Any, ...] | None = None
+        last_sent, last_text, k = 0.0, "", 0
+        while True:
+            version = self._version()
+            now = time.monotonic()
+            if version != last_version or now - last_sent >= RESEND_SECS:
+                last_version, last_sent = version, now
+                text = await asyncio.to_thread(self._fragment)
+                if text != last_text:
+                    last_text, k = text, k + 1
+                    payload = "".join(f"data: {line}\n" for line in text.splitlines())
+                    await resp.write(f"id: {k}\n{payload}\n".encode())
+            await asyncio.sleep(POLL_SECS)
+
+    async def status(self, request: web.Request) -> web.Response:
+        raw = read_json(self.state_dir / "status.json")
+        if not isinstance(raw, dict):
+            return web.json_response({"error": "no run yet"}, status=404)
+        doc = annotate(sane(raw), look(self.state_dir, raw))
+        return web.Response(text=json.dumps(doc), content_type="application/json")
+
+    async def metrics(self, request: web.Request) -> web.Response:
+
+        body = await asyncio.to_thread(self._metrics)
+        if body is None:
+            return web.Response(status=404, text="no run yet\n")
+        return web.Response(body=body, headers={
+            "Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    def _metrics(self) -> bytes | None:
+        from autopilot.views.metrics import exposition
+
+        d = model.load(self.state_dir)
+        if d is None or d.ledger is None:
+            return None
+        raw = read_json(self.state_dir / "status.json")
+        return exposition(d.ledger, d.status, look(self.state_dir,
+                                                   raw if isinstance(raw, dict) else {}))
+
+    async def static(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in STATIC:
+            raise web.HTTPNotFound()
+        text = files("autopilot.views.dashboard").joinpath("static", name).read_text()
+        return web.Response(text=text, content_type=STATIC[name])
+
+    async def cell(self, request: web.Request) -> web.Response:
+        cid = request.match_info["cid"]
+        page = await asyncio.to_thread(self._cell_page, cid)
+        if page is None:
+            raise web.HTTPNotFound(text=f"no cell {clean(cid, 80)} in this run\n")
+        return web.Response(text=page, content_type="text/html")
+
+    def _cell_page(self, cid: str) -> str | None:
+        d = model.load(self.state_dir)
+        # A plain name of this plan, or nothing: the id becomes part of file paths.
+        if d is None or cid not in d.cells or not NAME_RE.fullmatch(cid) or ".." in cid:
+            return None
+        c = d.cells[cid]
+        verdict = {"PASS": "PASS", "FAIL": "FAIL"}.get(c.status) or (
+            f"INVALID({c.reason})" if c.status == "invalid" else c.status.upper())
+        evs = []
+        for ev in read_events(self.state_dir / "journal.jsonl").events:
+            if ev.get("cell") != cid:
+                continue
+            ev = sane(ev)
+            evidence = {k: v for k, v in ev.items()
+                        if k not in ("ts", "event", "cell", "attempt", "token")}
+            evs.append({"ts": clean(ev.get("ts"), 40), "attempt": clean(ev.get("attempt"), 8),
+                        "event": clean(ev.get("event"), 40),
+                        "evidence": clean(json.dumps(evidence, default=str), 600)})
+        logs = self.state_dir / "logs"
+        found = [
+            _tail_file("launcher log", "launcher", logs / f"{cid}.launcher.log"),
+            _tail_file("grader log", "grader", logs / f"{cid}.grade.log"),
+            *self._artifacts(cid),
+        ]
+        return render_template("cell.html.j2", cell=cid, verdict=verdict,
+                               kind=cell_kind(c).split()[0], detail=clean(c.detail, 600),
+                               events=evs[-200:], files=found)
+
+    def _artifacts(self, cid: str) -> list[dict[str, Any]]:
+        """The transcript's tail and the grade, where the run's preset says they are:
+        only for a state dir that passes the ownership checks (a planted plan.json must
+        not turn this page into a reader of arbitrary files)."""
+        from autopilot.errors import AutopilotError
+        from autopilot.plan import cell_context
+        from autopilot.state.readers import load_recorded
+        from autopilot.state.statedir import check_trusted
+
+        try:
+            check_trusted(self.state_dir)
+            preset, plan = load_recorded(self.state_dir)
+        except (AutopilotError, OSError) as e:
+            note = f"not shown: {clean(e, 300)}"
+            return [{"title": "transcript", "key": "transcript", "note": note, "text": None}]
+        cell = plan.by_id.get(cid)
+        if cell is None:
+            return []
+        ctx = cell_context(preset, cell, 1, self.state_dir)
+        grade = _tail_file("grade", "grade", Path(ctx["grade_file"]), GRADE_BYTES)
+        parsed = read_json(Path(ctx["grade_file"]))
+        if isinstance(parsed, dict):
+            grade["text"] = block(json.dumps(sane(parsed), indent=1))[:GRADE_BYTES]
+        return [_tail_file("transcript (tail)", "transcript", Path(ctx["transcript"])), grade]
+
+
+def _bearer(request: web.Request) -> str | None:
+    auth = request.headers.get("Authorization", "")
+    return auth[7:] if auth.startswith("Bearer ") else None
+
+
+def _tail_file(title: str, key: str, path: Path, limit: int = TAIL_BYTES) -> dict[str, Any]:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return {"title": title, "key": key, "note": "not there", "text": None}
+    except OSError as e:
+        return {"title": title, "key": key, "note": f"unreadable ({e.strerror})", "text": None}
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        f.seek(max(0, size - limit))
+        data = f.read(limit)
+    note = f"last {len(data)} of {size} bytes" if size > limit else ""
+    return {"title": title, "key": key, "note": note,
+            "text": block(data.decode("utf-8", "replace"))}
+
+
+async def run(state_dir: Path, host: str, port: int, token: str | None,
+              ready: Any = None) -> None:
+    runner = web.AppRunner(Server(state_dir, token).app(), access_log=None,
+                           shutdown_timeout=1.0)  # an open event stream must not hold Ctrl-C
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    sockets = getattr(site._server, "sockets", None) or []
+    bound = sockets[0].getsockname()[1] if sockets else port
+    print(f"serving {state_dir} on http://{host}:{bound}/ (read-only; Ctrl-C stops)",
+          flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

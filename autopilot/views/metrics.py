@@ -1,0 +1,131 @@
+"""Prometheus metrics of a run, for ``dashboard --serve`` (``/metrics``) and the
+supervisor's node_exporter textfile (``--metrics-textfile``): one builder, so both say
+the same thing.
+
+Names follow Prometheus conventions: the ``autopilot_`` prefix, base units (seconds),
+``_total`` for counters. Every series carries the run's ``preset`` label so several runs
+can share one node_exporter. Input is a Ledger (replayed from the journal, or the live
+supervisor's), the status snapshot and the heartbeat's liveness: the counts match the
+journal's by construction.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest, write_to_textfile
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from autopilot.state.ledger import Ledger
+from autopilot.state.liveness import Liveness
+
+# What a cell's ledger status is called in the metric (one state label per cell).
+STATES = {"PASS": "pass", "FAIL": "fail", "invalid": "invalid", "quarantined": "quarantined",
+          "ungraded": "ungraded", "running": "running", "grading": "running", "ran": "running",
+          "pending": "pending"}
+
+
+class RunCollector(Collector):
+    def __init__(self, ledger: Ledger, status: dict[str, Any], live: Liveness) -> None:
+        self.ledger, self.status, self.live = ledger, status, live
+
+    def collect(self) -> Any:
+        preset = str(self.status.get("preset") or "")
+        cells = GaugeMetricFamily("autopilot_cells", "Cells of the plan by arm and state",
+                                  labels=["preset", "arm", "state"])
+        by: Counter[tuple[str, str]] = Counter()
+        invalid: Counter[tuple[str, str]] = Counter()
+        arms = sorted({c.arm for c in self.ledger.cells.values()})
+        for c in self.ledger.cells.values():
+            state = STATES.get(c.status, "pending")
+            by[(c.arm, state)] += 1
+            if state == "invalid":
+                invalid[(c.arm, c.reason or "unknown")] += 1
+        for arm in arms:
+            for state in sorted(set(STATES.values())):
+                cells.add_metric([preset, arm, state], by[(arm, state)])
+        yield cells
+        inv = GaugeMetricFamily("autopilot_invalid_cells",
+                                "Cells whose latest verdict is INVALID, by arm and reason",
+                                labels=["preset", "arm", "reason"])
+        for (arm, reason), n in sorted(invalid.items()):
+            inv.add_metric([preset, arm, reason], n)
+        yield inv
+        kills = CounterMetricFamily("autopilot_cell_kills", "Watchdog kills of cells by kind",
+                                    labels=["preset", "kind"])
+        for kind in sorted({"stall", "deadline", "teardown", *self.ledger.kills}):
+            kills.add_metric([preset, kind], self.ledger.kills[kind])
+        yield kills
+        raw = self.status.get("endpoints")
+        eps = [e for e in raw if isinstance(e, dict)] if isinstance(raw, list) else []
+        if not eps:  # one endpoint: status.json's "endpoint"
+            one = self.status.get("endpoint")
+            eps = [one] if isinstance(one, dict) else [{}]
+        up = GaugeMetricFamily("autopilot_endpoint_up", "1 when the model endpoint answers",
+                               labels=["preset", "replica"])
+        restarts = CounterMetricFamily("autopilot_endpoint_restarts", "Endpoint restarts",
+                                       labels=["preset", "replica"])
+        down = CounterMetricFamily("autopilot_endpoint_down_seconds",
+                                   "Seconds the endpoint was down", labels=["preset", "replica"])
+        for i, ep in enumerate(eps):
+            replica = str(ep.get("replica", i))
+            up.add_metric([preset, replica], 1 if ep.get("state") == "up" else 0)
+            restarts.add_metric([preset, replica], _num(ep.get("restarts")))
+            down.add_metric([preset, replica], _num(ep.get("down_secs")))
+        yield from (up, restarts, down)
+        yield _counter("autopilot_notify_failures", "Notifications that failed to send",
+                       [preset], self.ledger.notify_failures)
+        age = self.live.age_secs
+        yield _gauge("autopilot_heartbeat_age_seconds",
+                     "Seconds since the supervisor's last heartbeat", [preset],
+                     math.nan if age is None else max(0.0, age))
+        yield _gauge("autopilot_stale",
+                     "1 when the run is not finished and its supervisor is frozen or gone",
+                     [preset], 1 if self.live.state in ("stale", "gone", "unknown") else 0)
+        eta = self.status.get("eta_secs")
+        yield _gauge("autopilot_eta_seconds", "Estimated seconds to the end of the run",
+                     [preset], _num(eta) if eta is not None else math.nan)
+        info = GaugeMetricFamily("autopilot_run_info", "The run (value 1): phase and model",
+                                 labels=["preset", "model", "phase", "target_n"])
+        info.add_metric([preset, str(self.status.get("model") or ""),
+                         str(self.status.get("phase") or ""),
+                         str(self.status.get("target_n") or "")], 1)
+        yield info
+
+
+def _num(v: Any) -> float:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) \
+        and math.isfinite(v) else 0.0
+
+
+def _gauge(name: str, doc: str, values: list[str], value: float) -> GaugeMetricFamily:
+    g = GaugeMetricFamily(name, doc, labels=["preset"])
+    g.add_metric(values, value)
+    return g
+
+
+def _counter(name: str, doc: str, values: list[str], value: float) -> CounterMetricFamily:
+    c = CounterMetricFamily(name, doc, labels=["preset"])
+    c.add_metric(values, value)
+    return c
+
+
+def registry(ledger: Ledger, status: dict[str, Any], live: Liveness) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(RunCollector(ledger, status, live))
+    return reg
+
+
+def exposition(ledger: Ledger, status: dict[str, Any], live: Liveness) -> bytes:
+    """The text exposition format (``/metrics``)."""
+    return generate_latest(registry(ledger, status, live))
+
+
+def write_textfile(path: Path, ledger: Ledger, status: dict[str, Any], live: Liveness) -> None:
+    """For node_exporter's textfile collector: written to a temp file and renamed, so a
+    scrape never reads half a file."""
+    write_to_textfile(str(path), registry(ledger, status, live))

@@ -1,0 +1,384 @@
+"""Findings report, scorecard and per-arm summaries, from the per-cell artifacts.
+
+Verdicts come from the same fail-closed classification as ``validate`` (what is on disk:
+completion files, token and arm evidence, the grade file, plus the journal's record of
+how each attempt ended) — never from status.json. Output is deterministic: fixed
+ordering, no timestamps, so two reports over the same data are byte-identical.
+Aggregates count valid cells only and always stand next to the trust counts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autopilot.config import INVALID_REASONS, Preset
+from autopilot.escape import md
+from autopilot.plan import Plan, cell_context
+from autopilot.state.budget import count_or_none
+from autopilot.state.fsutil import read_json
+from autopilot.state.journal import read_events
+from autopilot.state.ledger import CellState
+from autopilot.templates import render
+from autopilot.views import stats
+from autopilot.views.validate import validate_run
+
+
+@dataclass
+class CellFacts:
+    id: str
+    task: str
+    arm: str
+    n: int
+    verdict: str  # PASS / FAIL / INVALID / ABSENT
+    reason: str = ""
+    masked: bool = False
+    attempts: int = 0
+    quarantined: bool = False
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    caveat: str | None = None
+    invalid_attempts: tuple[str, ...] = ()  # reasons of earlier INVALID attempts (journal)
+
+    @property
+    def valid(self) -> bool:
+        return self.verdict in ("PASS", "FAIL")
+
+
+def collect(preset: Preset, n: int, state_dir: Path) -> list[CellFacts]:
+    plan = Plan(preset, n)
+    checks = {c.cell: c for c in validate_run(preset, plan, state_dir).cells}
+    masked: dict[str, bool] = {}
+    attempts: Counter[str] = Counter()
+    invalid: dict[str, list[str]] = {}
+    for ev in read_events(state_dir / "journal.jsonl").events:
+        cid = ev.get("cell")
+        if ev.get("event") == "cell_started" and isinstance(cid, str):
+            attempts[cid] += 1
+        elif ev.get("event") == "cell_verdict" and isinstance(cid, str):
+            masked[cid] = bool(ev.get("teardown_masked"))
+            if ev.get("verdict") == "INVALID":
+                reason = ev.get("reason")  # a word of ours, unless the journal was forged
+                invalid.setdefault(cid, []).append(
+                    reason if reason in INVALID_REASONS else md(reason, 40))
+    facts = []
+    for cell in plan.cells:
+        chk = checks[cell.id]
+        ctx = cell_context(preset, cell, 1, state_dir)
+        summary = read_json(Path(render(preset.harness.summary, ctx)))
+        summary = summary if isinstance(summary, dict) else {}
+        grade = read_json(Path(ctx["grade_file"]))
+        word = grade.get(preset.grader.verdict_field) if isinstance(grade, dict) else None
+        rule = preset.grader.verdicts.get(str(word)) if word else None
+        facts.append(CellFacts(
+            id=cell.id, task=cell.task, arm=cell.arm, n=cell.n,
+            verdict="INVALID" if chk.reason == "quarantined" else chk.verdict,
+            reason=chk.reason, masked=masked.get(cell.id, False) and chk.verdict != "ABSENT",
+            attempts=attempts[cell.id], quarantined=chk.reason == "quarantined",
+            finish_reason=_text(summary.get("finish_reason")),
+            prompt_tokens=_int(summary.get("total_prompt_tokens")),
+            completion_tokens=_int(summary.get("total_completion_tokens")),
+            caveat=rule.caveat if rule else None,
+            invalid_attempts=tuple(invalid.get(cell.id, [])),
+        ))
+    return facts
+
+
+def facts_from_cells(cells: list[CellState]) -> list[CellFacts]:
+    """Facts from the ledger's cell states (verdict, masking, attempts; no artifacts)."""
+    out = []
+    for c in cells:
+        verdict = c.status if c.status in ("PASS", "FAIL") else (
+            "INVALID" if c.status in ("invalid", "quarantined", "ungraded") else "ABSENT")
+        out.append(CellFacts(
+            id=c.id, task=c.task, arm=c.arm, n=c.n, verdict=verdict, reason=c.reason or "",
+            masked=c.teardown_masked, attempts=c.attempts,
+            quarantined=c.status == "quarantined", invalid_attempts=tuple(c.reasons)))
+    return out
+
+
+def _int(v: Any) -> int | None:
+    """A count from a harness's summary, if it is one (Infinity, NaN, a string: None)."""
+    n = count_or_none(v)
+    return None if n is None else int(n)
+
+
+def _text(v: Any) -> str | None:
+    """A harness's word (finish_reason), markdown-safe; None unless it is a string."""
+    return md(v, 60) if isinstance(v, str) and v else None
+
+
+# ------------------------------------------------------------------ shared pieces
+
+
+def _by(facts: list[CellFacts], arm: str, task: str | None = None) -> list[CellFacts]:
+    return [f for f in facts if f.arm == arm and (task is None or f.task == task)]
+
+
+def _score(fs: list[CellFacts]) -> tuple[int, int]:
+    valid = [f for f in fs if f.valid]
+    return sum(f.verdict == "PASS" for f in valid), len(valid)
+
+
+def _pct(p: int, v: int) -> str:
+    return f"{100 * p / v:.0f}%" if v else "-"
+
+
+def _delta(preset: Preset, arm: str, task: str | None, p: int, v: int) -> str:
+    b = preset.baseline
+    if b is None or b.arm != arm or not v:
+        return ""
+    if task is None:
+        base_p, base_n = sum(b.passes.values()), b.n * len(b.passes)
+    elif task in b.passes:
+        base_p, base_n = b.passes[task], b.n
+    else:
+        return ""
+    return f"{(p / v - base_p / base_n) * 100:+.0f}pp"
+
+
+def _matrix(facts: list[CellFacts], arm: str) -> dict[str, dict[int, str]]:
+    out: dict[str, dict[int, str]] = {}
+    for f in _by(facts, arm):
+        out.setdefault(f.task, {})[f.n] = f.verdict
+    return out
+
+
+def trust_block(facts: list[CellFacts]) -> dict[str, Any]:
+    reasons = Counter(f.reason for f in facts if f.verdict == "INVALID" and not f.quarantined)
+    attempts = Counter(r for f in facts for r in f.invalid_attempts)
+    return {
+        "invalid_attempts_by_reason": dict(sorted(attempts.items())),
+        "valid": sum(f.valid for f in facts),
+        "invalid": sum(f.verdict == "INVALID" and not f.quarantined for f in facts),
+        "invalid_by_reason": dict(sorted(reasons.items())),
+        "quarantined": sum(f.quarantined for f in facts),
+        "teardown_masked": sum(f.masked and f.valid for f in facts),
+        "retried": sum(f.attempts > 1 for f in facts),
+        "absent": sum(f.verdict == "ABSENT" for f in facts),
+    }
+
+
+def _trust_line(t: dict[str, Any]) -> str:
+    reasons = ", ".join(f"{k} {v}" for k, v in t["invalid_by_reason"].items())
+    return (f"valid {t['valid']} · invalid {t['invalid']}{f' ({reasons})' if reasons else ''}"
+            f" · quarantined {t['quarantined']} · teardown-masked {t['teardown_masked']}"
+            f" · retried {t['retried']} · not run {t['absent']}")
+
+
+def _attempts_line(t: dict[str, Any]) -> str:
+    a = t["invalid_attempts_by_reason"]
+    return ", ".join(f"{k} {v}" for k, v in a.items()) or "none"
+
+
+# ------------------------------------------------------------------ scorecard
+
+
+def scorecard(preset: Preset, facts: list[CellFacts], n: int) -> str:
+    lines = [f"# Scorecard — {preset.name} ({preset.model}), N={n}", ""]
+    arms = [a.label for a in preset.arms]
+    head = "| task | " + " | ".join(arms) + " |"
+    lines += [head, "|---|" + "---|" * len(arms)]
+    for t in preset.tasks:
+        row = []
+        for arm in arms:
+            p, v = _score(_by(facts, arm, t.id))
+            d = _delta(preset, arm, t.id, p, v)
+            row.append(f"{p}/{v}" + (f" ({d})" if d else ""))
+        lines.append(f"| {t.id} | " + " | ".join(row) + " |")
+    totals = []
+    for arm in arms:
+        p, v = _score(_by(facts, arm))
+        d = _delta(preset, arm, None, p, v)
+        totals.append(f"**{p}/{v}**" + (f" ({d})" if d else ""))
+    lines.append("| **total** | " + " | ".join(totals) + " |")
+    lines.append("")
+    if preset.baseline:
+        b = preset.baseline
+        lines.append(f"Δ vs baseline: arm {b.arm} at N={b.n} "
+                     f"({sum(b.passes.values())}/{b.n * len(b.passes)}), in percentage points "
+                     "of pass rate over valid cells.")
+    lines.append(f"Trust: {_trust_line(trust_block(facts))}.")
+    return "\n".join(lines) + "\n"
+
+
+def arm_summary(preset: Preset, facts: list[CellFacts], arm: str) -> str:
+    """The origin's per-arm PASS/FAIL table (summary-<arm>.txt)."""
+    mine = _by(facts, arm)
+    n = max((f.n for f in mine), default=0)
+    width = max(len(t.id) for t in preset.tasks)
+    cols = " ".join(f"v{i:<4}" for i in range(1, n + 1))
+    lines = [f"{arm}  ({preset.model}, N={n})", f"{'task':<{width}}  {cols}  pass/valid"]
+    for t in preset.tasks:
+        row = {f.n: f for f in _by(facts, arm, t.id)}
+        cells = []
+        for i in range(1, n + 1):
+            f = row.get(i)
+            word = "-" if f is None or f.verdict == "ABSENT" else (
+                "Q" if f.quarantined else f.verdict if f.valid else "INV")
+            cells.append(f"{word + ('*' if f and f.masked and f.valid else ''):<5}")
+        p, v = _score(list(row.values()))
+        lines.append(f"{t.id:<{width}}  " + " ".join(cells) + f"  {p}/{v}")
+    p, v = _score(mine)
+    lines.append(f"{'total':<{width}}  " + " " * (6 * n) + f"{p}/{v}")
+    lines.append(f"trust: {_trust_line(trust_block(mine))}")
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ findings
+
+
+def plan_changes(state_dir: Path) -> list[tuple[str, str, str]]:
+    """(when, old identity, new identity) of every plan change the journal records (a
+    resume with --allow-plan-change relabels earlier verdicts under the new preset)."""
+    return [(md(ev.get("ts"), 40), md(ev.get("old"), 40), md(ev.get("new"), 40))
+            for ev in read_events(state_dir / "journal.jsonl").events
+            if ev.get("event") == "plan_changed"]
+
+
+def findings(preset: Preset, facts: list[CellFacts], n: int,
+             changes: list[tuple[str, str, str]] | None = None) -> str:
+    arms = [a.label for a in preset.arms]
+    t = trust_block(facts)
+    out = [f"# Findings — {preset.name} ({preset.model}), N={n}", ""]
+    for when, old, new in changes or []:
+        out += [f"> **PLAN CHANGED** at {when}: identity {old} → {new} (resumed with "
+                "`--allow-plan-change`); verdicts recorded before it were judged under the "
+                "old plan and are counted under this one.", ""]
+    total = len(facts)
+    if t["absent"] or any(not f.valid and not f.quarantined and f.verdict != "INVALID"
+                          for f in facts):
+        out += [f"> **PARTIAL**: {total - t['absent']} of {total} cells up to v{n} have run; "
+                "figures cover what exists.", ""]
+    out += [f"Trust: {_trust_line(t)}. Rates count valid cells only.", ""]
+
+    out += ["## 1. Scorecard", ""]
+    out += scorecard(preset, facts, n).splitlines()[2:]
+    out.append("")
+
+    out += ["## 2. What N reveals", "",
+            "Cumulative pass rate over v1..k. A task is flagged when its smallest-window rate "
+            f"differs from its full-N rate by {stats.MISLEADING_DELTA * 100:.0f} points or more.",
+            ""]
+    for arm in arms:
+        rows = stats.trend(_matrix(facts, arm), n)
+        wins = list(rows[0].windows) if rows else []
+        out += [f"### {arm}", "", "| task | " + " | ".join(f"v1-{w}" for w in wins) + " | |",
+                "|---|" + "---|" * (len(wins) + 1)]
+        for r in rows:
+            cells = [f"{p}/{v} ({_pct(p, v)})" for p, v in (r.windows[w] for w in wins)]
+            out.append(f"| {r.task} | " + " | ".join(cells) +
+                       (" | misleading at small N |" if r.misleading else " | |"))
+        flagged = [r.task for r in rows if r.misleading]
+        out += ["", f"Misleading at small N: {', '.join(flagged) or 'none'}.", ""]
+
+    out += ["## 3. Arm vs arm", ""]
+    if len(arms) < 2:
+        out += ["One arm only: nothing to compare.", ""]
+    else:
+        out += ["Each arm against the first one, per task: pass rates with 95% Wilson "
+                "intervals and the two-sided p-value of Fisher's exact test on the 2x2 table "
+                "of passes and fails (valid cells only). With p >= 0.05 the difference is "
+                "reported as not significant: N does not carry a claim.", ""]
+        ref = arms[0]
+        for other in arms[1:]:
+            out += [f"### {other} vs {ref}", "",
+                    f"| task | {ref} | {other} | Δ | Fisher p | |", "|---|---|---|---|---|---|"]
+            for task in [x.id for x in preset.tasks] + [None]:
+                a_p, a_v = _score(_by(facts, ref, task))
+                b_p, b_v = _score(_by(facts, other, task))
+                if not a_v or not b_v:
+                    d, p_txt, verdict = "-", "-", "no data"
+                else:
+                    d = f"{(b_p / b_v - a_p / a_v) * 100:+.0f}pp"
+                    p = stats.fisher_exact(b_p, b_v - b_p, a_p, a_v - a_p)
+                    p_txt = f"{p:.3f}"
+                    verdict = "significant" if p < 0.05 else "not significant"
+                name = task or "**total**"
+                out.append(f"| {name} | {_wilson_txt(a_p, a_v)} | {_wilson_txt(b_p, b_v)} | "
+                           f"{d} | {p_txt} | {verdict} |")
+            out.append("")
+
+    out += ["## 4. Finish-reason audit", "", "From each cell's summary file (cells that "
+            "have one).", ""]
+    reasons = sorted({f.finish_reason for f in facts if f.finish_reason})
+    out += ["| arm | task | " + " | ".join(reasons) + " |", "|---|---|" + "---|" * len(reasons)]
+    for arm in arms:
+        for task in [x.id for x in preset.tasks]:
+            c = Counter(f.finish_reason for f in _by(facts, arm, task) if f.finish_reason)
+            if c:
+                out.append(f"| {arm} | {task} | " + " | ".join(str(c.get(r, 0))
+                                                              for r in reasons) + " |")
+    out.append("")
+
+    out += ["## 5. Trust", "", f"- valid cells: {t['valid']}",
+            f"- invalid cells: {t['invalid']}"]
+    out += [f"  - {k}: {v}" for k, v in t["invalid_by_reason"].items()]
+    out += [f"- quarantined cells: {t['quarantined']}",
+            f"- teardown-masked cells (valid, killed after finishing, scored from outputs): "
+            f"{t['teardown_masked']}",
+            f"- retried cells: {t['retried']} (INVALID attempts by reason: "
+            f"{_attempts_line(t)})", f"- cells not run: {t['absent']}", ""]
+    excluded = [f for f in facts if f.verdict == "INVALID"]
+    if excluded:
+        out += ["Excluded from every aggregate:", ""]
+        for f in excluded:
+            if f.quarantined:
+                history = ", ".join(f"{r} {c}" for r, c in sorted(
+                    Counter(f.invalid_attempts).items()))
+                out.append(f"- {f.id}: quarantined after {len(f.invalid_attempts)} INVALID "
+                           f"attempts ({history or 'reasons not journaled'})")
+            else:
+                out.append(f"- {f.id}: INVALID({f.reason})")
+        out.append("")
+    caveats = Counter(f.caveat for f in facts if f.caveat)
+    if caveats:
+        out += ["Caveats from the verdict words: " + ", ".join(
+            f"{k} ({v} cells)" for k, v in sorted(caveats.items())) + ".", ""]
+
+    out += ["## 6. Tokens and cost", ""]
+    out += _tokens_section(preset, facts, arms)
+
+    out += ["## 7. Reference comparators", ""]
+    if preset.comparators:
+        out += ["| model | total passes |", "|---|---|"]
+        for name, value in sorted(preset.comparators.items()):
+            out.append(f"| {name} | {value:g} |")
+        for arm in arms:
+            p, v = _score(_by(facts, arm))
+            out.append(f"| **this run: {arm}** | {p}/{v} valid |")
+    else:
+        out.append("No comparators in this preset.")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _wilson_txt(p: int, v: int) -> str:
+    w = stats.wilson(p, v)
+    if w is None:
+        return "-"
+    return f"{p}/{v} {_pct(p, v)} [{w[0] * 100:.0f}–{w[1] * 100:.0f}]"
+
+
+def _tokens_section(preset: Preset, facts: list[CellFacts], arms: list[str]) -> list[str]:
+    with_usage = [f for f in facts if f.completion_tokens is not None]
+    if not with_usage:
+        return ["No usage data: the harness reported no token counts.", ""]
+    rate = preset.rate_card.get(preset.model)
+    basis = ("list price from the preset rate card × the token totals in the summary files"
+             if rate else "unpriced: the preset's rate card has no entry for this model")
+    out = [f"Cost basis: {basis}.", "", "| arm | cells with usage | prompt tokens | "
+           "completion tokens | cost (USD) |", "|---|---|---|---|---|"]
+    for arm in arms:
+        mine = [f for f in with_usage if f.arm == arm]
+        pin = sum(f.prompt_tokens or 0 for f in mine)
+        pout = sum(f.completion_tokens or 0 for f in mine)
+        cost = f"{(pin * rate[0] + pout * rate[1]) / 1e6:.4f}" if rate else "unpriced"
+        out.append(f"| {arm} | {len(mine)} | {pin} | {pout} | {cost} |")
+    return [*out, ""]
+
+
+def render_findings(preset: Preset, n: int, state_dir: Path) -> str:
+    return findings(preset, collect(preset, n, state_dir), n, plan_changes(state_dir))

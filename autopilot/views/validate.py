@@ -1,0 +1,155 @@
+"""Postflight: the same fail-closed classification, re-done over what is on disk.
+
+``autopilot validate`` re-reads every cell's artifacts (completion files, token and arm
+evidence, the grade file; it never re-runs a grader) together with the journal's record
+of how each attempt ended, and reports every cell that cannot be trusted. It also flags
+grade or summary files in directories that map to no cell of the plan — the origin's
+"arm-less directory" bug signature (a run whose arm label was lost wrote its scores
+where no aggregate would ever look).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autopilot.cell.grading import missing_requirements, read_checks
+from autopilot.cell.validity import Checks, GradeOutcome, RunOutcome, classify, grader_unavailable
+from autopilot.config import Preset
+from autopilot.escape import clean, term
+from autopilot.plan import Plan, cell_context
+from autopilot.state.fsutil import read_json
+from autopilot.state.journal import read_events
+from autopilot.templates import render
+
+ARTIFACT_NAMES = ("grade.json", "summary.json")
+
+
+@dataclass
+class CellCheck:
+    cell: str
+    verdict: str  # PASS / FAIL / INVALID / ABSENT
+    reason: str = ""
+    detail: str = ""
+
+
+@dataclass
+class ValidationResult:
+    cells: list[CellCheck] = field(default_factory=list)
+    armless: list[str] = field(default_factory=list)
+    in_progress: bool = False  # a live supervisor drives the run: running cells wait
+
+    @property
+    def invalid(self) -> list[CellCheck]:
+        return [c for c in self.cells if c.verdict == "INVALID"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.invalid and not self.armless
+
+
+def validate_run(preset: Preset, plan: Plan, state_dir: Path,
+                 in_progress: bool = False) -> ValidationResult:
+    """``in_progress``: a live supervisor drives the run, so a cell it is running is
+    reported RUNNING, not judged from half-written outputs."""
+    last_outcome: dict[str, dict[str, Any]] = {}
+    attempts: dict[str, int] = {}
+    quarantined: set[str] = set()
+    running: set[str] = set()
+    last_invalid: dict[str, tuple[str, str]] = {}
+    invalid_count: dict[str, int] = {}
+    for ev in read_events(state_dir / "journal.jsonl").events:
+        cid = ev.get("cell")
+        if not isinstance(cid, str):
+            continue
+        kind = ev["event"]
+        if kind == "cell_started":
+            attempts[cid] = ev["attempt"] if type(ev.get("attempt")) is int else 1
+            last_outcome.pop(cid, None)
+            running.add(cid)
+        elif kind in ("cell_exited", "cell_ran") and isinstance(ev.get("outcome"), dict):
+            last_outcome[cid] = ev["outcome"]
+        elif kind == "cell_quarantined":
+            quarantined.add(cid)
+        elif kind == "cell_verdict" and ev.get("verdict") == "INVALID":
+            last_invalid[cid] = (clean(ev.get("reason"), 40), clean(ev.get("detail") or "", 300))
+            invalid_count[cid] = invalid_count.get(cid, 0) + 1
+        if kind in ("cell_exited", "cell_ran", "cell_verdict", "cell_quarantined",
+                    "cell_abandoned"):
+            running.discard(cid)
+    result = ValidationResult(in_progress=in_progress)
+    for cell in plan.cells:
+        ctx = cell_context(preset, cell, attempts.get(cell.id, 1), state_dir)
+        out_dir = Path(ctx["output_dir"])
+        if cell.id in quarantined:
+            reason, detail = last_invalid.get(cell.id, ("", ""))
+            result.cells.append(CellCheck(
+                cell.id, "INVALID", "quarantined",
+                f"after {invalid_count.get(cell.id, 0)} INVALID attempts; last: "
+                f"{reason}{': ' + detail if detail else ''}"))
+            continue
+        if in_progress and cell.id in running:
+            result.cells.append(CellCheck(cell.id, "RUNNING"))
+            continue
+        if cell.id not in attempts and not out_dir.exists():
+            result.cells.append(CellCheck(cell.id, "ABSENT"))
+            continue
+        completion = all(Path(render(c, ctx)).exists() for c in preset.harness.completion)
+        rec = last_outcome.get(cell.id, {})
+        outcome = RunOutcome(
+            exit_code=rec.get("exit_code", 0 if completion else None),
+            killed=rec.get("killed"), completion=completion,
+            endpoint_down=bool(rec.get("endpoint_down")), kill_reason=rec.get("kill_reason"),
+        )
+        grade_path = Path(ctx["grade_file"])
+        grade = (GradeOutcome(True, grade=read_json(grade_path)) if grade_path.exists()
+                 else GradeOutcome(False, "no grade file"))
+        checks = read_checks(preset, ctx) if completion else Checks()
+        c = classify(outcome, grade, preset.grader.verdicts, checks, preset.grader.verdict_field)
+        missing = missing_requirements(preset, cell.task, ctx)
+        if c.grade_side and missing:  # not a broken grader: one that cannot run here
+            c = grader_unavailable(missing)
+        result.cells.append(CellCheck(cell.id, c.verdict, c.reason or "", c.detail))
+    result.armless = armless_dirs(preset, plan, state_dir)
+    return result
+
+
+def armless_dirs(preset: Preset, plan: Plan, state_dir: Path) -> list[str]:
+    """Directories beside the cells' output dirs, holding grade/summary files, whose name
+    is no cell of this plan's tasks x arms (any replicate number)."""
+    tasks = "|".join(re.escape(t.id) for t in preset.tasks)
+    arms = "|".join(re.escape(a.label) for a in preset.arms)
+    cell_re = re.compile(rf"^(?:{tasks})_(?:{arms})_v\d+$")
+    parents = {Path(cell_context(preset, c, 1, state_dir)["output_dir"]).parent
+               for c in plan.cells[:1]}
+    flagged = []
+    for parent in parents:
+        if not parent.is_dir():
+            continue
+        for d in sorted(parent.iterdir()):
+            if not d.is_dir() or cell_re.match(d.name):
+                continue
+            found = [n for n in ARTIFACT_NAMES if (d / n).exists()]
+            if found:
+                flagged.append(f"{d} ({', '.join(found)})")
+    return flagged
+
+
+def render_table(result: ValidationResult) -> str:
+    counts: dict[str, int] = {}
+    for c in result.cells:
+        counts[c.verdict] = counts.get(c.verdict, 0) + 1
+    lines = ["validate: " + " ".join(f"{k}={v}" for k, v in sorted(counts.items()))]
+    if result.in_progress:
+        lines.append(f"run in progress: {counts.get('RUNNING', 0)} running cell(s) are not "
+                     "judged until they end; INVALID below are from finished attempts")
+    if result.invalid:
+        width = max(len(c.cell) for c in result.invalid)
+        lines.append(f"{'cell':<{width}}  reason            detail")
+        for c in result.invalid:
+            lines.append(f"{c.cell:<{width}}  {c.reason:<16}  {term(c.detail, 300)}")
+    for d in result.armless:
+        lines.append(f"ARM-LESS DIRECTORY: {d} maps to no cell of the plan")
+    return "\n".join(lines)

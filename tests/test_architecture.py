@@ -1,0 +1,157 @@
+"""Fitness tests: the package keeps the shape ARCHITECTURE.md draws.
+
+Read from the source (the AST), so they are cheap and see every import: top-level,
+inside functions, and under ``TYPE_CHECKING`` alike.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+PKG = ROOT / "autopilot"
+
+# Decisions that take data and a clock: none of them may reach, however indirectly, a
+# module that spawns a process, opens a socket or drives an event loop.
+PURE = ["autopilot.run.runbook", "autopilot.run.snapshot", "autopilot.run.placement",
+        "autopilot.run.throttle", "autopilot.cell.watchdog", "autopilot.cell.validity",
+        "autopilot.state.ledger", "autopilot.state.budget", "autopilot.state.progress",
+        "autopilot.views.stats", "autopilot.endpoints.policy"]
+IMPURE = {"subprocess", "socket", "asyncio", "anyio", "psutil", "aiohttp", "httpx",
+          "aiodocker", "multiprocessing", "ray", "apprise", "requests", "urllib.request",
+          "http.client", "http.server", "autopilot.cell.procs", "autopilot.cell.sandbox"}
+
+
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def imports() -> dict[str, set[str]]:
+    """Every module of the package -> every module name it imports."""
+    out: dict[str, set[str]] = {}
+    for path in PKG.rglob("*.py"):
+        name = module_name(path)
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                deps.add(node.module)
+                deps.update(f"{node.module}.{a.name}" for a in node.names)
+        out[name] = deps
+    return out
+
+
+GRAPH = imports()
+
+
+def internal(dep: str) -> str | None:
+    """The package module ``dep`` names (a module, or a name inside one)."""
+    while dep and dep not in GRAPH:
+        dep = dep.rpartition(".")[0]
+    return dep or None
+
+
+def edges() -> dict[str, set[str]]:
+    return {m: {d for d in map(internal, deps) if d and d != m and not m.startswith(d + ".")
+                and not (m.endswith("__init__") or d == "autopilot")}
+            for m, deps in GRAPH.items()}
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    g = edges()
+    seen: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(u: str) -> None:
+        seen[u] = 1
+        stack.append(u)
+        for v in sorted(g[u]):
+            if seen.get(v) == 1:
+                pytest.fail("import cycle: " + " -> ".join([*stack[stack.index(v):], v]))
+            if not seen.get(v):
+                visit(v)
+        stack.pop()
+        seen[u] = 2
+
+    for m in sorted(g):
+        if not seen.get(m):
+            visit(m)
+
+
+FOUNDATIONS = "foundations"
+# ARCHITECTURE.md's table: what each part may import (besides itself).
+MAY_IMPORT = {
+    FOUNDATIONS: {FOUNDATIONS},
+    "state": {FOUNDATIONS},
+    "cell": {"state", FOUNDATIONS},
+    "endpoints": {"cell", "state", FOUNDATIONS},
+    "backends": {"endpoints", "cell", "state", FOUNDATIONS},
+    "views": {"cell", "state", FOUNDATIONS},
+    "run": {"backends", "endpoints", "cell", "state", "views", FOUNDATIONS},
+    "ops": {"run", "backends", "endpoints", "cell", "state", "views", FOUNDATIONS},
+}
+# The foundations' load-time checks, which reach up on purpose (ARCHITECTURE.md says why).
+EXCEPTIONS = {
+    ("autopilot.loader", "autopilot.state.fsguard"),
+    ("autopilot.loader", "autopilot.backends.ray.shipping"),
+    ("autopilot.logsetup", "autopilot.state.statedir"),
+}
+
+
+def part(module: str) -> str:
+    name = module.split(".")[1]
+    if name in ("cli", "__main__"):
+        return "cli"
+    if not (PKG / name).is_dir() or name in ("demo", "starter"):
+        return FOUNDATIONS  # a top-level module, or the shipped demo and starter
+    return name
+
+
+def test_every_import_points_down_the_layers() -> None:
+    wrong = sorted((m, d) for m, deps in edges().items() for d in deps
+                   if part(m) in MAY_IMPORT and part(d) != part(m)
+                   and part(d) not in MAY_IMPORT[part(m)] and (m, d) not in EXCEPTIONS)
+    assert wrong == []
+
+
+def test_a_backend_never_imports_the_loop() -> None:
+    bad = {m: sorted(d for d in deps if d.startswith("autopilot.run"))
+           for m, deps in edges().items() if m.startswith("autopilot.backends")}
+    assert {m: d for m, d in bad.items() if d} == {}
+
+
+def test_the_views_never_import_the_loop_or_a_backend() -> None:
+    bad = {m: sorted(d for d in deps if d.startswith(("autopilot.run", "autopilot.backends")))
+           for m, deps in edges().items() if m.startswith("autopilot.views")}
+    assert {m: d for m, d in bad.items() if d} == {}
+
+
+@pytest.mark.parametrize("module", PURE)
+def test_pure_policy_reaches_no_process_or_socket(module: str) -> None:
+    g = edges()
+    reached, todo = {module}, [module]
+    while todo:
+        for d in g[todo.pop()]:
+            if d not in reached:
+                reached.add(d)
+                todo.append(d)
+    found = {(m, dep) for m in reached for dep in GRAPH[m]
+             if any(dep == bad or dep.startswith(bad + ".") for bad in IMPURE)}
+    assert found == set()
+
+
+def test_the_fitness_test_sees_an_impure_import() -> None:
+    # The walk itself can fail: a module that imports subprocess is reached.
+    g = edges()
+    assert "autopilot.cell.procs" in g["autopilot.cell.runner"]
+    assert any(d == "subprocess" for d in GRAPH["autopilot.cell.procs"])
+
+
+def test_modules_stay_small() -> None:
+    big = {module_name(p): n for p in PKG.rglob("*.py")
+           if (n := len(p.read_text().splitlines())) > 600}
+    assert big == {}
