@@ -287,10 +287,10 @@ def load_preset(
     from autopilot.state.fsguard import template_problems  # after validation: it renders paths
 
     problems = template_problems(result)
-    if not problems and result.backend.kind == "ray" and not result.backend.shared_state_dir:
-        from autopilot.backends.ray.shipping import outside_problems
+    if not problems:
+        from autopilot.backends.base import backend_class
 
-        for key, why in outside_problems(result)[:1]:
+        for key, why in backend_class(result.backend.kind).load_problems(result)[:1]:
             raise ConfigError(f"{origin(tuple(key.split('[')[0].split('.')))}: {key}: {why}")
     if problems:
         key, why = problems[0]

@@ -97,7 +97,7 @@ MAY_IMPORT = {
 # The foundations' load-time checks, which reach up on purpose (ARCHITECTURE.md says why).
 EXCEPTIONS = {
     ("autopilot.loader", "autopilot.state.fsguard"),
-    ("autopilot.loader", "autopilot.backends.ray.shipping"),
+    ("autopilot.loader", "autopilot.backends.base"),
     ("autopilot.logsetup", "autopilot.state.statedir"),
 }
 

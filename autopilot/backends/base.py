@@ -12,8 +12,9 @@ A new backend (Slurm, say: one job per cell) is one module beside ``local.py`` w
 class of ``Backend``'s shape, one entry in ``BACKENDS``, and its kind in
 ``config.Backend.kind`` (with its own settings). The files it would touch:
 ``autopilot/backends/slurm.py`` (new), this module's ``BACKENDS`` table, and
-``autopilot/config.py`` (the kind and its settings). The loop, the cli and
-``autopilot cleanup`` call it through ``backend_class(kind)`` and need no edit.
+``autopilot/config.py`` (the kind and its settings). The loop, the cli, preflight, the
+loader and ``autopilot cleanup`` ask it through ``backend_class(kind)`` (its placement
+lines, its cleanup, its preflight and load-time checks) and need no edit.
 """
 
 from __future__ import annotations
@@ -25,17 +26,16 @@ import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from autopilot.cell.childenv import child_env
-from autopilot.cell.procs import RUN_TOKEN_ENV
-from autopilot.cell.runner import CellContext, CellRun
-from autopilot.cell.validity import Classification, RunOutcome
-from autopilot.config import ArmEndpoint, Preset
 from autopilot.errors import EndpointError
-from autopilot.logsetup import Redactor
-from autopilot.plan import Cell
-from autopilot.state.fsguard import run_roots
+
+if TYPE_CHECKING:  # the loader asks a backend kind's load checks: this module stays light
+    from autopilot.cell.runner import CellContext
+    from autopilot.cell.validity import Classification, RunOutcome
+    from autopilot.config import ArmEndpoint, Preset
+    from autopilot.logsetup import Redactor
+    from autopilot.plan import Cell
 
 
 class Port(Protocol):
@@ -86,6 +86,11 @@ class Wiring:
 def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
                  extra_env: dict[str, str] | None = None) -> CellContext:
     """The one builder of what a cell run needs (here, and in a Ray node's actor)."""
+    from autopilot.cell.childenv import child_env
+    from autopilot.cell.procs import RUN_TOKEN_ENV
+    from autopilot.cell.runner import CellContext
+    from autopilot.state.fsguard import run_roots
+
     port, clock = w.port, w.clock
     return CellContext(
         preset=w.preset, state_dir=w.state_dir, keeper=keeper, emit=port.emit,
@@ -144,6 +149,20 @@ class Backend(abc.ABC):
         """Blocking: what the backend leaves elsewhere than this machine, removed."""
         return []
 
+    # Whether the endpoint starts on this machine (preflight then checks its binary,
+    # model and port here); a backend that starts it elsewhere checks its own way.
+    endpoint_here: ClassVar[bool] = True
+
+    @classmethod
+    def preflight(cls, preset: Preset) -> list[str]:
+        """What must hold on this machine before the backend can run (fail closed)."""
+        return []
+
+    @classmethod
+    def load_problems(cls, preset: Preset) -> list[tuple[str, str]]:
+        """(key, why) for settings this backend cannot carry out, found at load."""
+        return []
+
     # ------------------------------------------------------------------ the run
 
     def context(self, replica: int = 0) -> CellContext:
@@ -166,9 +185,38 @@ class Backend(abc.ABC):
         """Restart replica 0's endpoint for another arm group (no cell is running)."""
         raise EndpointError(f"the {self.kind} backend serves one arm group only")
 
+    async def start(self) -> None:
+        """Start every replica at once; raise EndpointError only when none could start
+        (the others then serve: one replica down slows the run, it does not stop it)."""
+        import anyio
+
+        keepers = self.keepers
+        if len(keepers) == 1:
+            await keepers[0].start()
+            return
+        errors: dict[int, str] = {}
+
+        async def one(i: int, k: Keeper) -> None:
+            try:
+                await k.start()
+            except EndpointError as e:
+                errors[i] = str(e)
+                k.failed = f"replica {i}: {e}"
+
+        async with anyio.create_task_group() as tg:
+            for i, k in enumerate(keepers):
+                tg.start_soon(one, i, k)
+        if len(errors) == len(keepers):
+            raise EndpointError("; ".join(f"replica {i}: {e}" for i, e in errors.items()))
+        for i, why in errors.items():
+            self.w.port.milestone("endpoint_failed", why=f"replica {i} did not start: {why}",
+                                  replica=i)
+
     async def grade(self, cell: Cell, attempt: int, outcome: RunOutcome) -> Classification:
         """Grade a finished attempt whose outputs are in the state dir (an arm graded at
         once, or an attempt a dead predecessor left finished): here, centrally."""
+        from autopilot.cell.runner import CellRun
+
         return await CellRun(self.context(), cell, attempt).judge(outcome)
 
     async def close(self) -> None:

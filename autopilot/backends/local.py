@@ -11,23 +11,27 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from functools import partial
+from typing import TYPE_CHECKING
 
 from autopilot.backends.base import Backend, Wiring
-from autopilot.cell.runner import CellRun
-from autopilot.cell.validity import Classification, classify
-from autopilot.config import ArmEndpoint
-from autopilot.endpoints import make_endpoint
-from autopilot.endpoints.keeper import Keeper
-from autopilot.plan import Cell
+
+if TYPE_CHECKING:  # loaded on use: the loader asks this class its (no) load checks
+    from autopilot.cell.validity import Classification
+    from autopilot.config import ArmEndpoint
+    from autopilot.endpoints.keeper import Keeper
+    from autopilot.plan import Cell
 
 
 class LocalBackend(Backend):
     kind = "local"
 
     def __init__(self, w: Wiring, setting: ArmEndpoint, group: tuple[str, ...]) -> None:
+        from autopilot.endpoints import make_endpoint
+        from autopilot.endpoints.keeper import Keeper
+
         super().__init__(w, setting, group)
         n = w.preset.endpoint.replicas
-        keepers = []
+        keepers: list[Keeper] = []
         for i in range(n):
             ep = make_endpoint(w.preset, w.state_dir, i)
             ep.arm_setting, ep.arm_group = setting, group
@@ -44,6 +48,9 @@ class LocalBackend(Backend):
         await self.local[0].reconfigure(setting, arms)
 
     async def run(self, cell: Cell, attempt: int, replica: int) -> Classification | None:
+        from autopilot.cell.runner import CellRun
+        from autopilot.cell.validity import classify
+
         run = CellRun(self.context(replica), cell, attempt)
         if self.w.preset.grader.mode == "per-cell":
             return await run.run()

@@ -38,7 +38,6 @@ class Loop(Protocol):
     plan: Plan
     ledger: Ledger
     backend: Backend | None
-    stop_signal: int | None
     throttle: Throttle
     phase: str
     outcome_reason: str
@@ -46,6 +45,8 @@ class Loop(Protocol):
 
     @property
     def keepers(self) -> list[Keeper]: ...
+    @property
+    def stop_signal(self) -> int | None: ...
     @property
     def paused(self) -> str | None: ...
     def emit(self, event: str, **fields: Any) -> dict[str, Any]: ...

@@ -23,6 +23,7 @@ from typing import Any
 
 from dotenv import dotenv_values
 
+from autopilot.backends.base import backend_class
 from autopilot.config import Argv, Preset
 from autopilot.errors import EndpointError, PreflightError
 from autopilot.plan import Cell, Plan, cell_context
@@ -266,14 +267,10 @@ async def run_preflight(
                     problems.append(f"required file {render(f, ctx)} not found")
     found, warned = checkout_problems(preset, state_dir)
     report.warnings += warned
-    if preset.backend.kind == "ray":
-        # The endpoint starts on the nodes (each actor reports its own failure); here,
-        # only that this machine can drive a cluster at all.
-        if importlib.util.find_spec("ray") is None:
-            problems.append("backend.kind = 'ray' needs Ray here and on every node: "
-                            "pip install 'bench-autopilot[ray]'")
-    else:
+    backend = backend_class(preset.backend.kind)
+    if backend.endpoint_here:
         problems += endpoint_problems(preset)
+    problems += backend.preflight(preset)
     problems += slot_problems(preset)
     names = list(preset.preflight.env)
     if preset.endpoint.engine == "provider" and preset.endpoint.api_key_env:

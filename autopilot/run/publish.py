@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autopilot.state.fsutil import atomic_write_text
 
@@ -110,3 +110,19 @@ def publish_run(preset: Preset, n: int, state_dir: Path, repo: Path) -> PublishR
     files = {f"{prefix}/scorecard.md": card, f"{prefix}/findings.md": found}
     msg = f"bench-autopilot: {preset.name} ({preset.model}) N={n} scorecard"
     return publish(repo, files, msg)
+
+
+def publish_state(preset: Preset, n: int, state_dir: Path, repo: Path) -> dict[str, Any]:
+    """``publish_run``, never raising: what status.json and the journal say of it
+    (``ok`` False with the error for a git failure, a hostile value in an artifact, a
+    full disk). Blocking: in a worker thread."""
+    from autopilot.escape import clean
+    from autopilot.logsetup import get_logger
+
+    try:
+        res = publish_run(preset, n, state_dir, repo)
+    except Exception as e:
+        get_logger(__name__).exception("publish_crashed")
+        return {"ok": False, "error": f"{type(e).__name__}: {clean(e)}"}
+    return {"ok": res.ok, "repo": str(repo), "branch": res.branch, "commit": res.commit,
+            "created": res.created, "error": res.error}

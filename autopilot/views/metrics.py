@@ -129,3 +129,16 @@ def write_textfile(path: Path, ledger: Ledger, status: dict[str, Any], live: Liv
     """For node_exporter's textfile collector: written to a temp file and renamed, so a
     scrape never reads half a file."""
     write_to_textfile(str(path), registry(ledger, status, live))
+
+
+def write_run_textfile(path: Path, ledger: Ledger, status: dict[str, Any]) -> None:
+    """The live run's textfile (``--metrics-textfile``), from its status snapshot; a
+    failure is logged, never raised: monitoring must never end the run."""
+    from autopilot.logsetup import get_logger
+    from autopilot.state.liveness import FINAL_PHASES
+
+    live = Liveness("finished" if status.get("phase") in FINAL_PHASES else "live", 0.0, "")
+    try:
+        write_textfile(path, ledger, status, live)
+    except OSError as e:
+        get_logger(__name__).warning("metrics_textfile_failed", path=str(path), error=str(e))

@@ -22,7 +22,6 @@ Imported only when a preset asks for Ray (``pip install 'bench-autopilot[ray]'``
 
 from __future__ import annotations
 
-import socket
 import time
 import uuid
 from pathlib import Path
@@ -31,137 +30,32 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from autopilot.backends.base import Backend, Wiring, replica_lines
-from autopilot.backends.ray.node import NodeAgent, Report, lease_of, sweep_lease, sweep_run
+from autopilot.backends.ray.cluster import (
+    STRATEGY,
+    actor_name,
+    actor_options,
+    bundle_of,
+    cleanup_cluster,
+    connect,
+    import_ray,
+    placement_lines,
+    short_error,
+)
+from autopilot.backends.ray.node import NodeAgent, Report, lease_of, sweep_lease
 from autopilot.backends.ray.shipping import unpack
 from autopilot.cell.runner import move_aside
 from autopilot.cell.validity import Classification
 from autopilot.endpoints.keeper import KeeperBase
-from autopilot.errors import ConfigError, EndpointError, EndpointFailed
+from autopilot.errors import EndpointError, EndpointFailed
 from autopilot.logsetup import get_logger
 from autopilot.plan import cell_context
 from autopilot.state.fsguard import UnsafePath, run_roots
 
 if TYPE_CHECKING:
     from autopilot.config import ArmEndpoint, Preset
-    from autopilot.config import Backend as BackendConfig
     from autopilot.plan import Cell
 
 log = get_logger(__name__)
-
-STRATEGY = {"spread": "SPREAD", "pack": "PACK", "strict_spread": "STRICT_SPREAD",
-            "strict_pack": "STRICT_PACK"}
-
-
-def _ray() -> Any:
-    try:
-        import ray
-    except ImportError as e:
-        raise ConfigError("backend.kind = 'ray' needs Ray on this machine and every node: "
-                          "pip install 'bench-autopilot[ray]'") from e
-    return ray
-
-
-def actor_name(token: str, what: str) -> str:
-    """A run's Ray names (``r<i>`` per replica actor, ``pg``): derived from the run's
-    marker, so a successor, and ``autopilot cleanup``, find what a predecessor left."""
-    return f"autopilot-{token[:16]}-{what}"
-
-
-CONNECT_TIMEOUT_SECS = 10.0
-
-
-def connect(cfg: BackendConfig) -> Any:
-    """Join the cluster as a driver, or raise EndpointError in one line. An address
-    that does not answer is found out by a plain TCP connect first: ``ray.init`` itself
-    retries for minutes before giving up."""
-    ray = _ray()
-    if ray.is_initialized():
-        return ray
-    host, sep, port = cfg.address.rpartition(":")
-    if sep and port.isdigit():
-        try:
-            socket.create_connection((host.strip("[]"), int(port)),
-                                     timeout=CONNECT_TIMEOUT_SECS).close()
-        except OSError as e:
-            raise EndpointError(f"cannot reach the Ray cluster at {cfg.address} "
-                                f"(backend.address): {e.strerror or e}") from None
-    try:
-        ray.init(address=cfg.address, namespace=cfg.namespace, log_to_driver=False,
-                 logging_level="WARNING")
-    except Exception as e:  # ConnectionError, RuntimeError: said in one line
-        ray.shutdown()
-        raise EndpointError(f"cannot join the Ray cluster at {cfg.address} "
-                            f"(backend.address): {_short(e)}") from None
-    return ray
-
-
-def cleanup_cluster(preset: Preset, token: str, grace: float, endpoint: bool) -> list[str]:
-    """``autopilot cleanup`` on every node: stop the run's actors (each kills what it runs
-    and its endpoint), free its placement group, then kill what still carries the run's
-    marker on every live node. Blocking; the lock is free (no supervisor runs)."""
-    cfg = preset.backend
-    ray = connect(cfg)
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    done: list[str] = []
-    try:
-        for i in range(preset.endpoint.replicas):
-            name = actor_name(token, f"r{i}")
-            try:
-                actor = ray.get_actor(name, namespace=cfg.namespace)
-            except ValueError:
-                continue
-            try:
-                cells = ray.get(actor.stop.remote(), timeout=60)
-            except Exception as e:  # dead or hung: killed below either way
-                cells = [f"(stop failed: {_short(e)})"]
-            ray.kill(actor, no_restart=True)
-            done.append(f"ray actor {name} (its cells: {', '.join(cells) or 'none'})")
-        try:
-            ray.util.remove_placement_group(ray.util.get_placement_group(actor_name(token, "pg")))
-            done.append(f"ray placement group {actor_name(token, 'pg')}")
-        except ValueError:
-            pass
-        sweep = ray.remote(sweep_run)
-        for node in ray.nodes():
-            if not node.get("Alive"):
-                continue
-            found = ray.get(sweep.options(
-                num_cpus=0, max_retries=0,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
-            ).remote(token, grace, endpoint), timeout=120)
-            done += [f"processes {' '.join(map(str, f['pids']))} "
-                     f"({'cell ' + f['cell'] if f['cell'] else 'endpoint'}) on node "
-                     f"{node['NodeID'][:12]} ({node.get('NodeManagerAddress')})" for f in found]
-    finally:
-        ray.shutdown()
-    return done
-
-
-def bundle_of(resources: dict[str, float]) -> dict[str, float]:
-    """A replica's placement bundle; a replica that asks for nothing takes one CPU."""
-    return dict(resources) or {"CPU": 1.0}
-
-
-def actor_options(bundle: dict[str, float]) -> dict[str, Any]:
-    """Ray actor options asking for exactly the bundle (GPUs by ``num_gpus``, so Ray
-    sets the actor's CUDA_VISIBLE_DEVICES, which the endpoint then inherits)."""
-    custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
-    return {"num_cpus": bundle.get("CPU", 0), "num_gpus": bundle.get("GPU", 0),
-            "resources": custom or None}
-
-
-def placement_lines(resources: list[dict[str, float]], replicas: int, placement: str,
-                    address: str) -> list[str]:
-    """What --dry-run says about where replicas go (Ray places them at run time)."""
-    lines = [f"ray cluster {address}: {replicas} replica actor(s), placement "
-             f"{STRATEGY[placement]}"]
-    for i in range(replicas):
-        res = resources[i] if len(resources) > 1 else (resources[0] if resources else {})
-        want = ", ".join(f"{k}={v:g}" for k, v in bundle_of(res).items())
-        lines.append(f"  replica {i} -> a node with {want} (Ray places it at start)")
-    return lines
-
 
 class RemoteEndpoint:
     """What the supervisor touches of a replica's endpoint when it runs on a node."""
@@ -253,12 +147,34 @@ class RayBackend(Backend):
     def cleanup(cls, preset: Preset, token: str, grace: float, endpoint: bool) -> list[str]:
         return cleanup_cluster(preset, token, grace, endpoint)
 
+    # The endpoint starts on the nodes (each actor reports its own failure); here, only
+    # that this machine can drive a cluster at all.
+    endpoint_here = False
+
+    @classmethod
+    def preflight(cls, preset: Preset) -> list[str]:
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            return ["backend.kind = 'ray' needs Ray here and on every node: "
+                    "pip install 'bench-autopilot[ray]'"]
+        return []
+
+    @classmethod
+    def load_problems(cls, preset: Preset) -> list[tuple[str, str]]:
+        """Without shared storage, every output a node writes must be one it can ship."""
+        if preset.backend.shared_state_dir:
+            return []
+        from autopilot.backends.ray.shipping import outside_problems
+
+        return outside_problems(preset)
+
     def __init__(self, w: Wiring, setting: ArmEndpoint, group: tuple[str, ...]) -> None:
         # Ray serves one arm group (refused otherwise at load): its first, on every node.
         super().__init__(w, setting, group)
         self.cfg = w.preset.backend
         self.poll_secs = self.cfg.poll_secs
-        self.ray = _ray()
+        self.ray = import_ray()
         self.n = w.preset.endpoint.replicas
         res = self.cfg.resources
         self.bundles = [bundle_of(res[i] if len(res) > 1 else (res[0] if res else {}))
@@ -367,7 +283,7 @@ class RayBackend(Backend):
         except self.ray.exceptions.RayError as e:
             await self._drain(i)  # the keeper's own account of why
             self.ray.kill(actor, no_restart=True)
-            raise EndpointError(f"replica {i}: {_short(e)}") from None
+            raise EndpointError(f"replica {i}: {short_error(e)}") from None
         k.state = "up"
         k.lost_since = None
         self.w.port.emit("ray_replica_started", replica=i,
@@ -388,7 +304,7 @@ class RayBackend(Backend):
                                               self.w.port.stopping(), self.w.port.forced())
             except self.ray.exceptions.RayActorError as e:
                 self.revoked[i] = revoked + self.revoked[i]
-                self._lost(i, inc, _short(e))
+                self._lost(i, inc, short_error(e))
                 return False
             self._apply(i, got)
             return True
@@ -494,7 +410,7 @@ class RayBackend(Backend):
                 pids = await task.remote(self.w.run_token, lease,
                                          self.w.preset.watchdog.kill_grace_secs)
         except Exception as e:  # a sweep that failed is said, not fatal
-            self.w.port.emit("lease_sweep_failed", replica=i, lease=lease, error=_short(e))
+            self.w.port.emit("lease_sweep_failed", replica=i, lease=lease, error=short_error(e))
             return
         self.w.port.emit("lease_swept", replica=i, lease=lease, pids=pids)
 
@@ -516,13 +432,13 @@ class RayBackend(Backend):
             got: tuple[Classification | None, bytes | None] = await actor.run_cell.remote(
                 cell, attempt)
         except self.ray.exceptions.RayActorError as e:
-            self._lost(i, inc, _short(e))
+            self._lost(i, inc, short_error(e))
             self.revoked[i].append(key)  # if the actor was only unreachable, it kills it
             await self._sweep(i, lease, where.get("ip"))
             return Classification(
                 "INVALID", reason="node_lost", launched=time.time(),
                 detail=f"replica {i} on {where.get('host')} "
-                       f"(node {where.get('node', '')[:12]}) lost: {_short(e)}")
+                       f"(node {where.get('node', '')[:12]}) lost: {short_error(e)}")
         finally:
             self.inflight[i].discard(key)
         c, files = got
@@ -559,7 +475,7 @@ class RayBackend(Backend):
                     await actor.stop.remote()
                 await self._drain(i)
             except Exception as e:  # lost already: nothing to stop there
-                log.warning("ray_replica_stop_failed", replica=i, error=_short(e))
+                log.warning("ray_replica_stop_failed", replica=i, error=short_error(e))
             self.ray.kill(actor, no_restart=True)
             self.actors[i] = None
         if k.state not in ("failed", "lost"):
@@ -571,9 +487,3 @@ class RayBackend(Backend):
             self.ray.util.remove_placement_group(self.pg)
             self.pg = None
         await anyio.to_thread.run_sync(self.ray.shutdown)
-
-
-def _short(e: BaseException) -> str:
-    """The first line of a Ray error (they run to pages)."""
-    text = str(e).strip().splitlines()
-    return (text[0] if text else type(e).__name__)[:300]

@@ -1,0 +1,262 @@
+"""The loop's recording side: the backend's port, the run policy applied, the status.
+
+Everything that happens to a run passes through ``Recorder.emit``: journal append
+(fsync'd) -> ledger.apply -> log -> status mark. A backend reports through the port
+methods (emit, milestone, tick, grade_failure, throttled, stopping, forced); a verdict
+is recorded with its spend, and what it means for the run — quarantine, the
+harness-break streak, budgets, an arm's completion — is decided by the pure run policy
+(autopilot.run.runbook) and applied here in order. status.json is built from plain data
+(autopilot.run.snapshot). The lifecycle around it (lock, start-up, passes, the end) is
+autopilot.run.supervisor's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from autopilot.backends.base import Backend, Keeper
+from autopilot.cell.childenv import urls_from_env
+from autopilot.cell.validity import Classification
+from autopilot.config import Preset
+from autopilot.logsetup import get_logger
+from autopilot.plan import Plan
+from autopilot.run import recovery, runbook
+from autopilot.run.clock import RunClock
+from autopilot.run.notify import MILESTONES, Notifier
+from autopilot.run.options import RunOptions
+from autopilot.run.passes import Passes
+from autopilot.run.snapshot import RunView, build
+from autopilot.run.stopping import Stop
+from autopilot.run.throttle import Throttle, on_throttled
+from autopilot.state import budget
+from autopilot.state.fsutil import atomic_write_text, iso
+from autopilot.state.journal import Journal
+from autopilot.state.ledger import Ledger
+from autopilot.state.progress import oneline
+from autopilot.state.status import StatusWriter
+from autopilot.templates import render
+
+log = get_logger(__name__)
+
+TICK_STATUS_SECS = 5.0
+
+# Log levels that mean something: a warning is the run healing itself, an error is
+# something a person must look at (shown on the console even with --quiet).
+WARNING_EVENTS = frozenset({"cell_killed", "endpoint_down", "endpoint_restart",
+                            "cell_quarantined", "unsafe_path_refused", "journal_pid_refused",
+                            "notify_failed", "launching_paused"})
+ERROR_EVENTS = frozenset({"endpoint_failed", "harness_anomaly", "publish_failed"})
+
+
+class Recorder:
+    def __init__(self, preset: Preset, plan: Plan, opts: RunOptions, *,
+                 clock: Callable[[], float] | None = None) -> None:
+        self.preset = preset
+        self.plan = plan
+        self.opts = opts
+        self.state_dir = opts.state_dir
+        # The run clock (absence excluded) unless a test drives time itself.
+        self.clock: Callable[[], float] = RunClock() if clock is None else clock
+        self.notifier = Notifier(
+            [*preset.notify.urls, *urls_from_env()], opts.notify_config,
+            cooldown_secs=preset.notify.cooldown_secs, timeout_secs=preset.notify.timeout_secs,
+            on_failure=self._notify_failed, clock=self.clock,
+        )
+        self.ledger = Ledger(plan)
+        self.journal: Journal | None = None
+        self.backend: Backend | None = None  # where cells run: made by the supervisor
+        self.rules = runbook.Rules.of(preset)
+        self.policy = runbook.Policy()
+        self.passes = Passes(self)
+        self.phase = "starting"
+        self.outcome_reason = ""
+        self.started_at = iso()
+        self.t0 = self.clock()
+        self.done_this_session = 0
+        self.swept = recovery.Swept()
+        self.stop = Stop()
+        self.throttle = Throttle(preset.run.concurrency, preset.run.concurrency)
+        self.status = StatusWriter(
+            self.state_dir / "status.json", self.snapshot, preset.run.status_debounce_secs,
+            also=self._write_metrics if opts.metrics_textfile else None,
+        )
+        self._tick_marked = 0.0
+        self.publish_state: dict[str, Any] | None = None
+
+    @property
+    def keepers(self) -> list[Keeper]:
+        return list(self.backend.keepers) if self.backend is not None else []
+
+    @property
+    def stop_signal(self) -> int | None:
+        return self.stop.signal
+
+    @property
+    def paused(self) -> str | None:
+        """Why launching stopped (an anomaly pause, a budget), if it did."""
+        return self.policy.paused
+
+    # ------------------------------------------------------------------ the port
+
+    def emit(self, event: str, **fields: Any) -> dict[str, Any]:
+        assert self.journal is not None
+        record = self.journal.append(event, **fields)
+        self.ledger.apply(record)
+        name = fields.get("kind") if event == "milestone" else event
+        level = ("error" if name in ERROR_EVENTS else "warning" if name in WARNING_EVENTS
+                 else "info")
+        getattr(log, level)(event, **{k: v for k, v in fields.items() if k != "token"})
+        self.status.mark()
+        return record
+
+    def milestone(self, kind: str, **info: Any) -> None:
+        priority = MILESTONES.get(kind, ("", "normal"))[1]
+        payload = {
+            "kind": kind, "priority": priority, "preset": self.preset.name,
+            "model": self.preset.model, "progress": self.progress_line(), **info,
+        }
+        self.emit("milestone", **payload)
+        try:
+            self.notifier.submit(kind, payload)
+        except Exception as e:  # notifications must never break the run
+            log.warning("notify_failed", kind=kind, error=str(e))
+
+    def tick(self, cid: str, frozen_secs: float, tier: str, last_signal: Any) -> None:
+        """A running cell's watchdog tick (from here, or from a node's actor)."""
+        cell = self.ledger.cells.get(cid)
+        if cell is not None:
+            cell.frozen_secs = frozen_secs
+            changed = tier != cell.tier
+            cell.tier = tier
+            cell.last_signal = last_signal
+            # frozen_secs moves on every tick; rewriting status.json for that alone is
+            # only worth it every few seconds (a tier change is written at once).
+            now = self.clock()
+            if changed or now - self._tick_marked >= TICK_STATUS_SECS:
+                self._tick_marked = now
+                self.status.mark()
+
+    def grade_failure(self, cid: str, c: Classification) -> None:
+        self._decide(runbook.on_grade_failure(self.policy, self.rules, cid, c,
+                                              now=time.time()))
+
+    def throttled(self) -> None:
+        self.set_throttle(on_throttled(self.throttle, self.clock()))
+
+    def stopping(self) -> bool:
+        return self.stop.signal is not None
+
+    def forced(self) -> bool:
+        return self.stop.forced
+
+    def interruptible(self) -> contextlib.AbstractContextManager[anyio.CancelScope]:
+        return self.stop.interruptible()
+
+    def _notify_failed(self, kind: str, url: str, why: str) -> None:
+        if self.journal is not None:
+            self.emit("notify_failed", kind=kind, url=url, why=why)
+
+    def set_throttle(self, new: Throttle) -> None:
+        before, self.throttle = self.throttle.limit, new
+        if new.limit != before:
+            self.emit("launch_throttled", limit=new.limit, ceiling=new.ceiling)
+
+    # ------------------------------------------------------------------ policy
+
+    def record_verdict(self, cid: str, attempt: int, c: Classification, *,
+                       regrade: bool = False) -> None:
+        extra: dict[str, Any] = {"ungraded": True} if c.grade_side else {}
+        if regrade:
+            extra["regrade"] = True
+        else:
+            spent = self._attempt_spend(cid)
+            extra["spend"] = [spent.prompt, spent.completion]
+        self.emit("cell_verdict", cell=cid, attempt=attempt, verdict=c.verdict, reason=c.reason,
+                  word=c.word, caveat=c.caveat, teardown_masked=c.teardown_masked,
+                  detail=c.detail, **extra)
+        self._decide(runbook.on_verdict(self.policy, self.rules, self.ledger, cid, c,
+                                        regrade=regrade, now=time.time()))
+
+    def check_budget(self) -> None:
+        self._decide(runbook.budget_tick(self.policy, self.rules, self.ledger))
+
+    def _decide(self, decision: runbook.Decision) -> None:
+        """Apply what the run policy decided, in order."""
+        self.policy, effects = decision
+        for fx in effects:
+            if isinstance(fx, runbook.Emit):
+                self.emit(fx.event, **fx.fields)
+            elif isinstance(fx, runbook.Milestone):
+                self.milestone(fx.kind, **fx.info)
+            elif isinstance(fx, runbook.Throttled):
+                self.throttled()  # the harness saw the provider throttle: launch fewer
+            elif isinstance(fx, runbook.WriteArmSummary):
+                self._write_arm_summary(fx.arm)
+            elif isinstance(fx, runbook.CountValid):
+                self.done_this_session += 1
+
+    def _attempt_spend(self, cid: str) -> budget.Spend:
+        """What the attempt's summary says it used (its tokens; 0 without a summary)."""
+        from autopilot.plan import cell_context
+        from autopilot.state.fsutil import read_json
+
+        ctx = cell_context(self.preset, self.plan.by_id[cid], 1, self.state_dir)
+        return budget.of_summary(read_json(Path(render(self.preset.harness.summary, ctx))))
+
+    def _write_arm_summary(self, arm: str) -> None:
+        """summary-<arm>.txt, the origin's PASS/FAIL table, when an arm finishes."""
+        from autopilot.views import report
+
+        try:
+            # From the ledger (the journal's verdicts), not by re-reading every artifact:
+            # the run knows its verdicts; `autopilot summarize` re-derives them from disk.
+            facts = report.facts_from_cells(
+                [c for c in self.ledger.cells.values() if c.arm == arm])
+            atomic_write_text(self.state_dir / f"summary-{arm}.txt",
+                              report.arm_summary(self.preset, facts, arm))
+        except OSError as e:
+            log.warning("summary_write_failed", arm=arm, error=str(e))
+
+    def endpoint_failed(self) -> str | None:
+        """Why no replica can serve any more, or None while one can."""
+        return runbook.endpoint_failure([k.failed for k in self.keepers])
+
+    # ------------------------------------------------------------------ status
+
+    def snapshot(self, light: bool = False) -> dict[str, Any]:
+        keepers = self.keepers
+        per = self.passes.per_replica
+        slots = self.passes.replica_slots
+        return build(RunView(
+            preset=self.preset, plan=self.plan, ledger=self.ledger, phase=self.phase,
+            outcome_reason=self.outcome_reason, pass_no=self.passes.pass_no,
+            started_at=self.started_at, updated_at=iso(), elapsed=self.clock() - self.t0,
+            done_this_session=self.done_this_session, throttle=self.throttle,
+            pid=os.getpid(), host=socket.gethostname(),
+            endpoint=keepers[0].describe() if keepers else None,
+            endpoints=[{**k.describe(), "slots": per, "slots_used": per - slots[i].value}
+                       for i, k in enumerate(keepers)] if self.backend is not None else None,
+            streak=self.policy.streak.count, alarms=self.policy.alarms,
+            orphans_cleaned=self.swept.cleaned, publish=self.publish_state,
+        ), light)
+
+    def progress_line(self) -> str:
+        return oneline(self.snapshot(light=True))
+
+    def _write_metrics(self, snap: dict[str, Any]) -> None:
+        """The node_exporter textfile (--metrics-textfile), from the same snapshot."""
+        from autopilot.views.metrics import write_run_textfile
+
+        assert self.opts.metrics_textfile is not None
+        write_run_textfile(self.opts.metrics_textfile, self.ledger, snap)
+
+
+__all__ = ["Recorder"]

@@ -1,0 +1,64 @@
+"""Stop signals as events (uvicorn's supervisors): the handler only records, the loop acts.
+
+The first SIGINT or SIGTERM asks for a graceful stop: every wait that is not cell work
+(an endpoint start, a replica to come back) is cancelled at once through the scopes made
+by ``interruptible``, and running cells are terminated and abandoned, never judged. A
+second signal forces: cells are killed without their grace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Callable, Iterator
+
+import anyio
+
+from autopilot.logsetup import get_logger
+
+log = get_logger(__name__)
+
+
+class Stop:
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self.forced = False
+        self._scopes: set[anyio.CancelScope] = set()
+
+    @property
+    def name(self) -> str | None:
+        return signal.Signals(self.signal).name if self.signal else None
+
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[anyio.CancelScope]:
+        """A scope the first stop signal cancels (waits that are not cell work)."""
+        scope = anyio.CancelScope()
+        if self.signal is not None:
+            scope.cancel()
+        self._scopes.add(scope)
+        try:
+            with scope:
+                yield scope
+        finally:
+            self._scopes.discard(scope)
+
+    def request(self, sig: int) -> bool:
+        """Record a signal; True for the first (a graceful stop), False once forced."""
+        if self.signal is None:
+            self.signal = sig
+            for s in list(self._scopes):
+                s.cancel()
+            log.warning("stop_requested", signal=signal.Signals(sig).name,
+                        note="terminating running cells; a second signal forces")
+            return True
+        self.forced = True
+        log.warning("stop_forced", signal=signal.Signals(sig).name)
+        return False
+
+    async def receive(self, on_stop: Callable[[], None]) -> None:
+        """Until cancelled: turn SIGINT / SIGTERM into ``request`` (``on_stop`` after the
+        first, e.g. to write status)."""
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for sig in signals:
+                if self.request(sig):
+                    on_stop()
