@@ -30,7 +30,9 @@ from autopilot.loader import find_preset, list_presets, load_preset
 from autopilot.plan import Plan
 from autopilot.run.preflight import run_preflight
 from autopilot.state.fsutil import atomic_write_json, atomic_write_text, check_writable_dir
+from autopilot.state.journal import state_events
 from autopilot.state.readers import load_recorded
+from autopilot.state.untrusted import state_json
 
 
 def positive_int(value: str) -> int:
@@ -201,11 +203,11 @@ def cmd_notify_test(args: argparse.Namespace) -> int:
 
 
 def dry_run_text(preset: Preset, plan: Plan, state_dir: Path, warnings: list[str]) -> str:
-    from autopilot.state.journal import read_events
     from autopilot.state.ledger import Ledger
 
     led = Ledger(plan)
-    for ev in read_events(state_dir / "journal.jsonl").events:
+
+    for ev in state_events(state_dir).events:
         led.apply(ev)
     c = led.counts()
     lines = [
@@ -228,16 +230,19 @@ def dry_run_text(preset: Preset, plan: Plan, state_dir: Path, warnings: list[str
 
 
 def env_lines(preset: Preset) -> list[str]:
-    """Which env vars each child role is given on purpose, and which it does not inherit
-    (names only: values are never printed)."""
+    """Which env vars each child role is given on purpose (besides the base allow-list),
+    and which of this environment's it does not inherit (names only: values are never
+    printed)."""
     from autopilot.cell.childenv import Role, passed, withheld
 
     out = []
     roles: tuple[Role, ...] = ("harness", "grader", "endpoint")
     for role in roles:
         given, held = sorted(passed(preset, role)), withheld(preset, role)
-        out.append(f"env {role}: passes {', '.join(given) or 'nothing extra'}; withheld "
-                   f"{', '.join(held) or 'none'}")
+        shown = ", ".join(held[:30]) + (f" and {len(held) - 30} more" if len(held) > 30
+                                        else "")
+        out.append(f"env {role}: passes {', '.join(given) or 'nothing extra'} (besides the "
+                   f"base: PATH, HOME, locale, TERM, TZ, ...); withheld {shown or 'none'}")
     return out
 
 
@@ -251,13 +256,13 @@ def load_trusted(state_dir: Path, args: argparse.Namespace) -> tuple[Preset, Pla
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from autopilot.state.fsutil import read_json
     from autopilot.state.liveness import look
     from autopilot.views.validate import render_table, validate_run
 
     state_dir = _state_dir(args)
     preset, plan = load_recorded(state_dir)
-    status = read_json(state_dir / "status.json")
+
+    status = state_json(state_dir, "status.json")
     live = look(state_dir, status if isinstance(status, dict) else {}).state == "live"
     result = validate_run(preset, plan, state_dir, in_progress=live)
     print(render_table(result))
@@ -333,9 +338,9 @@ def cmd_regrade(args: argparse.Namespace) -> int:
 def recorded_target_n(state_dir: Path) -> int | None:
     """The target N this state dir's run was last driven to (plan.json), if any: a re-run
     without --target-n keeps it rather than falling back to the preset's."""
-    from autopilot.state.fsutil import read_json
 
-    rec = read_json(state_dir / "plan.json")
+
+    rec = state_json(state_dir, "plan.json")
     n = rec.get("target_n") if isinstance(rec, dict) else None
     return n if type(n) is int and n > 0 else None
 
@@ -356,9 +361,14 @@ def resume_command(args: argparse.Namespace, state_dir: Path, target_n: int) -> 
 def metrics_path(value: str | None) -> Path | None:
     if not value:
         return None
+    from autopilot.views.metrics import textfile_dir_problem
+
     path = Path(value).absolute()
     if not path.parent.is_dir():
         raise ConfigError(f"--metrics-textfile {path}: directory {path.parent} does not exist")
+    why = textfile_dir_problem(path.parent)
+    if why:
+        raise ConfigError(f"--metrics-textfile {path}: {why}")
     return path
 
 

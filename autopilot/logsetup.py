@@ -8,6 +8,7 @@ never reach the log even when it sneaks into an argv or an error message.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import sys
@@ -42,9 +43,33 @@ REDACTED = "***"
 _BEARER = re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
 
 
+def encoded_forms(secret: str) -> set[str]:
+    """The ways a secret shows up in text it was pasted into: as it is, URL-encoded (a
+    query string, a form body) and base64 (standard and URL-safe, at any alignment
+    inside a longer encoded string: a basic-auth header, a JSON blob in a data URL)."""
+    from urllib.parse import quote, quote_plus
+
+    raw = secret.encode()
+    forms = {secret, quote(secret, safe=""), quote_plus(secret)}
+    for i in range(3):
+        enc = base64.b64encode(b"\0" * i + raw).decode()
+        # The characters that depend on the secret's bytes alone: not the ones the
+        # prefix reaches into, not the last partial group.
+        core = enc[-(-i * 8 // 6): (i + len(raw)) * 8 // 6]
+        if len(core) >= 4:
+            forms |= {core, core.translate(_URLSAFE)}
+    return {f for f in forms if len(f) >= 4}
+
+
+_URLSAFE = str.maketrans("+/", "-_")
+
+
 class Redactor:
     def __init__(self, secrets: Iterable[str] = ()) -> None:
-        self.secrets = sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True)
+        plain = {s for s in secrets if s and len(s) >= 4}
+        # Longest first: a form that contains another is replaced whole.
+        self.secrets = sorted({f for s in plain for f in encoded_forms(s)}, key=len,
+                              reverse=True)
 
     def scrub(self, value: Any) -> Any:
         if isinstance(value, str):
@@ -59,7 +84,10 @@ class Redactor:
         return value
 
     def __call__(self, _: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any:
-        return {k: self.scrub(v) for k, v in event_dict.items()}
+        from autopilot.escape import bounded
+
+        # Bounded first (a 5 MB value from outside costs the log 4 KB), then redacted.
+        return {k: self.scrub(bounded(v)) for k, v in event_dict.items()}
 
     def scrub_file(self, path: Path) -> bool:
         """Redact a spooled log in place (a harness that prints its key puts it there);

@@ -30,10 +30,10 @@ DECISIONS = {"cell_verdict", "cell_quarantined", "cell_adopted", "cell_abandoned
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("AUTOPILOT_", "NOTIFY_SOCKET", "WATCHDOG_"))}
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+    # A fixed, minimal environment: what --dry-run says is withheld from children must
+    # not depend on the machine the trace is taken on.
+    keep = ("PATH", "HOME", "LANG", "PYTHONDONTWRITEBYTECODE")
+    return {**{k: os.environ[k] for k in keep if k in os.environ}, "PYTHONUNBUFFERED": "1"}
 
 
 def trace(events: list[dict[str, Any]]) -> list[str]:

@@ -26,8 +26,11 @@ def env_for(bench: Path, argv_log: Path, **extra: str) -> dict[str, str]:
 
 
 def overlay(tmp: Path, **more: object) -> str:
-    doc = {"harness": {"sandbox_container": ""},  # no Docker sandbox in the fake harness
-           "endpoint": {"startup_timeout_secs": 30, "probe_interval_secs": 0.5},
+    doc = {"harness": {"sandbox_container": "", "pass_env": ["FAKE_ARGV_LOG"]},
+           # (no Docker sandbox in the fake harness; the fakes log their argv there)
+           "grader": {"pass_env": ["FAKE_GRADER_HOLD", "FAKE_ARGV_LOG"]},
+           "endpoint": {"startup_timeout_secs": 30, "probe_interval_secs": 0.5,
+                        "pass_env": ["FAKE_ARGV_LOG"]},
            "watchdog": {"poll_secs": 0.2}, **more}
     return str(write_overlay(tmp / "o.json", doc))
 

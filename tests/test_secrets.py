@@ -34,7 +34,8 @@ def run_with(state_dir: Path, tmp_path: Path, harness: dict) -> None:
     r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over), "--state-dir",
                 str(state_dir), "--quiet",
                 env=cli_env(OPENAI_API_KEY=SECRET + "-openai", MY_PROVIDER_KEY=SECRET,
-                            AUTOPILOT_NOTIFY_URLS=NTFY, HF_TOKEN="hf_abcdef123456"))
+                            AUTOPILOT_NOTIFY_URLS=NTFY, HF_TOKEN="hf_abcdef123456",
+                            DATABASE_URL="postgres://u:pass@db.example/x"))
     assert r.returncode == 0, r.stderr[-3000:]
 
 
@@ -42,7 +43,8 @@ def test_children_do_not_inherit_secrets_unless_passed(state_dir: Path,
                                                        tmp_path: Path) -> None:
     run_with(state_dir, tmp_path, {})
     names = json.loads((state_dir / "cells/p1_bugfix_demo-nothink_v1/env.json").read_text())
-    for withheld in ("OPENAI_API_KEY", "MY_PROVIDER_KEY", "AUTOPILOT_NOTIFY_URLS", "HF_TOKEN"):
+    for withheld in ("OPENAI_API_KEY", "MY_PROVIDER_KEY", "AUTOPILOT_NOTIFY_URLS", "HF_TOKEN",
+                     "DATABASE_URL"):  # an allow-list: a name that hides its credential too
         assert withheld not in names
     assert {"PATH", "AUTOPILOT_CELL_ID", "AUTOPILOT_RUN_TOKEN"} <= set(names)
     log = (state_dir / "logs/p1_bugfix_demo-nothink_v1.launcher.log").read_text()
@@ -62,13 +64,19 @@ def test_a_secret_the_harness_prints_is_redacted_everywhere(state_dir: Path,
 
 
 def test_dry_run_shows_what_each_child_gets(tmp_path: Path) -> None:
+    import os
+
     over = write_overlay(tmp_path / "o.json", {"harness": {"pass_env": ["HF_TOKEN"]}})
+    env = {"PATH": os.environ["PATH"], "HOME": "/root", "PYTHONUNBUFFERED": "1",
+           "OPENAI_API_KEY": "x" * 8, "HF_TOKEN": "y" * 8, "DATABASE_URL": "z" * 8}
     r = run_cli("--preset", "demo", "--target-n", "1", "--dry-run", "--config", str(over),
-                "--state-dir", str(tmp_path / "s"),
-                env=cli_env(OPENAI_API_KEY="x" * 8, HF_TOKEN="y" * 8))
+                "--state-dir", str(tmp_path / "s"), env=env)
     assert r.returncode == 0, r.stderr
-    assert "env harness: passes HF_TOKEN; withheld OPENAI_API_KEY" in r.stdout
-    assert "env grader: passes nothing extra; withheld HF_TOKEN, OPENAI_API_KEY" in r.stdout
+    base = "(besides the base: PATH, HOME, locale, TERM, TZ, ...)"
+    assert f"env harness: passes HF_TOKEN {base}; withheld DATABASE_URL, OPENAI_API_KEY" \
+        in r.stdout
+    assert f"env grader: passes nothing extra {base}; withheld DATABASE_URL, HF_TOKEN, " \
+        "OPENAI_API_KEY" in r.stdout
     assert "x" * 8 not in r.stdout and "y" * 8 not in r.stdout
 
 

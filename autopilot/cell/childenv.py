@@ -1,13 +1,16 @@
 """What a child process (harness, grader, endpoint) inherits from the supervisor's env.
 
 A harness is untrusted code that may print its environment into a transcript we then
-publish. So the supervisor hands on its environment minus what is not the child's:
-the autopilot's own notification config (``AUTOPILOT_NOTIFY_*``: an ntfy topic or a
-webhook path is a credential), every variable the preset names as a secret, and every
-variable whose *name* looks like a credential (``*KEY*``, ``*TOKEN*``, ``*SECRET*``,
-``*PASSW*``, ``*CREDENTIAL*``, ``*COOKIE*``). A child that needs one says so with its
-role's ``pass_env``; a provider's ``api_key_env`` is passed to the harness, which is
-what talks to the provider. ``--dry-run`` lists what each role gets and what is withheld.
+publish, and filtering by *name* misses credentials (``DATABASE_URL=postgres://u:pass@``).
+So a child gets an allow-list, never the supervisor's environment minus a pattern: a
+small base that programs need to run (``PATH``, ``HOME``, the locale, ``TERM``, ``TZ``,
+``TMPDIR``, the Python and Docker client basics, BLAS/OpenMP thread settings; the
+endpoint also the GPU runtime's: ``LD_LIBRARY_PATH``, ``CUDA_*`` device selection, the
+Hugging Face cache), no proxy settings, plus what the preset declares in the role's
+``pass_env``; a provider's ``api_key_env`` goes to the harness, which is what talks to
+the provider. The autopilot's own notification config (``AUTOPILOT_NOTIFY_*``) and the
+preset's secrets reach no child unless ``pass_env`` names them. ``--dry-run`` lists what
+each role gets and what is withheld.
 """
 
 from __future__ import annotations
@@ -18,15 +21,28 @@ from collections.abc import Mapping
 from typing import Literal
 
 from autopilot.config import Preset
+from autopilot.logsetup import Redactor
 
 Role = Literal["harness", "grader", "endpoint"]
 
-_CREDENTIAL_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|COOKIE", re.IGNORECASE)
+BASE = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ", "TMPDIR",
+    "PWD", "COLUMNS", "LINES", "NO_COLOR",
+    "PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING",
+    "VIRTUAL_ENV", "DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY",
+})
+BASE_PREFIXES = ("LC_", "OPENBLAS_", "OMP_", "MKL_", "AUTOPILOT_DEMO_")
+ENDPOINT_BASE = frozenset({
+    "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_HOME",
+    "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "XDG_CACHE_HOME",
+})
 _OWN_PREFIX = "AUTOPILOT_NOTIFY_"
 
 
 def passed(preset: Preset, role: Role) -> frozenset[str]:
-    """Names this role is given although they would be withheld."""
+    """Names the preset declares for this role (``pass_env``; the provider's key for
+    the harness), given besides the base."""
     if role == "harness":
         names = list(preset.harness.pass_env)
         if preset.endpoint.engine == "provider" and preset.endpoint.api_key_env:
@@ -38,18 +54,22 @@ def passed(preset: Preset, role: Role) -> frozenset[str]:
     return frozenset(names)
 
 
-def withheld_name(name: str, secrets: frozenset[str]) -> bool:
-    return (name.startswith(_OWN_PREFIX) or name in secrets
-            or bool(_CREDENTIAL_NAME.search(name)))
+def allowed(name: str, role: Role, declared: frozenset[str]) -> bool:
+    """Whether ``role`` inherits ``name``: declared by the preset, or in the base."""
+    if name in declared:
+        return True
+    if name.startswith(_OWN_PREFIX):
+        return False
+    return name in BASE or name.startswith(BASE_PREFIXES) or (
+        role == "endpoint" and name in ENDPOINT_BASE)
 
 
 def child_env(preset: Preset, role: Role,
               environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment ``role`` inherits (before the autopilot adds its own variables)."""
     environ = os.environ if environ is None else environ
-    keep = passed(preset, role)
-    secrets = frozenset(preset.preflight.secrets)
-    return {k: v for k, v in environ.items() if k in keep or not withheld_name(k, secrets)}
+    declared = passed(preset, role)
+    return {k: v for k, v in environ.items() if allowed(k, role, declared)}
 
 
 def withheld(preset: Preset, role: Role,
@@ -64,6 +84,12 @@ def urls_from_env(value: str | None = None) -> list[str]:
     """Notification URLs from ``AUTOPILOT_NOTIFY_URLS`` (comma or space separated)."""
     value = os.environ.get("AUTOPILOT_NOTIFY_URLS", "") if value is None else value
     return [u for u in re.split(r"[,\s]+", value) if u]
+
+
+def redactor(preset: Preset) -> Redactor:
+    """What every exit (log, report, board, publish, served page) redacts: the preset's
+    secret values in every encoded form (autopilot.logsetup.encoded_forms)."""
+    return Redactor(secret_values(preset))
 
 
 def secret_values(preset: Preset) -> list[str]:

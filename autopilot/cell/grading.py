@@ -9,12 +9,14 @@ afterwards, whatever happens. What the grade *means* is decided by ``validity``.
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import tarfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -41,15 +43,16 @@ from autopilot.config import Preset
 from autopilot.escape import clean
 from autopilot.state.budget import count_or_none
 from autopilot.state.fsguard import UnsafePath, remove_tree, run_roots
-from autopilot.state.fsutil import read_json
 from autopilot.state.statedir import open_append
+from autopilot.state.untrusted import load_json, open_fd
 from autopilot.templates import grader_argv, render, render_argv
 
 
 def _extract(archive: Path, into: Path, roots: tuple[Path, ...], state_dir: Path) -> None:
     remove_tree(into, roots, state_dir)  # through the guard: UnsafePath outside the run
     into.mkdir(parents=True)
-    with tarfile.open(archive) as tf:
+    # The archive is the harness's: a regular file, never through a symlink, or none.
+    with os.fdopen(open_fd(archive), "rb") as raw, tarfile.open(fileobj=raw) as tf:
         # 'data' refuses absolute paths, '..', devices and links out of the tree.
         tf.extractall(into, filter="data")
 
@@ -109,9 +112,12 @@ async def run_grader(
                     return GradeOutcome(False, f"grader timed out after {timeout:.0f}s")
             finally:
                 OWNED.discard(proc.pid)
+        # The grader's file, read as anything from outside (a FIFO, a symlink, a 50 MB
+        # verdict word: refused, and said why).
+        grade, refused = load_json(grade_file)
         if code != 0:
-            return GradeOutcome(False, f"grader exit code {code}", read_json(grade_file))
-        return GradeOutcome(True, "", read_json(grade_file))
+            return GradeOutcome(False, f"grader exit code {code}", grade)
+        return GradeOutcome(True, f"grade file refused: {refused}" if refused else "", grade)
     finally:
         if scratch is not None:
             with contextlib.suppress(UnsafePath):
@@ -124,14 +130,22 @@ def read_checks(p: Preset, ctx: Mapping[str, str]) -> Checks:
     t = p.trust
     tokens: float | None = None
     malformed: list[str] = []
+    refused: list[str] = []
+
+    def harness_json(template: str) -> Any:
+        value, why = load_json(Path(render(template, ctx)))
+        if why:  # a FIFO, a device, a symlink, a huge file: a named malformed outcome
+            refused.append(why)
+        return value
+
     if t.tokens:
-        value = lookup(read_json(Path(render(t.tokens.file, ctx))), t.tokens.field)
+        value = lookup(harness_json(t.tokens.file), t.tokens.field)
         tokens = count_or_none(value)
         if value is not None and tokens is None:
             malformed.append(f"{t.tokens.field} is {clean(value, 60)}, not a finite count")
     finish_error = rate_limited = None
     if t.finish:
-        why = lookup(read_json(Path(render(t.finish.file, ctx))), t.finish.field)
+        why = lookup(harness_json(t.finish.file), t.finish.field)
         if why is not None and not isinstance(why, str):
             malformed.append(f"{t.finish.field} is a {type(why).__name__}, not a string")
         elif isinstance(why, str) and why.startswith(tuple(t.finish.rate_limited_prefixes)):
@@ -140,10 +154,11 @@ def read_checks(p: Preset, ctx: Mapping[str, str]) -> Checks:
             finish_error = why
     mismatches = []
     for chk in t.arm_checks:
-        got = lookup(read_json(Path(render(chk.file, ctx))), chk.field)
+        got = lookup(harness_json(chk.file), chk.field)
         want = render(chk.expect, ctx)
         if got is None or str(got) != want:
             mismatches.append(f"{chk.field}: requested {want!r}, executed {got!r}")
+    malformed += [f"refused {clean(why, 200)}" for why in dict.fromkeys(refused)]
     return Checks(tokens=tokens, tokens_checked=t.tokens is not None,
                   mismatches=tuple(mismatches), finish_error=finish_error,
                   rate_limited=rate_limited,

@@ -19,8 +19,9 @@ orphans re-parent to it rather than to init, and it reaps the zombies of those a
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
+import re
+import secrets
 import signal
 import subprocess
 import time
@@ -33,6 +34,8 @@ import anyio
 import psutil
 from anyio.abc import Process
 
+from autopilot.errors import StateDirError
+
 TOKEN_ENV = "AUTOPILOT_CELL_TOKEN"  # noqa: S105 - an env var name, not a secret
 # Every harness and grader of a run carries the run's marker, so a process spawned by a
 # supervisor killed before it could journal the spawn is still recognisably this run's.
@@ -41,9 +44,48 @@ RUN_TOKEN_ENV = "AUTOPILOT_RUN_TOKEN"  # noqa: S105 - an env var name, not a sec
 LEASE_ENV = "AUTOPILOT_RAY_LEASE"
 
 
+MARKER_FILE = "run.token"
+_TOKEN_RE = re.compile(r"[0-9a-f]{32}")
+
+
 def run_token(state_dir: Path) -> str:
-    """The run's marker: derived from the state dir, so every successor knows it."""
-    return hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:32]
+    """The run's marker: a random secret made once per state dir (0600 in it), so every
+    successor knows it and no other user can compute it (it was a hash of the path,
+    which anyone could: enough to block a campaign, or to have a start-up sweep signal
+    a process of theirs carrying it)."""
+    from autopilot.state.statedir import ensure_private_dir
+
+    found = existing_run_token(state_dir)
+    if found is not None:
+        return found
+    ensure_private_dir(state_dir)
+    token = secrets.token_hex(16)
+    try:
+        fd = os.open(state_dir / MARKER_FILE,
+                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:  # another process of ours made it first: theirs stands
+        again = existing_run_token(state_dir)
+        if again is None:
+            raise StateDirError(f"{state_dir / MARKER_FILE}: not a run marker this user "
+                                "wrote (a plain 0600 file of 32 hex digits)") from None
+        return again
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return token
+
+
+def existing_run_token(state_dir: Path) -> str | None:
+    """The run's marker if the state dir has one (read-only verbs: cleanup, campaign);
+    only from a plain file of ours (autopilot.state.untrusted), never through a symlink."""
+    from autopilot.state.untrusted import read_bytes
+
+    try:
+        text = read_bytes(state_dir / MARKER_FILE, 64, owner=os.geteuid()).decode().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text if _TOKEN_RE.fullmatch(text) else None
 
 
 def marked_processes(token: str) -> list[tuple[psutil.Process, dict[str, str]]]:
@@ -161,7 +203,7 @@ def run_marked(p: psutil.Process, token: str) -> bool:
     second test a process named only by the journal (untrusted) must pass before it is
     signalled, so a planted record can never name someone else's process."""
     try:
-        if p.environ().get(RUN_TOKEN_ENV) == token:
+        if p.environ().get(RUN_TOKEN_ENV) == token and p.uids().real == os.geteuid():
             return True
         return any(a.pid == os.getpid() for a in p.parents())
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
@@ -307,9 +349,12 @@ def _env_holders(key: str, value: str, not_before: float = 0.0,
                 candidates.append(psutil.Process(pid))
             except psutil.NoSuchProcess:
                 continue
+    me = os.geteuid()
     for p in candidates:
         try:
             if p.create_time() + _CT_TOLERANCE < not_before or p.pid == os.getpid():
+                continue
+            if p.uids().real != me:  # a marker is signalled only in the run's own user's
                 continue
             env = p.environ()
             if env.get(key) == value:

@@ -34,6 +34,7 @@ from autopilot.plan import Cell, cell_context
 from autopilot.state.fsguard import UnsafePath, move_tree, remove_tree
 from autopilot.state.fsutil import log_tail
 from autopilot.state.statedir import open_append
+from autopilot.state.untrusted import read_tail
 from autopilot.templates import render, render_argv
 
 log = get_logger(__name__)
@@ -150,12 +151,9 @@ class CellRun:
         if spec is None:
             return False
         try:
-            with self.transcript.open("rb") as f:
-                f.seek(0, 2)
-                f.seek(max(0, f.tell() - 8192))
-                lines = f.read().splitlines()
+            lines = read_tail(self.transcript, 8192)[0].splitlines()
             row = json.loads(lines[-1]) if lines else None
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # missing, refused (a FIFO, a symlink), torn
             return False
         return str(lookup(row, spec.field)) in spec.values
 

@@ -63,12 +63,10 @@ class SubstanceState:
 
 
 def _tail_rows(path: Path, limit: int) -> tuple[dict[str, Any], ...]:
+    from autopilot.state.untrusted import read_tail
+
     try:
-        with path.open("rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - _TAIL_BYTES))
-            data = f.read()
+        data = read_tail(path, _TAIL_BYTES)[0]  # never a FIFO, a device or a symlink
     except OSError:
         return ()
     rows = []

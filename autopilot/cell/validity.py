@@ -137,8 +137,8 @@ def classify(
         return _invalid("grader_failed", detail, teardown_masked=masked)
     g = grade.grade
     if not isinstance(g, Mapping):
-        return _invalid("malformed_grade", "grade file missing or not a JSON object",
-                        teardown_masked=masked)
+        return _invalid("malformed_grade", grade.detail or "grade file missing or not a "
+                        "JSON object", teardown_masked=masked)
     word = g.get(verdict_field)
     if not isinstance(word, str) or not word:
         return _invalid("malformed_grade", f"no {verdict_field!r} in grade",

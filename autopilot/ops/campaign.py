@@ -35,16 +35,16 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from autopilot.cell.childenv import urls_from_env
-from autopilot.cell.procs import journaled_identity, marked_processes, run_token, verify
+from autopilot.cell.procs import existing_run_token, journaled_identity, marked_processes, verify
 from autopilot.config import NAME_RE
 from autopilot.errors import ConfigError
 from autopilot.logsetup import get_logger
 from autopilot.run.notify import Notifier
 from autopilot.state.budget import Spend, of_events
-from autopilot.state.fsutil import read_json
-from autopilot.state.journal import Journal, read_events
+from autopilot.state.journal import Journal, state_events
 from autopilot.state.lock import RunLock
 from autopilot.state.statedir import check_trusted, ensure_private_dir, open_append
+from autopilot.state.untrusted import state_json
 
 log = get_logger(__name__)
 
@@ -167,7 +167,7 @@ def entry_argv(p: Planned, *extra: str) -> list[str]:
 
 
 def entry_phase(state_dir: Path) -> str | None:
-    status = read_json(state_dir / "status.json")
+    status = state_json(state_dir, "status.json")
     phase = status.get("phase") if isinstance(status, dict) else None
     return phase if isinstance(phase, str) else None
 
@@ -175,8 +175,9 @@ def entry_phase(state_dir: Path) -> str | None:
 def endpoint_leftovers(state_dir: Path) -> list[int]:
     """Processes an entry's run left alive: anything carrying its run marker, and the
     endpoint processes its journal names (exact identity). Empty means gone."""
-    alive = {p.pid for p, _ in marked_processes(run_token(state_dir))}
-    for ev in read_events(state_dir / "journal.jsonl").events:
+    token = existing_run_token(state_dir)
+    alive = {p.pid for p, _ in marked_processes(token)} if token else set()
+    for ev in state_events(state_dir).events:
         if ev.get("event") in ("endpoint_spawned", "endpoint_started") \
                 and not ev.get("attached"):
             ident = journaled_identity(ev)
@@ -307,7 +308,7 @@ class Campaign:
             return None
         total, usd, unpriced = Spend(), 0.0, False
         for q in self.planned:
-            spent = of_events(read_events(q.state_dir / "journal.jsonl").events)
+            spent = of_events(state_events(q.state_dir).events)
             total = total + spent
             cost = spent.usd(q.rate)
             unpriced |= cost is None and spent.tokens > 0

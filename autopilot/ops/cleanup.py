@@ -18,7 +18,7 @@ from pathlib import Path
 import anyio
 
 from autopilot.backends.base import backend_class
-from autopilot.cell.procs import run_token
+from autopilot.cell.procs import existing_run_token
 from autopilot.cell.sweep import orphan_marked
 from autopilot.config import Preset
 from autopilot.plan import Plan, cell_context
@@ -40,13 +40,15 @@ def scratch_paths(preset: Preset, plan: Plan, state_dir: Path) -> list[Path]:
 
 async def cleanup(preset: Preset, plan: Plan, state_dir: Path, *, endpoint: bool) -> list[str]:
     removed: list[str] = []
-    # What the backend keeps elsewhere (with Ray: every node of the cluster) first.
-    removed += await anyio.to_thread.run_sync(
-        backend_class(preset.backend.kind).cleanup, preset, run_token(state_dir), 2.0, endpoint)
-    for found in await anyio.to_thread.run_sync(
-            partial(orphan_marked, run_token(state_dir), 2.0, endpoint=endpoint)):
-        what = f"cell {found['cell']}" if found["cell"] else "endpoint"
-        removed.append(f"processes {' '.join(map(str, found['pids']))} ({what})")
+    token = existing_run_token(state_dir)  # none: no supervisor ever marked a process
+    if token is not None:
+        # What the backend keeps elsewhere (with Ray: every node of the cluster) first.
+        removed += await anyio.to_thread.run_sync(
+            backend_class(preset.backend.kind).cleanup, preset, token, 2.0, endpoint)
+        for found in await anyio.to_thread.run_sync(
+                partial(orphan_marked, token, 2.0, endpoint=endpoint)):
+            what = f"cell {found['cell']}" if found["cell"] else "endpoint"
+            removed.append(f"processes {' '.join(map(str, found['pids']))} ({what})")
     if needs_docker(preset):
         from autopilot.cell.sandbox import Docker
 

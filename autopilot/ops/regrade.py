@@ -21,7 +21,7 @@ from autopilot.cell.validity import RunOutcome, attempt_outcomes
 from autopilot.config import Preset
 from autopilot.plan import Plan, cell_context
 from autopilot.state.fsutil import atomic_write_json
-from autopilot.state.journal import Journal, read_events
+from autopilot.state.journal import Journal, state_events
 from autopilot.state.ledger import Ledger
 from autopilot.state.lock import RunLock
 from autopilot.templates import render
@@ -49,7 +49,7 @@ async def regrade(
     lock.acquire()  # LockHeld (exit 3) while a supervisor drives the run
     journal = Journal(state_dir / "journal.jsonl")
     try:
-        events = read_events(state_dir / "journal.jsonl").events
+        events = state_events(state_dir).events
         ledger = Ledger(plan)
         for ev in events:
             ledger.apply(ev)

@@ -20,7 +20,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from autopilot.escape import clean
+from autopilot.escape import clean, finite
 from autopilot.state.progress import fmt_secs
 
 REFRESH_SECS = 0.5
@@ -63,7 +63,7 @@ def render(snap: dict[str, Any]) -> RenderableType:
             tier = clean(r.get("tier") or "OK", 10)
             rt.add_row(Text(clean(r.get("cell"), 80)), str(r.get("attempt", "")),
                        Text(tier, style="" if tier == "OK" else "bold yellow"),
-                       f"{float(r.get('frozen_secs') or 0):.0f}s")
+                       f"{finite(r.get('frozen_secs')):.0f}s")
         if len(running) > MAX_RUNNING_ROWS:
             rt.add_row(Text(f"… and {len(running) - MAX_RUNNING_ROWS} more"), "", "", "")
         parts.append(rt)

@@ -3,9 +3,9 @@
 Commits to ``bench-results-<YYYY-MM-DD>`` of the results repo without pushing and
 without touching its checked-out branch, index or working tree: the commit is built
 with plumbing (``hash-object``, a private ``GIT_INDEX_FILE``, ``write-tree``,
-``commit-tree``, ``update-ref``). Idempotent: when the tree would not change, no commit
-is made. Every failure comes back as a message, never as an exception: publishing must
-not turn a COMPLETE run into a crash.
+``commit-tree``, ``update-ref``), with the repo's hooks and fsmonitor disabled.
+Idempotent: when the tree would not change, no commit is made. Every failure comes back
+as a message, never as an exception: publishing must not turn a COMPLETE run into a crash.
 """
 
 from __future__ import annotations
@@ -37,10 +37,18 @@ class _GitError(Exception):
     pass
 
 
+# The results repo is someone's checkout: its hooks (reference-transaction on update-ref,
+# post-index-change on update-index) and its fsmonitor command would run as us, maybe
+# root. None of them runs: hooks point nowhere, fsmonitor is off, and no system config
+# is read.
+SAFE_GIT = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false")
+
+
 def _git(repo: Path, *args: str, env: dict[str, str] | None = None, input: bytes | None = None
          ) -> str:
-    r = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, input=input,
-                       env={**os.environ, **(env or {})}, timeout=60)
+    r = subprocess.run(["git", *SAFE_GIT, "-C", str(repo), *args], capture_output=True,
+                       input=input, timeout=60,
+                       env={**os.environ, "GIT_CONFIG_NOSYSTEM": "1", **(env or {})})
     if r.returncode != 0:
         msg = r.stderr.decode(errors="replace").strip().splitlines()
         raise _GitError(f"git {args[0]}: {msg[-1] if msg else f'exit {r.returncode}'}")
@@ -99,11 +107,13 @@ def _branch_exists(top: Path, ref: str) -> bool:
 def publish_run(preset: Preset, n: int, state_dir: Path, repo: Path) -> PublishResult:
     """A COMPLETE run's scorecard.md and findings.md, written into the state dir and
     committed to the results branch of ``repo`` (blocking: in a worker thread)."""
+    from autopilot.cell.childenv import redactor
     from autopilot.views import report
 
     facts = report.collect(preset, n, state_dir)
-    card = report.scorecard(preset, facts, n)
-    found = report.findings(preset, facts, n, report.plan_changes(state_dir))
+    scrub = redactor(preset).scrub  # nothing secret reaches a commit
+    card = scrub(report.scorecard(preset, facts, n))
+    found = scrub(report.findings(preset, facts, n, report.plan_changes(state_dir)))
     atomic_write_text(state_dir / "scorecard.md", card)
     atomic_write_text(state_dir / "findings.md", found)
     prefix = preset.publish.path.replace("{preset}", preset.name).strip("/")

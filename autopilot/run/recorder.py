@@ -113,7 +113,9 @@ class Recorder:
         name = fields.get("kind") if event == "milestone" else event
         level = ("error" if name in ERROR_EVENTS else "warning" if name in WARNING_EVENTS
                  else "info")
-        getattr(log, level)(event, **{k: v for k, v in fields.items() if k != "token"})
+        # What was journaled (bounded), not what came in: a huge value is cut once.
+        getattr(log, level)(event, **{k: v for k, v in record.items()
+                                      if k not in ("token", "ts", "event")})
         self.status.mark()
         return record
 

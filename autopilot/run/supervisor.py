@@ -45,6 +45,7 @@ from autopilot.errors import (
 from autopilot.escape import term
 from autopilot.logsetup import get_logger
 from autopilot.plan import Plan
+from autopilot.privacy import dumpable, make_undumpable
 from autopilot.run import background, recovery, runbook
 from autopilot.run.clock import RunClock
 from autopilot.run.options import RunOptions
@@ -64,7 +65,7 @@ class Supervisor(Recorder):
                  clock: Callable[[], float] | None = None) -> None:
         super().__init__(preset, plan, opts, clock=clock)
         self.lock = RunLock(self.state_dir)
-        self.run_token = run_token(self.state_dir)
+        self.run_token = ""  # the run's marker: read (or made) once the lock is ours
         self.redactor = logsetup.Redactor(secret_values(preset))
         self._docker: recovery.DockerWiring | None = None
 
@@ -87,9 +88,13 @@ class Supervisor(Recorder):
     async def run(self) -> int:
         """Drive the run; returns the process exit code. The caller took care of config
         and state-dir validation; the lock is taken here (raises LockHeld)."""
+        # Before any secret is read into a value of ours: a harness of the same user must
+        # not read this process's environment (autopilot.privacy).
+        make_undumpable()
         recovery.check_plan_identity(self.state_dir, self.plan, self.opts.allow_plan_change)
         self.lock.acquire()
         try:
+            self.run_token = run_token(self.state_dir)
             # Logging starts only once we own the run: a refused second supervisor
             # must not even append to the holder's autopilot.log.
             logsetup.configure(self.state_dir / "autopilot.log", console=self.opts.console_log,
@@ -184,7 +189,7 @@ class Supervisor(Recorder):
         """Start the replicas and run the passes; the exit code, and whether to wait for
         pending notifications (not when a stop signal came during the endpoint start)."""
         started = {"target_n": self.plan.target_n, "identity": self.plan.identity,
-                   "pid": os.getpid(), "preset": self.preset.name}
+                   "pid": os.getpid(), "preset": self.preset.name, "dumpable": dumpable()}
         if self.ledger.complete():
             # Nothing to run (e.g. a re-run with --publish): no endpoint needed.
             self.emit("run_started", **started, already_complete=True)

@@ -15,15 +15,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+# A token count past this is no count (a quadrillion tokens; a hostile 401-digit integer
+# would overflow every float it meets).
+MAX_COUNT = 10**15
+
 
 def count_or_none(value: Any) -> float | None:
-    """A token count as the harness wrote it, if it is one: a finite number >= 0 (JSON
-    lets a harness write Infinity, NaN, true or a string)."""
+    """A token count as the harness wrote it, if it is one: a finite number in
+    [0, MAX_COUNT] (JSON lets a harness write Infinity, NaN, true, a string or an
+    integer of any length)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     if isinstance(value, float) and not math.isfinite(value):
         return None
-    return float(value) if value >= 0 else None
+    return float(value) if 0 <= value <= MAX_COUNT else None
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,7 @@ def of_events(events: Iterable[dict[str, Any]]) -> Spend:
     for ev in events:
         s = ev.get("spend")
         if ev.get("event") == "cell_verdict" and not ev.get("regrade") and isinstance(s, list) \
-                and len(s) == 2 and all(type(x) is int and x >= 0 for x in s):
+                and len(s) == 2 and all(type(x) is int and 0 <= x <= MAX_COUNT for x in s):
             total = total + Spend(s[0], s[1])
     return total
 

@@ -21,6 +21,7 @@ may fail a run, never empty a home directory).
 from __future__ import annotations
 
 import shutil
+import stat
 import string
 from collections.abc import Iterable
 from pathlib import Path
@@ -152,11 +153,15 @@ def remove_tree(path: Path | str, roots: Iterable[Path], state_dir: Path) -> boo
     """Remove a directory (or a file) inside the run's roots; False if it was not there.
     A symlink is removed itself, never followed."""
     p = check(path, roots, state_dir)
-    if p.is_symlink() or p.is_file():
+    try:
+        mode = p.lstat().st_mode
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(mode):
+        # A file, a symlink, and also a FIFO or a socket a harness left: unlinked, never
+        # opened (rmtree opens its argument, and opening a FIFO blocks for good).
         p.unlink(missing_ok=True)
         return True
-    if not p.exists():
-        return False
     shutil.rmtree(p, ignore_errors=True)
     return True
 

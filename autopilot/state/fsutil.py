@@ -47,12 +47,13 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def read_json(path: Path) -> Any | None:
-    """The parsed file, or None when it is missing or not valid JSON (tolerant read)."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):  # a hostile nesting depth included
-        return None
+def read_json(path: Path, owner: int | None = None) -> Any | None:
+    """The parsed file, or None when it is missing, refused or not valid JSON (a
+    tolerant read, through autopilot.state.untrusted: no symlink, no FIFO or device, a
+    few MB at most)."""
+    from autopilot.state.untrusted import read_json as untrusted_json
+
+    return untrusted_json(path, owner=owner)
 
 
 _STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
@@ -81,15 +82,17 @@ def stale_temps(state_dir: Path) -> list[Path]:
 def log_tail(path: Path, lines: int = 8) -> str:
     """The last ``lines`` lines of a spooled log, joined by `` | ``, control characters
     removed (it comes from a harness, a grader or an endpoint), at most 600 characters."""
-    from collections import deque
-
     from autopilot.escape import clean
+    from autopilot.state.untrusted import read_tail
 
     try:
-        with path.open("rb") as f:
-            tail = deque(f, maxlen=lines)
+        data, size = read_tail(path, 16 * 1024)  # a bounded tail: a log may be GBs
     except OSError:
         return ""
+    rows = data.splitlines()
+    if size > len(data) and rows:
+        rows = rows[1:]  # the first line of a cut tail is a fragment
+    tail = rows[-lines:]
     return clean(" | ".join(b.decode("utf-8", "replace").rstrip() for b in tail), 600)
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autopilot.escape import bounded
 from autopilot.logsetup import get_logger
 from autopilot.state.fsutil import iso
 from autopilot.state.statedir import ensure_private_dir, open_private
@@ -30,26 +31,25 @@ class ReplayResult:
     torn_lines: list[int] = field(default_factory=list)
 
 
-def read_events(path: Path) -> ReplayResult:
+def read_events(path: Path, owner: int | None = None) -> ReplayResult:
     """All well-formed events; malformed lines are reported, not raised."""
     result = ReplayResult()
-    try:
-        f = path.open("rb")
-    except FileNotFoundError:
-        return result
-    with f:
-        for lineno, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            try:
-                ev = json.loads(raw)
-            except ValueError:
-                result.torn_lines.append(lineno)
-                continue
-            if isinstance(ev, dict) and "event" in ev:
-                result.events.append(ev)
-            else:
-                result.torn_lines.append(lineno)
+    # Through autopilot.state.untrusted: a journal replaced by a FIFO or a symlink (in a
+    # state dir a view is pointed at) reads as empty, never as a hang or another file.
+    from autopilot.state.untrusted import lines
+
+    for lineno, raw in enumerate(lines(path, owner), start=1):
+        if not raw.strip():
+            continue
+        try:
+            ev = json.loads(raw)
+        except ValueError:
+            result.torn_lines.append(lineno)
+            continue
+        if isinstance(ev, dict) and "event" in ev:
+            result.events.append(ev)
+        else:
+            result.torn_lines.append(lineno)
     return result
 
 
@@ -102,7 +102,9 @@ class Journal:
         self._end += len(data)
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
-        record = {"ts": iso(), "event": event, **fields}
+        """Journal one event (its values bounded: autopilot.escape.bounded) and return the
+        record as written."""
+        record = {"ts": iso(), "event": event, **{k: bounded(v) for k, v in fields.items()}}
         line = json.dumps(record, separators=(",", ":"), default=str) + "\n"
         self._write_all(line.encode())
         return record
@@ -111,3 +113,10 @@ class Journal:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def state_events(state_dir: Path) -> ReplayResult:
+    """A state dir's journal as a view reads it: owned by the state dir's owner."""
+    from autopilot.state.untrusted import owner_of
+
+    return read_events(state_dir / "journal.jsonl", owner_of(state_dir))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from autopilot.state.fsutil import read_json
+from autopilot.state.untrusted import state_json
 
 HEARTBEAT_SECS = 10.0  # the supervisor's default beat (lock.beat_interval)
 STALE_BEATS = 3  # missed beats before a view says STALE
@@ -85,7 +85,7 @@ def holder_alive(hb: Any) -> bool | None:
 
 
 def look(state_dir: Path, status: dict[str, Any], now: float | None = None) -> Liveness:
-    hb = read_json(state_dir / "heartbeat.json")
+    hb = state_json(state_dir, "heartbeat.json")
     return judge(status.get("phase"), hb, holder_alive(hb),
                  time.time() if now is None else now)
 

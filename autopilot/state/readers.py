@@ -16,8 +16,8 @@ from autopilot.config import NAME_RE, Preset
 from autopilot.errors import ConfigError
 from autopilot.loader import load_preset
 from autopilot.plan import Plan
-from autopilot.state.fsutil import read_json
 from autopilot.state.statedir import check_trusted
+from autopilot.state.untrusted import state_json
 
 
 def unreadable(state_dir: Path) -> str | None:
@@ -38,7 +38,7 @@ def unreadable(state_dir: Path) -> str | None:
 
 def plan_record(state_dir: Path) -> dict[str, Any]:
     """plan.json, or ConfigError saying why there is none to read."""
-    rec = read_json(state_dir / "plan.json")
+    rec = state_json(state_dir, "plan.json")
     if not isinstance(rec, dict):
         denied = unreadable(state_dir)
         raise ConfigError(denied or f"{state_dir}: no plan.json here (not a state dir of a run)")

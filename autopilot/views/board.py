@@ -89,13 +89,21 @@ def build(dirs: list[Path], allow_mixed: bool = False) -> dict[str, Any]:
             mine = [f for f in facts if f.arm == arm.label]
             rows.append(_row(d, preset, arm.label, arm.model or preset.model, plan.target_n,
                              mine, all_tasks))
-    return {
+    board = {
         "schema_version": SCHEMA_VERSION,
         "runs": [{"dir": str(d), "preset": p.name, "model": p.model, "target_n": pl.target_n,
                   "tasks": tables[str(d)], "grader": graders[str(d)]}
                  for d, p, pl, _ in runs],
         "tasks": all_tasks, "mixed": mixed, "rows": rows,
     }
+    # Every run's known secret values out of every form the board takes (json, md, html,
+    # the terminal, a published commit).
+    from autopilot.cell.childenv import secret_values
+    from autopilot.logsetup import Redactor
+
+    scrubbed: dict[str, Any] = Redactor(
+        [v for _, p, _, _ in runs for v in secret_values(p)]).scrub(board)
+    return scrubbed
 
 
 def _row(d: Path, preset: Preset, arm: str, model: str, target_n: int, facts: list[Any],

@@ -11,15 +11,20 @@ journal's by construction.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import secrets
+import stat
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest, write_to_textfile
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from autopilot.escape import finite
 from autopilot.state.ledger import Ledger
 from autopilot.state.liveness import Liveness
 
@@ -98,8 +103,7 @@ class RunCollector(Collector):
 
 
 def _num(v: Any) -> float:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) \
-        and math.isfinite(v) else 0.0
+    return finite(v)
 
 
 def _gauge(name: str, doc: str, values: list[str], value: float) -> GaugeMetricFamily:
@@ -125,10 +129,45 @@ def exposition(ledger: Ledger, status: dict[str, Any], live: Liveness) -> bytes:
     return generate_latest(registry(ledger, status, live))
 
 
+def textfile_dir_problem(directory: Path) -> str | None:
+    """Why a textfile directory is unsafe to write into (as root, say), or None. A
+    directory others may write into, without the sticky bit, lets them swap our temp file
+    or the target for a symlink between our checks and our writes."""
+    try:
+        st = os.stat(directory)
+    except OSError as e:
+        return f"directory {directory}: {e.strerror}"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{directory} is not a directory"
+    if st.st_mode & (stat.S_IWOTH | stat.S_IWGRP) and not st.st_mode & stat.S_ISVTX:
+        return (f"directory {directory} is writable by others without the sticky bit "
+                "(chmod o-w,g-w or +t)")
+    return None
+
+
 def write_textfile(path: Path, ledger: Ledger, status: dict[str, Any], live: Liveness) -> None:
-    """For node_exporter's textfile collector: written to a temp file and renamed, so a
-    scrape never reads half a file."""
-    write_to_textfile(str(path), registry(ledger, status, live))
+    """For node_exporter's textfile collector: a scrape never reads half a file. Our own
+    atomic write (prometheus_client's opens ``PATH.<pid>.<thread>`` with a plain
+    ``open``, which follows a symlink planted there): a fresh temp name created with
+    ``O_CREAT | O_EXCL | O_NOFOLLOW`` in the same directory, fsync'd, renamed over the
+    target (a rename replaces a planted symlink, never writes through it)."""
+    why = textfile_dir_problem(path.parent)
+    if why:
+        raise PermissionError(0, why, str(path))
+    data = generate_latest(registry(ledger, status, live))
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def write_run_textfile(path: Path, ledger: Ledger, status: dict[str, Any]) -> None:

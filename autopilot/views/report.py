@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autopilot.cell.childenv import redactor
 from autopilot.config import INVALID_REASONS, Preset
 from autopilot.escape import md
 from autopilot.plan import Plan, cell_context
 from autopilot.state.budget import count_or_none
 from autopilot.state.fsutil import read_json
-from autopilot.state.journal import read_events
+from autopilot.state.journal import state_events
 from autopilot.state.ledger import CellState
 from autopilot.templates import render
 from autopilot.views import stats
@@ -50,11 +51,14 @@ class CellFacts:
 
 def collect(preset: Preset, n: int, state_dir: Path) -> list[CellFacts]:
     plan = Plan(preset, n)
+    # A key a harness printed into its outputs is redacted before it is escaped or cut
+    # (escaping changes its characters; a cut keeps half of it).
+    scrub = redactor(preset).scrub
     checks = {c.cell: c for c in validate_run(preset, plan, state_dir).cells}
     masked: dict[str, bool] = {}
     attempts: Counter[str] = Counter()
     invalid: dict[str, list[str]] = {}
-    for ev in read_events(state_dir / "journal.jsonl").events:
+    for ev in state_events(state_dir).events:
         cid = ev.get("cell")
         if ev.get("event") == "cell_started" and isinstance(cid, str):
             attempts[cid] += 1
@@ -63,7 +67,7 @@ def collect(preset: Preset, n: int, state_dir: Path) -> list[CellFacts]:
             if ev.get("verdict") == "INVALID":
                 reason = ev.get("reason")  # a word of ours, unless the journal was forged
                 invalid.setdefault(cid, []).append(
-                    reason if reason in INVALID_REASONS else md(reason, 40))
+                    reason if reason in INVALID_REASONS else md(scrub(reason), 40))
     facts = []
     for cell in plan.cells:
         chk = checks[cell.id]
@@ -78,7 +82,7 @@ def collect(preset: Preset, n: int, state_dir: Path) -> list[CellFacts]:
             verdict="INVALID" if chk.reason == "quarantined" else chk.verdict,
             reason=chk.reason, masked=masked.get(cell.id, False) and chk.verdict != "ABSENT",
             attempts=attempts[cell.id], quarantined=chk.reason == "quarantined",
-            finish_reason=_text(summary.get("finish_reason")),
+            finish_reason=_text(scrub(summary.get("finish_reason"))),
             prompt_tokens=_int(summary.get("total_prompt_tokens")),
             completion_tokens=_int(summary.get("total_completion_tokens")),
             caveat=rule.caveat if rule else None,
@@ -235,7 +239,7 @@ def plan_changes(state_dir: Path) -> list[tuple[str, str, str]]:
     """(when, old identity, new identity) of every plan change the journal records (a
     resume with --allow-plan-change relabels earlier verdicts under the new preset)."""
     return [(md(ev.get("ts"), 40), md(ev.get("old"), 40), md(ev.get("new"), 40))
-            for ev in read_events(state_dir / "journal.jsonl").events
+            for ev in state_events(state_dir).events
             if ev.get("event") == "plan_changed"]
 
 
@@ -381,4 +385,5 @@ def _tokens_section(preset: Preset, facts: list[CellFacts], arms: list[str]) -> 
 
 
 def render_findings(preset: Preset, n: int, state_dir: Path) -> str:
-    return findings(preset, collect(preset, n, state_dir), n, plan_changes(state_dir))
+    text = findings(preset, collect(preset, n, state_dir), n, plan_changes(state_dir))
+    return str(redactor(preset).scrub(text))

@@ -21,7 +21,7 @@ from autopilot.config import Preset
 from autopilot.escape import clean, term
 from autopilot.plan import Plan, cell_context
 from autopilot.state.fsutil import read_json
-from autopilot.state.journal import read_events
+from autopilot.state.journal import state_events
 from autopilot.templates import render
 
 ARTIFACT_NAMES = ("grade.json", "summary.json")
@@ -60,7 +60,7 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
     running: set[str] = set()
     last_invalid: dict[str, tuple[str, str]] = {}
     invalid_count: dict[str, int] = {}
-    for ev in read_events(state_dir / "journal.jsonl").events:
+    for ev in state_events(state_dir).events:
         cid = ev.get("cell")
         if not isinstance(cid, str):
             continue

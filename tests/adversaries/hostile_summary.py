@@ -5,9 +5,12 @@ which), as a broken or malicious harness would write it.
   list   finish_reason as a list (the wrong shape)
   inf    total_completion_tokens as Infinity (JSON as Python writes it)
   deep   a summary nested 100000 deep (json.loads raises RecursionError)
+  secret the key it was given ($DEMO_SECRET) in finish_reason, the transcript and its
+         output, as is and base64-encoded (a harness that leaks what it holds)
   none   leave the demo harness's summary alone
 """
 
+import base64
 import json
 import os
 import subprocess
@@ -32,6 +35,13 @@ if code == 0 and os.path.exists(path) and mode != "none":
             summary["finish_reason"] = ["stop", "length"]
         elif mode == "inf":
             summary["total_completion_tokens"] = float("inf")
+        elif mode == "secret":
+            key = os.environ["DEMO_SECRET"]
+            b64 = base64.b64encode(f"user:{key}".encode()).decode()
+            summary["finish_reason"] = f"stop key={key} basic={b64}"
+            with open(os.path.join(out, "transcript.jsonl"), "a") as f:
+                f.write(json.dumps({"role": "assistant", "content": f"my key is {key}"}) + "\n")
+            print(f"leaking {key} and {b64}", flush=True)
         text = json.dumps(summary)
     with open(path, "w") as f:
         f.write(text)

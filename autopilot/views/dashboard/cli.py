@@ -18,9 +18,9 @@ from typing import NoReturn
 from autopilot.cliutil import OneLineParser, default_state_dir, run_and_exit
 from autopilot.errors import EXIT_USAGE
 from autopilot.escape import sane
-from autopilot.state.fsutil import read_json
 from autopilot.state.liveness import annotate, look
 from autopilot.state.progress import oneline
+from autopilot.state.untrusted import state_json
 
 
 def positive_float(value: str) -> float:
@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--bind", default="127.0.0.1:8765", metavar="HOST:PORT",
                     help="--serve address (default 127.0.0.1:8765; anything but loopback "
                     "needs --token-file)")
+    ap.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                    help="--serve: another name clients may reach it by (the Host header; "
+                    "besides the bound address, localhost and loopback); repeatable")
     ap.add_argument("--token-file", metavar="FILE",
                     help="--serve: clients must present this token (Bearer header, or "
                     "?token= once, then a cookie)")
@@ -106,7 +109,8 @@ def serve(state_dir: Path, args: argparse.Namespace) -> int:
               "required (or reach it through an SSH tunnel to 127.0.0.1)", file=sys.stderr)
         return EXIT_USAGE
     try:
-        asyncio.run(server.run(state_dir, host, port, token))
+        asyncio.run(server.run(state_dir, host, port, token,
+                               allow_hosts=tuple(args.allow_host)))
     except KeyboardInterrupt:
         return 0
     except OSError as e:
@@ -186,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.board:
         return board_view(args, no_color)
     if args.oneline:
-        status = read_json(state_dir / "status.json")
+        status = state_json(state_dir, "status.json")
         if not isinstance(status, dict):
             return _no_run(state_dir)
         try:

@@ -8,6 +8,7 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from autopilot.escape import finite
 from autopilot.state.fsutil import iso
 from autopilot.views.dashboard import analysis
 from autopilot.views.dashboard.model import DashData, counts
@@ -34,7 +35,7 @@ def _spark(times: list[float], width: int = 400, height: int = 40) -> dict[str, 
 def live_context(d: DashData, links: bool = False) -> dict[str, Any]:
     """What the grid fragment (``_live.html.j2``) shows; ``links``: each cell links to
     its own page (the served view)."""
-    warn = float((d.status.get("thresholds") or {}).get("warn_secs") or 0)
+    warn = finite((d.status.get("thresholds") or {}).get("warn_secs"))
     arms = []
     for arm in d.arms:
         rows = []

@@ -8,18 +8,18 @@ Nothing here writes, locks, or fails on sparse data: a missing file is an empty 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autopilot.escape import sane
+from autopilot.escape import clean, finite, sane
 from autopilot.plan import Cell
-from autopilot.state.fsutil import parse_iso, read_json
-from autopilot.state.journal import read_events
+from autopilot.state.fsutil import parse_iso
+from autopilot.state.journal import state_events
 from autopilot.state.ledger import CellState, Ledger
 from autopilot.state.liveness import annotate, look
+from autopilot.state.untrusted import state_json
 
 NOTABLE = {
     "cell_verdict", "cell_quarantined", "cell_killed", "endpoint_down", "endpoint_restart",
@@ -77,14 +77,13 @@ def _count(value: Any) -> int:
 
 
 def _float(value: Any) -> float:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
-        and math.isfinite(value) else 0.0
+    return finite(value)
 
 
 def load(state_dir: Path, recent: int = 8) -> DashData | None:
     """The dashboard's view of ``state_dir``; None when there is no run there yet."""
-    status = read_json(state_dir / "status.json")
-    plan = read_json(state_dir / "plan.json")
+    status = state_json(state_dir, "status.json")
+    plan = state_json(state_dir, "plan.json")
     if not isinstance(status, dict) and not isinstance(plan, dict):
         return None
     status = sane(status) if isinstance(status, dict) else {}
@@ -97,7 +96,7 @@ def load(state_dir: Path, recent: int = 8) -> DashData | None:
     ledger = Ledger(cells)
     events: list[dict[str, Any]] = []
     completions: list[float] = []
-    for ev in read_events(state_dir / "journal.jsonl").events:
+    for ev in state_events(state_dir).events:
         ledger.apply(ev)  # the ledger keeps words; views escape what they show of them
         if ev.get("event") in NOTABLE:
             events.append(sane(ev))  # shown as they are: cleaned here, once
@@ -105,6 +104,7 @@ def load(state_dir: Path, recent: int = 8) -> DashData | None:
             t = _epoch(ev.get("ts"))
             if t is not None:
                 completions.append(t)
+    _clean_cells(ledger)
     running = status.get("running")
     for run in running if isinstance(running, list) else []:
         if not isinstance(run, dict):
@@ -120,6 +120,19 @@ def load(state_dir: Path, recent: int = 8) -> DashData | None:
         baseline=status["baseline"] if isinstance(status.get("baseline"), dict) else None,
         ledger=ledger,
     )
+
+
+def _clean_cells(ledger: Ledger) -> None:
+    """The words a grader or a state dir put in the journal (reasons, verdict words,
+    details, caveats) cleaned once, per cell, after the replay: every view of the
+    dashboard — the trust line, the grid's titles, --trend, --flips, the served page —
+    then shows no escape sequence and no bidi override of theirs."""
+    for c in ledger.cells.values():
+        c.reasons = [clean(r, 80) for r in c.reasons]
+        c.reason = clean(c.reason, 80) if c.reason is not None else None
+        c.word = clean(c.word, 200) if c.word is not None else None
+        c.caveat = clean(c.caveat, 200) if c.caveat is not None else None
+        c.detail = clean(c.detail, 600)
 
 
 def counts(cells: Iterable[CellState]) -> dict[str, int]:

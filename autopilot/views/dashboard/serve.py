@@ -11,9 +11,14 @@ and a state dir that appears after it starts.
 Everything shown comes from files a harness, grader or endpoint wrote: it is escaped by
 jinja2's autoescaping, control characters are removed, tails are bounded, a cell id
 must be a plain name of the plan before any path is built from it, and a strict
-Content-Security-Policy allows no inline script and no request to anywhere else. Bound
-to anything but loopback it requires a token (``--token-file``): a Bearer header, a
-``?token=`` once (then an HttpOnly, SameSite=Strict cookie), or that cookie.
+Content-Security-Policy allows no inline script and no request to anywhere else (on
+every response, errors included). Bound to anything but loopback it requires a token
+(``--token-file``): a Bearer header, a ``?token=`` once (then an HttpOnly,
+SameSite=Strict cookie), or that cookie. A request whose ``Host`` is not the bound
+address, ``localhost``, a loopback address or a name given with ``--allow-host`` is
+refused (421): a page the operator opens elsewhere cannot read the run through DNS
+rebinding. A client holds at most ``SSE_PER_CLIENT`` event streams at once. Known secret
+values (the preset's secret env vars, notification URLs) are redacted from every body.
 """
 
 from __future__ import annotations
@@ -33,8 +38,9 @@ from aiohttp import web
 from autopilot.config import NAME_RE
 from autopilot.escape import block, clean, sane
 from autopilot.state.fsutil import read_json
-from autopilot.state.journal import read_events
+from autopilot.state.journal import state_events
 from autopilot.state.liveness import annotate, look
+from autopilot.state.untrusted import owner_of, read_tail, state_json
 from autopilot.views.dashboard import model
 from autopilot.views.dashboard.analysis import kind as cell_kind
 from autopilot.views.dashboard.html import live_context, render_template
@@ -48,6 +54,9 @@ WATCHED = ("journal.jsonl", "status.json", "heartbeat.json", "plan.json")
 STATIC = {"app.css": "text/css", "app.js": "text/javascript"}
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+SSE_PER_CLIENT = 4
+HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
+           "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
 
 
 def is_loopback(host: str) -> bool:
@@ -66,10 +75,43 @@ def read_token(path: Path) -> str:
     return token
 
 
+def host_of(header: str) -> str:
+    """The name in a Host header (``name``, ``name:port``, ``[v6]:port``), lowercased."""
+    h = header.strip().lower()
+    if h.startswith("["):
+        return h[1:h.find("]")] if "]" in h else h
+    return h.rsplit(":", 1)[0] if h.count(":") == 1 else h
+
+
 class Server:
-    def __init__(self, state_dir: Path, token: str | None = None) -> None:
+    def __init__(self, state_dir: Path, token: str | None = None, *, bound: str = "127.0.0.1",
+                 allow_hosts: tuple[str, ...] = ()) -> None:
         self.state_dir = state_dir
         self.token = token
+        self.hosts = {bound.lower(), "localhost", *(h.lower() for h in allow_hosts)}
+        self.streams: dict[str, int] = {}
+        self._redactor: Any = None
+
+    def redact(self, text: str) -> str:
+        """Known secret values out of what is served: the recorded preset's secret env
+        vars and the notification URLs, as far as this process knows them."""
+        if self._redactor is None:
+            from autopilot.cell.childenv import secret_values, urls_from_env
+            from autopilot.logsetup import Redactor
+
+            try:
+                from autopilot.state.readers import load_recorded
+
+                values = secret_values(load_recorded(self.state_dir)[0])
+            except Exception:  # no run (yet), or its preset cannot load: env URLs only
+                values = urls_from_env()
+            self._redactor = Redactor(values)
+        scrubbed: str = self._redactor.scrub(text)
+        return scrubbed
+
+    def host_allowed(self, header: str) -> bool:
+        name = host_of(header)
+        return name in self.hosts or (name != "" and is_loopback(name))
 
     # ------------------------------------------------------------------ plumbing
 
@@ -85,20 +127,27 @@ class Server:
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if not self.host_allowed(request.headers.get("Host", "")):
+            return web.Response(status=421, text="421: not this server's name\n",
+                                headers=HEADERS)
         set_cookie = False
         if self.token is not None:
             given = _bearer(request) or request.query.get("token") \
                 or request.cookies.get(COOKIE) or ""
             if not hmac.compare_digest(given.encode(), self.token.encode()):
                 return web.Response(status=401, text="401: a token is required\n",
-                                    headers={"WWW-Authenticate": "Bearer"})
+                                    headers={"WWW-Authenticate": "Bearer", **HEADERS})
             set_cookie = request.query.get("token") is not None
-        resp: web.StreamResponse = await handler(request)
-        resp.headers["Content-Security-Policy"] = CSP
-        resp.headers["X-Content-Type-Options"] = "nosniff"
-        resp.headers["Referrer-Policy"] = "no-referrer"
-        resp.headers["Cache-Control"] = "no-store"
-        if set_cookie and self.token is not None:
+        try:
+            resp: web.StreamResponse = await handler(request)
+        except web.HTTPException as e:  # a 404 carries the same headers as a page
+            resp = web.Response(status=e.status, text=e.text, headers=HEADERS)
+        if isinstance(resp, web.Response) and resp.text is not None and not resp.prepared:
+            resp.text = self.redact(resp.text)
+        for k, v in HEADERS.items():
+            if not resp.prepared:
+                resp.headers[k] = v
+        if set_cookie and self.token is not None and not resp.prepared:
             resp.set_cookie(COOKIE, self.token, httponly=True, samesite="Strict")
         return resp
 
@@ -129,14 +178,23 @@ class Server:
         return web.Response(text=html, content_type="text/html")
 
     async def events(self, request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-store"})
-        await resp.prepare(request)
+        client = request.remote or "?"
+        if self.streams.get(client, 0) >= SSE_PER_CLIENT:
+            return web.Response(status=429, text=f"429: at most {SSE_PER_CLIENT} event "
+                                "streams per client\n", headers={"Retry-After": "5"})
+        self.streams[client] = self.streams.get(client, 0) + 1
         try:
-            await self._stream(resp)
-        except ConnectionError:
-            pass  # the client went away
-        return resp
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", **HEADERS})
+            await resp.prepare(request)
+            try:
+                await self._stream(resp)
+            except ConnectionError:
+                pass  # the client went away
+            return resp
+        finally:
+            self.streams[client] -= 1
+            if not self.streams[client]:
+                del self.streams[client]
 
     async def _stream(self, resp: web.StreamResponse) -> None:
         """Send the grid fragment whenever the run's files change (and at least every
@@ -148,7 +206,7 @@ class Server:
             now = time.monotonic()
             if version != last_version or now - last_sent >= RESEND_SECS:
                 last_version, last_sent = version, now
-                text = await asyncio.to_thread(self._fragment)
+                text = self.redact(await asyncio.to_thread(self._fragment))
                 if text != last_text:
                     last_text, k = text, k + 1
                     payload = "".join(f"data: {line}\n" for line in text.splitlines())
@@ -156,7 +214,7 @@ class Server:
             await asyncio.sleep(POLL_SECS)
 
     async def status(self, request: web.Request) -> web.Response:
-        raw = read_json(self.state_dir / "status.json")
+        raw = state_json(self.state_dir, "status.json")
         if not isinstance(raw, dict):
             return web.json_response({"error": "no run yet"}, status=404)
         doc = annotate(sane(raw), look(self.state_dir, raw))
@@ -176,7 +234,7 @@ class Server:
         d = model.load(self.state_dir)
         if d is None or d.ledger is None:
             return None
-        raw = read_json(self.state_dir / "status.json")
+        raw = state_json(self.state_dir, "status.json")
         return exposition(d.ledger, d.status, look(self.state_dir,
                                                    raw if isinstance(raw, dict) else {}))
 
@@ -203,7 +261,7 @@ class Server:
         verdict = {"PASS": "PASS", "FAIL": "FAIL"}.get(c.status) or (
             f"INVALID({c.reason})" if c.status == "invalid" else c.status.upper())
         evs = []
-        for ev in read_events(self.state_dir / "journal.jsonl").events:
+        for ev in state_events(self.state_dir).events:
             if ev.get("cell") != cid:
                 continue
             ev = sane(ev)
@@ -212,10 +270,10 @@ class Server:
             evs.append({"ts": clean(ev.get("ts"), 40), "attempt": clean(ev.get("attempt"), 8),
                         "event": clean(ev.get("event"), 40),
                         "evidence": clean(json.dumps(evidence, default=str), 600)})
-        logs = self.state_dir / "logs"
+        logs, owner = self.state_dir / "logs", owner_of(self.state_dir)
         found = [
-            _tail_file("launcher log", "launcher", logs / f"{cid}.launcher.log"),
-            _tail_file("grader log", "grader", logs / f"{cid}.grade.log"),
+            _tail_file("launcher log", "launcher", logs / f"{cid}.launcher.log", owner=owner),
+            _tail_file("grader log", "grader", logs / f"{cid}.grade.log", owner=owner),
             *self._artifacts(cid),
         ]
         return render_template("cell.html.j2", cell=cid, verdict=verdict,
@@ -253,25 +311,26 @@ def _bearer(request: web.Request) -> str | None:
     return auth[7:] if auth.startswith("Bearer ") else None
 
 
-def _tail_file(title: str, key: str, path: Path, limit: int = TAIL_BYTES) -> dict[str, Any]:
+def _tail_file(title: str, key: str, path: Path, limit: int = TAIL_BYTES,
+               owner: int | None = None) -> dict[str, Any]:
+    """The end of a file a cell left (autopilot.state.untrusted: never a FIFO, a device or
+    a symlink, which would hang the server's threads or read another file)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        data, size = read_tail(path, limit, owner)
     except FileNotFoundError:
         return {"title": title, "key": key, "note": "not there", "text": None}
     except OSError as e:
-        return {"title": title, "key": key, "note": f"unreadable ({e.strerror})", "text": None}
-    with os.fdopen(fd, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        f.seek(max(0, size - limit))
-        data = f.read(limit)
+        return {"title": title, "key": key, "note": f"not shown: {clean(e.strerror, 200)}",
+                "text": None}
     note = f"last {len(data)} of {size} bytes" if size > limit else ""
     return {"title": title, "key": key, "note": note,
             "text": block(data.decode("utf-8", "replace"))}
 
 
 async def run(state_dir: Path, host: str, port: int, token: str | None,
-              ready: Any = None) -> None:
-    runner = web.AppRunner(Server(state_dir, token).app(), access_log=None,
+              ready: Any = None, allow_hosts: tuple[str, ...] = ()) -> None:
+    server = Server(state_dir, token, bound=host, allow_hosts=allow_hosts)
+    runner = web.AppRunner(server.app(), access_log=None,
                            shutdown_timeout=1.0)  # an open event stream must not hold Ctrl-C
     await runner.setup()
     site = web.TCPSite(runner, host, port)

@@ -13,7 +13,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from autopilot.escape import clean
+from autopilot.escape import clean, finite
 from autopilot.state.ledger import CellState
 from autopilot.state.status import fmt_secs
 from autopilot.views import stats
@@ -75,7 +75,7 @@ def grid_table(d: DashData, arm: str, width: int | None = None) -> tuple[Table, 
     """One row per task. Wide: a column per replicate with its full code. Compact, when
     that would not fit ``width`` (e.g. N=20 on 80 columns): one strip of one-letter codes
     in groups of 5, which wraps instead of being cut to '…'. Returns (table, compact)."""
-    warn = float((d.status.get("thresholds") or {}).get("warn_secs") or 0)
+    warn = finite((d.status.get("thresholds") or {}).get("warn_secs"))
     n_max = d.target_n
     has_base = bool(d.baseline and d.baseline.get("arm") == arm)
     rows: list[tuple[str, list[CellState | None], str, list[str]]] = []
