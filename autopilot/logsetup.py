@@ -16,25 +16,12 @@ from collections.abc import Iterable, MutableMapping
 from pathlib import Path
 from typing import IO, Any
 
+from autopilot.lazyimport import import_hiding
 
-def _import_structlog() -> Any:
-    # structlog probes for rich at import time, to pretty-print tracebacks on a console;
-    # loading rich's console/pretty/traceback stack costs ~50 ms on every start, about
-    # a fifth of the supervisor's. Tracebacks here go to a JSON file and to journald,
-    # where plain text is the better format, so structlog is imported with rich hidden
-    # (only when nothing has loaded rich yet; the dashboard still imports it normally).
-    if "structlog" in sys.modules or "rich" in sys.modules:
-        import structlog
-    else:
-        sys.modules["rich"] = None  # type: ignore[assignment]  # import rich -> ImportError
-        try:
-            import structlog
-        finally:
-            del sys.modules["rich"]
-    return structlog
-
-
-structlog = _import_structlog()
+# structlog probes for rich at import time (~50 ms, about a fifth of the supervisor's
+# start): tracebacks here go to a JSON file and to journald, where plain text is the
+# better format (autopilot.lazyimport).
+structlog: Any = import_hiding("structlog", ("rich",))
 get_logger = structlog.get_logger
 bind_contextvars = structlog.contextvars.bind_contextvars
 unbind_contextvars = structlog.contextvars.unbind_contextvars

@@ -54,8 +54,11 @@ class Plan:
     def by_id(self) -> dict[str, Cell]:
         return {c.id: c for c in self.cells}
 
-    @property
+    @cached_property
     def identity(self) -> str:
+        # Once per plan: the preset is frozen, and a digest of every task's dump costs
+        # ~10 ms at 200 tasks (pydantic defaults go through inspect), which every status
+        # snapshot and progress line used to pay again.
         return plan_identity(self.preset)
 
 

@@ -155,3 +155,15 @@ def test_modules_stay_small() -> None:
     big = {module_name(p): n for p in PKG.rglob("*.py")
            if (n := len(p.read_text().splitlines())) > 600}
     assert big == {}
+
+
+def test_httpx_and_structlog_load_without_the_cli_and_console_they_probe_for() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from autopilot import logsetup; from autopilot.lazyimport import "
+            "httpx; h = httpx(); assert h.AsyncClient and logsetup.get_logger; "
+            "print(sorted(m for m in ('rich', 'click', 'pygments') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr[-1000:]

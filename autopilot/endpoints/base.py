@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 import anyio
 from anyio.abc import Process
 
+from autopilot import lazyimport
 from autopilot.cell.childenv import child_env
 from autopilot.cell.procs import (
     OWNED,
@@ -251,8 +252,9 @@ class Endpoint:
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
             # httpx is imported here, at the first probe, not at start-up: by then the
-            # endpoint process is booting on another core and the ~30 ms overlap with it.
-            import httpx
+            # endpoint process is booting on another core and the ~30 ms overlap with it
+            # (and without its CLI: autopilot.lazyimport).
+            httpx = lazyimport.httpx()
 
             # httpx loads the CA bundle for every client (~90 ms): pointless for a plain
             # http:// endpoint on loopback, which never negotiates TLS.
@@ -335,7 +337,7 @@ class Endpoint:
 
     async def probe(self, check_model: bool = False) -> tuple[bool, str]:
         """(answering, why). Raises EndpointError for a permanent misconfiguration."""
-        import httpx  # already loaded by client(); see there
+        httpx = lazyimport.httpx()  # already loaded by client(); see there
 
         try:
             r = await self.client().get(f"{self.url}/health")

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from autopilot import lazyimport
 from autopilot.config import Preset
 from autopilot.config import ProviderEndpoint as ProviderConfig
 from autopilot.endpoints.base import Endpoint
@@ -43,7 +44,7 @@ class ProviderEndpoint(Endpoint):
         return {**super().describe(), "api_key_env": self.key_env}
 
     async def probe(self, check_model: bool = False) -> tuple[bool, str]:
-        import httpx  # loaded lazily, see Endpoint.client
+        httpx = lazyimport.httpx()  # loaded lazily, see Endpoint.client
 
         try:
             r = await self.client().get(f"{self.base_url}/models")
