@@ -257,13 +257,17 @@ def load_trusted(state_dir: Path, args: argparse.Namespace) -> tuple[Preset, Pla
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from autopilot.state.liveness import look
+    from autopilot.state.lock import lock_held
     from autopilot.views.validate import render_table, validate_run
 
     state_dir = _state_dir(args)
     preset, plan = load_recorded(state_dir)
 
     status = state_json(state_dir, "status.json")
-    live = look(state_dir, status if isinstance(status, dict) else {}).state == "live"
+    # The lock says whether a run is in progress: a frozen supervisor (SIGSTOP, a paused
+    # VM) has a stale heartbeat but still holds the run, and its cells still run.
+    live = lock_held(state_dir) is not None or look(
+        state_dir, status if isinstance(status, dict) else {}).state == "live"
     result = validate_run(preset, plan, state_dir, in_progress=live)
     print(render_table(result))
     return 0 if result.ok else 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -17,6 +18,26 @@ import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Children get SIGINT's default disposition: a CI runner or a background shell may run the
+# suite with SIGINT ignored, and an ignored signal stays ignored in every child across exec,
+# so a child a test stops with SIGINT would never stop. A handler here becomes SIG_DFL in
+# each child at exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def reap_or_kill(pid: int, timeout: float) -> int:
+    """Our child's wait status, within ``timeout``; killed first if it is still running
+    then (a test that fails must not leave, or wait for ever on, its child)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    return os.waitpid(pid, 0)[1]
 
 
 def cli_env(**extra: str) -> dict[str, str]:

@@ -11,10 +11,20 @@ import select
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, chromium, cli_env, events, spawn_cli, wait_for, write_overlay
+from conftest import (
+    ROOT,
+    chromium,
+    cli_env,
+    events,
+    reap_or_kill,
+    spawn_cli,
+    wait_for,
+    write_overlay,
+)
 from dashfix import XSS_TASK, complete, partial, trust, wide
 
 GOLDEN = ROOT / "tests" / "golden"
@@ -177,6 +187,9 @@ def test_watch_redraws_and_exits_cleanly_on_sigint(tmp_path: Path) -> None:
     pid, fd = pty.fork()
     if pid == 0:  # child: the dashboard in a pseudo-terminal
         os.chdir(ROOT)
+        # SIGINT's default, whatever we inherited (nohup and background jobs ignore it,
+        # and an ignored signal stays ignored across exec): the test stops it with one.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.execve(sys.executable, [sys.executable, "-m", "autopilot.views.dashboard.cli",
                                    "--state-dir", str(state), "--watch", "0.2", "--no-color"],
                   cli_env(TERM="xterm", COLUMNS="120", LINES="60"))
@@ -187,7 +200,8 @@ def test_watch_redraws_and_exits_cleanly_on_sigint(tmp_path: Path) -> None:
             assert ready, f"no second refresh; got {out[-500:]!r}"
             out += os.read(fd, 65536)
         os.kill(pid, signal.SIGINT)
-        while True:
+        deadline = time.monotonic() + 15  # bounded: a child that ignores SIGINT redraws on
+        while time.monotonic() < deadline:
             ready, _, _ = select.select([fd], [], [], 10)
             if not ready:
                 break
@@ -199,7 +213,7 @@ def test_watch_redraws_and_exits_cleanly_on_sigint(tmp_path: Path) -> None:
                 break
             out += chunk
     finally:
-        _, status = os.waitpid(pid, 0)
+        status = reap_or_kill(pid, 15)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     assert b"Traceback" not in out and b"t_alpha" in out
 

@@ -46,6 +46,8 @@ class Served(Protocol):
     """What a cell needs of the keeper of the replica it runs against (an
     endpoints.keeper.Keeper, or a Ray node's keeper mirrored on the head)."""
 
+    failed: str | None  # why the endpoint failed for good, once it has
+
     @property
     def ep(self) -> Any: ...
     async def decoding(self, max_age: float) -> int | None: ...
@@ -284,6 +286,15 @@ class CellRun:
                     self.abandoned = True
                     grace = 0.0 if cx.forced() else self.p.watchdog.kill_grace_secs
                     await self._kill(grace)
+                    break
+                if cx.keeper.failed:
+                    # The endpoint has failed for good: nothing this cell waits for will
+                    # come. End it now (INVALID(endpoint_down): its outage never ended),
+                    # not after stuck_secs of a frozen transcript.
+                    kill_reason = f"endpoint failed for good: {cx.keeper.failed}"
+                    pids = await self._kill(self.p.watchdog.kill_grace_secs)
+                    cx.emit("cell_killed", cell=self.cell.id, attempt=self.attempt,
+                            kind="endpoint_failed", reason=kill_reason, pids=pids)
                     break
                 if self.tracker is not None and cx.clock() - remembered >= REMEMBER_SECS:
                     # A full /proc walk: not every tick, and not on the event loop.

@@ -82,20 +82,47 @@ def describe_holder(hb: dict[str, Any] | None) -> str:
     return f"pid {hb.get('pid')} on host {hb.get('host')} since {hb.get('started_at')}"
 
 
+def flock_held(path: Path) -> bool | None:
+    """Whether someone holds an exclusive flock on ``path``, read from ``/proc/locks``
+    without taking any lock (None where that cannot be read). A probe that took a shared
+    lock itself, even for an instant, made a supervisor starting at that instant lose
+    its ``LOCK_EX | LOCK_NB`` and exit 3 with no other driver anywhere."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            table = f.read()
+    except OSError:
+        return None
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in table.splitlines():
+        cols = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 5643 fd:00:1234567 0 EOF" (a "->" marks a waiter)
+        if "->" in cols or len(cols) < 6:
+            continue
+        if cols[1] == "FLOCK" and cols[3] == "WRITE" and cols[5] == want:
+            return True
+    return False
+
+
 def lock_held(state_dir: Path) -> dict[str, Any] | None:
-    """Read-only probe for readers (dashboard, --once): who holds the run, if anyone."""
+    """Read-only probe for readers (dashboard, --once, cleanup): who holds the run, if
+    anyone. It never takes the lock, so it can never make a starter lose."""
     path = state_dir / LOCK_NAME
     if path.exists():
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except OSError:
-            return heartbeat_holder(state_dir)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
+        held = flock_held(path)
+        if held:
             return read_json(state_dir / HEARTBEAT_NAME) or {}
-        finally:
-            os.close(fd)
+        if held is None:  # no /proc/locks: a shared lock, for an instant
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            except OSError:
+                return heartbeat_holder(state_dir)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return read_json(state_dir / HEARTBEAT_NAME) or {}
+            finally:
+                os.close(fd)
     return heartbeat_holder(state_dir)
 
 

@@ -1,0 +1,119 @@
+"""Every wait bounded, one truth in every view (issue #25, the parts done so far)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT, cli_env
+
+from autopilot.errors import LockHeld
+from autopilot.state.lock import RunLock
+
+PROBE = ("import sys; from pathlib import Path; from autopilot.state.lock import lock_held\n"
+         "d = Path(sys.argv[1]); print('probing', flush=True)\n"
+         "while True: lock_held(d)\n")
+
+
+def test_a_readers_probe_never_makes_a_lone_starter_lose(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    first = RunLock(state)
+    first.acquire()  # made once, then let go: the lock file exists
+    first.release()
+    probe = subprocess.Popen([sys.executable, "-c", PROBE, str(state)], env=cli_env(),
+                             cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert probe.stdout is not None and probe.stdout.readline() == "probing\n"
+        lost = 0
+        for _ in range(200):
+            lock = RunLock(state)
+            try:
+                lock.acquire()
+            except LockHeld:
+                lost += 1
+            finally:
+                lock.release()
+        assert lost == 0
+    finally:
+        probe.kill()
+        probe.wait(10)
+
+
+def test_the_probe_still_sees_a_holder(tmp_path: Path) -> None:
+    from autopilot.state.lock import flock_held, lock_held
+
+    state = tmp_path / "state"
+    lock = RunLock(state)
+    lock.acquire()
+    try:
+        lock.beat("run:pass1")
+        assert flock_held(state / "autopilot.lock") is True
+        holder = lock_held(state)
+        assert holder is not None and holder["phase"] == "run:pass1"
+    finally:
+        lock.release()
+    assert flock_held(state / "autopilot.lock") is False
+
+
+def test_validate_waits_for_the_cells_of_a_frozen_run(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    from conftest import events, run_cli, wait_for, write_overlay
+
+    state = tmp_path / "state"
+    over = write_overlay(tmp_path / "o.json", {"vars": {"think_secs": "2"}})
+    p = subprocess.Popen([sys.executable, "-m", "autopilot.cli", "--preset", "demo",
+                          "--target-n", "1", "--concurrency", "2", "--config", str(over),
+                          "--state-dir", str(state), "--quiet"],
+                         env=cli_env(AUTOPILOT_HEARTBEAT_SECS="0.3"),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: sum(e["event"] == "cell_started" for e in events(state)) >= 2,
+                 what="cells running")
+        os.kill(p.pid, signal.SIGSTOP)
+        wait_for(lambda: "STALE (heartbeat" in run_cli("--state-dir", str(state),
+                                                      "--oneline", prog="dashboard").stdout,
+                 what="a stale heartbeat")
+        v = run_cli("validate", "--state-dir", str(state))
+        assert "in progress" in v.stdout, v.stdout[-2000:]
+        assert "grader_failed" not in v.stdout and "missing_output" not in v.stdout
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+        p.kill()
+        p.wait(30)
+
+
+def test_cells_end_at_once_when_the_endpoint_has_failed_for_good(tmp_path: Path) -> None:
+    from conftest import events, run_cli, write_overlay
+
+    state = tmp_path / "state"
+    # Every cell freezes after one turn and stuck_secs is 10 minutes: only the endpoint's
+    # death (the third request; no restart allowed) can end them inside the timeout.
+    over = write_overlay(tmp_path / "o.json", {
+        "vars": {"hang_share": "1.0"}, "watchdog": {"stuck_secs": 600, "kill_secs": 600,
+                                                    "warn_secs": 300, "probe_secs": 400},
+        "endpoint": {"crash_after_requests": 2, "max_restarts": 0,
+                     "down_restart_secs": 0.2, "probe_interval_secs": 0.2}})
+    r = run_cli("--preset", "demo-chaos", "--target-n", "1", "--concurrency", "3",
+                "--config", str(over), "--state-dir", str(state), "--quiet", timeout=120)
+    assert r.returncode == 1 and "AUTOPILOT_INCOMPLETE" in r.stdout, r.stderr[-2000:]
+    evs = events(state)
+    killed = [e for e in evs if e["event"] == "cell_killed"]
+    assert killed and {e["kind"] for e in killed} == {"endpoint_failed"}
+    verdicts = [e for e in evs if e["event"] == "cell_verdict"]
+    assert verdicts and {(e["verdict"], e["reason"]) for e in verdicts} == {
+        ("INVALID", "endpoint_down")}
+
+
+def test_the_suite_survives_a_parent_that_ignores_sigint(tmp_path: Path) -> None:
+    # As under nohup or a background job: SIGINT ignored, and inherited so by every child.
+    import signal
+
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+         "tests/test_dashboard.py", "-k", "watch_redraws"], cwd=ROOT, env=cli_env(),
+        capture_output=True, text=True, timeout=300,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout[-2000:]
