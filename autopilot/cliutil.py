@@ -40,8 +40,9 @@ def run_and_exit(main: Callable[[], int]) -> NoReturn:
         sys.stdout.flush()
     except BrokenPipeError:
         _quiet_broken_pipe()
-    if threading.active_count() > 1:
-        sys.exit(code)
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate()
+           if t is not threading.main_thread()):
+        sys.exit(code)  # a thread that must finish: the interpreter waits for it
     atexit._run_exitfuncs()
     try:
         sys.stdout.flush()

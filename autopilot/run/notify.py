@@ -16,6 +16,7 @@ those; an untagged one gets everything.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -210,11 +211,26 @@ class Notifier:
         return results
 
     async def send(self, msg: Message) -> list[tuple[str, bool]]:
+        """Deliver ``msg`` to every target within ``timeout`` seconds in all. A sender's
+        own timeouts are per socket operation, so a receiver that trickles a byte every
+        two seconds holds it for ever: delivery runs in a daemon thread of its own that
+        is abandoned at the deadline, and so can never hold up the run's exit (a worker
+        thread of anyio's pool is not a daemon: the interpreter waits for it)."""
         results: list[tuple[str, bool]] = []
+        done = threading.Event()
+        box: list[list[tuple[str, bool]]] = []
+
+        def work() -> None:
+            try:
+                box.append(self._deliver(msg))
+            finally:
+                done.set()
+
+        threading.Thread(target=work, name=f"notify-{msg.kind}", daemon=True).start()
         with anyio.move_on_after(self.timeout) as scope:
-            results = await anyio.to_thread.run_sync(
-                self._deliver, msg, abandon_on_cancel=True
-            )
+            while not done.is_set():
+                await anyio.sleep(0.02)
+            results = box[0] if box else []
         if scope.cancelled_caught:
             results = [("(all)", False)]
             self._failed(msg.kind, "(all)", f"timed out after {self.timeout:.0f}s")

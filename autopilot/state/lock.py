@@ -11,6 +11,7 @@ recycled pid does not count) also blocks.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -55,6 +56,8 @@ def heartbeat_holder(state_dir: Path, now: float | None = None) -> dict[str, Any
     """The heartbeat's content if it is fresh and names a live process on this host."""
     hb = read_json(state_dir / HEARTBEAT_NAME)
     if not isinstance(hb, dict):
+        return None
+    if hb.get("released"):  # the holder let the run go (it may still be exiting)
         return None
     now = time.time() if now is None else now
     epoch = hb.get("epoch")
@@ -131,6 +134,7 @@ class RunLock:
     state_dir: Path
     fd: int = -1
     started_at: str = ""
+    phase: str = "starting"
 
     def acquire(self) -> None:
         """Take the run or raise LockHeld. Creates nothing when the run is held."""
@@ -172,15 +176,21 @@ class RunLock:
             time.sleep(0.025)
         return {"starting": True}
 
-    def beat(self, phase: str) -> None:
+    def beat(self, phase: str, released: bool = False) -> None:
         pid, ct = _me()
+        self.phase = phase
         atomic_write_json(self.state_dir / HEARTBEAT_NAME, {
             "pid": pid, "create_time": ct, "host": socket.gethostname(),
             "started_at": self.started_at, "ts": iso(), "epoch": time.time(), "phase": phase,
-            "interval_secs": beat_interval(),
+            "interval_secs": beat_interval(), **({"released": True} if released else {}),
         })
 
     def release(self) -> None:
+        """Let the run go: the heartbeat says so first, so a successor started while this
+        process is still exiting (a notification thread, a slow teardown) is not refused
+        as a double drive."""
         if self.fd >= 0:
+            with contextlib.suppress(OSError):  # a full disk: the flock goes all the same
+                self.beat(self.phase, released=True)
             os.close(self.fd)
             self.fd = -1
