@@ -355,6 +355,19 @@ def resume_command(args: argparse.Namespace, state_dir: Path, target_n: int) -> 
     import shlex
 
     argv = ["autopilot", *sys.argv[1:]]
+    # Paths as absolute ones: the line is run again from anywhere (a shell in $HOME, a
+    # systemd unit), where a relative --config or --state-dir names another file.
+    path_flags = {"--config", "--state-dir", "--preset", "--notify-config", "--results-repo",
+                  "--metrics-textfile"}
+    def is_path(flag: str, value: str) -> bool:  # a preset name stays a name
+        return Path(value).is_file() if flag == "--preset" else Path(value).exists()
+
+    for i, arg in enumerate(argv):
+        flag, eq, value = arg.partition("=")
+        if eq and flag in path_flags and value and is_path(flag, value):
+            argv[i] = f"{flag}={Path(value).absolute()}"
+        elif i > 0 and argv[i - 1] in path_flags and is_path(argv[i - 1], arg):
+            argv[i] = str(Path(arg).absolute())
     if not args.state_dir:
         argv += ["--state-dir", str(state_dir)]
     if args.target_n is None:

@@ -560,6 +560,11 @@ class Preset(_Frozen):
     def set_env_refs(self, refs: tuple[EnvRef, ...]) -> None:
         self._env_refs = refs
 
+    def defaulted_env(self) -> list[str]:
+        """The ``${VAR:-default}`` expansions whose VAR was unset, in words (a resume from
+        a shell without the run's variables computes another plan: say which)."""
+        return list(dict.fromkeys(r.describe() for r in self._env_refs if r.defaulted))
+
     def env_source(self, value: str) -> str:
         """Which ``${VAR}`` put (part of) ``value`` here, in words; "" when none did."""
         found = [r for r in self._env_refs if r.value and r.value in value]

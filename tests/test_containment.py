@@ -183,3 +183,38 @@ def test_a_trickling_notification_receiver_cannot_hold_the_run_or_its_successor(
         assert again.returncode == 0, again.stderr[-2000:]  # not exit 3: the run was let go
     finally:
         rx.close()
+
+
+def test_a_resume_without_the_runs_variable_names_it(tmp_path: Path) -> None:
+    from conftest import FAKEBIN, run_cli, write_overlay
+    from mmbt_fixture import add_p1_helper, make_checkout
+
+    bench = make_checkout(tmp_path)
+    add_p1_helper(bench)
+    over = write_overlay(tmp_path / "o.json", {
+        "harness": {"sandbox_container": ""},
+        "endpoint": {"startup_timeout_secs": 30, "probe_interval_secs": 0.5}})
+    state = tmp_path / "state"
+    env = cli_env(BENCH_DIR=str(bench), AUTOPILOT_LLAMA_SERVER=str(FAKEBIN / "llama-server"),
+                  QWEN27B_GGUF=str(FAKEBIN / "llama-server"))
+    args = ["--preset", "qwen3.6-27b", "--target-n", "1", "--config", str(over),
+            "--state-dir", str(state), "--quiet"]
+    assert run_cli(*args, env=env, timeout=120).returncode == 0
+    env.pop("BENCH_DIR")
+    r = run_cli(*args, env=env)
+    assert r.returncode == 2
+    assert "${BENCH_DIR} is not set (or empty); the default '/opt/mmbt' was used" in r.stderr
+    assert r.stderr.count("\n") == 1
+
+
+def test_the_resume_line_spells_its_paths_out(tmp_path: Path, monkeypatch) -> None:
+    from autopilot.cli import build_parser, resume_command
+
+    (tmp_path / "o.toml").write_text("")
+    monkeypatch.chdir(tmp_path)
+    argv = ["--preset", "demo", "--config", "o.toml", "--state-dir=s"]
+    (tmp_path / "s").mkdir()
+    monkeypatch.setattr(sys, "argv", ["autopilot", *argv])
+    line = resume_command(build_parser().parse_args(argv), tmp_path / "s", 3)
+    assert line == (f"autopilot --preset demo --config {tmp_path / 'o.toml'} "
+                    f"--state-dir={tmp_path / 's'} --target-n 3")

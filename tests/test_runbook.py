@@ -178,6 +178,16 @@ def test_outcome(verdicts: list[tuple[str, str, str | None]], kw: dict[str, Any]
     assert (out.phase, out.reason) == want
 
 
+def test_nothing_left_to_run_is_not_complete_while_a_cell_is_ungradable() -> None:
+    led = ledger(("t1_a_v1", "PASS", None), ("t2_a_v1", "PASS", None))
+    led.apply({"event": "cell_started", "cell": "t1_b_v1", "attempt": 1})
+    led.apply({"event": "cell_verdict", "cell": "t1_b_v1", "attempt": 1, "verdict": "INVALID",
+               "reason": "grader_unavailable", "ungraded": True})
+    assert led.complete()  # settled: no pass would run it again
+    out = outcome(led, RULES, stopped_by=None, paused=None, reason="")
+    assert out.phase == "INCOMPLETE" and out.reason.startswith("1 ungradable here")
+
+
 def test_outcome_names_quarantined_then_ungraded_cells() -> None:
     led = ledger(("t1_a_v1", "INVALID", "stall"))
     led.apply({"event": "cell_quarantined", "cell": "t1_a_v1"})

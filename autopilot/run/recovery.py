@@ -49,6 +49,14 @@ def check_plan_identity(state_dir: Path, plan: Plan, allow_change: bool) -> dict
     if not isinstance(recorded, dict):
         return None
     if recorded.get("identity") != plan.identity and not allow_change:
+        unset = plan.preset.defaulted_env()
+        if unset:  # the likeliest cause first: this shell lacks the run's variables
+            raise PlanChangedError(
+                f"{state_dir}: holds a run of preset {recorded.get('preset')!r} with plan "
+                f"identity {recorded.get('identity')}, but this shell gives "
+                f"{plan.identity}: {'; '.join(unset)} — set it as for the run (e.g. in "
+                "the unit's Environment=), or pass --allow-plan-change if the plan "
+                "really changed")
         raise PlanChangedError(
             f"{state_dir}: holds a run of preset {recorded.get('preset')!r} with plan "
             f"identity {recorded.get('identity')}, but this preset gives {plan.identity} "
@@ -208,6 +216,7 @@ def snapshot_once(preset: Preset, plan: Plan, state_dir: Path) -> dict[str, Any]
     conc = preset.run.concurrency
     return build(RunView(
         preset=preset, plan=plan, ledger=ledger,
-        phase="COMPLETE" if ledger.complete() else "stopped", outcome_reason="", pass_no=0,
+        phase="COMPLETE" if ledger.complete() and all(c.valid for c in ledger.cells.values())
+        else "stopped", outcome_reason="", pass_no=0,
         started_at=started, updated_at=iso(), elapsed=0.0, done_this_session=0,
         throttle=Throttle(conc, conc), pid=os.getpid(), host=socket.gethostname()))

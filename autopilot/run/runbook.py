@@ -251,7 +251,15 @@ def outcome(ledger: Ledger, rules: Rules, *, stopped_by: str | None, paused: str
     if stopped_by:
         return Outcome("stopped", f"stopped by {stopped_by}")
     if ledger.complete():
-        return Outcome("COMPLETE", "")
+        # Nothing is left to run. COMPLETE (exit 0) means every cell has a valid verdict:
+        # cells recorded ungradable here (grader_unavailable) are not, and say so.
+        ungradable = [c.id for c in ledger.cells.values() if not c.valid]
+        if not ungradable:
+            return Outcome("COMPLETE", "")
+        return Outcome("INCOMPLETE", (
+            f"{len(ungradable)} ungradable here (grader_unavailable; their runs stand): "
+            f"{', '.join(ungradable[:5])}; provide what preflight named, then "
+            "`autopilot regrade`"))
     if paused and not reason:
         reason = paused
     if not reason:
