@@ -76,30 +76,45 @@ class Redactor:
         # Bounded first (a 5 MB value from outside costs the log 4 KB), then redacted.
         return {k: self.scrub(bounded(v)) for k, v in event_dict.items()}
 
-    def scrub_file(self, path: Path) -> bool:
-        """Redact a spooled log in place (a harness that prints its key puts it there);
-        True if anything changed. Line by line, bytes kept as they were otherwise
-        (invalid UTF-8 included); replaced atomically, 0600. A child writes its log
-        directly (so it survives our restart), hence after the fact: until then the
-        file is 0600 in a 0700 dir, readable only by who holds the secret anyway."""
-        if not self.secrets:
-            return False
+    def scrub_file(self, path: Path, cap: int | None = None) -> bool:
+        """Redact a spooled log in place (a harness that prints its key puts it there),
+        and keep at most ``cap`` bytes of it (its head and its tail, with a line saying
+        how much was cut between them); True if anything changed. A child writes its log
+        directly (so it survives our restart), hence after the fact: until then the file
+        is 0600 in a 0700 dir, readable only by who holds the secret anyway.
+
+        Streamed in bounded chunks, never a whole line at once: a harness that writes
+        2 GiB without a newline costs a few MB here, not the supervisor's memory (and
+        the endpoint's, if the OOM killer chooses). Each chunk carries the end of the
+        one before it, as long as the longest secret form, so a secret split across two
+        chunks is found. Bytes are kept as they were otherwise (invalid UTF-8 included);
+        the result replaces the file atomically, 0600."""
         import os
         import tempfile
 
         try:
-            src = path.open("rb")
+            size = os.stat(path, follow_symlinks=False).st_size
         except FileNotFoundError:
             return False
-        changed = False
+        cut = cap is not None and size > cap
+        if not self.secrets and not cut:
+            return False
+        head = tail_from = size
+        if cut:
+            assert cap is not None
+            head, tail_from = cap // 2, size - cap // 2
+        keep = max((len(s) for s in self.secrets), default=1) - 1
+        changed = cut
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
+            src = os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb")
             with src, os.fdopen(fd, "wb") as out:
-                for raw in src:
-                    line = raw.decode("utf-8", "surrogateescape")
-                    clean = self.scrub(line)
-                    changed |= clean != line
-                    out.write(clean.encode("utf-8", "surrogateescape"))
+                for start, stop in ((0, head), (tail_from, size)) if cut else ((0, size),):
+                    if cut and start:
+                        out.write(f"\n--- [autopilot: {tail_from - head} bytes of this "
+                                  "output cut here, head and tail kept] ---\n".encode())
+                    src.seek(start)
+                    changed |= self._scrub_stream(src, out, stop - start, keep)
             if changed:
                 os.replace(tmp, path)
                 return True
@@ -109,6 +124,26 @@ class Redactor:
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
+
+    def _scrub_stream(self, src: IO[bytes], out: IO[bytes], length: int, keep: int) -> bool:
+        changed, carry, left = False, "", length
+        while left > 0:
+            chunk = src.read(min(SCRUB_CHUNK, left))
+            if not chunk:
+                break
+            left -= len(chunk)
+            buf = carry + chunk.decode("utf-8", "surrogateescape")
+            clean = self.scrub(buf) if self.secrets else buf
+            changed |= clean != buf
+            # The last `keep` characters wait for the next chunk: a secret may go on there.
+            flush, carry = (clean[:-keep], clean[-keep:]) if keep and left else (clean, "")
+            out.write(flush.encode("utf-8", "surrogateescape"))
+        out.write(carry.encode("utf-8", "surrogateescape"))
+        return changed
+
+
+SCRUB_CHUNK = 1 << 20  # characters redacted at once (a spooled log is streamed)
+SPOOL_CAP = 16 << 20  # bytes of one spooled log kept: its first and last 8 MiB
 
 
 class _Tee:

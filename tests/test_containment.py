@@ -218,3 +218,82 @@ def test_the_resume_line_spells_its_paths_out(tmp_path: Path, monkeypatch) -> No
     line = resume_command(build_parser().parse_args(argv), tmp_path / "s", 3)
     assert line == (f"autopilot --preset demo --config {tmp_path / 'o.toml'} "
                     f"--state-dir={tmp_path / 's'} --target-n 3")
+
+
+# ---------------------------------------------------------------------- bounded output
+
+
+def test_redaction_streams_and_finds_a_secret_split_across_chunks(tmp_path: Path) -> None:
+    from autopilot import logsetup
+    from autopilot.logsetup import Redactor
+
+    key = "sk-split-secret-0123456789"
+    log = tmp_path / "spool.log"
+    # No newline at all, and the key straddling the first chunk boundary.
+    at = logsetup.SCRUB_CHUNK - 10
+    log.write_bytes(b"a" * at + key.encode() + b"b" * (3 * logsetup.SCRUB_CHUNK) + b"\xff")
+    assert Redactor([key]).scrub_file(log)
+    data = log.read_bytes()
+    assert key.encode() not in data and data[at:at + 3] == b"***"
+    assert data.endswith(b"b\xff")  # invalid UTF-8 kept byte for byte
+
+
+def test_a_spooled_log_keeps_its_head_and_tail_and_says_what_was_cut(tmp_path: Path) -> None:
+    from autopilot.logsetup import Redactor
+
+    log = tmp_path / "spool.log"
+    log.write_bytes(b"HEAD" + b"x" * 10_000_000 + b"TAIL")
+    assert Redactor([]).scrub_file(log, cap=1_000_000)
+    data = log.read_bytes()
+    assert data.startswith(b"HEAD") and data.endswith(b"TAIL")
+    assert len(data) < 1_000_200 and b"bytes of this output cut here" in data
+
+
+def test_a_harness_writing_hundreds_of_mb_without_a_newline_costs_little(
+        tmp_path: Path) -> None:
+    import time
+
+    import psutil
+    from conftest import events, write_overlay
+
+    spew = ("import os, sys\n"
+            "out = sys.argv[1]; os.makedirs(out, exist_ok=True)\n"
+            "block = b'z' * (1 << 20)\n"
+            "for _ in range(300): os.write(1, block)\n"
+            "os.write(1, ('key ' + os.environ['SPEW_KEY']).encode())\n"
+            "import json; json.dump(dict(total_completion_tokens=3), "
+            "open(os.path.join(out, 'summary.json'), 'w'))\n")
+    over = write_overlay(tmp_path / "o.json", {
+        "tasks": [{"id": "p1_bugfix"}], "arms": [{"label": "demo-nothink", "mode": "nothink"}],
+        "harness": {"argv": ["{python}", "-c", spew, "{output_dir}"],
+                    "pass_env": ["SPEW_KEY"]},
+        "preflight": {"secrets": ["SPEW_KEY"]}, "trust": {"arm_checks": []},
+        "grader": {"argv": ["/bin/sh", "-c", "echo '{{\"verdict\": \"PASS\"}}' > \"$1\"",
+                            "grade", "{grade_file}"]}, "baseline": None})
+    state = tmp_path / "state"
+    p = subprocess.Popen([sys.executable, "-m", "autopilot.cli", "--preset", "demo",
+                          "--target-n", "1", "--config", str(over), "--state-dir",
+                          str(state), "--quiet"],
+                         env=cli_env(SPEW_KEY="sk-spew-0123456789"), cwd=ROOT,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    peak = 0
+    try:
+        sup = psutil.Process(p.pid)
+        deadline = time.monotonic() + 240
+        while p.poll() is None and time.monotonic() < deadline:
+            try:
+                peak = max(peak, sup.memory_info().rss)
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.02)
+        assert p.wait(10) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert peak < 200 * 1024 * 1024, f"supervisor peaked at {peak >> 20} MB"
+    spool = state / "logs" / "p1_bugfix_demo-nothink_v1.launcher.log"
+    data = spool.read_bytes()
+    assert len(data) < 17 * 1024 * 1024 and b"bytes of this output cut here" in data
+    assert data.endswith(b"key ***") and b"sk-spew" not in data
+    assert [e["verdict"] for e in events(state) if e["event"] == "cell_verdict"] == ["PASS"]

@@ -25,6 +25,7 @@ import importlib
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -89,6 +90,7 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
     from autopilot.cell.childenv import child_env
     from autopilot.cell.procs import RUN_TOKEN_ENV
     from autopilot.cell.runner import CellContext
+    from autopilot.logsetup import SPOOL_CAP
     from autopilot.state.fsguard import run_roots
 
     port, clock = w.port, w.clock
@@ -100,7 +102,8 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
         # os.environ decoded once: for every cell it is measurable at 200 cells
         env_overrides={k: v for k, v in os.environ.items()
                        if k.startswith("AUTOPILOT_STALL_")},
-        redact=w.redactor.scrub, scrub_file=w.redactor.scrub_file,
+        # A spooled log is redacted and capped when its attempt ends (logsetup.SPOOL_CAP).
+        redact=w.redactor.scrub, scrub_file=partial(w.redactor.scrub_file, cap=SPOOL_CAP),
         remove_sandbox=w.remove_sandbox, sandbox_activity=w.sandbox_activity,
         on_grade_failure=port.grade_failure,
         roots=run_roots(w.preset, w.state_dir),
@@ -222,11 +225,13 @@ class Backend(abc.ABC):
     async def close(self) -> None:
         """At the end of the run: stop every replica, then release what the backend
         holds. Shielded by the caller."""
+        from autopilot.logsetup import SPOOL_CAP
+
         for k in self.keepers:
             await k.ep.stop()
             await k.ep.aclose()
             with contextlib.suppress(OSError):
-                self.w.redactor.scrub_file(k.ep.log_path)
+                self.w.redactor.scrub_file(k.ep.log_path, cap=SPOOL_CAP)
             if not k.ep.attached and k.state not in ("failed", "lost"):
                 k.state = "stopped"
         await self.release()

@@ -41,7 +41,7 @@ from autopilot.cell.validity import Classification
 from autopilot.config import Preset
 from autopilot.endpoints import make_endpoint
 from autopilot.endpoints.keeper import Keeper
-from autopilot.logsetup import Redactor
+from autopilot.logsetup import SPOOL_CAP, Redactor
 from autopilot.plan import Cell, arm_groups
 from autopilot.state.statedir import check_trusted, ensure_private_dir
 
@@ -222,7 +222,7 @@ class NodeAgent:
         if self.keeper is not None:
             await self.keeper.ep.stop()
             await self.keeper.ep.aclose()
-            self.redactor.scrub_file(self.keeper.ep.log_path)
+            self.redactor.scrub_file(self.keeper.ep.log_path, cap=SPOOL_CAP)
         return [f"{cid}#{attempt}" for (cid, attempt), _ in tasks]
 
 
