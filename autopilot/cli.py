@@ -223,6 +223,9 @@ def dry_run_text(preset: Preset, plan: Plan, state_dir: Path, warnings: list[str
     from autopilot.backends.base import backend_class  # imports no Ray
 
     lines += backend_class(preset.backend.kind).dry_run_lines(preset)
+    from autopilot.cell.cgroups import mode_line
+
+    lines.append(mode_line())
     lines += env_lines(preset)
     lines += [f"warning: {w}" for w in warnings]
     lines.append("dry run: nothing launched")

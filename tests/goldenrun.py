@@ -93,6 +93,8 @@ def dry_run(preset: str, state_dir: Path, bench: Path | None = None) -> str:
             text = text.replace(str(path), name)
     if bench is not None:  # its identity hashes the checkout's paths: a temp dir
         text = re.sub(r"identity [0-9a-f]{16}", "identity ID", text)
+    # Which containment a run would use depends on the machine (root, cgroup v2).
+    text = re.sub(r"(?m)^containment: .*$", "containment: MODE", text)
     return text.replace(sys.executable, "PYTHON")
 
 

@@ -297,3 +297,82 @@ def test_a_harness_writing_hundreds_of_mb_without_a_newline_costs_little(
     assert len(data) < 17 * 1024 * 1024 and b"bytes of this output cut here" in data
     assert data.endswith(b"key ***") and b"sk-spew" not in data
     assert [e["verdict"] for e in events(state) if e["event"] == "cell_verdict"] == ["PASS"]
+
+
+# ---------------------------------------------------------------------- cgroups
+
+DAEMON = ("mkdir -p \"$1\"; env -i /bin/sleep 900 & echo $! > \"$1/daemon.pid\"; "
+          "echo '{{\"total_completion_tokens\": 3}}' > \"$1/summary.json\"")
+PASS_GRADER = ["/bin/sh", "-c", "echo '{{\"verdict\": \"PASS\"}}' > \"$1\"", "grade",
+               "{grade_file}"]
+
+
+def daemon_run(tmp_path: Path, env: dict[str, str]) -> tuple[Path, list[int]]:
+    from conftest import run_cli, write_overlay
+
+    over = write_overlay(tmp_path / "o.json", {
+        "tasks": [{"id": "p1_bugfix"}, {"id": "p2_extract"}],
+        "harness": {"argv": ["/bin/sh", "-c", DAEMON, "harness", "{output_dir}"]},
+        "grader": {"argv": PASS_GRADER}, "trust": {"arm_checks": []}, "baseline": None})
+    state = tmp_path / "state"
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                "--state-dir", str(state), "--quiet", env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    pids = [int(p.read_text()) for p in (state / "cells").glob("*/daemon.pid")]
+    assert len(pids) == 4
+    return state, pids
+
+
+def alive(pids: list[int]) -> list[int]:
+    import psutil
+
+    out = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            if p.status() != psutil.STATUS_ZOMBIE and "sleep" in p.name():
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def test_a_child_that_clears_its_environment_dies_with_its_cell(tmp_path: Path) -> None:
+    import os
+
+    import pytest
+
+    from autopilot.cell import cgroups
+
+    if os.geteuid() != 0 or cgroups.cgroup2_mount() is None:
+        pytest.skip("needs root and a cgroup v2 hierarchy (tools/test runs as root)")
+    r = __import__("conftest").run_cli("--preset", "demo", "--target-n", "1", "--dry-run",
+                                       "--state-dir", str(tmp_path / "dry"))
+    assert "containment: a cgroup v2 group per harness, grader and endpoint" in r.stdout
+    state, pids = daemon_run(tmp_path, cli_env())
+    try:
+        assert alive(pids) == []  # each killed with its cell's group
+        from autopilot.cell.procs import existing_run_token
+
+        token = existing_run_token(state)
+        assert token is not None
+        base = cgroups.cgroup2_mount() / (cgroups.own_group() or "/").lstrip("/")
+        assert not (base / f"autopilot-{token[:16]}").exists()  # the subtree removed
+    finally:
+        for pid in alive(pids):
+            os.kill(pid, 9)
+
+
+def test_without_cgroups_the_runs_adoptees_die_with_the_run(tmp_path: Path) -> None:
+    import os
+
+    env = cli_env(AUTOPILOT_CGROUPS="off")
+    r = __import__("conftest").run_cli("--preset", "demo", "--target-n", "1", "--dry-run",
+                                       "--state-dir", str(tmp_path / "dry"), env=env)
+    assert "containment: process identity + run marker + subreaper adoptees" in r.stdout
+    state, pids = daemon_run(tmp_path, env)
+    try:
+        assert alive(pids) == []  # adopted by the supervisor, killed at the run's end
+    finally:
+        for pid in alive(pids):
+            os.kill(pid, 9)

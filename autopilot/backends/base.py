@@ -87,6 +87,7 @@ class Wiring:
 def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
                  extra_env: dict[str, str] | None = None) -> CellContext:
     """The one builder of what a cell run needs (here, and in a Ray node's actor)."""
+    from autopilot.cell import cgroups
     from autopilot.cell.childenv import child_env
     from autopilot.cell.procs import RUN_TOKEN_ENV
     from autopilot.cell.runner import CellContext
@@ -109,7 +110,7 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
         roots=run_roots(w.preset, w.state_dir),
         base_env={**child_env(w.preset, "harness"), RUN_TOKEN_ENV: w.run_token,
                   **(extra_env or {})},
-        replica=replica,
+        replica=replica, contain=cgroups.for_run(w.run_token)[0],
     )
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import anyio
 
+from autopilot.cell.cgroups import Containment, group_name
 from autopilot.cell.childenv import child_env
 from autopilot.cell.procs import (
     OWNED,
@@ -68,9 +69,12 @@ async def run_grader(
     roots: tuple[Path, ...],
     state_dir: Path,
     extract: tuple[Path, Path] | None = None,
+    contain: tuple[Containment, str] | None = None,
 ) -> GradeOutcome:
     """Run one grader. ``extract`` (archive, into) unpacks into a scratch dir first and
-    removes it after; ``roots`` / ``state_dir`` bound where that may happen (fsguard)."""
+    removes it after; ``roots`` / ``state_dir`` bound where that may happen (fsguard);
+    ``contain`` (the run's cgroups, a group name): the grader runs in that group, and
+    what it leaves there is killed when it ends."""
     scratch = extract[1] if extract else None
     guard_dir = state_dir
     try:
@@ -87,10 +91,12 @@ async def run_grader(
             remove_tree(grade_file, roots, guard_dir)
         except UnsafePath as e:
             return GradeOutcome(False, f"grade file refused: {e}")
+        group = contain[0].group(contain[1]) if contain is not None else None
         with open_append(log_path) as log:
             try:
                 proc = await spawn(
-                    argv, cwd=cwd, env=dict(env), stdout=log, stderr=subprocess.STDOUT,
+                    contain[0].wrap(argv, group) if contain and group else argv, cwd=cwd,
+                    env=dict(env), stdout=log, stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
             except OSError as e:
@@ -112,6 +118,9 @@ async def run_grader(
                     return GradeOutcome(False, f"grader timed out after {timeout:.0f}s")
             finally:
                 OWNED.discard(proc.pid)
+                if contain is not None and group is not None:
+                    with anyio.CancelScope(shield=True):
+                        await anyio.to_thread.run_sync(contain[0].kill, group)
         # The grader's file, read as anything from outside (a FIFO, a symlink, a 50 MB
         # verdict word: refused, and said why).
         grade, refused = load_json(grade_file)
@@ -186,7 +195,7 @@ OnGradeRetry = Callable[[int, Classification], None]
 async def grade_outputs(
     p: Preset, ctx: Mapping[str, str], outcome: RunOutcome, grade_log: Path,
     checks: Checks, base_env: Mapping[str, str] | None = None,
-    on_retry: OnGradeRetry | None = None,
+    on_retry: OnGradeRetry | None = None, contain: Containment | None = None,
 ) -> Classification:
     """Run the task's grader on a finished attempt's outputs and classify. A failure of
     grading alone (crash, timeout, malformed grade, GRADER_FAILED) re-runs the grader on
@@ -216,6 +225,8 @@ async def grade_outputs(
             argv, cwd=_grader_cwd(p, ctx), env=env, timeout=g.timeout_secs,
             grade_file=Path(ctx["grade_file"]), log_path=grade_log, extract=extract,
             roots=roots, state_dir=state_dir,
+            contain=(contain, group_name("grade", ctx["cell"], int(ctx["attempt"])))
+            if contain is not None else None,
         )
         c = replace(classify(outcome, grade, g.verdicts, checks, g.verdict_field),
                     launched=launched)
@@ -229,11 +240,13 @@ async def grade_outputs(
 async def judge_cell(
     p: Preset, ctx: Mapping[str, str], outcome: RunOutcome, grade_log: Path,
     base_env: Mapping[str, str] | None = None, on_retry: OnGradeRetry | None = None,
+    contain: Containment | None = None,
 ) -> Classification:
     """Gather evidence for a finished attempt, run the grader when it can count, classify."""
     checks = read_checks(p, ctx) if outcome.completion else Checks()
     untrusted = checks.mismatches or checks.finish_error or (
         checks.tokens_checked and not (checks.tokens and checks.tokens > 0))
     if outcome.completion and not untrusted:
-        return await grade_outputs(p, ctx, outcome, grade_log, checks, base_env, on_retry)
+        return await grade_outputs(p, ctx, outcome, grade_log, checks, base_env, on_retry,
+                                   contain)
     return classify(outcome, None, p.grader.verdicts, checks, p.grader.verdict_field)

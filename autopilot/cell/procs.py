@@ -18,6 +18,7 @@ orphans re-parent to it rather than to init, and it reaps the zombies of those a
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -425,3 +426,30 @@ def reap_adopted(pids: Iterable[int] | None = None) -> list[int]:
         except (ChildProcessError, psutil.NoSuchProcess):
             continue
     return reaped
+
+
+def kill_adoptees(grace: float = 1.0) -> list[int]:
+    """At the end of a run without cgroups: every live process re-parented to us (we
+    are the subreaper) that we did not spawn is a run's leftover — a daemon that left
+    its cell's tree and cleared its environment, so nothing else would find it. Killed
+    with its own tree (TERM, then KILL after ``grace``)."""
+    killed: list[int] = []
+    procs = []
+    for pid in set(direct_children()) - OWNED:
+        try:
+            p = psutil.Process(pid)
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            procs += [p, *p.children(recursive=True)]
+        except psutil.Error:
+            continue
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+            killed.append(p.pid)
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    reap_adopted(killed)
+    return killed

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import anyio
 import psutil
 
+from autopilot.cell.cgroups import Containment, group_name
 from autopilot.cell.grading import judge_cell
 from autopilot.cell.procs import OWNED, TOKEN_ENV, Tracker, child_exited, identify, kill_tree, spawn
 from autopilot.cell.substance import SubstanceState, check_substance
@@ -79,6 +80,8 @@ class CellContext:
     # os.environ decoded once: copying it per cell is measurable at 8 cells in flight
     base_env: dict[str, str] = field(default_factory=dict)  # see childenv.child_env
     replica: int = 0  # the endpoint replica this context's cells run against
+    # the run's cgroup subtree (autopilot.cell.cgroups), None: the fallback containment
+    contain: Containment | None = None
 
 
 def template_context(
@@ -135,6 +138,7 @@ class CellRun:
         self.sandbox = render(template, self.ctx) if template and cx.remove_sandbox else None
         self.token = uuid.uuid4().hex
         self.tracker: Tracker | None = None
+        self.group: Path | None = None  # the attempt's cgroup, where there is one
         self.abandoned = False
         # When the harness was spawned, wall clock: comparable across the nodes of a
         # cluster (the harness-break streak is ordered by it; an order, not a duration).
@@ -200,6 +204,15 @@ class CellRun:
         return {"alive": bool(procs), "pids": len(procs), "states": states,
                 "cpu_secs": round(cpu, 2), "sandbox_activity": activity}
 
+    async def _end_group(self) -> None:
+        """Kill what is left in the attempt's cgroup (a child that cleared its
+        environment and double-forked is still in it) and remove the group."""
+        if self.group is not None and self.cx.contain is not None:
+            pids = await anyio.to_thread.run_sync(self.cx.contain.kill, self.group)
+            if pids:
+                log.info("cell_group_killed", pids=pids)
+            self.group = None
+
     async def _kill(self, grace: float) -> list[int]:
         if self.tracker is None:
             return []
@@ -255,8 +268,13 @@ class CellRun:
             spool.flush()
             try:
                 self.launched = time.time()
+                run_argv = argv
+                if cx.contain is not None:
+                    self.group = cx.contain.group(group_name("cell", self.cell.id,
+                                                             self.attempt))
+                    run_argv = cx.contain.wrap(argv, self.group)
                 proc = await spawn(
-                    argv, cwd=cwd, env=self._env(deadline_epoch), stdout=spool,
+                    run_argv, cwd=cwd, env=self._env(deadline_epoch), stdout=spool,
                     stderr=subprocess.STDOUT, start_new_session=True,
                 )
             except OSError as e:
@@ -340,11 +358,13 @@ class CellRun:
                         self.tracker.collect)):
                     leftover = await self._kill(1.0)
                     log.info("cell_leftovers_killed", pids=leftover)
+                await self._end_group()
         except BaseException:
             # Cancelled, or an event could not be journaled (a full disk): the run is
             # ending, and the harness tree must not outlive that decision.
             with anyio.CancelScope(shield=True):
                 await self._kill(0.5)
+                await self._end_group()
             raise
         finally:
             OWNED.discard(proc.pid)
@@ -381,7 +401,8 @@ class CellRun:
 
         try:
             c = await judge_cell(self.p, self.ctx, outcome, self.grade_log,
-                                 base_env=self.cx.base_env, on_retry=retry)
+                                 base_env=self.cx.base_env, on_retry=retry,
+                                 contain=self.cx.contain)
             if c.reason in ("harness_crash", "missing_output"):
                 # Why it broke is in its own output: the last lines go with the verdict.
                 tail = await anyio.to_thread.run_sync(log_tail, self.spool, 3)

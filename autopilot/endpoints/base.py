@@ -26,6 +26,7 @@ import anyio
 from anyio.abc import Process
 
 from autopilot import lazyimport
+from autopilot.cell import cgroups
 from autopilot.cell.childenv import child_env
 from autopilot.cell.procs import (
     OWNED,
@@ -73,6 +74,7 @@ class Endpoint:
         # The run's marker for our processes: the state dir's, unless a Ray node runs this
         # endpoint from its private mirror of the state dir (autopilot.backends.ray.node).
         self.marker = run_token(state_dir)
+        self.group: Path | None = None  # its cgroup, where it has one
         # Replica 0 keeps the single-endpoint names (endpoint.log, the port as given).
         self.log_path = state_dir / ("endpoint.log" if replica == 0
                                      else f"endpoint-{replica}.log")
@@ -287,8 +289,13 @@ class Endpoint:
                 # next supervisor's sweep still knows this process is ours (and its port).
                 env = {**self.env(), **self.arm_setting.env,
                        RUN_TOKEN_ENV: self.marker}
+                # In a cgroup of its own where one can be made (autopilot.cell.cgroups):
+                # whatever it forks, however it hides, ends with it.
+                contain = cgroups.for_run(self.marker)[0]
+                self.group = contain.group(f"endpoint-{self.replica}") if contain else None
+                run_argv = contain.wrap(argv, self.group) if contain and self.group else argv
                 self.proc = await spawn(
-                    argv, stdout=logf, stderr=subprocess.STDOUT, env=env,
+                    run_argv, stdout=logf, stderr=subprocess.STDOUT, env=env,
                     start_new_session=True,
                 )
             ident = identify(self.proc.pid)
@@ -401,6 +408,9 @@ class Endpoint:
             await anyio.to_thread.run_sync(kill_tree, self.tracker, 5.0)
         with anyio.CancelScope(shield=True):
             await self.proc.wait()
+            contain = cgroups.for_run(self.marker)[0]
+            if contain is not None and self.group is not None:  # what it left behind
+                await anyio.to_thread.run_sync(contain.kill, self.group)
         OWNED.discard(self.proc.pid)
         log.info("endpoint_stopped", engine=self.engine, pid=self.proc.pid,
                  code=self.proc.returncode, how=describe_exit(self.proc.returncode))

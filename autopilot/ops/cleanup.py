@@ -18,6 +18,7 @@ from pathlib import Path
 import anyio
 
 from autopilot.backends.base import backend_class
+from autopilot.cell import cgroups
 from autopilot.cell.procs import existing_run_token
 from autopilot.cell.sweep import orphan_marked
 from autopilot.config import Preset
@@ -49,6 +50,12 @@ async def cleanup(preset: Preset, plan: Plan, state_dir: Path, *, endpoint: bool
                 partial(orphan_marked, token, 2.0, endpoint=endpoint)):
             what = f"cell {found['cell']}" if found["cell"] else "endpoint"
             removed.append(f"processes {' '.join(map(str, found['pids']))} ({what})")
+        contain = cgroups.for_run(token)[0]
+        swept = await anyio.to_thread.run_sync(
+            partial(contain.sweep, endpoint=endpoint)) if contain else []
+        for group in swept:
+            removed.append(f"processes {' '.join(map(str, group['pids']))} (cgroup "
+                           f"{group['group']})")
     if needs_docker(preset):
         from autopilot.cell.sandbox import Docker
 

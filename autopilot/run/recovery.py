@@ -23,7 +23,7 @@ from typing import Any
 
 import anyio
 
-from autopilot.cell import sweep
+from autopilot.cell import cgroups, sweep
 from autopilot.cell.validity import RunOutcome, attempt_outcomes
 from autopilot.config import Preset
 from autopilot.errors import PlanChangedError
@@ -139,11 +139,19 @@ async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Led
              "carries neither this run's marker nor is our descendant: not signalled")
     if endpoint:
         found.cleaned.append(endpoint)
-    # Last, what no journal line records (a spawn the predecessor died before writing).
+    # Then what no journal line records (a spawn the predecessor died before writing).
     for marked in await anyio.to_thread.run_sync(sweep.orphan_marked, run_token, grace):
         found.cleaned.append({**marked, "unjournaled": True})
         emit("orphan_killed", cell=marked["cell"], pids=marked["pids"],
              why="spawned by a predecessor killed before journaling it")
+    # Last, whatever is still in the run's cgroups: a child that cleared its environment
+    # and double-forked carries no marker and no parent, but cannot leave its group.
+    contain = cgroups.for_run(run_token)[0]
+    if contain is not None:
+        for group in await anyio.to_thread.run_sync(contain.sweep):
+            found.cleaned.append({"cgroup": group["group"], "pids": group["pids"]})
+            emit("orphan_killed", cell=None, group=group["group"], pids=group["pids"],
+                 why="left in the run's cgroup by a predecessor")
     return found
 
 

@@ -32,8 +32,9 @@ import anyio
 
 from autopilot import logsetup, sdnotify
 from autopilot.backends.base import Wiring, backend_class
+from autopilot.cell import cgroups
 from autopilot.cell.childenv import secret_values
-from autopilot.cell.procs import enable_subreaper, run_token
+from autopilot.cell.procs import enable_subreaper, kill_adoptees, run_token
 from autopilot.config import Preset
 from autopilot.errors import (
     EXIT_COMPLETE,
@@ -182,6 +183,13 @@ class Supervisor(Recorder):
                     await self.backend.close()
                 if self._docker is not None:
                     await self._docker.docker.close()
+                contain = cgroups.for_run(self.run_token)[0] if self.run_token else None
+                if contain is not None:  # what is left of the run's groups (empty ones)
+                    await anyio.to_thread.run_sync(contain.close)
+                else:  # the fallback: every adoptee of ours is the run's
+                    left = await anyio.to_thread.run_sync(kill_adoptees)
+                    if left:
+                        log.info("adoptees_killed", pids=left)
                 self.phase_final_write()
         return code
 

@@ -1,0 +1,185 @@
+"""Containment by cgroup v2: every harness, grader and endpoint of a run in a group of
+its own, as systemd tracks a service.
+
+A process found by its identity, the run's marker in its environment or its parent is
+found only while it keeps them: a child that clears its environment (``env -i``) and
+double-forks keeps none, and survived the cell, the run and ``cleanup``. A cgroup
+cannot be left: every descendant stays in its group whatever it does, and
+``cgroup.kill`` ends the whole group at once (the kernel walks it, no race with forks).
+
+Layout: ``<cgroup2 mount><our own group>/autopilot-<run marker[:16]>/<name>``, one group
+per attempt (``cell-<cell>-a<k>``, ``grade-<cell>-a<k>``) and per endpoint replica
+(``endpoint-<i>``). A child is placed before it runs a line of its own: the spawn is
+``/bin/sh -c 'echo 0 > GROUP/cgroup.procs && exec "$@"'`` (the shell moves itself, then
+execs the real argv under the same pid), so nothing it forks can start outside. The
+cgroup2 mount is found in ``/proc/self/mountinfo`` (a hybrid host mounts it at
+``/sys/fs/cgroup/unified``), never assumed.
+
+Only the core interface is used (``cgroup.procs``, ``cgroup.kill``, ``cgroup.events``):
+no controller, so the no-internal-process rule does not apply and the groups can sit
+under our own. Where no group can be made (not root and no delegated subtree, no
+cgroup2, or ``AUTOPILOT_CGROUPS=off``), ``probe`` says why and the run falls back to
+identity + marker + subreaper adoptees (autopilot.cell.procs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+OFF_ENV = "AUTOPILOT_CGROUPS"  # "off": never use cgroups (the fallback, e.g. to test it)
+PLACE = 'echo 0 > "$0/cgroup.procs" && exec "$@"'
+
+
+def cgroup2_mount(mountinfo: str | None = None) -> Path | None:
+    """Where the cgroup2 hierarchy is mounted (the fields after " - " name the type)."""
+    if mountinfo is None:
+        try:
+            mountinfo = Path("/proc/self/mountinfo").read_text()
+        except OSError:
+            return None
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        if sep and right.split(" ", 1)[0] == "cgroup2":
+            fields = left.split(" ")
+            if len(fields) >= 5:
+                return Path(fields[4])
+    return None
+
+
+def own_group(proc_cgroup: str | None = None) -> str | None:
+    """This process's cgroup v2 path (the ``0::PATH`` line of /proc/self/cgroup)."""
+    if proc_cgroup is None:
+        try:
+            proc_cgroup = Path("/proc/self/cgroup").read_text()
+        except OSError:
+            return None
+    for line in proc_cgroup.splitlines():
+        if line.startswith("0::"):
+            return line[3:].strip() or "/"
+    return None
+
+
+class Containment:
+    """The run's subtree of groups (see the module doc)."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+
+    @classmethod
+    def probe(cls, token: str) -> tuple[Containment | None, str]:
+        """The run's subtree, made if need be, and the mode in words; (None, why) where
+        cgroups cannot be used here."""
+        if os.environ.get(OFF_ENV, "").lower() in ("off", "0", "no"):
+            return None, f"cgroups switched off (${OFF_ENV})"
+        mount, own = cgroup2_mount(), own_group()
+        if mount is None or own is None:
+            return None, "no cgroup v2 hierarchy mounted"
+        base = mount / own.lstrip("/") / f"autopilot-{token[:16]}"
+        try:
+            base.mkdir(exist_ok=True)
+            (base / "cgroup.procs").stat()
+        except OSError as e:
+            return None, f"cannot make a group under {base.parent} ({e.strerror})"
+        return cls(base), f"cgroup v2 at {base}"
+
+    def group(self, name: str) -> Path:
+        path = self.base / name
+        path.mkdir(exist_ok=True)
+        return path
+
+    def wrap(self, argv: list[str], group: Path) -> list[str]:
+        """``argv``, run from inside ``group`` (same pid: the shell execs it)."""
+        return ["/bin/sh", "-c", PLACE, str(group), *argv]
+
+    @staticmethod
+    def members(group: Path) -> list[int]:
+        try:
+            return [int(x) for x in (group / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            return []
+
+    def kill(self, group: Path, timeout: float = 5.0) -> list[int]:
+        """End every process of ``group`` and remove it; the pids it held."""
+        pids = self.members(group)
+        if pids:
+            try:
+                (group / "cgroup.kill").write_text("1")
+            except OSError:  # a kernel before 5.14: SIGKILL each member until empty
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + timeout
+            while self.populated(group) and time.monotonic() < deadline:
+                for pid in self.members(group):  # what forked before the kill landed
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+                time.sleep(0.01)
+        with contextlib.suppress(OSError):
+            group.rmdir()
+        return pids
+
+    @staticmethod
+    def populated(group: Path) -> bool:
+        try:
+            events = (group / "cgroup.events").read_text()
+        except OSError:
+            return False
+        return "populated 1" in events
+
+    def sweep(self, timeout: float = 5.0, endpoint: bool = True) -> list[dict[str, Any]]:
+        """Kill every group of the run (a dead predecessor's, or all at cleanup; the
+        endpoints' only with ``endpoint``)."""
+        found: list[dict[str, Any]] = []
+        for group in sorted(p for p in self.base.iterdir() if p.is_dir()):
+            if not endpoint and group.name.startswith("endpoint-"):
+                continue
+            pids = self.kill(group, timeout)
+            if pids:
+                found.append({"group": group.name, "pids": pids})
+        return found
+
+    def close(self) -> None:
+        """Remove the run's subtree once it is empty (at the end of a run)."""
+        with contextlib.suppress(OSError):
+            for group in self.base.iterdir():
+                if group.is_dir() and not self.populated(group):
+                    group.rmdir()
+            self.base.rmdir()
+
+
+def mode_line() -> str:
+    """Which containment a run here would use, said without making anything (for
+    ``--dry-run``)."""
+    if os.environ.get(OFF_ENV, "").lower() in ("off", "0", "no"):
+        return (f"containment: process identity + run marker + subreaper adoptees "
+                f"(cgroups switched off by ${OFF_ENV})")
+    mount, own = cgroup2_mount(), own_group()
+    if mount is None or own is None:
+        return ("containment: process identity + run marker + subreaper adoptees (no "
+                "cgroup v2 hierarchy mounted)")
+    parent = mount / own.lstrip("/")
+    if not os.access(parent, os.W_OK):
+        return ("containment: process identity + run marker + subreaper adoptees (cannot "
+                f"make a group under {parent}: run as root, or under systemd with "
+                "Delegate=yes)")
+    return (f"containment: a cgroup v2 group per harness, grader and endpoint under "
+            f"{parent} (cgroup.kill ends each with everything it started)")
+
+
+_CACHE: dict[str, tuple[Containment | None, str]] = {}
+
+
+def for_run(token: str) -> tuple[Containment | None, str]:
+    """``Containment.probe`` once per process and run (spawns ask at every cell)."""
+    if token not in _CACHE:
+        _CACHE[token] = Containment.probe(token)
+    return _CACHE[token]
+
+
+def group_name(kind: str, cell: str, attempt: int) -> str:
+    return f"{kind}-{cell}-a{attempt}"
