@@ -370,7 +370,7 @@ def test_without_cgroups_the_runs_adoptees_die_with_the_run(tmp_path: Path) -> N
     r = __import__("conftest").run_cli("--preset", "demo", "--target-n", "1", "--dry-run",
                                        "--state-dir", str(tmp_path / "dry"), env=env)
     assert "containment: process identity + run marker + subreaper adoptees" in r.stdout
-    state, pids = daemon_run(tmp_path, env)
+    _, pids = daemon_run(tmp_path, env)
     try:
         assert alive(pids) == []  # adopted by the supervisor, killed at the run's end
     finally:
