@@ -376,3 +376,38 @@ def test_without_cgroups_the_runs_adoptees_die_with_the_run(tmp_path: Path) -> N
     finally:
         for pid in alive(pids):
             os.kill(pid, 9)
+
+
+# ---------------------------------------------------------------------- one run per root
+
+
+def test_a_second_run_on_the_same_output_root_is_refused_naming_the_holder(
+        tmp_path: Path) -> None:
+    from conftest import events, run_cli, wait_for, write_overlay
+
+    shared = tmp_path / "checkout" / "logs"
+    over = write_overlay(tmp_path / "o.json", {
+        "vars": {"think_secs": "0.5", "shared": str(shared)},
+        "harness": {"output_dir": "{shared}/{cell}"}})
+    first_state, second_state = tmp_path / "first", tmp_path / "second"
+    first = subprocess.Popen([sys.executable, "-m", "autopilot.cli", "--preset", "demo",
+                              "--target-n", "1", "--config", str(over), "--state-dir",
+                              str(first_state), "--quiet"], env=cli_env(), cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: any(e["event"] == "cell_started" for e in events(first_state)),
+                 what="the first run's cells")
+        r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                    "--state-dir", str(second_state), "--quiet")
+        assert r.returncode == 3
+        assert f"{shared} is the output root of another run: state dir {first_state}" \
+            in r.stderr
+        assert not (second_state / "journal.jsonl").exists()
+        assert first.wait(120) == 0  # the first run's cells were left alone
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    again = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                    "--state-dir", str(second_state), "--quiet")
+    assert again.returncode == 0, again.stderr[-1000:]  # free once the first has ended

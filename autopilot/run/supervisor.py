@@ -51,7 +51,8 @@ from autopilot.run import background, recovery, runbook
 from autopilot.run.clock import RunClock
 from autopilot.run.options import RunOptions
 from autopilot.run.recorder import Recorder
-from autopilot.state.fsguard import remove_stale_temps
+from autopilot.state.claims import Claims, outside_roots
+from autopilot.state.fsguard import remove_stale_temps, run_roots
 from autopilot.state.fsutil import atomic_write_json, storage_error
 from autopilot.state.journal import Journal
 from autopilot.state.lock import RunLock
@@ -66,6 +67,7 @@ class Supervisor(Recorder):
                  clock: Callable[[], float] | None = None) -> None:
         super().__init__(preset, plan, opts, clock=clock)
         self.lock = RunLock(self.state_dir)
+        self.claims = Claims()
         self.run_token = ""  # the run's marker: read (or made) once the lock is ours
         self.redactor = logsetup.Redactor(secret_values(preset))
         self._docker: recovery.DockerWiring | None = None
@@ -95,6 +97,9 @@ class Supervisor(Recorder):
         recovery.check_plan_identity(self.state_dir, self.plan, self.opts.allow_plan_change)
         self.lock.acquire()
         try:
+            # One run per output root (a harness checkout): exit 3 if another holds one.
+            self.claims.take(outside_roots(run_roots(self.preset, self.state_dir),
+                                           self.state_dir), self.state_dir)
             self.run_token = run_token(self.state_dir)
             # Logging starts only once we own the run: a refused second supervisor
             # must not even append to the holder's autopilot.log.
@@ -123,6 +128,7 @@ class Supervisor(Recorder):
         finally:
             if self.journal is not None:
                 self.journal.close()
+            self.claims.release()
             self.lock.release()
 
     def _disk_full(self, err: OSError) -> int:

@@ -135,6 +135,7 @@ class RunLock:
     fd: int = -1
     started_at: str = ""
     phase: str = "starting"
+    beaten: bool = False
 
     def acquire(self) -> None:
         """Take the run or raise LockHeld. Creates nothing when the run is held."""
@@ -178,7 +179,7 @@ class RunLock:
 
     def beat(self, phase: str, released: bool = False) -> None:
         pid, ct = _me()
-        self.phase = phase
+        self.phase, self.beaten = phase, True
         atomic_write_json(self.state_dir / HEARTBEAT_NAME, {
             "pid": pid, "create_time": ct, "host": socket.gethostname(),
             "started_at": self.started_at, "ts": iso(), "epoch": time.time(), "phase": phase,
@@ -190,7 +191,8 @@ class RunLock:
         process is still exiting (a notification thread, a slow teardown) is not refused
         as a double drive."""
         if self.fd >= 0:
-            with contextlib.suppress(OSError):  # a full disk: the flock goes all the same
-                self.beat(self.phase, released=True)
+            if self.beaten:  # a run that never beat leaves nothing to release
+                with contextlib.suppress(OSError):  # a full disk: the flock goes anyway
+                    self.beat(self.phase, released=True)
             os.close(self.fd)
             self.fd = -1
