@@ -411,3 +411,34 @@ def test_a_second_run_on_the_same_output_root_is_refused_naming_the_holder(
     again = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
                     "--state-dir", str(second_state), "--quiet")
     assert again.returncode == 0, again.stderr[-1000:]  # free once the first has ended
+
+
+# ---------------------------------------------------------------------- validate's truth
+
+
+def test_validate_says_what_the_journal_says_after_a_stop_and_a_kill(tmp_path: Path) -> None:
+    import signal
+
+    from conftest import events, run_cli, wait_for, write_overlay
+
+    over = write_overlay(tmp_path / "o.json", {"vars": {"think_secs": "1"}})
+    for how in (signal.SIGTERM, signal.SIGKILL):
+        state = tmp_path / f"state-{how.name}"
+        p = subprocess.Popen([sys.executable, "-m", "autopilot.cli", "--preset", "demo",
+                              "--target-n", "1", "--concurrency", "2", "--config", str(over),
+                              "--state-dir", str(state), "--quiet"], env=cli_env(), cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_for(lambda s=state: sum(e["event"] == "cell_started"
+                                         for e in events(s)) >= 2, what="cells running")
+            p.send_signal(how)
+            p.wait(60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        v = run_cli("validate", "--state-dir", str(state))
+        assert v.returncode == 0 and "INVALID" not in v.stdout, v.stdout  # none judged
+        assert "PENDING=" in v.stdout.splitlines()[0], v.stdout  # no verdict yet, said so
+        stopped = [e["cell"] for e in events(state) if e["event"] == "cell_abandoned"]
+        assert (len(stopped) >= 1) == (how == signal.SIGTERM), (how, stopped)

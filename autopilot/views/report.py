@@ -79,7 +79,9 @@ def collect(preset: Preset, n: int, state_dir: Path) -> list[CellFacts]:
         rule = preset.grader.verdicts.get(str(word)) if word else None
         facts.append(CellFacts(
             id=cell.id, task=cell.task, arm=cell.arm, n=cell.n,
-            verdict="INVALID" if chk.reason == "quarantined" else chk.verdict,
+            # PENDING (abandoned, interrupted): no verdict yet, like a cell never run.
+            verdict="INVALID" if chk.reason == "quarantined" else (
+                "ABSENT" if chk.verdict == "PENDING" else chk.verdict),
             reason=chk.reason, masked=masked.get(cell.id, False) and chk.verdict != "ABSENT",
             attempts=attempts[cell.id], quarantined=chk.reason == "quarantined",
             finish_reason=_text(scrub(summary.get("finish_reason"))),

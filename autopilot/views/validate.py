@@ -30,7 +30,7 @@ ARTIFACT_NAMES = ("grade.json", "summary.json")
 @dataclass
 class CellCheck:
     cell: str
-    verdict: str  # PASS / FAIL / INVALID / ABSENT
+    verdict: str  # PASS / FAIL / INVALID / ABSENT / RUNNING / PENDING (no verdict yet)
     reason: str = ""
     detail: str = ""
 
@@ -60,6 +60,7 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
     running: set[str] = set()
     last_invalid: dict[str, tuple[str, str]] = {}
     invalid_count: dict[str, int] = {}
+    abandoned: dict[str, str] = {}  # the journal's own word: no verdict, to be re-run
     for ev in state_events(state_dir).events:
         cid = ev.get("cell")
         if not isinstance(cid, str):
@@ -79,6 +80,10 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
         if kind in ("cell_exited", "cell_ran", "cell_verdict", "cell_quarantined",
                     "cell_abandoned"):
             running.discard(cid)
+        if kind == "cell_abandoned":
+            abandoned[cid] = clean(ev.get("why") or "abandoned", 120)
+        elif kind in ("cell_started", "cell_verdict", "cell_ran", "cell_quarantined"):
+            abandoned.pop(cid, None)
     result = ValidationResult(in_progress=in_progress)
     for cell in plan.cells:
         ctx = cell_context(preset, cell, attempts.get(cell.id, 1), state_dir)
@@ -92,6 +97,18 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
             continue
         if in_progress and cell.id in running:
             result.cells.append(CellCheck(cell.id, "RUNNING"))
+            continue
+        # What the journal says, first: a cell abandoned by a stopping (or restarted)
+        # supervisor, or one whose supervisor died mid-attempt (kill -9), has no verdict
+        # yet. Its half-written outputs are no evidence: a resume adopts or re-runs it.
+        if cell.id in abandoned:
+            result.cells.append(CellCheck(cell.id, "PENDING", "abandoned",
+                                          abandoned[cell.id]))
+            continue
+        if cell.id in running:
+            result.cells.append(CellCheck(
+                cell.id, "PENDING", "interrupted",
+                "its supervisor died mid-attempt; a resume adopts or re-runs it"))
             continue
         if cell.id not in attempts and not out_dir.exists():
             result.cells.append(CellCheck(cell.id, "ABSENT"))
