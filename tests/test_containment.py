@@ -442,3 +442,36 @@ def test_validate_says_what_the_journal_says_after_a_stop_and_a_kill(tmp_path: P
         assert "PENDING=" in v.stdout.splitlines()[0], v.stdout  # no verdict yet, said so
         stopped = [e["cell"] for e in events(state) if e["event"] == "cell_abandoned"]
         assert (len(stopped) >= 1) == (how == signal.SIGTERM), (how, stopped)
+
+
+def test_an_attempt_killed_before_its_start_was_journaled_is_adopted_as_itself(
+        tmp_path: Path) -> None:
+    import time
+
+    from autopilot.loader import load_preset
+    from autopilot.plan import Plan, cell_context
+    from autopilot.run.recovery import finished_outcome
+    from autopilot.state.fsutil import iso
+    from autopilot.state.ledger import Ledger
+
+    preset = load_preset("demo")
+    plan = Plan(preset, 1)
+    cell = plan.cells[0]
+    state = tmp_path / "state"
+    led = Ledger(plan)
+    t0 = time.time() - 60
+    for ev in ({"event": "cell_spawning", "cell": cell.id, "attempt": 1, "ts": iso(t0)},
+               {"event": "cell_started", "cell": cell.id, "attempt": 1, "pid": 12345,
+                "create_time": 1.0, "ts": iso(t0)},
+               {"event": "cell_verdict", "cell": cell.id, "attempt": 1, "verdict": "INVALID",
+                "reason": "stall", "ts": iso(t0 + 5)},
+               # the supervisor was killed after journaling its intent, before the start
+               {"event": "cell_spawning", "cell": cell.id, "attempt": 2, "ts": iso(t0 + 10)}):
+        led.apply(ev)
+    st = led.cells[cell.id]
+    assert (st.status, st.attempts, st.pid) == ("running", 2, None)
+    out = Path(cell_context(preset, cell, 2, state)["output_dir"])
+    out.mkdir(parents=True)
+    (out / "summary.json").write_text('{"total_completion_tokens": 3}')  # finished work
+    outcome = finished_outcome(preset, cell, state, st, {}, killed=False)
+    assert outcome is not None and outcome.completion  # adopted as attempt 2, not re-run

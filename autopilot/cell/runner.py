@@ -273,6 +273,12 @@ class CellRun:
                     self.group = cx.contain.group(group_name("cell", self.cell.id,
                                                              self.attempt))
                     run_argv = cx.contain.wrap(argv, self.group)
+                # The intent, on disk before the spawn: a supervisor killed between the
+                # two leaves a successor that knows this attempt (its number, marker and
+                # group), so finished outputs are adopted as this attempt, not filed as
+                # the one before.
+                cx.emit("cell_spawning", cell=self.cell.id, attempt=self.attempt,
+                        token=self.token, group=self.group.name if self.group else None)
                 proc = await spawn(
                     run_argv, cwd=cwd, env=self._env(deadline_epoch), stdout=spool,
                     stderr=subprocess.STDOUT, start_new_session=True,

@@ -60,7 +60,8 @@ def orphan_cells(cells: list[CellState], journal: Path, grace: float, token: str
         return []
     tokens: dict[str, str | None] = {}
     for ev in read_events(journal).events:
-        if ev.get("event") == "cell_started" and isinstance(ev.get("cell"), str):
+        if ev.get("event") in ("cell_spawning", "cell_started") and \
+                isinstance(ev.get("cell"), str):
             tokens[ev["cell"]] = ev.get("token")
     out = []
     for cell in running:

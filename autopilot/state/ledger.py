@@ -107,7 +107,14 @@ class Ledger:
         cell = self._cell(cid)
         if cell is None:
             return
-        if kind == "cell_started":
+        if kind == "cell_spawning":
+            # The attempt exists from here on (its process may, unjournaled).
+            cell.status = "running"
+            cell.attempts = int(ev.get("attempt", cell.attempts + 1))
+            cell.pid = cell.create_time = cell.start_ticks = None
+            cell.started_ts = ev.get("ts")
+            cell.frozen_secs, cell.tier, cell.last_signal = 0.0, "OK", None
+        elif kind == "cell_started":
             cell.status = "running"
             cell.attempts = int(ev.get("attempt", cell.attempts + 1))
             cell.pid = ev.get("pid")

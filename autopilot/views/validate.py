@@ -66,7 +66,7 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
         if not isinstance(cid, str):
             continue
         kind = ev["event"]
-        if kind == "cell_started":
+        if kind in ("cell_spawning", "cell_started"):
             attempts[cid] = ev["attempt"] if type(ev.get("attempt")) is int else 1
             last_outcome.pop(cid, None)
             running.add(cid)
@@ -82,7 +82,8 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
             running.discard(cid)
         if kind == "cell_abandoned":
             abandoned[cid] = clean(ev.get("why") or "abandoned", 120)
-        elif kind in ("cell_started", "cell_verdict", "cell_ran", "cell_quarantined"):
+        elif kind in ("cell_spawning", "cell_started", "cell_verdict", "cell_ran",
+                      "cell_quarantined"):
             abandoned.pop(cid, None)
     result = ValidationResult(in_progress=in_progress)
     for cell in plan.cells:
