@@ -64,6 +64,17 @@ def own_group(proc_cgroup: str | None = None) -> str | None:
     return None
 
 
+def where() -> tuple[Path | None, str]:
+    """Our own group in the cgroup2 hierarchy (where the run's subtree goes), or None
+    and why cgroups are not used here."""
+    if os.environ.get(OFF_ENV, "").lower() in ("off", "0", "no"):
+        return None, f"cgroups switched off by ${OFF_ENV}"
+    mount, own = cgroup2_mount(), own_group()
+    if mount is None or own is None:
+        return None, "no cgroup v2 hierarchy mounted"
+    return mount / own.lstrip("/"), ""
+
+
 class Containment:
     """The run's subtree of groups (see the module doc)."""
 
@@ -74,12 +85,10 @@ class Containment:
     def probe(cls, token: str) -> tuple[Containment | None, str]:
         """The run's subtree, made if need be, and the mode in words; (None, why) where
         cgroups cannot be used here."""
-        if os.environ.get(OFF_ENV, "").lower() in ("off", "0", "no"):
-            return None, f"cgroups switched off (${OFF_ENV})"
-        mount, own = cgroup2_mount(), own_group()
-        if mount is None or own is None:
-            return None, "no cgroup v2 hierarchy mounted"
-        base = mount / own.lstrip("/") / f"autopilot-{token[:16]}"
+        parent, why = where()
+        if parent is None:
+            return None, why
+        base = parent / f"autopilot-{token[:16]}"
         try:
             base.mkdir(exist_ok=True)
             (base / "cgroup.procs").stat()
@@ -155,18 +164,12 @@ class Containment:
 def mode_line() -> str:
     """Which containment a run here would use, said without making anything (for
     ``--dry-run``)."""
-    if os.environ.get(OFF_ENV, "").lower() in ("off", "0", "no"):
-        return (f"containment: process identity + run marker + subreaper adoptees "
-                f"(cgroups switched off by ${OFF_ENV})")
-    mount, own = cgroup2_mount(), own_group()
-    if mount is None or own is None:
-        return ("containment: process identity + run marker + subreaper adoptees (no "
-                "cgroup v2 hierarchy mounted)")
-    parent = mount / own.lstrip("/")
-    if not os.access(parent, os.W_OK):
-        return ("containment: process identity + run marker + subreaper adoptees (cannot "
-                f"make a group under {parent}: run as root, or under systemd with "
-                "Delegate=yes)")
+    parent, why = where()
+    if parent is not None and not os.access(parent, os.W_OK):
+        parent, why = None, (f"cannot make a group under {parent}: run as root, or under "
+                             "systemd with Delegate=yes")
+    if parent is None:
+        return f"containment: process identity + run marker + subreaper adoptees ({why})"
     return (f"containment: a cgroup v2 group per harness, grader and endpoint under "
             f"{parent} (cgroup.kill ends each with everything it started)")
 
