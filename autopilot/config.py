@@ -229,7 +229,7 @@ INVALID_REASONS = frozenset(
     {
         "stall", "deadline", "harness_crash", "missing_output", "grader_failed",
         "malformed_grade", "zero_tokens", "arm_mismatch", "endpoint_down", "api_error",
-        "grader_unavailable", "malformed_summary", "rate_limited",
+        "grader_unavailable", "malformed_summary", "rate_limited", "disk_full",
     }
 )
 # Reasons that lie with grading, not with the harness's run: the outputs stand, so the
@@ -372,6 +372,11 @@ class Run(_Frozen):
     concurrency: int = Field(default=2, ge=1)
     max_passes: int = Field(default=6, ge=1)
     status_debounce_secs: float = Field(default=0.5, ge=0)
+    # Free space under the run's roots below this pauses launching and makes an INVALID
+    # attempt INVALID(disk_full), not counted towards quarantine (autopilot.state.
+    # diskspace); never above preflight.min_free_gb; 0 switches it off.
+    disk_floor_mb: float = Field(default=200, ge=0)
+    disk_check_secs: float = Field(default=2, gt=0)
 
 
 class Baseline(_Frozen):

@@ -109,6 +109,16 @@ GOOD = GradeOutcome(True, grade={"verdict": "PASS"})
         (DONE, GOOD, Checks(tokens=None, tokens_checked=True), "INVALID(zero_tokens)"),
         (DONE, GOOD, Checks(tokens=math.nan, tokens_checked=True), "INVALID(zero_tokens)"),
         (DONE, GOOD, Checks(mismatches=("model: a vs b",)), "INVALID(arm_mismatch)"),
+        # below the disk floor, whatever broke the harness is the disk's doing ...
+        (RunOutcome(1, disk_low=True), None, Checks(), "INVALID(disk_full)"),
+        (RunOutcome(None, killed="stall", disk_low=True), None, Checks(),
+         "INVALID(disk_full)"),
+        (RunOutcome(0, completion=True, disk_low=True), GOOD,
+         Checks(malformed="summary.json is not JSON"), "INVALID(disk_full)"),
+        # ... but a valid verdict stands, and grading's own failures keep their name
+        (RunOutcome(0, completion=True, disk_low=True), GOOD, Checks(), "PASS"),
+        (RunOutcome(0, completion=True, disk_low=True), GradeOutcome(False, "exit 1"),
+         Checks(), "INVALID(grader_failed)"),
     ],
 )
 def test_classify_table(run, grade, checks, label) -> None:
@@ -350,3 +360,56 @@ def _r(spec: str) -> list[ReplicaView]:
 ])
 def test_choose_replica(spec: str, allowed: list[int] | None, expect: object) -> None:
     assert choose_replica(_r(spec), allowed) == expect
+
+
+@pytest.mark.parametrize(
+    ("free", "low", "change"),
+    [
+        (10_000, False, None),  # plenty
+        (999, False, "low"),  # below the floor of 1000
+        (1000, False, None),  # at the floor is not below it
+        (1200, True, None),  # above the floor, but not by the headroom: still low
+        (1500, True, "ok"),  # back with headroom (RESUME_FACTOR)
+        (None, True, None),  # a failed statvfs is no evidence either way
+        (None, False, None),
+    ],
+)
+def test_disk_floor_rule(free, low, change) -> None:
+    from autopilot.state.diskspace import Reading, decide
+
+    reading = None if free is None else Reading(free, "/x")
+    assert decide(reading, 1000, low) == change
+    assert decide(reading, 0, low) is None  # floor 0: switched off
+
+
+def test_disk_watch_low_periods_and_overlap() -> None:
+    from autopilot.state.diskspace import DiskWatch, Reading, floor_bytes
+
+    now = [0.0]
+    seen: list[str | None] = []
+    w = DiskWatch((), 1000, lambda: now[0], on_change=lambda ch, r: seen.append(ch))
+    now[0] = 10.0
+    assert w.apply(Reading(10, "/x")) is True  # low from t=10
+    now[0] = 20.0
+    assert w.apply(Reading(5000, "/x")) is False  # back at t=20
+    assert seen == ["low", "ok"]
+    assert w.overlaps(5, 12) and w.overlaps(15, 16) and w.overlaps(19, 30)
+    assert not w.overlaps(0, 9) and not w.overlaps(21, 40)
+    # the floor never exceeds what preflight accepted at the start
+    assert floor_bytes(200, 1.0) == 200_000_000 and floor_bytes(200, 0.05) == 50_000_000
+    assert floor_bytes(200, 0) == 0
+
+
+def test_a_full_disk_spends_no_retry() -> None:
+    from autopilot.loader import load_preset
+    from autopilot.plan import Plan
+    from autopilot.state.ledger import Ledger
+
+    plan = Plan(load_preset("demo"), 1)
+    cid = plan.cells[0].id
+    led = Ledger(plan)
+    for n, reason in enumerate(("disk_full", "rate_limited", "harness_crash"), 1):
+        led.apply({"event": "cell_verdict", "cell": cid, "attempt": n,
+                   "verdict": "INVALID", "reason": reason})
+    assert led.cells[cid].invalid_attempts == 1  # only the harness crash counts
+    assert led.cells[cid].reasons == ["disk_full", "rate_limited", "harness_crash"]

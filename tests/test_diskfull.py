@@ -114,3 +114,66 @@ def test_a_full_disk_ends_the_run_in_one_line_and_resume_counts_nothing_twice(
     assert status["phase"] == "COMPLETE"
     assert len(verdicts) == status["totals"]["total"] and set(verdicts.values()) == {1}
     assert os.listdir(small_disk) == ["state"]
+
+
+FILL_ONCE = (
+    'mkdir -p "$1"\n'
+    'if [ ! -e "$2/filled" ]; then\n'
+    '  : > "$2/filled"; cat /dev/zero > "$2/filler" 2>/dev/null\n'
+    '  echo "No space left on device" >&2; exit 1\n'
+    'fi\n'
+    "echo '{{\"total_completion_tokens\": 3}}' > \"$1/summary.json\"\n"
+)
+
+
+def test_a_disk_below_the_floor_pauses_launching_and_charges_no_cell(
+        small_disk: Path, tmp_path: Path) -> None:
+    """The harness's own disk fills (its outputs live on the small tmpfs, the state dir
+    does not): that attempt is INVALID(disk_full) and spends no retry (infra_retries 0
+    would quarantine it), launching waits with a milestone, and resumes once space is
+    back; the run ends COMPLETE."""
+    state = tmp_path / "state"
+    over = write_overlay(tmp_path / "o.json", {
+        "tasks": [{"id": "p1_bugfix"}, {"id": "p2_extract"}],
+        "harness": {"argv": ["/bin/sh", "-c", FILL_ONCE, "harness", "{output_dir}",
+                             str(small_disk)],
+                    "output_dir": str(small_disk) + "/cells/{cell}"},
+        "grader": {"argv": ["/bin/sh", "-c", "echo '{{\"verdict\": \"PASS\"}}' > \"$1\"",
+                            "grade", "{grade_file}"]},
+        "trust": {"arm_checks": [], "infra_retries": 0}, "baseline": None,
+        "run": {"disk_floor_mb": 2, "disk_check_secs": 0.2},
+        "preflight": {"min_free_gb": 0.002}})
+    args = ["--preset", "demo", "--target-n", "1", "--concurrency", "1", "--config",
+            str(over), "--state-dir", str(state), "--quiet"]
+    p = subprocess.Popen([sys.executable, "-m", "autopilot.cli", *args], env=cli_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        def first_verdict() -> dict | None:
+            assert p.poll() is None, p.communicate()[1].decode()[-2000:]  # still running
+            return next((e for e in events(state) if e["event"] == "cell_verdict"), None)
+
+        wait_for(lambda: first_verdict() is not None, 60, "the filling cell's verdict")
+        v = first_verdict()
+        assert v is not None and v["verdict"] == "INVALID" and v["reason"] == "disk_full"
+        wait_for(lambda: any(e.get("kind") == "disk_low" for e in events(state)), 30,
+                 "the disk_low milestone")
+        (small_disk / "filler").unlink()
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+    assert p.returncode == 0, err.decode()[-3000:]
+    assert out.decode().strip().splitlines()[-1] == "AUTOPILOT_COMPLETE"
+    evs = events(state)
+    kinds = [e.get("kind") if e["event"] == "milestone" else e["event"] for e in evs]
+    low, ok = kinds.index("disk_low"), kinds.index("disk_ok")
+    assert low < ok and "cell_spawning" not in kinds[low:ok]  # nothing launched meanwhile
+    milestone = evs[low]
+    assert milestone["where"].startswith(str(small_disk)) and milestone["floor_mb"] == 2.0
+    assert "cell_quarantined" not in kinds
+    verdicts = [(e["cell"], e["verdict"]) for e in evs if e["event"] == "cell_verdict"]
+    assert verdicts.count((v["cell"], "PASS")) == 1  # the charged-nothing cell re-ran
+    assert sum(vd == "PASS" for _, vd in verdicts) == 4
+    status = json.loads((state / "status.json").read_text())
+    assert status["phase"] == "COMPLETE"

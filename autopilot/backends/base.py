@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # the loader asks a backend kind's load checks: this module s
     from autopilot.config import ArmEndpoint, Preset
     from autopilot.logsetup import Redactor
     from autopilot.plan import Cell
+    from autopilot.state.diskspace import DiskWatch
 
 
 class Port(Protocol):
@@ -82,6 +83,9 @@ class Wiring:
     # Docker hooks for the harness's sandbox (None without Docker)
     remove_sandbox: Callable[[str], Awaitable[Any]] | None = None
     sandbox_activity: Callable[[dict[str, str]], Awaitable[int | None]] | None = None
+    # the loop's watch of free space (it pauses launching); None: the context makes its
+    # own, which only classifies (a Ray node's cells, on the node's disk)
+    disk: DiskWatch | None = None
 
 
 def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
@@ -92,9 +96,13 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
     from autopilot.cell.procs import RUN_TOKEN_ENV
     from autopilot.cell.runner import CellContext
     from autopilot.logsetup import SPOOL_CAP
+    from autopilot.state.diskspace import DiskWatch, floor_bytes
     from autopilot.state.fsguard import run_roots
 
     port, clock = w.port, w.clock
+    roots = run_roots(w.preset, w.state_dir)
+    disk = w.disk or DiskWatch(roots, floor_bytes(w.preset.run.disk_floor_mb,
+                                               w.preset.preflight.min_free_gb), clock)
     return CellContext(
         preset=w.preset, state_dir=w.state_dir, keeper=keeper, emit=port.emit,
         stopping=port.stopping, forced=port.forced, clock=clock,
@@ -107,7 +115,7 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
         redact=w.redactor.scrub, scrub_file=partial(w.redactor.scrub_file, cap=SPOOL_CAP),
         remove_sandbox=w.remove_sandbox, sandbox_activity=w.sandbox_activity,
         on_grade_failure=port.grade_failure,
-        roots=run_roots(w.preset, w.state_dir),
+        roots=roots, disk=disk if disk.floor > 0 else None,
         base_env={**child_env(w.preset, "harness"), RUN_TOKEN_ENV: w.run_token,
                   **(extra_env or {})},
         replica=replica, contain=cgroups.for_run(w.run_token)[0],

@@ -32,6 +32,7 @@ from autopilot.cell.watchdog import Limits, Observation, WatchState, cell_deadli
 from autopilot.config import Preset
 from autopilot.logsetup import bind_contextvars, get_logger, unbind_contextvars
 from autopilot.plan import Cell, cell_context
+from autopilot.state.diskspace import DiskWatch
 from autopilot.state.fsguard import UnsafePath, move_tree, remove_tree
 from autopilot.state.fsutil import log_tail
 from autopilot.state.statedir import open_append
@@ -82,6 +83,9 @@ class CellContext:
     replica: int = 0  # the endpoint replica this context's cells run against
     # the run's cgroup subtree (autopilot.cell.cgroups), None: the fallback containment
     contain: Containment | None = None
+    # free space under the run's roots (None: no floor): an attempt during a low period
+    # is INVALID(disk_full), not the cell's fault
+    disk: DiskWatch | None = None
 
 
 def template_context(
@@ -383,10 +387,16 @@ class CellRun:
                             f"{self.cell.arm}")
         elif ep.arm_group != served_arms:
             arm_mismatch = f"endpoint reconfigured for {', '.join(ep.arm_group)} mid-cell"
+        disk_low = False
+        if cx.disk is not None:
+            # Measured now, up to now: a harness that hit ENOSPC ends before the periodic
+            # check sees the disk, and the disk is as full as the harness left it.
+            await cx.disk.check()
+            disk_low = cx.disk.overlaps(start_mono, cx.clock())
         outcome = RunOutcome(
             exit_code=proc.returncode, killed=killed, completion=self._completion_present(),
             endpoint_down=cx.keeper.outage_overlaps(start_mono, end_mono),
-            kill_reason=kill_reason, arm_mismatch=arm_mismatch,
+            kill_reason=kill_reason, arm_mismatch=arm_mismatch, disk_low=disk_low,
         )
         cx.emit("cell_exited", cell=self.cell.id, attempt=self.attempt, code=proc.returncode,
                 elapsed_secs=round(end_mono - start_mono, 3), outcome=asdict(outcome))

@@ -10,7 +10,7 @@ preset recognises; everything else is INVALID with exactly one reason from
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from autopilot.config import GRADE_REASONS, VerdictRule
@@ -35,6 +35,8 @@ class RunOutcome:
     kill_reason: str | None = None
     # the endpoint was not configured for this cell's arm while it ran (arm settings)
     arm_mismatch: str | None = None
+    # free space under the run's roots was below the floor while it ran (diskspace)
+    disk_low: bool = False
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,23 @@ def classify(
     rules: Mapping[str, VerdictRule],
     checks: Checks = Checks(),
     verdict_field: str = "verdict",
+) -> Classification:
+    c = _classify(run, grade, rules, checks, verdict_field)
+    if run.disk_low and c.verdict == "INVALID" and not c.grade_side:
+        # ENOSPC breaks a harness in any of these ways (a crash, a torn summary, no
+        # outputs): with the disk below the run's floor, infrastructure, not the cell.
+        return replace(c, reason="disk_full", streak=False,
+                       detail=f"free space below the run's floor during the attempt "
+                              f"(would be {c.reason}: {c.detail})")
+    return c
+
+
+def _classify(
+    run: RunOutcome,
+    grade: GradeOutcome | None,
+    rules: Mapping[str, VerdictRule],
+    checks: Checks,
+    verdict_field: str,
 ) -> Classification:
     masked = run.killed == "teardown"
     if not run.completion:

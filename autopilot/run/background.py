@@ -11,6 +11,7 @@ from autopilot import sdnotify
 from autopilot.cell.procs import reap_adopted
 from autopilot.logsetup import get_logger
 from autopilot.run.clock import TICK, RunClock
+from autopilot.state.diskspace import DiskWatch
 from autopilot.state.lock import RunLock, beat_interval
 
 log = get_logger(__name__)
@@ -42,3 +43,13 @@ async def clock_ticker(clock: RunClock) -> None:
                         note="excluded from every watchdog and deadline")
             seen = clock.absent
         await anyio.sleep(TICK)
+
+
+async def disk_watch(watch: DiskWatch, every: float) -> None:
+    """Measure free space under the run's roots every ``every`` seconds; the watch
+    reports a fall below the floor, and the return, to the loop (Recorder)."""
+    if watch.floor <= 0:
+        return
+    while True:
+        await watch.check()
+        await anyio.sleep(every)

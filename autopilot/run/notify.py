@@ -43,6 +43,8 @@ MILESTONES: dict[str, tuple[str, str]] = {
     "publish_failed": ("warning", "high"),
     "campaign_entry_finished": ("info", "normal"),
     "budget_reached": ("warning", "high"),
+    "disk_low": ("warning", "high"),
+    "disk_ok": ("info", "normal"),
     "campaign_complete": ("success", "high"),
     "campaign_incomplete": ("warning", "high"),
     "test": ("info", "normal"),
@@ -61,6 +63,7 @@ ADVICE = {
     "run_incomplete": "Re-run the same command to resume; see `dashboard` for excluded cells.",
     "run_complete": "Generate the report and publish when ready.",
     "publish_failed": "Results are safe in the state dir; fix the repo and re-run with --publish.",
+    "disk_low": "Launching is paused until space is back; free some under the named path.",
 }
 
 

@@ -25,6 +25,7 @@ from autopilot.logsetup import get_logger
 from autopilot.plan import Cell, Plan, arm_groups
 from autopilot.run.placement import ReplicaView, choose_replica
 from autopilot.run.throttle import Throttle, on_tick
+from autopilot.state.diskspace import DiskWatch
 from autopilot.state.fsutil import storage_error
 from autopilot.state.ledger import CellState, Ledger
 
@@ -39,6 +40,7 @@ class Loop(Protocol):
     ledger: Ledger
     backend: Backend | None
     throttle: Throttle
+    disk: DiskWatch
     phase: str
     outcome_reason: str
     clock: Callable[[], float]
@@ -166,6 +168,12 @@ class Passes:
                     slots.release()
                     break
                 await self._throttle_gate(slots)
+                await self._disk_gate()
+                if loop.stop_signal:  # stopped while the disk was low
+                    if self.replica_slots:
+                        self.replica_slots[replica].release()
+                    slots.release()
+                    break
                 tg.start_soon(self._run_cell, cell, cell_state.attempts + 1, slots, replica)
 
     async def _pick_replica(self, arm: str) -> int:
@@ -201,6 +209,13 @@ class Passes:
             in_flight = self.preset.run.concurrency - slots.value - 1  # before this one
             if in_flight < loop.throttle.limit or loop.stop_signal:
                 return
+            await anyio.sleep(0.2)
+
+    async def _disk_gate(self) -> None:
+        """While free space is below the run's floor, launch nothing (the loop's disk
+        watch says when it is back; a stop ends the wait)."""
+        loop = self.loop
+        while loop.disk.low and not loop.stop_signal:
             await anyio.sleep(0.2)
 
     async def _run_cell(self, cell: Cell, attempt: int, slots: anyio.Semaphore,

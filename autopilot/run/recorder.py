@@ -37,6 +37,8 @@ from autopilot.run.snapshot import RunView, build
 from autopilot.run.stopping import Stop
 from autopilot.run.throttle import Throttle, on_throttled
 from autopilot.state import budget
+from autopilot.state.diskspace import DiskWatch, Reading, floor_bytes
+from autopilot.state.fsguard import run_roots
 from autopilot.state.fsutil import atomic_write_text, iso
 from autopilot.state.journal import Journal
 from autopilot.state.ledger import Ledger
@@ -90,6 +92,10 @@ class Recorder:
         )
         self._tick_marked = 0.0
         self.publish_state: dict[str, Any] | None = None
+        # Free space under the run's roots: below the floor, launching waits (passes).
+        self.disk = DiskWatch(run_roots(preset, self.state_dir),
+                              floor_bytes(preset.run.disk_floor_mb, preset.preflight.min_free_gb),
+                              self.clock, on_change=self._disk_changed)
 
     @property
     def keepers(self) -> list[Keeper]:
@@ -161,6 +167,20 @@ class Recorder:
 
     def interruptible(self) -> contextlib.AbstractContextManager[anyio.CancelScope]:
         return self.stop.interruptible()
+
+    def _disk_changed(self, change: str | None, reading: Reading) -> None:
+        """The disk fell below the run's floor, or came back: say so (and on the phone).
+        Launching waits meanwhile (Passes._disk_gate); the attempts it overlapped are
+        INVALID(disk_full), which spends no retry."""
+        mb = round(reading.free / 1e6, 1)
+        floor_mb = round(self.disk.floor / 1e6, 1)
+        if change == "low":
+            self.milestone("disk_low", where=reading.where, free_mb=mb, floor_mb=floor_mb,
+                           why=f"{mb} MB free under {reading.where}, below the run's floor "
+                               f"of {floor_mb} MB: launching paused")
+        else:
+            self.milestone("disk_ok", where=reading.where, free_mb=mb, floor_mb=floor_mb,
+                           why=f"{mb} MB free under {reading.where}: launching resumed")
 
     def _notify_failed(self, kind: str, url: str, why: str) -> None:
         if self.journal is not None:

@@ -155,7 +155,7 @@ class Supervisor(Recorder):
         w = Wiring(preset=self.preset, state_dir=self.state_dir, run_token=self.run_token,
                    port=self, redactor=self.redactor, clock=self.clock,
                    remove_sandbox=d.remove_sandbox if d else None,
-                   sandbox_activity=d.sandbox_activity if d else None)
+                   sandbox_activity=d.sandbox_activity if d else None, disk=self.disk)
         self.backend = backend_class(self.preset.backend.kind)(w, setting, group)
         self.passes.make_slots(len(self.backend.keepers))
 
@@ -177,6 +177,7 @@ class Supervisor(Recorder):
                     tg.start_soon(liveview.show, self.snapshot)
                 if isinstance(self.clock, RunClock):
                     tg.start_soon(background.clock_ticker, self.clock)
+                tg.start_soon(background.disk_watch, self.disk, self.preset.run.disk_check_secs)
                 await self.status.write_now()
                 code, drain = await self._serve(tg)
                 if drain:

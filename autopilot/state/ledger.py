@@ -22,6 +22,10 @@ from typing import Any, Literal
 from autopilot.plan import Cell, Plan
 from autopilot.state.budget import Spend, of_events
 
+# INVALID reasons that spend no retry: a throttling provider, a full disk (the cell is
+# re-run once the infrastructure is back; neither says anything about the cell).
+NOT_COUNTED = frozenset({"rate_limited", "disk_full"})
+
 Status = Literal["pending", "running", "ran", "PASS", "FAIL", "invalid", "quarantined",
                  "ungraded"]
 VALID = ("PASS", "FAIL")
@@ -154,7 +158,7 @@ class Ledger:
         else:
             cell.status = "invalid"
             cell.reason = str(ev.get("reason") or "unknown")
-            if cell.reason != "rate_limited":  # a throttling provider is not the cell's fault
+            if cell.reason not in NOT_COUNTED:
                 cell.invalid_attempts += 1
             cell.reasons.append(cell.reason)
         row = {
