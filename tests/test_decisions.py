@@ -413,3 +413,11 @@ def test_a_full_disk_spends_no_retry() -> None:
                    "verdict": "INVALID", "reason": reason})
     assert led.cells[cid].invalid_attempts == 1  # only the harness crash counts
     assert led.cells[cid].reasons == ["disk_full", "rate_limited", "harness_crash"]
+
+
+def test_oneline_says_the_disk_is_low_while_running() -> None:
+    snap = {"phase": "run:pass1", "preset": "demo", "totals": {"done": 1, "total": 4},
+            "disk": {"low": True, "floor_mb": 200.0, "free_mb": 12.5, "where": "/x"}}
+    assert oneline(snap).endswith("| disk low (12.5 MB free): launching paused")
+    assert "disk low" not in oneline({**snap, "phase": "COMPLETE"})
+    assert "disk low" not in oneline({**snap, "disk": {"low": False}})

@@ -268,6 +268,7 @@ class Recorder:
                        for i, k in enumerate(keepers)] if self.backend is not None else None,
             streak=self.policy.streak.count, alarms=self.policy.alarms,
             orphans_cleaned=self.swept.cleaned, publish=self.publish_state,
+            disk=self.disk.describe(),
         ), light)
 
     def progress_line(self) -> str:

@@ -42,6 +42,7 @@ class RunView:
     alarms: int = 0
     orphans_cleaned: list[dict[str, Any]] = field(default_factory=list)
     publish: dict[str, Any] | None = None
+    disk: dict[str, Any] | None = None  # the disk watch (autopilot.state.diskspace)
 
 
 def build(v: RunView, light: bool = False) -> dict[str, Any]:
@@ -84,6 +85,7 @@ def build(v: RunView, light: bool = False) -> dict[str, Any]:
                   "usd": led.spend.usd(preset.rate_card.get(preset.model))},
         "throttle": {"limit": v.throttle.limit, "ceiling": v.throttle.ceiling,
                      "throttled": v.throttle.throttled},
+        "disk": v.disk,
     }
     if light:
         return snap

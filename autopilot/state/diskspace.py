@@ -125,6 +125,15 @@ class DiskWatch:
                                                      abandon_on_cancel=True)
         return self.apply(reading)
 
+    def describe(self) -> dict[str, object] | None:
+        """For status.json: below the floor or not, and the last measurement."""
+        if self.floor <= 0:
+            return None
+        last = self.last
+        return {"low": self.low, "floor_mb": round(self.floor / 1e6, 1),
+                "free_mb": round(last.free / 1e6, 1) if last else None,
+                "where": last.where if last else None}
+
     def overlaps(self, start: float, end: float) -> bool:
         """Was the disk below the floor at any time in [start, end]? (``check`` first: a
         harness that just hit ENOSPC ends before the next periodic check.)"""

@@ -50,4 +50,7 @@ def oneline(status: dict[str, Any]) -> str:
     thr = status.get("throttle") or {}
     if isinstance(thr, dict) and thr.get("throttled"):
         parts.append(f"provider throttling: {thr.get('limit')}/{thr.get('ceiling')} at once")
+    disk = status.get("disk") or {}
+    if isinstance(disk, dict) and disk.get("low") is True and not finished:
+        parts.append(f"disk low ({disk.get('free_mb')} MB free): launching paused")
     return " | ".join(parts)

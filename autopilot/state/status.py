@@ -17,7 +17,8 @@ Schema (``schema_version`` 1; fields are only ever added):
         teardown_masked_cells,quarantined_cells,retried_cells,excluded[]},
   endpoint{engine,url,model,pid,create_time,container,attached,state,restarts,down_secs,
            down_since,failed},
-  anomaly{streak,alarms}, orphans_cleaned[], tasks_order[], arms_order[]
+  anomaly{streak,alarms}, orphans_cleaned[], tasks_order[], arms_order[],
+  disk{low,floor_mb,free_mb,where} (null without a floor)
 """
 
 from __future__ import annotations
