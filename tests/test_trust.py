@@ -5,6 +5,7 @@ per-arm grading, secret hygiene."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -387,6 +388,13 @@ def test_validate_exit_codes_and_armless_dirs(state_dir: Path, tmp_path: Path) -
     stray = state_dir / "cells" / "p1_bugfix_None_v1"
     stray.mkdir()
     (stray / "grade.json").write_text('{"verdict": "PASS"}')
+    # Written after the run: another run's (or a person's), counted and not judged ...
+    later = run_cli("validate", "--state-dir", str(state_dir))
+    assert later.returncode == 0 and "ARM-LESS" not in later.stdout
+    assert "1 directory beside the cells' outputs written outside" in later.stdout
+    # ... but written while one of this run's attempts ran, as the origin's lost arm did.
+    during = (state_dir / "cells" / "p1_bugfix_demo-think_v1" / "summary.json").stat()
+    os.utime(stray / "grade.json", (during.st_atime, during.st_mtime))
     bad = run_cli("validate", "--state-dir", str(state_dir))
     assert bad.returncode == 1 and "ARM-LESS DIRECTORY" in bad.stdout
     stray.joinpath("grade.json").unlink()
@@ -396,6 +404,29 @@ def test_validate_exit_codes_and_armless_dirs(state_dir: Path, tmp_path: Path) -
     assert bad.returncode == 1
     assert "p2_extract_demo-think_v1" in bad.stdout and "malformed_grade" in bad.stdout
     assert run_cli("validate", "--state-dir", str(tmp_path / "none")).returncode == 2
+
+
+def test_validate_leaves_another_runs_cells_on_a_shared_checkout_alone(tmp_path: Path) -> None:
+    """Two runs, one after the other, write into one harness checkout (claims keep them
+    from doing so at once): the first run's validate does not call the second's cells
+    arm-less, and the second's does not call the first's."""
+    logs = tmp_path / "checkout" / "logs"
+    runs = {}
+    for name, task in (("a", "p1_bugfix"), ("b", "p2_extract")):
+        over = write_overlay(tmp_path / f"{name}.json", {
+            "vars": {"think_secs": "0"}, "tasks": [{"id": task}], "baseline": None,
+            "harness": {"output_dir": str(logs) + "/{cell}"}})
+        runs[name] = tmp_path / f"state-{name}"
+        r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                    "--state-dir", str(runs[name]), "--quiet")
+        assert r.returncode == 0, r.stderr[-2000:]
+    assert {d.name.split("_demo")[0] for d in logs.iterdir() if d.is_dir()} == {
+        "p1_bugfix", "p2_extract"}
+    for name in ("a", "b"):
+        v = run_cli("validate", "--state-dir", str(runs[name]))
+        assert v.returncode == 0, v.stdout
+        assert "ARM-LESS" not in v.stdout
+        assert "2 directories beside the cells' outputs written outside" in v.stdout
 
 
 def test_pin_drift_warns_or_refuses(state_dir: Path, tmp_path: Path) -> None:

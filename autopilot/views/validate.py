@@ -20,7 +20,7 @@ from autopilot.cell.validity import Checks, GradeOutcome, RunOutcome, classify, 
 from autopilot.config import Preset
 from autopilot.escape import clean, term
 from autopilot.plan import Plan, cell_context
-from autopilot.state.fsutil import read_json
+from autopilot.state.fsutil import parse_iso, read_json
 from autopilot.state.journal import state_events
 from autopilot.templates import render
 
@@ -39,6 +39,7 @@ class CellCheck:
 class ValidationResult:
     cells: list[CellCheck] = field(default_factory=list)
     armless: list[str] = field(default_factory=list)
+    foreign: int = 0  # such directories written outside this run's attempts: not ours
     in_progress: bool = False  # a live supervisor drives the run: running cells wait
 
     @property
@@ -61,11 +62,18 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
     last_invalid: dict[str, tuple[str, str]] = {}
     invalid_count: dict[str, int] = {}
     abandoned: dict[str, str] = {}  # the journal's own word: no verdict, to be re-run
+    spans: dict[tuple[str, int], list[float]] = {}  # each attempt's first and last event
     for ev in state_events(state_dir).events:
         cid = ev.get("cell")
         if not isinstance(cid, str):
             continue
         kind = ev["event"]
+        ts = parse_iso(ev.get("ts"))
+        if ts is not None:
+            key = (cid, ev["attempt"] if type(ev.get("attempt")) is int else
+                   attempts.get(cid, 1))
+            span = spans.setdefault(key, [ts, ts])
+            span[0], span[1] = min(span[0], ts), max(span[1], ts)
         if kind in ("cell_spawning", "cell_started"):
             attempts[cid] = ev["attempt"] if type(ev.get("attempt")) is int else 1
             last_outcome.pop(cid, None)
@@ -130,29 +138,52 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
         if c.grade_side and missing:  # not a broken grader: one that cannot run here
             c = grader_unavailable(missing)
         result.cells.append(CellCheck(cell.id, c.verdict, c.reason or "", c.detail))
-    result.armless = armless_dirs(preset, plan, state_dir)
+    result.armless, result.foreign = armless_dirs(preset, plan, state_dir,
+                                                  list(spans.values()))
     return result
 
 
-def armless_dirs(preset: Preset, plan: Plan, state_dir: Path) -> list[str]:
+SPAN_SLACK = 0.05  # seconds around an attempt's journaled span (its ts are cut to ms)
+
+
+def armless_dirs(preset: Preset, plan: Plan, state_dir: Path,
+                 spans: list[list[float]]) -> tuple[list[str], int]:
     """Directories beside the cells' output dirs, holding grade/summary files, whose name
-    is no cell of this plan's tasks x arms (any replicate number)."""
+    is no cell of this plan's tasks x arms (any replicate number), written while one of
+    this run's attempts ran (``spans``: each attempt's first and last journaled event).
+    An output root is claimed by one run at a time (autopilot.state.claims), so files
+    written outside every attempt of this run are another run's (or older): counted, not
+    flagged. Returns (flagged, foreign)."""
+    def ours(mtime: float) -> bool:
+        return any(a - SPAN_SLACK <= mtime <= b + SPAN_SLACK for a, b in spans)
+
     tasks = "|".join(re.escape(t.id) for t in preset.tasks)
     arms = "|".join(re.escape(a.label) for a in preset.arms)
     cell_re = re.compile(rf"^(?:{tasks})_(?:{arms})_v\d+$")
     parents = {Path(cell_context(preset, c, 1, state_dir)["output_dir"]).parent
                for c in plan.cells[:1]}
-    flagged = []
+    flagged: list[str] = []
+    foreign = 0
     for parent in parents:
         if not parent.is_dir():
             continue
         for d in sorted(parent.iterdir()):
             if not d.is_dir() or cell_re.match(d.name):
                 continue
-            found = [n for n in ARTIFACT_NAMES if (d / n).exists()]
-            if found:
+            found: list[str] = []
+            mine = False
+            for n in ARTIFACT_NAMES:
+                try:
+                    st = (d / n).lstat()
+                except OSError:
+                    continue
+                found.append(n)
+                mine = mine or ours(st.st_mtime)
+            if found and mine:
                 flagged.append(f"{d} ({', '.join(found)})")
-    return flagged
+            elif found:
+                foreign += 1
+    return flagged, foreign
 
 
 def render_table(result: ValidationResult) -> str:
@@ -169,5 +200,9 @@ def render_table(result: ValidationResult) -> str:
         for c in result.invalid:
             lines.append(f"{c.cell:<{width}}  {c.reason:<16}  {term(c.detail, 300)}")
     for d in result.armless:
-        lines.append(f"ARM-LESS DIRECTORY: {d} maps to no cell of the plan")
+        lines.append(f"ARM-LESS DIRECTORY: {term(d, 500)} maps to no cell of the plan")
+    if result.foreign:
+        lines.append(f"{result.foreign} director{'y' if result.foreign == 1 else 'ies'} "
+                     "beside the cells' outputs written outside this run's attempts "
+                     "(another run's, or older): not judged")
     return "\n".join(lines)
