@@ -34,7 +34,7 @@ BUILTIN_PLACEHOLDERS = frozenset(
     {
         "cell", "task", "arm", "mode", "n", "attempt", "port", "host", "base_url", "model",
         "served_model", "output_dir", "state_dir", "python", "grade_file", "scratch_dir",
-        "transcript", "deadline",
+        "transcript", "deadline", "endpoint_host", "endpoint_port", "endpoint_base_url",
     }
 )
 
@@ -86,6 +86,9 @@ class Arm(_Frozen):
     replicas: list[int] | None = None  # pin to these endpoint replicas (default: any)
     vars: dict[str, str] = Field(default_factory=dict)
     endpoint: ArmEndpoint = Field(default_factory=ArmEndpoint)
+    # Deep-merged into each of this arm's generation requests by the gateway (e.g.
+    # chat_template_kwargs): arms that differ only here share one loaded model.
+    request: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("label")
     @classmethod
@@ -405,6 +408,13 @@ class Preflight(_Frozen):
     min_slot_ctx: int = Field(default=0, ge=0)
 
 
+class Gateway(_Frozen):
+    """The model gateway (autopilot.gateway): every model request of a cell through us."""
+    enabled: bool = True  # false: harnesses talk to the endpoint directly, as before
+    max_request_mb: float = Field(default=64, gt=0)
+    max_records: int = Field(default=5000, ge=0)  # request lines per attempt's log
+
+
 class Publish(_Frozen):
     results_repo: str = ""  # default: the git repo of the working directory
     path: str = "bench-results/{preset}"  # where scorecard.md and findings.md go in it
@@ -499,6 +509,12 @@ class Preset(_Frozen):
     comparators: dict[str, float] = Field(default_factory=dict)
     rate_card: dict[str, tuple[float, float]] = Field(default_factory=dict)
     backend: Backend = Field(default_factory=Backend)
+    gateway: Gateway = Field(default_factory=Gateway)
+
+    @field_validator("gateway", mode="before")
+    @classmethod
+    def _gateway_switch(cls, v: Any) -> Any:
+        return {"enabled": v} if isinstance(v, bool) else v  # `gateway = false`
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Preset:

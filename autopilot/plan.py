@@ -64,7 +64,8 @@ class Plan:
 
 # Fields added after state dirs existed: left out of the digest while at their default,
 # so upgrading the autopilot does not refuse a run that did not change.
-_LATER_FIELDS = frozenset({"grader_argv", "grader_requires", "endpoint", "streak", "replicas"})
+_LATER_FIELDS = frozenset({"grader_argv", "grader_requires", "endpoint", "streak", "replicas",
+                           "request"})
 
 
 def _dump(obj: Any) -> dict[str, Any]:
@@ -105,6 +106,8 @@ def cell_context(
         "cell": cell.id, "task": cell.task, "arm": cell.arm, "mode": arm.mode,
         "n": str(cell.n), "attempt": str(attempt), "port": str(port), "host": host,
         "base_url": base_url, "model": arm.model or preset.model,
+        # the endpoint itself, whatever {port}/{host}/{base_url} say (the gateway's)
+        "endpoint_host": host, "endpoint_port": str(port), "endpoint_base_url": base_url,
         "served_model": preset.model, "state_dir": str(state_dir),
         "python": sys.executable, "deadline": "0",
     }

@@ -87,12 +87,14 @@ FOUNDATIONS = "foundations"
 MAY_IMPORT = {
     FOUNDATIONS: {FOUNDATIONS},
     "state": {FOUNDATIONS},
+    "gateway": {"state", FOUNDATIONS},
     "cell": {"state", FOUNDATIONS},
     "endpoints": {"cell", "state", FOUNDATIONS},
-    "backends": {"endpoints", "cell", "state", FOUNDATIONS},
+    "backends": {"gateway", "endpoints", "cell", "state", FOUNDATIONS},
     "views": {"cell", "state", FOUNDATIONS},
-    "run": {"backends", "endpoints", "cell", "state", "views", FOUNDATIONS},
-    "ops": {"run", "backends", "endpoints", "cell", "state", "views", FOUNDATIONS},
+    "run": {"backends", "gateway", "endpoints", "cell", "state", "views", FOUNDATIONS},
+    "ops": {"run", "backends", "gateway", "endpoints", "cell", "state", "views",
+            FOUNDATIONS},
 }
 # The foundations' load-time checks, which reach up on purpose (ARCHITECTURE.md says why).
 EXCEPTIONS = {

@@ -168,3 +168,35 @@ def test_long_non_streaming_turn_is_progress_while_the_endpoint_decodes(
         assert r.returncode == 1
         assert killed and "transcript frozen" in killed[0]["reason"]
         assert (verdict(evs)["verdict"], verdict(evs)["reason"]) == ("INVALID", "stall")
+
+
+def test_through_the_gateway_a_frozen_cell_beside_a_busy_one_is_frozen(
+        state_dir: Path, tmp_path: Path) -> None:
+    # Two cells at once: one in long model turns (3 s each, nothing written meanwhile),
+    # one frozen with no request of its own. The endpoint decodes all along, for the
+    # busy cell; without the gateway that counts for both, and the frozen cell lives
+    # until the busy one is done. Through the gateway only a cell with a request in
+    # flight is credited: the frozen one is killed while the busy one still works.
+    doc = {"tasks": [{"id": "p1_bugfix", "vars": {"behave": "work"}},
+                     {"id": "p2_extract", "vars": {"behave": "freeze"}}],
+           "arms": [{"label": "demo-nothink", "mode": "nothink"}],
+           "endpoint": {"latency_secs": 3},
+           "harness": {"argv": ["{python}", str(ADV / "work_or_freeze.py"), "{behave}",
+                                "{host}", "{port}", "{output_dir}", "{transcript}"]},
+           "watchdog": {"poll_secs": 0.2, "warn_secs": 1, "probe_secs": 1.5, "kill_secs": 2.5,
+                        "stuck_secs": 2, "kill_grace_secs": 0.5},
+           "trust": {"infra_retries": 0}, "run": {"concurrency": 2}}
+    over = write_overlay(tmp_path / "o.json", doc)
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                "--state-dir", str(state_dir), "--quiet", timeout=120)
+    evs = events(state_dir)
+    busy, frozen = "p1_bugfix_demo-nothink_v1", "p2_extract_demo-nothink_v1"
+    order = [(e["event"], e.get("cell")) for e in evs]
+    assert ("cell_killed", busy) not in order, r.stderr[-2000:]
+    assert order.index(("cell_killed", frozen)) < order.index(("cell_exited", busy))
+    verdicts = {e["cell"]: (e["verdict"], e.get("reason")) for e in evs
+                if e["event"] == "cell_verdict"}
+    assert verdicts[frozen] == ("INVALID", "stall")
+    assert verdicts[busy][0] in ("PASS", "FAIL")
+    metered = {e["cell"]: e for e in evs if e["event"] == "cell_metered"}
+    assert metered[busy]["requests"] == 4 and metered[frozen]["requests"] == 0

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from autopilot.errors import EndpointError
 
@@ -38,6 +38,11 @@ if TYPE_CHECKING:  # the loader asks a backend kind's load checks: this module s
     from autopilot.logsetup import Redactor
     from autopilot.plan import Cell
     from autopilot.state.diskspace import DiskWatch
+
+
+@runtime_checkable
+class Closable(Protocol):
+    async def close(self) -> None: ...
 
 
 class Port(Protocol):
@@ -95,12 +100,18 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
     from autopilot.cell.childenv import child_env
     from autopilot.cell.procs import RUN_TOKEN_ENV
     from autopilot.cell.runner import CellContext
+    from autopilot.gateway.proxy import Gateway, Limits
     from autopilot.logsetup import SPOOL_CAP
     from autopilot.state.diskspace import DiskWatch, floor_bytes
     from autopilot.state.fsguard import run_roots
 
     port, clock = w.port, w.clock
     roots = run_roots(w.preset, w.state_dir)
+    g = w.preset.gateway
+    # A hosted provider is reached directly for now (TLS and its key stay the harness's).
+    gateway = Gateway(w.redactor.scrub, Limits(max_request=int(g.max_request_mb * 2**20),
+                                               max_records=g.max_records)) \
+        if g.enabled and w.preset.endpoint.engine in ("builtin", "llamacpp", "vllm") else None
     disk = w.disk or DiskWatch(roots, floor_bytes(w.preset.run.disk_floor_mb,
                                                w.preset.preflight.min_free_gb), clock)
     return CellContext(
@@ -118,7 +129,7 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
         roots=roots, disk=disk if disk.floor > 0 else None,
         base_env={**child_env(w.preset, "harness"), RUN_TOKEN_ENV: w.run_token,
                   **(extra_env or {})},
-        replica=replica, contain=cgroups.for_run(w.run_token)[0],
+        replica=replica, contain=cgroups.for_run(w.run_token)[0], gateway=gateway,
     )
 
 
@@ -243,6 +254,9 @@ class Backend(abc.ABC):
                 self.w.redactor.scrub_file(k.ep.log_path, cap=SPOOL_CAP)
             if not k.ep.attached and k.state not in ("failed", "lost"):
                 k.state = "stopped"
+        base = self._cx.get(0)
+        if base is not None and isinstance(base.gateway, Closable):
+            await base.gateway.close()
         await self.release()
 
     async def release(self) -> None:

@@ -11,6 +11,7 @@ evidence of an INVALID attempt survives its retry.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
@@ -19,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import anyio
 import psutil
@@ -42,6 +44,15 @@ from autopilot.templates import render, render_argv
 log = get_logger(__name__)
 
 Emit = Callable[..., dict[str, Any]]
+
+
+class Gatekeeper(Protocol):
+    """The model gateway as a cell sees it (autopilot.gateway.proxy.Gateway): a listener
+    of the attempt's own, whose ``port`` and ``meter`` the runner reads."""
+
+    def attempt(self, cell: str, attempt: int, settings: dict[str, Any],
+                upstream: Callable[[], str], log_path: Path
+                ) -> contextlib.AbstractAsyncContextManager[Any]: ...
 
 
 class Served(Protocol):
@@ -86,6 +97,8 @@ class CellContext:
     # free space under the run's roots (None: no floor): an attempt during a low period
     # is INVALID(disk_full), not the cell's fault
     disk: DiskWatch | None = None
+    # the model gateway (None: harnesses talk to the endpoint directly)
+    gateway: Gatekeeper | None = None
 
 
 def template_context(
@@ -147,6 +160,7 @@ class CellRun:
         # When the harness was spawned, wall clock: comparable across the nodes of a
         # cluster (the harness-break streak is ordered by it; an order, not a duration).
         self.launched: float | None = None
+        self.meter: Any = None  # the gateway's Meter of this attempt, while it runs
 
     # ------------------------------------------------------------------ helpers
 
@@ -228,12 +242,37 @@ class CellRun:
         """Run the harness to its end; None when abandoned by a shutdown."""
         bind_contextvars(cell=self.cell.id, attempt=self.attempt)
         try:
-            return await self._execute()
+            if self.cx.gateway is None or not self.ctx["endpoint_base_url"]:
+                return await self._execute()
+            return await self._through_gateway(self.cx.gateway)
         finally:
             unbind_contextvars("cell", "attempt")
             if self.sandbox and self.cx.remove_sandbox is not None:
                 with anyio.CancelScope(shield=True):
                     await self.cx.remove_sandbox(self.sandbox)
+
+    async def _through_gateway(self, gateway: Gatekeeper) -> RunOutcome | None:
+        """The attempt with its own gateway listener: ``{port}``, ``{host}`` and
+        ``{base_url}`` name it while the harness runs; the grader, after, gets the
+        endpoint's own address back. The attempt's totals are journaled (cell_metered)."""
+        ep = self.cx.keeper.ep
+        direct = {k: self.ctx[k] for k in ("port", "host", "base_url")}
+        log_path = (self.cx.state_dir / "gateway" / self.cell.id
+                    / f"attempt-{self.attempt}.jsonl")
+        async with gateway.attempt(self.cell.id, self.attempt,
+                                   self.p.arm(self.cell.arm).request,
+                                   lambda: str(self.cx.keeper.ep.url), log_path) as gw:
+            path = urlsplit(ep.api_base).path
+            self.ctx.update(port=str(gw.port), host="127.0.0.1",
+                            base_url=f"http://127.0.0.1:{gw.port}{path}")
+            self.meter = gw.meter
+            try:
+                return await self._execute()
+            finally:
+                self.ctx.update(direct)
+                with contextlib.suppress(OSError, AssertionError):
+                    self.cx.emit("cell_metered", cell=self.cell.id, attempt=self.attempt,
+                                 **gw.meter.summary())
 
     async def _execute(self) -> RunOutcome | None:
         cx = self.cx
@@ -331,10 +370,17 @@ class CellRun:
                 activity = await cx.sandbox_activity(self.ctx) if cx.sandbox_activity else None
                 decoding = (await cx.keeper.decoding(self.p.watchdog.poll_secs / 2)
                             if self.p.watchdog.endpoint_progress else None)
+                meter = self.meter
+                if meter is not None and not meter.in_flight:
+                    # Through the gateway the endpoint's decoding is this cell's progress
+                    # only while this cell has a request in flight: a frozen cell beside
+                    # a busy one is frozen.
+                    decoding = None
                 obs = Observation(
                     now=cx.clock(), transcript_size=_size(self.transcript),
                     spool_size=_size(self.spool) or 0, activity=activity,
                     completion=self._terminal_evidence(), alive=True, generating=decoding,
+                    metered=meter.progress if meter is not None else None,
                 )
                 state, d = decide(state, obs, limits)
                 if self.p.watchdog.substance and d.action != "KILL":

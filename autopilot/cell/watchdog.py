@@ -48,6 +48,7 @@ class Observation:
     completion: bool = False  # all completion artifacts present
     alive: bool = True
     generating: int | None = None  # the endpoint's decoded-token counter while busy
+    metered: int | None = None  # the cell's gateway progress counter (autopilot.gateway)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class WatchState:
     spool_size: int = 0
     activity: int | None = None
     generating: int | None = None
+    metered: int | None = None
     completion_since: float | None = None
     tier: Action = "OK"
     last_signal: str = "start"
@@ -97,6 +99,12 @@ def observe(state: WatchState, obs: Observation) -> WatchState:
             # The model is decoding: the harness is waiting on it, not stuck.
             s = replace(s, last_transcript=now, last_progress=now, last_signal="endpoint")
         s = replace(s, generating=obs.generating)
+    if obs.metered is not None and obs.metered != s.metered:
+        if s.metered is not None:
+            # A request of this cell's started, got bytes back or ended: the harness is
+            # talking to the model (and the model to it), whatever its transcript says.
+            s = replace(s, last_transcript=now, last_progress=now, last_signal="gateway")
+        s = replace(s, metered=obs.metered)
     if obs.completion and s.completion_since is None:
         s = replace(s, completion_since=now, last_progress=now, last_signal="completion")
     return s

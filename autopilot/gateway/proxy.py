@@ -1,0 +1,272 @@
+"""The model gateway: every request a cell's harness makes to the model passes here.
+
+One listener per attempt, on 127.0.0.1 and a port of its own, so the gateway knows
+which cell sent each request without trusting anything the harness says. Each request
+is forwarded to the replica the cell runs against (asked at request time: a restarted
+endpoint may have a new port), with the arm's ``request`` settings deep-merged into
+generation requests (autopilot.gateway.evidence). Responses pass through chunk by chunk
+(server-sent events included), while the gateway reads what they say: usage, finish
+reason, errors. One JSON line per request goes to the attempt's ``gateway.jsonl``
+(bounded), and the attempt's totals (``Meter``) go into the journal with its verdict.
+
+Built on aiohttp (server and client), already in the tree for the dashboard. The
+client never decompresses (``Accept-Encoding`` is dropped upstream, so bodies arrive
+as the endpoint wrote them) and holds at most ``parse_cap`` bytes of a body to read its
+usage; the rest streams through. A body that never ends is the harness's to wait on
+and the watchdog's to judge; closing the attempt cancels whatever is still in flight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
+
+from autopilot.gateway.evidence import (
+    Meter,
+    StreamScan,
+    error_kind,
+    finish_of,
+    is_model_route,
+    merge,
+    usage_of,
+)
+from autopilot.logsetup import get_logger
+from autopilot.state.statedir import open_append
+
+log = get_logger("autopilot.gateway")
+
+# Hop-by-hop headers (RFC 9110 7.6.1) and the ones the gateway re-makes.
+_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
+                  "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length",
+                  "accept-encoding"})
+ERROR_BODY = 2000  # characters of an error body kept in the record (redacted)
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_request: int = 64 << 20  # a request body larger than this is refused (413)
+    parse_cap: int = 8 << 20  # bytes of a JSON response held to read its usage
+    max_records: int = 5000  # request lines per attempt's gateway.jsonl
+
+
+@dataclass
+class Attempt:
+    """One attempt's listener: its address, its meter, its request log."""
+    cell: str
+    attempt: int
+    settings: Mapping[str, Any]
+    upstream: Callable[[], str]  # the replica's origin, http://host:port, asked per request
+    log_path: Path
+    max_records: int = 5000
+    port: int = 0
+    meter: Meter = field(default_factory=Meter)
+    records: int = 0
+    dropped: int = 0
+    _log: IO[bytes] | None = None
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._log is None:
+            return
+        if self.records >= self.max_records:
+            self.dropped += 1
+            return
+        self.records += 1
+        self._log.write((json.dumps(record, separators=(",", ":")) + "\n").encode())
+        self._log.flush()
+
+
+class Gateway:
+    """The run's gateway (one per backend context; its attempts share one client)."""
+
+    def __init__(self, redact: Callable[[str], str] = lambda s: s,
+                 limits: Limits = Limits()) -> None:
+        self.redact = redact
+        self.limits = limits
+        self._session: ClientSession | None = None
+
+    def _client(self) -> ClientSession:
+        if self._session is None or self._session.closed:
+            # No total timeout: a long generation is the watchdog's to judge, not ours.
+            self._session = ClientSession(
+                timeout=ClientTimeout(total=None, sock_connect=10),
+                connector=TCPConnector(limit=0, force_close=False),
+                auto_decompress=False)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @contextlib.asynccontextmanager
+    async def attempt(self, cell: str, attempt: int, settings: Mapping[str, Any],
+                      upstream: Callable[[], str], log_path: Path) -> AsyncIterator[Attempt]:
+        """Listen for one attempt's requests until the block ends."""
+        att = Attempt(cell, attempt, settings, upstream, log_path,
+                      max_records=self.limits.max_records)
+
+        async def handle(req: web.Request) -> web.StreamResponse:
+            return await self._handle(att, req)
+
+        app = web.Application(client_max_size=self.limits.max_request)
+        app.router.add_route("*", "/{tail:.*}", handle)
+        runner = web.AppRunner(app, handle_signals=False, access_log=None,
+                               shutdown_timeout=0.5)
+        await runner.setup()
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            att.port = int(runner.addresses[0][1])
+            with open_append(log_path) as f:
+                att._log = f
+                try:
+                    yield att
+                finally:
+                    att._log = None
+                    if att.dropped:
+                        with contextlib.suppress(OSError):
+                            f.write((json.dumps({"dropped": att.dropped}) + "\n").encode())
+        finally:
+            await runner.cleanup()
+
+    async def _handle(self, att: Attempt, req: web.Request) -> web.StreamResponse:
+        m = att.meter
+        m.requests += 1
+        m.in_flight += 1
+        m.progress += 1
+        t0 = time.perf_counter()
+        rec: dict[str, Any] = {"ts": round(time.time(), 3), "method": req.method,
+                               "route": req.path[:200]}
+        try:
+            return await self._forward(att, req, rec, t0)
+        finally:
+            m.in_flight -= 1
+            m.progress += 1
+            rec["latency_ms"] = round((time.perf_counter() - t0) * 1000, 2)
+            with contextlib.suppress(OSError):
+                att.write(rec)
+
+    async def _forward(self, att: Attempt, req: web.Request, rec: dict[str, Any],
+                       t0: float) -> web.StreamResponse:
+        m = att.meter
+        try:
+            body = await req.read()
+        except web.HTTPRequestEntityTooLarge:
+            m.error("request_error", "request body over the gateway's limit")
+            rec.update(status=413, error="request_error")
+            return web.json_response({"error": {"message": "request body too large for "
+                                                "the autopilot gateway"}}, status=413)
+        stream = False
+        if is_model_route(req.method, req.path):
+            try:
+                doc = json.loads(body) if body else None
+            except ValueError:
+                doc = None
+            if isinstance(doc, dict):
+                if att.settings:
+                    doc = merge(doc, att.settings)
+                    body = json.dumps(doc).encode()
+                    rec["applied"] = att.settings
+                stream = doc.get("stream") is True
+                rec["stream"] = stream
+                if isinstance(doc.get("model"), str):
+                    rec["model"] = doc["model"][:120]
+        headers = {k: v for k, v in req.headers.items() if k.lower() not in _HOP}
+        url = att.upstream().rstrip("/") + req.path_qs
+        resp: web.StreamResponse | None = None
+        try:
+            async with self._client().request(req.method, url, data=body, headers=headers,
+                                              allow_redirects=False) as up:
+                rec["status"] = up.status
+                if up.status == 429 and up.headers.get("Retry-After"):
+                    rec["retry_after"] = up.headers["Retry-After"][:40]
+                resp = web.StreamResponse(status=up.status, reason=up.reason)
+                for k, v in up.headers.items():
+                    if k.lower() not in _HOP:
+                        resp.headers.add(k, v)
+                if up.content_length is not None:
+                    resp.content_length = up.content_length
+                await resp.prepare(req)
+                scan = StreamScan() if stream and up.status < 400 else None
+                held: list[bytes] = []
+                held_n = 0
+                first = True
+                async for chunk in up.content.iter_any():
+                    if first:
+                        rec["ttfb_ms"] = round((time.perf_counter() - t0) * 1000, 2)
+                        first = False
+                    m.bytes_in += len(chunk)
+                    m.progress += 1
+                    if scan is not None:
+                        scan.feed(chunk)
+                    elif held_n <= self.limits.parse_cap:
+                        held.append(chunk)
+                        held_n += len(chunk)
+                    try:
+                        await resp.write(chunk)
+                    except (ConnectionError, RuntimeError):
+                        m.error("client_gone", "the harness closed its connection mid-response")
+                        rec["error"] = "client_gone"
+                        return resp
+                await resp.write_eof()
+                m.answered += 1
+                self._account(att, rec, up.status, scan, held, held_n)
+                return resp
+        except (ClientError, TimeoutError, OSError) as e:
+            why = f"{type(e).__name__}: {e}"[:300]
+            m.error("endpoint_error", why)
+            rec.update(error="endpoint_error", detail=self.redact(why))
+            if resp is not None and resp.prepared:
+                return resp  # cut mid-body: the harness sees the stream end
+            return web.json_response({"error": {"message": "the model endpoint did not "
+                                                "answer (autopilot gateway): " + why}},
+                                     status=502)
+
+    def _account(self, att: Attempt, rec: dict[str, Any], status: int,
+                 scan: StreamScan | None, held: list[bytes], held_n: int) -> None:
+        m = att.meter
+        if scan is not None:
+            rec["chunks"] = scan.chunks
+            usage, finish, estimate = scan.usage, scan.finish, scan.chunks
+            doc = None
+        else:
+            doc = None
+            if held_n <= self.limits.parse_cap:
+                with contextlib.suppress(ValueError, UnicodeDecodeError):
+                    doc = json.loads(b"".join(held))
+            elif status < 400:
+                rec["unparsed"] = f"body over {self.limits.parse_cap} bytes"
+            usage, finish, estimate = usage_of(doc), finish_of(doc), 0
+        kind = error_kind(status, _text(doc, held) if status >= 400 else "")
+        if kind is not None:
+            m.error(kind, f"HTTP {status}")
+            rec["error"] = kind
+            rec["body"] = self.redact(_text(doc, held))[:ERROR_BODY]
+            return
+        m.count(usage, estimate)
+        if usage is not None:
+            rec.update(prompt_tokens=usage.prompt, completion_tokens=usage.completion,
+                       reasoning_tokens=usage.reasoning)
+            if usage.malformed:
+                rec["malformed_usage"] = True
+        elif estimate:
+            rec.update(completion_tokens=estimate, estimated=True)
+        if finish:
+            rec["finish_reason"] = finish
+
+
+def _text(doc: Any, held: list[bytes]) -> str:
+    if doc is not None:
+        return json.dumps(doc)[:ERROR_BODY * 2]
+    return b"".join(held)[:ERROR_BODY * 2].decode("utf-8", "replace")
+
+
+__all__ = ["Attempt", "Gateway", "Limits"]

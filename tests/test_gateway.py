@@ -1,0 +1,224 @@
+"""The model gateway (issue #26): requests pass through with the arm's settings merged
+in, streams arrive as the same chunks, every request leaves evidence, and a hostile
+upstream costs bounded memory and never blocks. Real HTTP on 127.0.0.1 throughout: the
+upstream is a FAKE shaped from the OpenAI protocol (tests/gateway_fake.py); the end-to-end
+tests below drive the demo's simulator and the real llama-server."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from gateway_fake import FakeUpstream
+
+from autopilot.gateway.evidence import StreamScan, Usage, error_kind, merge, usage_of
+from autopilot.gateway.proxy import Gateway, Limits
+
+# ---------------------------------------------------------------------- the rules
+
+
+def test_merge_is_deep_and_the_arm_wins() -> None:
+    body = {"model": "m", "max_tokens": 100,
+            "chat_template_kwargs": {"enable_thinking": True, "keep": 1}}
+    arm = {"max_tokens": 4, "chat_template_kwargs": {"enable_thinking": False},
+           "reasoning_effort": "low"}
+    got = merge(body, arm)
+    assert got == {"model": "m", "max_tokens": 4, "reasoning_effort": "low",
+                   "chat_template_kwargs": {"enable_thinking": False, "keep": 1}}
+    assert body["chat_template_kwargs"]["enable_thinking"] is True  # not mutated
+    assert merge(["not", "an", "object"], arm) == ["not", "an", "object"]
+
+
+@pytest.mark.parametrize(("status", "text", "kind"), [
+    (200, "", None),
+    (None, "", "endpoint_error"),  # refused, reset, timed out
+    (503, "Loading model", "endpoint_error"),
+    (429, "", "throttled"),
+    (400, "This model's maximum context length is 65536 tokens. However, you requested",
+     "context_overflow"),
+    (400, "the request exceeds the available context size, try increasing it",
+     "context_overflow"),  # llama-server's words
+    (400, "missing field messages", "request_error"),
+    (404, "not found", "request_error"),
+])
+def test_error_kinds(status: int | None, text: str, kind: str | None) -> None:
+    assert error_kind(status, text) == kind
+
+
+@pytest.mark.parametrize(("usage", "want"), [
+    ({"prompt_tokens": 3, "completion_tokens": 5}, Usage(3, 5, None, False)),
+    ({"prompt_tokens": 10**401, "completion_tokens": -5}, Usage(None, None, None, True)),
+    ({"prompt_tokens": "3", "completion_tokens": True}, Usage(None, None, None, True)),
+    ({"completion_tokens": 2, "completion_tokens_details": {"reasoning_tokens": 1}},
+     Usage(None, 2, 1, False)),
+])
+def test_usage_is_shape_checked(usage: dict[str, Any], want: Usage) -> None:
+    assert usage_of({"usage": usage}) == want
+    assert usage_of({"usage": "lots"}) is None and usage_of([1]) is None
+
+
+def test_the_stream_scan_reads_lines_split_anywhere_and_drops_an_endless_one() -> None:
+    stream = (b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+              b'data: {"choices":[{"delta":{"content":"b"},"finish_reason":"stop"}],'
+              b'"usage":{"prompt_tokens":2,"completion_tokens":2}}\n\ndata: [DONE]\n\n')
+    for size in (1, 3, 7, len(stream)):
+        scan = StreamScan()
+        for i in range(0, len(stream), size):
+            scan.feed(stream[i:i + size])
+        assert (scan.chunks, scan.finish, scan.usage) == (2, "stop", Usage(2, 2, None, False))
+    scan = StreamScan()
+    for _ in range(40):
+        scan.feed(b"x" * 65536)  # 2.5 MB without a newline: not held
+    assert len(scan._partial) <= 1 << 20
+    scan.feed(b'\ndata: {"choices":[{"delta":{"content":"c"}}]}\n')
+    assert scan.chunks == 1  # the long line was skipped, the next one read
+
+
+# ---------------------------------------------------------------------- the proxy
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[FakeUpstream]:
+    up = FakeUpstream()
+    await up.start()
+    try:
+        yield up
+    finally:
+        await up.close()
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+async def test_requests_carry_the_arm_settings_and_leave_evidence(
+        upstream: FakeUpstream, tmp_path: Path) -> None:
+    gw = Gateway()
+    log = tmp_path / "gw.jsonl"
+    arm = {"max_tokens": 4, "chat_template_kwargs": {"enable_thinking": False}}
+    try:
+        async with gw.attempt("c1", 1, arm, lambda: upstream.origin, log) as att, \
+                httpx.AsyncClient(base_url=f"http://127.0.0.1:{att.port}") as c:
+            r = await c.post("/v1/chat/completions", headers={"Authorization": "Bearer x"},
+                             json={"model": "fake", "max_tokens": 100,
+                                   "messages": [{"role": "user", "content": "hi"}]})
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+            health = await c.get("/health")
+            assert health.status_code == 200 and health.text == "ok"  # passed unchanged
+            models = await c.get("/v1/models")
+            assert models.json()["data"][0]["id"] == "fake"
+            assert att.meter.in_flight == 0
+            summary = att.meter.summary()
+    finally:
+        await gw.close()
+    sent = upstream.bodies[0]
+    assert sent["max_tokens"] == 4 and sent["chat_template_kwargs"] == {"enable_thinking": False}
+    assert upstream.headers[0]["Authorization"] == "Bearer x"
+    assert summary["requests"] == 3 and summary["completion_tokens"] == 4
+    assert summary["prompt_tokens"] == 7 and summary["reasoning_tokens"] == 2
+    recs = records(log)
+    assert [r["route"] for r in recs] == ["/v1/chat/completions", "/health", "/v1/models"]
+    assert recs[0]["applied"] == arm and recs[0]["status"] == 200
+    assert recs[0]["completion_tokens"] == 4 and recs[0]["finish_reason"] == "stop"
+    assert recs[0]["latency_ms"] >= recs[0]["ttfb_ms"] > 0
+
+
+async def test_a_stream_arrives_as_the_same_chunks_as_direct(
+        upstream: FakeUpstream, tmp_path: Path) -> None:
+    req = {"model": "fake", "stream": True, "max_tokens": 6, "messages": []}
+
+    async def events(base: str) -> list[str]:
+        async with httpx.AsyncClient(base_url=base) as c, \
+                c.stream("POST", "/v1/chat/completions", json=req) as r:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            return [line async for line in r.aiter_lines() if line]
+
+    direct = await events(upstream.origin)
+    gw = Gateway()
+    try:
+        async with gw.attempt("c1", 1, {}, lambda: upstream.origin, tmp_path / "g") as att:
+            through = await events(f"http://127.0.0.1:{att.port}")
+            meter = att.meter
+    finally:
+        await gw.close()
+    assert through == direct and len(direct) == 8  # 6 deltas, the usage chunk, [DONE]
+    assert meter.completion_tokens == 6 and meter.estimated == 0
+    assert records(tmp_path / "g")[0]["chunks"] == 6
+
+
+async def test_a_hostile_upstream_costs_bounded_memory_and_an_error_record(
+        upstream: FakeUpstream, tmp_path: Path) -> None:
+    gw = Gateway(limits=Limits(parse_cap=1 << 20))
+    log = tmp_path / "g"
+    try:
+        async with gw.attempt("c1", 1, {}, lambda: upstream.origin, log) as att, \
+                httpx.AsyncClient(base_url=f"http://127.0.0.1:{att.port}",
+                                  timeout=60) as c:
+            tracemalloc.start()
+            got = 0
+            async with c.stream("POST", "/v1/chat/completions", json={"model": "big"}) as r:
+                async for chunk in r.aiter_raw():
+                    got += len(chunk)
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            assert got == 100 << 20  # passed through whole
+            assert peak < 40 << 20, f"peak {peak >> 20} MB for a 100 MB body"
+            for model in ("badjson", "hugeusage", "throttle", "overflow"):
+                await c.post("/v1/chat/completions", json={"model": model})
+            meter = att.meter
+    finally:
+        await gw.close()
+    recs = {r.get("model"): r for r in records(log)}
+    assert "body over" in recs["big"]["unparsed"]
+    assert recs["badjson"]["status"] == 200 and "completion_tokens" not in recs["badjson"]
+    assert recs["hugeusage"]["malformed_usage"] is True
+    assert recs["hugeusage"]["prompt_tokens"] is None
+    assert recs["throttle"]["error"] == "throttled" and recs["throttle"]["retry_after"] == "2"
+    assert recs["overflow"]["error"] == "context_overflow"
+    assert "maximum context length" in recs["overflow"]["body"]
+    assert meter.errors == {"throttled": 1, "context_overflow": 1}
+    assert meter.malformed_usage == 1 and meter.completion_tokens == 0
+
+
+async def test_a_body_that_never_ends_is_cut_when_the_attempt_ends(
+        upstream: FakeUpstream, tmp_path: Path) -> None:
+    gw = Gateway()
+    try:
+        async with gw.attempt("c1", 1, {}, lambda: upstream.origin, tmp_path / "g") as att, \
+                httpx.AsyncClient(base_url=f"http://127.0.0.1:{att.port}") as c:
+            async with c.stream("POST", "/v1/chat/completions",
+                                json={"model": "forever"}) as r:
+                seen = 0
+                async for chunk in r.aiter_raw():
+                    seen += len(chunk)
+                    if seen > 2000:
+                        break
+            meter = att.meter
+            progress = meter.progress
+            assert progress > 10  # each chunk moved the cell's progress counter
+    finally:
+        await gw.close()
+    assert meter.in_flight == 0  # the handler ended with the attempt, nothing hangs
+
+
+async def test_an_endpoint_that_is_down_is_an_endpoint_error(tmp_path: Path) -> None:
+    gw = Gateway()
+    dead = FakeUpstream()
+    await dead.start()
+    origin = dead.origin
+    await dead.close()  # the port is closed now: connection refused
+    try:
+        async with gw.attempt("c1", 1, {}, lambda: origin, tmp_path / "g") as att, \
+                httpx.AsyncClient(base_url=f"http://127.0.0.1:{att.port}") as c:
+            r = await c.post("/v1/chat/completions", json={"model": "fake"})
+            meter = att.meter
+    finally:
+        await gw.close()
+    assert r.status_code == 502 and "did not answer" in r.json()["error"]["message"]
+    assert meter.errors == {"endpoint_error": 1}
+    assert records(tmp_path / "g")[0]["error"] == "endpoint_error"
