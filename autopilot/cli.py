@@ -226,6 +226,9 @@ def dry_run_text(preset: Preset, plan: Plan, state_dir: Path, warnings: list[str
     from autopilot.cell.cgroups import mode_line
 
     lines.append(mode_line())
+    from autopilot.gateway.evidence import mode_line as gateway_line
+
+    lines.append(gateway_line(preset))
     lines += env_lines(preset)
     lines += [f"warning: {w}" for w in warnings]
     lines.append("dry run: nothing launched")

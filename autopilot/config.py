@@ -30,13 +30,10 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 PRESETS_ENV = "AUTOPILOT_PRESETS_DIR"
 
 # Placeholders the supervisor fills for every cell; preset, task and arm vars add more.
-BUILTIN_PLACEHOLDERS = frozenset(
-    {
-        "cell", "task", "arm", "mode", "n", "attempt", "port", "host", "base_url", "model",
-        "served_model", "output_dir", "state_dir", "python", "grade_file", "scratch_dir",
-        "transcript", "deadline", "endpoint_host", "endpoint_port", "endpoint_base_url",
-    }
-)
+BUILTIN_PLACEHOLDERS = frozenset({
+    "cell", "task", "arm", "mode", "n", "attempt", "port", "host", "base_url", "model",
+    "served_model", "output_dir", "state_dir", "python", "grade_file", "scratch_dir",
+    "transcript", "deadline", "endpoint_host", "endpoint_port", "endpoint_base_url"})
 
 Argv = list[str | list[str]]
 
@@ -228,13 +225,10 @@ class VerdictRule(_Frozen):
         return self
 
 
-INVALID_REASONS = frozenset(
-    {
-        "stall", "deadline", "harness_crash", "missing_output", "grader_failed",
-        "malformed_grade", "zero_tokens", "arm_mismatch", "endpoint_down", "api_error",
-        "grader_unavailable", "malformed_summary", "rate_limited", "disk_full",
-    }
-)
+INVALID_REASONS = frozenset({
+    "stall", "deadline", "harness_crash", "missing_output", "grader_failed",
+    "malformed_grade", "zero_tokens", "arm_mismatch", "endpoint_down", "api_error",
+    "grader_unavailable", "malformed_summary", "rate_limited", "disk_full"})
 # Reasons that lie with grading, not with the harness's run: the outputs stand, so the
 # grader is re-run on them; the harness never is (an hour of GPU work is not re-spent).
 GRADE_REASONS = frozenset({"grader_failed", "malformed_grade", "grader_unavailable"})
@@ -408,6 +402,9 @@ class Preflight(_Frozen):
     min_slot_ctx: int = Field(default=0, ge=0)
 
 
+GATEWAY_ENGINES = ("builtin", "llamacpp", "vllm")  # a hosted provider is reached directly
+
+
 class Gateway(_Frozen):
     """The model gateway (autopilot.gateway): every model request of a cell through us."""
     enabled: bool = True  # false: harnesses talk to the endpoint directly, as before
@@ -548,6 +545,10 @@ class Preset(_Frozen):
             raise ValueError("endpoint.replicas > 1 needs every arm on the same endpoint "
                              "settings (arms that restart the endpoint run one group at a "
                              "time); pin arms to replicas instead")
+        requested = [a.label for a in self.arms if a.request]
+        if requested and not (self.gateway.enabled and self.endpoint.engine in GATEWAY_ENGINES):
+            raise ValueError(f"arm(s) {', '.join(requested)}: request settings need the "
+                             f"gateway (gateway = true, engine one of {GATEWAY_ENGINES})")
         self._check_backend()
         return self
 

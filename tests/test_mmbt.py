@@ -76,16 +76,29 @@ def test_qwen_preset_runs_the_real_table_to_complete(state_dir: Path, tmp_path: 
     # the harness's workspace and input copies are gone after every attempt
     workspace = bench / "tooling" / "workspace"
     assert not workspace.exists() or not any(workspace.iterdir())
-    # arms are endpoint settings: one start per arm group, each with its own kwargs
+    # arms are request settings: one start serves both arms, at once, and every request
+    # of a cell carries its arm's chat_template_kwargs (through the gateway)
     starts = [json.loads(x) for x in argv_log.read_text().splitlines()]
-    kwargs = [a[a.index("--chat-template-kwargs") + 1] for a in starts]
-    assert [json.loads(k)["enable_thinking"] for k in kwargs] == [False, True]
-    reconf = [e for e in evs if e["event"] == "endpoint_reconfigure"]
-    assert len(reconf) == 1 and reconf[0]["arms"] == ["qwen27b-think"]
+    assert len(starts) == 1 and "--chat-template-kwargs" not in starts[0]
+    assert [e for e in evs if e["event"] == "endpoint_reconfigure"] == []
+    metered = {e["cell"]: e for e in evs if e["event"] == "cell_metered"}
+    assert len(metered) == 24
     for e in evs:
         if e["event"] == "cell_started":
-            arm = e["cell"].rsplit("_", 1)[0].split("_", 2)[2]
-            assert e["endpoint_arms"] == [arm]
+            assert e["endpoint_arms"] == ["qwen27b-nothink", "qwen27b-think"]
+    for cell, m in metered.items():
+        think = "qwen27b-think" in cell
+        recs = [json.loads(x) for x in (state_dir / "gateway" / cell / "attempt-1.jsonl")
+                .read_text().splitlines()]
+        assert [r["applied"] for r in recs] == [
+            {"chat_template_kwargs": {"enable_thinking": think}}]
+        # the tokens the fake endpoint served are the ones the harness reported
+        summary = json.loads((logs / cell / "summary.json").read_text())
+        assert (m["prompt_tokens"], m["completion_tokens"]) == (
+            summary["total_prompt_tokens"], summary["total_completion_tokens"])
+    for task in TABLE:  # the endpoint thought for the think arm only (in-band <think>)
+        assert (metered[f"{task}_qwen27b-think_v1"]["completion_tokens"]
+                > metered[f"{task}_qwen27b-nothink_v1"]["completion_tokens"])
     status = json.loads((state_dir / "status.json").read_text())
     assert status["totals"]["ungraded"] == 6 and status["trust"]["ungraded_cells"] == 6
     assert status["totals"]["done"] == 18

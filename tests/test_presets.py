@@ -3,10 +3,8 @@ end against an origin-shaped checkout in test_mmbt.py)."""
 
 from __future__ import annotations
 
-import json
-
 from autopilot.loader import list_presets, load_preset
-from autopilot.plan import Plan
+from autopilot.plan import Plan, arm_groups
 
 SHIPPED = ["demo", "demo-chaos", "397b", "qwen3.6-27b", "step3p7", "provider-example"]
 
@@ -27,8 +25,15 @@ def test_origin_presets_shape() -> None:
     assert p.harness.sandbox_container == "bench-sandbox-{cell}"
     assert load_preset("step3p7").endpoint.engine == "vllm"
     assert load_preset("provider-example").endpoint.engine == "provider"
-    # the mode of each arm acts where this harness lets it: the endpoint's settings
-    kwargs = [a.endpoint.args[a.endpoint.args.index("--chat-template-kwargs") + 1]
-              for a in p.arms]
-    assert [json.loads(k)["enable_thinking"] for k in kwargs] == [False, True]
+    # the mode of each arm acts where this harness lets it: in each request (the
+    # gateway adds it), so both arms share one endpoint and one model load
+    for name in ("397b", "qwen3.6-27b"):
+        arms = load_preset(name).arms
+        assert [a.request["chat_template_kwargs"]["enable_thinking"] for a in arms] == [
+            False, True]
+        assert len(arm_groups(load_preset(name))) == 1
+    step = load_preset("step3p7")
+    assert [a.request["chat_template_kwargs"]["reasoning_effort"] for a in step.arms] == [
+        "low", "medium", "high"]
+    assert len(arm_groups(step)) == 1
     assert not p.harness.env  # the real harness reads no thinking variable

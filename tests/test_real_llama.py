@@ -87,3 +87,49 @@ def test_real_server_sigkilled_mid_run_is_restarted(state_dir: Path, tmp_path: P
             assert e["reason"] in ("endpoint_down", "harness_crash", "missing_output")
     started = [e for e in evs if e["event"] == "endpoint_started"]
     assert len(started) == 2 and all(gone(e) for e in started)
+
+
+def test_arms_that_differ_only_in_request_settings_share_one_real_server(
+        state_dir: Path, tmp_path: Path) -> None:
+    """Through the gateway an arm is a request setting: both arms run at once against
+    one llama-server load, each request carries its arm's max_tokens, and the model's
+    own usage shows the setting took effect."""
+    from conftest import write_overlay
+
+    over = write_overlay(tmp_path / "o.json", {
+        "tasks": [{"id": "arith_add", "vars": {"prompt": "Count from 1 to 40.",
+                                               "expect": "."}},
+                  {"id": "echo_word", "vars": {"prompt": "Write a long story about a cat.",
+                                               "expect": "."}}],
+        "arms": [{"label": "tiny-short", "mode": "short", "vars": {"temperature": "0"},
+                  "request": {"max_tokens": 3}},
+                 {"label": "tiny-long", "mode": "long", "vars": {"temperature": "0"},
+                  "request": {"max_tokens": 40}}],
+        "run": {"concurrency": 2}, "baseline": None})
+    r = run_cli("--preset", "tiny-llamacpp", "--target-n", "1", "--config", str(over),
+                "--state-dir", str(state_dir), "--quiet", timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    evs = events(state_dir)
+    assert sum(e["event"] == "endpoint_started" for e in evs) == 1  # one model load
+    spans: dict[str, list[int]] = {}
+    for i, e in enumerate(evs):
+        if e["event"] in ("cell_started", "cell_exited"):
+            spans.setdefault(e["cell"], []).append(i)
+    short = [c for c in spans if "tiny-short" in c]
+    long = [c for c in spans if "tiny-long" in c]
+    # the arms ran at once: some long cell started before some short cell ended
+    assert any(spans[lc][0] < spans[sc][1] and spans[sc][0] < spans[lc][1]
+               for sc in short for lc in long)
+    served: dict[str, list[int]] = {"tiny-short": [], "tiny-long": []}
+    for cell in short + long:
+        arm = "tiny-short" if cell in short else "tiny-long"
+        recs = [json.loads(x) for x in
+                (state_dir / "gateway" / cell / "attempt-1.jsonl").read_text().splitlines()]
+        chats = [x for x in recs if x["route"] == "/v1/chat/completions"]
+        assert chats and all(x["applied"] == {"max_tokens": 3 if arm == "tiny-short"
+                                              else 40} for x in chats)
+        served[arm] += [x["completion_tokens"] for x in chats]
+        summary = json.loads((state_dir / "cells" / cell / "summary.json").read_text())
+        assert summary["total_completion_tokens"] == sum(x["completion_tokens"] for x in chats)
+    assert max(served["tiny-short"]) <= 3
+    assert max(served["tiny-long"]) > 3

@@ -100,6 +100,7 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
     from autopilot.cell.childenv import child_env
     from autopilot.cell.procs import RUN_TOKEN_ENV
     from autopilot.cell.runner import CellContext
+    from autopilot.config import GATEWAY_ENGINES
     from autopilot.gateway.proxy import Gateway, Limits
     from autopilot.logsetup import SPOOL_CAP
     from autopilot.state.diskspace import DiskWatch, floor_bytes
@@ -111,7 +112,7 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
     # A hosted provider is reached directly for now (TLS and its key stay the harness's).
     gateway = Gateway(w.redactor.scrub, Limits(max_request=int(g.max_request_mb * 2**20),
                                                max_records=g.max_records)) \
-        if g.enabled and w.preset.endpoint.engine in ("builtin", "llamacpp", "vllm") else None
+        if g.enabled and w.preset.endpoint.engine in GATEWAY_ENGINES else None
     disk = w.disk or DiskWatch(roots, floor_bytes(w.preset.run.disk_floor_mb,
                                                w.preset.preflight.min_free_gb), clock)
     return CellContext(

@@ -16,7 +16,8 @@ Like llama-server it answers ``/slots`` (one entry per ``--parallel`` slot, with
 ``is_processing`` and ``next_token[0].n_decoded`` growing while a request is being
 "generated"), and takes ``--chat-template-kwargs '{"enable_thinking": true}'``: a think
 arm's answers then carry their reasoning in-band (``<think>...</think>``), as with
-``--reasoning-format none``.
+``--reasoning-format none``; a request's own ``chat_template_kwargs`` override it, as
+the real servers' do.
 """
 
 from __future__ import annotations
@@ -165,7 +166,13 @@ def make_handler(args: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
                 content = f"FINAL: {answer_for(args.seed, *m.groups())}"
             else:
                 content = f"Working on step {turn}: reading files, running tools."
-            if thinking:
+            # Per request, as llama-server and vLLM take it: the request's
+            # chat_template_kwargs override the server's defaults.
+            kwargs = req.get("chat_template_kwargs")
+            think = thinking
+            if isinstance(kwargs, dict) and "enable_thinking" in kwargs:
+                think = bool(kwargs["enable_thinking"])
+            if think:
                 content = f"<think>Let me reason about step {turn}.</think>{content}"
             prompt_tokens = max(1, len(text) // 4)
             completion_tokens = max(1, len(content) // 4)

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from autopilot.config import GATEWAY_ENGINES, Preset
 from autopilot.state.budget import count_or_none
 
 # Routes whose JSON body is a generation request: the arm's settings go into these.
@@ -201,5 +202,18 @@ class Meter:
                 "malformed_usage": self.malformed_usage, "last_error": self.last_error}
 
 
+def mode_line(preset: Preset) -> str:
+    """What --dry-run says of the gateway."""
+    g, engine = preset.gateway, preset.endpoint.engine
+    if not g.enabled:
+        return "gateway: off (gateway = false): harnesses talk to the endpoint directly"
+    if engine not in GATEWAY_ENGINES:
+        return f"gateway: not used for a {engine!r} endpoint: harnesses reach it directly"
+    arms = [a.label for a in preset.arms if a.request]
+    return ("gateway: a 127.0.0.1 listener per attempt; {port}/{host}/{base_url} name it, "
+            "{endpoint_port}/{endpoint_base_url} the endpoint; request settings from "
+            + (", ".join(arms) if arms else "no arm"))
+
+
 __all__ = ["MODEL_ROUTES", "ErrorKind", "Meter", "StreamScan", "Usage", "error_kind",
-           "finish_of", "is_model_route", "merge", "usage_of"]
+           "finish_of", "is_model_route", "merge", "mode_line", "usage_of"]
