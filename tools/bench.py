@@ -1,5 +1,6 @@
 """bench-autopilot benchmarks: overhead, detection latency, scale, idle cost, chaos,
-replica scaling and the Ray backend's dispatch cost.
+replica scaling, the Ray backend's dispatch cost, the gateway's cost and one model load
+per run.
 
     python tools/bench.py [--quick] [--write BENCHMARKS.md] [--only NAME ...]
 
@@ -610,6 +611,155 @@ def ray_inner(tmp: Path, k: int) -> None:
         cluster.shutdown()
 
 
+GW_UPSTREAM = r'''
+import json, sys
+from aiohttp import web
+async def chat(req):
+    body = await req.json()
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(req)
+    piece = json.dumps({"object": "chat.completion.chunk", "choices": [
+        {"index": 0, "delta": {"content": "tok "}, "finish_reason": None}]})
+    for _ in range(int(body.get("max_tokens", 64))):
+        await resp.write(f"data: {piece}\n\n".encode())
+    await resp.write(("data: " + json.dumps({"choices": [{"index": 0, "delta": {},
+        "finish_reason": "length"}], "usage": {"prompt_tokens": 5,
+        "completion_tokens": body.get("max_tokens", 64)}}) + "\n\ndata: [DONE]\n\n").encode())
+    return resp
+app = web.Application(); app.router.add_post("/v1/chat/completions", chat)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
+'''
+
+GW_CLIENT = r'''
+import asyncio, json, sys, time
+import httpx
+base, n, conc, toks = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+lat, ttfb, chunks = [], [], [0]
+async def one(c):
+    t0 = time.perf_counter(); first = None
+    async with c.stream("POST", "/v1/chat/completions", json={"model": "m", "stream": True,
+                        "max_tokens": toks, "messages": []}) as r:
+        async for line in r.aiter_lines():
+            if first is None:
+                first = time.perf_counter()
+            if line.startswith("data: {") and '"tok ' in line:
+                chunks[0] += 1
+    lat.append(time.perf_counter() - t0); ttfb.append(first - t0)
+async def main():
+    sem = asyncio.Semaphore(conc)
+    async with httpx.AsyncClient(base_url=base, timeout=60,
+                                 limits=httpx.Limits(max_connections=conc)) as c:
+        async def guarded():
+            async with sem:
+                await one(c)
+        t0 = time.perf_counter()
+        await asyncio.gather(*(guarded() for _ in range(n)))
+        wall = time.perf_counter() - t0
+    print(json.dumps({"tps": chunks[0] / wall, "lat": sorted(lat), "ttfb": sorted(ttfb)}))
+asyncio.run(main())
+'''
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def bench_gateway(tmp: Path, n: int) -> list[Row]:
+    """Streaming through the gateway vs straight to a fast fake endpoint (its own
+    process), concurrency 8, the load generator in a third process; alternated, best of 3."""
+    import asyncio
+
+    from autopilot.gateway.proxy import Gateway
+
+    port = _free_port()
+    cpu: list[float] = []
+    up = subprocess.Popen([PY, "-c", GW_UPSTREAM, str(port)])
+    origin = f"http://127.0.0.1:{port}"
+
+    async def client(base: str) -> dict[str, Any]:
+        p = await asyncio.create_subprocess_exec(PY, "-c", GW_CLIENT, base, str(n), "8", "64",
+                                                 stdout=subprocess.PIPE)
+        out, _ = await p.communicate()
+        return json.loads(out)
+
+    async def measure() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        for _ in range(100):  # the fake's start-up: its port answers
+            try:
+                _, w = await asyncio.open_connection("127.0.0.1", port)
+                w.close()
+                break
+            except OSError:
+                await asyncio.sleep(0.05)
+        gw = Gateway()
+        direct, through = [], []
+        try:
+            async with gw.attempt("bench", 1, {}, lambda: origin, tmp / "gw.jsonl") as att:
+                for _ in range(3):
+                    direct.append(await client(origin))
+                    c0 = time.process_time()  # this process is the gateway
+                    through.append(await client(f"http://127.0.0.1:{att.port}"))
+                    cpu.append(time.process_time() - c0)
+        finally:
+            await gw.close()
+        return direct, through
+
+    try:
+        direct, through = asyncio.run(measure())
+    finally:
+        up.kill()
+        up.wait()
+    d = max(direct, key=lambda x: x["tps"])
+    t = max(through, key=lambda x: x["tps"])
+    ratio = t["tps"] / d["tps"]
+    add50 = (pct(t["lat"], 0.5) - pct(d["lat"], 0.5)) * 1000
+    add99 = (pct(t["lat"], 0.99) - pct(d["lat"], 0.99)) * 1000
+    ttfb99 = (pct(t["ttfb"], 0.99) - pct(d["ttfb"], 0.99)) * 1000
+    return [
+        Row("gateway: streamed tokens/s through / direct (conc 8)", f"{ratio:.2f}",
+            ">= 0.98", f"{d['tps']:.0f} tok/s direct", ratio >= 0.98),
+        Row("gateway: added latency per request p50 / p99", f"{add50:.1f} / {add99:.1f} ms",
+            "-", f"{n} requests x 64 chunks", None),
+        Row("gateway: added time to first byte p99", f"{ttfb99:.2f} ms", "< 2 ms",
+            "same runs", ttfb99 < 2),
+        Row("gateway: its own CPU per streamed request", f"{min(cpu) / n * 1000:.2f} ms",
+            "-", "64 chunks each", None),
+    ]
+
+
+def bench_oneload(tmp: Path, load: float) -> list[Row]:
+    """Two arms whose endpoint takes ``load`` s to load: request-level arms (one load,
+    both at once) vs endpoint-level arms (a restart between the groups), each against
+    the ideal: one load + the cells' own work at the run's concurrency."""
+    def run(name: str, arms: list[dict[str, Any]], delay: float) -> float:
+        doc = {"arms": arms, "endpoint": {"startup_delay_secs": delay},
+               "vars": {"think_secs": "0.3"}, "baseline": None,
+               "trust": {"arm_checks": []}}
+        t0 = time.monotonic()
+        r = autopilot("--preset", "demo", "--target-n", "1", "--config",
+                      overlay(tmp, doc), "--state-dir", str(tmp / name), "--quiet")
+        assert r.returncode == 0, r.stderr[-2000:]
+        return time.monotonic() - t0
+
+    req = [{"label": "b-x", "mode": "x", "request": {"temperature": 0}},
+           {"label": "b-y", "mode": "y", "request": {"temperature": 1}}]
+    grp = [{"label": "b-x", "mode": "x", "endpoint": {"env": {"ARM": "x"}}},
+           {"label": "b-y", "mode": "y", "endpoint": {"env": {"ARM": "y"}}}]
+    work = run("work", req, 0)
+    ideal = load + work
+    a = run("request", req, load)
+    b = run("grouped", grp, load)
+    return [
+        Row(f"one load per run: request-level arms / ideal ({load:.0f} s load)",
+            f"{a / ideal:.2f}", "<= 1.05", f"ideal {ideal:.1f} s", a / ideal <= 1.05),
+        Row("one load per run: endpoint-level arms (restart) / ideal", f"{b / ideal:.2f}",
+            "-", f"{b:.1f} s vs {a:.1f} s", None),
+    ]
+
+
 def machine() -> str:
     return (f"{platform.node()}: {platform.system()} {platform.release()}, "
             f"{psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB, "
@@ -622,7 +772,7 @@ def main() -> int:
     ap.add_argument("--write", help="also write the table to this markdown file")
     ap.add_argument("--only", nargs="*", default=None,
                     choices=["overhead", "stuck", "endpoint", "scale", "idle", "chaos",
-                             "replicas", "ray"])
+                             "replicas", "ray", "gateway", "oneload"])
     if len(sys.argv) == 4 and sys.argv[1] == RAY_INNER:  # inside `unshare -n` (bench_ray)
         ray_inner(Path(sys.argv[2]), int(sys.argv[3]))
         return 0
@@ -637,6 +787,8 @@ def main() -> int:
         "chaos": lambda t: bench_chaos(t, 5 if q else 20),
         "replicas": lambda t: bench_replicas(t, 1 if q else 2),
         "ray": lambda t: bench_ray(t, 60 if q else 200),
+        "gateway": lambda t: bench_gateway(t, 100 if q else 400),
+        "oneload": lambda t: bench_oneload(t, 5 if q else 20),
     }
     # This machine exports PYTHONDONTWRITEBYTECODE=1, so an editable checkout would
     # recompile every autopilot module on every start (~0.1 s); an installed package has
