@@ -123,7 +123,7 @@ class VerdictRule(_Frozen):
 INVALID_REASONS = frozenset({
     "stall", "deadline", "harness_crash", "missing_output", "grader_failed",
     "malformed_grade", "zero_tokens", "arm_mismatch", "endpoint_down", "api_error",
-    "grader_unavailable", "malformed_summary", "rate_limited", "disk_full"})
+    "grader_unavailable", "malformed_summary", "rate_limited", "disk_full", "unmetered"})
 # Reasons that lie with grading, not with the harness's run: the outputs stand, so the
 # grader is re-run on them; the harness never is (an hour of GPU work is not re-spent).
 GRADE_REASONS = frozenset({"grader_failed", "malformed_grade", "grader_unavailable"})
@@ -305,6 +305,14 @@ class Gateway(_Frozen):
     enabled: bool = True  # false: harnesses talk to the endpoint directly, as before
     max_request_mb: float = Field(default=64, gt=0)
     max_records: int = Field(default=5000, ge=0)  # request lines per attempt's log
+    # the harness's own token count may differ from the gateway's by this share of the
+    # larger total before the cell is flagged (cost basis self_reported_mismatch)
+    tolerance: float = Field(default=0.02, ge=0)
+    # outputs from a harness that sent no request through the gateway: INVALID(unmetered)
+    require_metering: bool = False
+    # a 429 is held and retried at the gateway for up to this long (0: the harness sees
+    # it); either way the launch throttle backs off
+    hold_429_secs: float = Field(default=0, ge=0)
 
 
 class Publish(_Frozen):

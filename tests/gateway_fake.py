@@ -6,7 +6,8 @@ JSON with ``usage`` or, with ``"stream": true``, server-sent events of
 ``data: [DONE]``; a prompt that does not fit is a 400 worded as vLLM words it. The
 hostile answers are chosen by the request's ``model``: ``big`` (100 MB body),
 ``forever`` (a body that never ends), ``badjson``, ``hugeusage`` (a 401-digit and a
-negative count), ``throttle`` (429 + Retry-After), ``overflow``.
+negative count), ``throttle`` (429 + Retry-After), ``burst`` (two 429s, then an
+answer), ``overflow``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class FakeUpstream:
         self.headers: list[dict[str, str]] = []
         self.runner: web.AppRunner | None = None
         self.port = 0
+        self.burst = 0
 
     @property
     def origin(self) -> str:
@@ -78,6 +80,11 @@ class FakeUpstream:
         if model == "hugeusage":
             return web.Response(text='{"choices": [], "usage": {"prompt_tokens": 1' + "0" * 400
                                 + ', "completion_tokens": -5}}', content_type="application/json")
+        if model == "burst":  # a provider's 429 burst: two refusals, then an answer
+            self.burst += 1
+            if self.burst <= 2:
+                return web.json_response({"error": {"message": "rate limited"}}, status=429,
+                                         headers={"Retry-After": "0.05"})
         if model == "throttle":
             return web.json_response({"error": {"message": "rate limited"}}, status=429,
                                      headers={"Retry-After": "2"})

@@ -222,3 +222,80 @@ async def test_an_endpoint_that_is_down_is_an_endpoint_error(tmp_path: Path) -> 
     assert r.status_code == 502 and "did not answer" in r.json()["error"]["message"]
     assert meter.errors == {"endpoint_error": 1}
     assert records(tmp_path / "g")[0]["error"] == "endpoint_error"
+
+
+async def test_a_429_burst_is_absorbed_as_throttling(upstream: FakeUpstream,
+                                                     tmp_path: Path) -> None:
+    throttled: list[int] = []
+    gw = Gateway(limits=Limits(hold_429=5), on_throttled=lambda: throttled.append(1))
+    try:
+        async with gw.attempt("c1", 1, {}, lambda: upstream.origin, tmp_path / "g") as att, \
+                httpx.AsyncClient(base_url=f"http://127.0.0.1:{att.port}") as c:
+            r = await c.post("/v1/chat/completions", json={"model": "burst"})
+            meter = att.meter
+    finally:
+        await gw.close()
+    assert r.status_code == 200  # the harness never saw the 429s
+    assert len(throttled) == 2 and upstream.burst == 3  # the launch throttle heard both
+    assert meter.errors == {"throttled": 2} and meter.completion_tokens == 5
+    assert records(tmp_path / "g")[0]["held_429"] == 2
+    # without a hold the harness gets the 429 itself (and the throttle still hears it)
+    gw = Gateway(on_throttled=lambda: throttled.append(1))
+    upstream.burst = 0
+    try:
+        async with gw.attempt("c1", 2, {}, lambda: upstream.origin, tmp_path / "h") as att, \
+                httpx.AsyncClient(base_url=f"http://127.0.0.1:{att.port}") as c:
+            r = await c.post("/v1/chat/completions", json={"model": "burst"})
+    finally:
+        await gw.close()
+    assert r.status_code == 429 and r.headers["Retry-After"] == "0.05"
+    assert len(throttled) == 3
+
+
+# ---------------------------------------------------------------------- in a run
+
+
+def test_the_run_counts_the_gateways_tokens_and_flags_a_harness_that_under_reports(
+        tmp_path: Path) -> None:
+    from conftest import ROOT, events, run_cli, write_overlay
+
+    adv = str(ROOT / "tests" / "adversaries" / "work_or_freeze.py")
+    state = tmp_path / "state"
+    over = write_overlay(tmp_path / "o.json", {
+        "tasks": [{"id": "p1_bugfix", "vars": {"behave": "underreport"}},
+                  {"id": "p2_extract", "vars": {"behave": "work"}},
+                  {"id": "p3_doc", "vars": {"behave": "bypass"}}],
+        "arms": [{"label": "demo-nothink", "mode": "nothink"}],
+        "harness": {"argv": ["{python}", adv, "{behave}", "{host}", "{port}", "{output_dir}",
+                             "{transcript}", "{endpoint_port}"]},
+        "gateway": {"require_metering": True}, "trust": {"infra_retries": 0},
+        "run": {"concurrency": 3}})
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                "--state-dir", str(state), "--quiet")
+    assert r.returncode == 1, r.stderr[-2000:]  # the unmetered cell is quarantined
+    evs = events(state)
+    v = {e["cell"].split("_demo")[0]: e for e in evs if e["event"] == "cell_verdict"}
+    metered = {e["cell"].split("_demo")[0]: e for e in evs if e["event"] == "cell_metered"}
+    # the under-reporter: its verdict stands, its tokens are the gateway's, and flagged
+    under = v["p1_bugfix"]
+    assert under["verdict"] in ("PASS", "FAIL")
+    assert under["cost_basis"] == "self_reported_mismatch"
+    assert under["spend"][1] == metered["p1_bugfix"]["completion_tokens"]
+    assert under["self_reported"][1] == metered["p1_bugfix"]["completion_tokens"] // 2
+    assert v["p2_extract"]["cost_basis"] == "metered"
+    # the harness that went around the gateway: outputs, but no evidence we saw
+    assert (v["p3_doc"]["verdict"], v["p3_doc"]["reason"]) == ("INVALID", "unmetered")
+    assert metered["p3_doc"]["requests"] == 0
+    status = json.loads((state / "status.json").read_text())
+    assert status["trust"]["cost_mismatch_cells"] == 1
+    assert status["trust"]["metered_cells"] == 2
+    rep = run_cli("report", "--state-dir", str(state))
+    assert "tokens metered by the gateway: 2 of 2 valid cells; the harness's own count " \
+        "disagrees on 1" in rep.stdout
+    grid = run_cli("--state-dir", str(state), "--no-color", "--no-events", prog="dashboard")
+    assert "tokens: harness disagrees with the gateway on 1" in " ".join(grid.stdout.split())
+    # spend: the gateway's count where it saw the work, the harness's word where not
+    assert v["p3_doc"]["cost_basis"] == "self_reported"
+    assert status["spend"]["completion_tokens"] == (
+        metered["p1_bugfix"]["completion_tokens"] + metered["p2_extract"]["completion_tokens"]
+        + v["p3_doc"]["spend"][1])

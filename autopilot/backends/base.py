@@ -111,7 +111,9 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
     g = w.preset.gateway
     # A hosted provider is reached directly for now (TLS and its key stay the harness's).
     gateway = Gateway(w.redactor.scrub, Limits(max_request=int(g.max_request_mb * 2**20),
-                                               max_records=g.max_records)) \
+                                               max_records=g.max_records,
+                                               hold_429=g.hold_429_secs),
+                      on_throttled=port.throttled) \
         if g.enabled and w.preset.endpoint.engine in GATEWAY_ENGINES else None
     disk = w.disk or DiskWatch(roots, floor_bytes(w.preset.run.disk_floor_mb,
                                                w.preset.preflight.min_free_gb), clock)

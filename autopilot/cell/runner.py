@@ -29,7 +29,7 @@ from autopilot.cell.cgroups import Containment, group_name
 from autopilot.cell.grading import judge_cell
 from autopilot.cell.procs import OWNED, TOKEN_ENV, Tracker, child_exited, identify, kill_tree, spawn
 from autopilot.cell.substance import SubstanceState, check_substance
-from autopilot.cell.validity import Classification, Killed, RunOutcome, lookup
+from autopilot.cell.validity import Classification, Killed, RunOutcome, lookup, unmetered
 from autopilot.cell.watchdog import Limits, Observation, WatchState, cell_deadline, decide
 from autopilot.config import Preset
 from autopilot.logsetup import bind_contextvars, get_logger, unbind_contextvars
@@ -472,6 +472,8 @@ class CellRun:
                     c = replace(c, detail=f"{c.detail}; launcher log: {tail}")
             if c.launched is None:  # decided without a grader: the harness's evidence
                 c = replace(c, launched=self.launched or time.time())
+            if self.meter is not None:
+                c = unmetered(c, self.meter.requests, self.p.gateway.require_metering)
             return c
         finally:
             self._clean_scratch()

@@ -21,7 +21,7 @@ Killed = Literal["stall", "deadline", "teardown"]
 # crash, an attempt without its completion artifacts, a grader that fails. (The verdict
 # words that count too, e.g. MISSING_OUTPUT, are preset data: VerdictRule.streak.)
 STREAK_REASONS = frozenset({"grader_failed", "malformed_grade", "missing_output",
-                            "harness_crash", "malformed_summary"})
+                            "harness_crash", "malformed_summary", "unmetered"})
 
 
 @dataclass(frozen=True)
@@ -172,6 +172,17 @@ def _classify(
                         streak=rule.streak)
     return Classification(rule.verdict, word=word, caveat=rule.caveat, teardown_masked=masked,
                           streak=rule.streak)
+
+
+def unmetered(c: Classification, requests: int, required: bool) -> Classification:
+    """Under ``gateway.require_metering``, a verdict whose harness sent no request
+    through the gateway rests on evidence we did not see (a harness with the endpoint's
+    port hard-coded, a cached answer): INVALID(unmetered), a harness break."""
+    if required and requests == 0 and c.verdict in ("PASS", "FAIL"):
+        return _invalid("unmetered", f"{c.label()} from outputs of a harness that sent no "
+                        "request through the gateway (gateway.require_metering)",
+                        launched=c.launched)
+    return c
 
 
 def lookup(doc: Any, dotted: str) -> Any:

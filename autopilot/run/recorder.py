@@ -199,8 +199,16 @@ class Recorder:
         if regrade:
             extra["regrade"] = True
         else:
-            spent = self._attempt_spend(cid)
+            summary = self._attempt_summary(cid)
+            reported = budget.of_summary(summary)
+            m = self.ledger.cells[cid].metered
+            metered = budget.of_metered(m) if m and m.get("attempt") == attempt else None
+            spent, basis = budget.cost_basis(metered, reported, self.preset.gateway.tolerance,
+                                             budget.reported_fields(summary))
             extra["spend"] = [spent.prompt, spent.completion]
+            extra["cost_basis"] = basis
+            if metered is not None and basis != "metered":
+                extra["self_reported"] = [reported.prompt, reported.completion]
         self.emit("cell_verdict", cell=cid, attempt=attempt, verdict=c.verdict, reason=c.reason,
                   word=c.word, caveat=c.caveat, teardown_masked=c.teardown_masked,
                   detail=c.detail, **extra)
@@ -225,13 +233,13 @@ class Recorder:
             elif isinstance(fx, runbook.CountValid):
                 self.done_this_session += 1
 
-    def _attempt_spend(self, cid: str) -> budget.Spend:
-        """What the attempt's summary says it used (its tokens; 0 without a summary)."""
+    def _attempt_summary(self, cid: str) -> Any:
+        """The attempt's summary as the harness wrote it (None where there is none)."""
         from autopilot.plan import cell_context
         from autopilot.state.fsutil import read_json
 
         ctx = cell_context(self.preset, self.plan.by_id[cid], 1, self.state_dir)
-        return budget.of_summary(read_json(Path(render(self.preset.harness.summary, ctx))))
+        return read_json(Path(render(self.preset.harness.summary, ctx)))
 
     def _write_arm_summary(self, arm: str) -> None:
         """summary-<arm>.txt, the origin's PASS/FAIL table, when an arm finishes."""

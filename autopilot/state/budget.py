@@ -58,6 +58,44 @@ def of_summary(summary: Any) -> Spend:
     return Spend(int(p), int(c))
 
 
+CostBasis = str  # "metered" | "self_reported" | "self_reported_mismatch"
+
+
+def cost_basis(metered: Spend | None, reported: Spend, tolerance: float,
+               fields: tuple[str, ...] = ("prompt", "completion")) -> tuple[Spend, str]:
+    """What an attempt spent, and on whose word. The gateway's count (``metered``) wins
+    where there is one; the harness's own summary is kept beside it, and a disagreement
+    beyond ``tolerance`` (a share of the larger count) in a field the harness reported
+    (``fields``) is flagged — a kernel that under-reports its cost, a CLI that records 0
+    billed tokens. Without the gateway the harness's word is all there is."""
+    if metered is None:
+        return reported, "self_reported"
+    for f in fields:
+        m, r = getattr(metered, f), getattr(reported, f)
+        if abs(m - r) > tolerance * max(m, r, 1):
+            return metered, "self_reported_mismatch"
+    return metered, "metered"
+
+
+def reported_fields(summary: Any) -> tuple[str, ...]:
+    """The token counts a summary states (a missing one is not a claim of zero)."""
+    if not isinstance(summary, dict):
+        return ()
+    return tuple(f for f, key in (("prompt", "total_prompt_tokens"),
+                                  ("completion", "total_completion_tokens")) if key in summary)
+
+
+def of_metered(ev: Any) -> Spend | None:
+    """An attempt's spend from its journaled ``cell_metered`` (None: no request went
+    through the gateway, or a record of the wrong shape)."""
+    if not isinstance(ev, dict) or type(ev.get("requests")) is not int or ev["requests"] < 1:
+        return None
+    p, c = count_or_none(ev.get("prompt_tokens")), count_or_none(ev.get("completion_tokens"))
+    if p is None or c is None:
+        return None
+    return Spend(int(p), int(c))
+
+
 def of_events(events: Iterable[dict[str, Any]]) -> Spend:
     """The spend journaled with a run's verdicts (regrades re-judge, they spend nothing)."""
     total = Spend()

@@ -52,6 +52,9 @@ class CellState:
     started_ts: str | None = None
     finished_ts: str | None = None
     ran_outcome: dict[str, Any] | None = None  # per-arm grading: outputs awaiting a grade
+    # the gateway's totals of the latest attempt (cell_metered), and the verdict's basis
+    metered: dict[str, Any] | None = None
+    cost_basis: str | None = None
     # runtime only (not journaled): refreshed by the watchdog
     frozen_secs: float = 0.0
     tier: str = "OK"
@@ -135,6 +138,9 @@ class Ledger:
             cell.status = "ran"
             cell.ran_outcome = ev.get("outcome")
             cell.pid = cell.create_time = None
+        elif kind == "cell_metered":
+            cell.metered = {k: ev.get(k) for k in ("attempt", "requests", "prompt_tokens",
+                                                   "completion_tokens", "errors")}
         elif kind == "cell_quarantined":
             cell.status = "quarantined"
             cell.pid = cell.create_time = None
@@ -147,6 +153,9 @@ class Ledger:
         cell.caveat = ev.get("caveat")
         cell.teardown_masked = bool(ev.get("teardown_masked"))
         cell.detail = str(ev.get("detail") or "")
+        basis = ev.get("cost_basis")
+        cell.cost_basis = basis if basis in ("metered", "self_reported",
+                                             "self_reported_mismatch") else None
         if verdict in VALID:
             cell.status = verdict
             cell.reason = None
@@ -204,8 +213,11 @@ class Ledger:
         by_reason: Counter[str] = Counter()
         excluded = []
         attempts = masked = retried = 0
+        basis: Counter[str] = Counter()
         for c in self.cells.values():
             groups[(c.arm, c.task)][c.status] += 1
+            if c.cost_basis and c.status in VALID:
+                basis[c.cost_basis] += 1
             if c.reasons:
                 by_reason.update(c.reasons)
                 attempts += c.invalid_attempts
@@ -229,6 +241,10 @@ class Ledger:
             "teardown_masked_cells": masked,
             "quarantined_cells": total["quarantined"],
             "ungraded_cells": total["ungraded"],
+            # whose word a valid cell's tokens rest on: the gateway's, or the harness's
+            # own where the gateway's count disagrees with it (a flag; the verdict stands)
+            "metered_cells": basis["metered"] + basis["self_reported_mismatch"],
+            "cost_mismatch_cells": basis["self_reported_mismatch"],
             "grade_retries": self.grade_retries,
             "retried_cells": retried,
             "excluded": excluded,

@@ -43,6 +43,9 @@ class CellFacts:
     completion_tokens: int | None = None
     caveat: str | None = None
     invalid_attempts: tuple[str, ...] = ()  # reasons of earlier INVALID attempts (journal)
+    # whose word the tokens are: "metered" (the gateway's), "self_reported_mismatch"
+    # (the gateway's, the harness's disagreeing), else the harness's summary
+    cost_basis: str | None = None
 
     @property
     def valid(self) -> bool:
@@ -58,12 +61,19 @@ def collect(preset: Preset, n: int, state_dir: Path) -> list[CellFacts]:
     masked: dict[str, bool] = {}
     attempts: Counter[str] = Counter()
     invalid: dict[str, list[str]] = {}
+    metered: dict[str, tuple[str, int, int]] = {}  # the gateway's count, where it is used
     for ev in state_events(state_dir).events:
         cid = ev.get("cell")
         if ev.get("event") == "cell_started" and isinstance(cid, str):
             attempts[cid] += 1
         elif ev.get("event") == "cell_verdict" and isinstance(cid, str):
             masked[cid] = bool(ev.get("teardown_masked"))
+            spend, basis = ev.get("spend"), ev.get("cost_basis")
+            if basis in ("metered", "self_reported_mismatch") and isinstance(spend, list) \
+                    and len(spend) == 2 and all(_int(x) is not None for x in spend):
+                metered[cid] = (str(basis), int(spend[0]), int(spend[1]))
+            elif not ev.get("regrade"):
+                metered.pop(cid, None)
             if ev.get("verdict") == "INVALID":
                 reason = ev.get("reason")  # a word of ours, unless the journal was forged
                 invalid.setdefault(cid, []).append(
@@ -85,10 +95,13 @@ def collect(preset: Preset, n: int, state_dir: Path) -> list[CellFacts]:
             reason=chk.reason, masked=masked.get(cell.id, False) and chk.verdict != "ABSENT",
             attempts=attempts[cell.id], quarantined=chk.reason == "quarantined",
             finish_reason=_text(scrub(summary.get("finish_reason"))),
-            prompt_tokens=_int(summary.get("total_prompt_tokens")),
-            completion_tokens=_int(summary.get("total_completion_tokens")),
+            prompt_tokens=metered[cell.id][1] if cell.id in metered else
+            _int(summary.get("total_prompt_tokens")),
+            completion_tokens=metered[cell.id][2] if cell.id in metered else
+            _int(summary.get("total_completion_tokens")),
             caveat=rule.caveat if rule else None,
             invalid_attempts=tuple(invalid.get(cell.id, [])),
+            cost_basis=metered[cell.id][0] if cell.id in metered else None,
         ))
     return facts
 
@@ -165,6 +178,9 @@ def trust_block(facts: list[CellFacts]) -> dict[str, Any]:
         "teardown_masked": sum(f.masked and f.valid for f in facts),
         "retried": sum(f.attempts > 1 for f in facts),
         "absent": sum(f.verdict == "ABSENT" for f in facts),
+        "metered": sum(f.valid and f.cost_basis is not None for f in facts),
+        "cost_mismatch": sum(f.valid and f.cost_basis == "self_reported_mismatch"
+                             for f in facts),
     }
 
 
@@ -327,7 +343,10 @@ def findings(preset: Preset, facts: list[CellFacts], n: int,
             f"- teardown-masked cells (valid, killed after finishing, scored from outputs): "
             f"{t['teardown_masked']}",
             f"- retried cells: {t['retried']} (INVALID attempts by reason: "
-            f"{_attempts_line(t)})", f"- cells not run: {t['absent']}", ""]
+            f"{_attempts_line(t)})", f"- cells not run: {t['absent']}",
+            f"- tokens metered by the gateway: {t['metered']} of {t['valid']} valid cells"
+            + (f"; the harness's own count disagrees on {t['cost_mismatch']} (the "
+               "gateway's is used)" if t["cost_mismatch"] else ""), ""]
     excluded = [f for f in facts if f.verdict == "INVALID"]
     if excluded:
         out += ["Excluded from every aggregate:", ""]

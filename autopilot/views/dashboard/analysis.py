@@ -12,11 +12,12 @@ REASON_LETTER = {
     "grader_failed": "g", "malformed_grade": "j", "zero_tokens": "z", "arm_mismatch": "a",
     "endpoint_down": "e", "api_error": "x", "grader_unavailable": "u",
     "malformed_summary": "y", "rate_limited": "l", "disk_full": "f",
+    "unmetered": "n",
 }
 LEGEND = ("P pass  F fail  I<r> invalid (s stall, d deadline, c crash, m missing output, "
           "g grader failed, j malformed grade, z zero tokens, a arm mismatch, e endpoint "
           "down, x api error, u grader unavailable, y malformed summary, l rate limited, "
-          "f disk full)  "
+          "f disk full, n unmetered)  "
           "U<r> ungraded (run stands, grading failed)  Q quarantined  R running  "
           "~ awaiting grade  . pending  * teardown-masked")
 

@@ -8,7 +8,8 @@ Schema (``schema_version`` 1; fields are only ever added):
                                        "cells": {"v<n>": "PASS" | "FAIL" | "INVALID(<reason>)"
                                                  | "QUARANTINED" | "RUNNING" | "PENDING"}}}}},
    "trust": {"valid_cells", "invalid_cells", "invalid_attempts", "invalid_by_reason",
-             "teardown_masked_cells", "quarantined_cells", "retried_cells", "excluded"}}
+             "teardown_masked_cells", "quarantined_cells", "retried_cells", "excluded",
+             "metered_cells", "cost_mismatch_cells"}}
 Verdicts come from the journal, where each was recorded from the cell's grade file by
 the validity classifier; pass rates count valid cells only.
 """

@@ -57,7 +57,9 @@ def trust_line(t: dict[str, Any]) -> str:
             f" | invalid attempts {t.get('invalid_attempts', 0)}"
             f"{f' ({reasons})' if reasons else ''} | quarantined "
             f"{t.get('quarantined_cells', 0)} | teardown-masked "
-            f"{t.get('teardown_masked_cells', 0)} | retried {t.get('retried_cells', 0)}")
+            f"{t.get('teardown_masked_cells', 0)} | retried {t.get('retried_cells', 0)}"
+            + (f" | tokens: harness disagrees with the gateway on {t['cost_mismatch_cells']}"
+               if t.get("cost_mismatch_cells") else ""))
 
 
 def delta(d: DashData, arm: str, task: str, passes: int, valid: int) -> str:
