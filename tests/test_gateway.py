@@ -92,6 +92,11 @@ async def upstream() -> AsyncIterator[FakeUpstream]:
         await up.close()
 
 
+def here(up: FakeUpstream) -> Any:
+    """The upstream list the gateway asks for: replica 0, the fake."""
+    return lambda: [("0", up.origin)]
+
+
 def records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines()]
 
@@ -102,7 +107,7 @@ async def test_requests_carry_the_arm_settings_and_leave_evidence(
     log = tmp_path / "gw.jsonl"
     arm = {"max_tokens": 4, "chat_template_kwargs": {"enable_thinking": False}}
     try:
-        async with gw.attempt("c1", 1, arm, lambda: upstream.origin, log) as att, \
+        async with gw.attempt("c1", 1, arm, here(upstream), log) as att, \
                 httpx.AsyncClient(base_url=f"http://127.0.0.1:{att.port}") as c:
             r = await c.post("/v1/chat/completions", headers={"Authorization": "Bearer x"},
                              json={"model": "fake", "max_tokens": 100,
@@ -141,7 +146,7 @@ async def test_a_stream_arrives_as_the_same_chunks_as_direct(
     direct = await events(upstream.origin)
     gw = Gateway()
     try:
-        async with gw.attempt("c1", 1, {}, lambda: upstream.origin, tmp_path / "g") as att:
+        async with gw.attempt("c1", 1, {}, here(upstream), tmp_path / "g") as att:
             through = await events(f"http://127.0.0.1:{att.port}")
             meter = att.meter
     finally:
@@ -156,7 +161,7 @@ async def test_a_hostile_upstream_costs_bounded_memory_and_an_error_record(
     gw = Gateway(limits=Limits(parse_cap=1 << 20))
     log = tmp_path / "g"
     try:
-        async with gw.attempt("c1", 1, {}, lambda: upstream.origin, log) as att, \
+        async with gw.attempt("c1", 1, {}, here(upstream), log) as att, \
                 httpx.AsyncClient(base_url=f"http://127.0.0.1:{att.port}",
                                   timeout=60) as c:
             tracemalloc.start()
@@ -189,7 +194,7 @@ async def test_a_body_that_never_ends_is_cut_when_the_attempt_ends(
         upstream: FakeUpstream, tmp_path: Path) -> None:
     gw = Gateway()
     try:
-        async with gw.attempt("c1", 1, {}, lambda: upstream.origin, tmp_path / "g") as att, \
+        async with gw.attempt("c1", 1, {}, here(upstream), tmp_path / "g") as att, \
                 httpx.AsyncClient(base_url=f"http://127.0.0.1:{att.port}") as c:
             async with c.stream("POST", "/v1/chat/completions",
                                 json={"model": "forever"}) as r:
@@ -213,7 +218,7 @@ async def test_an_endpoint_that_is_down_is_an_endpoint_error(tmp_path: Path) -> 
     origin = dead.origin
     await dead.close()  # the port is closed now: connection refused
     try:
-        async with gw.attempt("c1", 1, {}, lambda: origin, tmp_path / "g") as att, \
+        async with gw.attempt("c1", 1, {}, lambda: [("0", origin)], tmp_path / "g") as att, \
                 httpx.AsyncClient(base_url=f"http://127.0.0.1:{att.port}") as c:
             r = await c.post("/v1/chat/completions", json={"model": "fake"})
             meter = att.meter
@@ -229,7 +234,7 @@ async def test_a_429_burst_is_absorbed_as_throttling(upstream: FakeUpstream,
     throttled: list[int] = []
     gw = Gateway(limits=Limits(hold_429=5), on_throttled=lambda: throttled.append(1))
     try:
-        async with gw.attempt("c1", 1, {}, lambda: upstream.origin, tmp_path / "g") as att, \
+        async with gw.attempt("c1", 1, {}, here(upstream), tmp_path / "g") as att, \
                 httpx.AsyncClient(base_url=f"http://127.0.0.1:{att.port}") as c:
             r = await c.post("/v1/chat/completions", json={"model": "burst"})
             meter = att.meter
@@ -243,7 +248,7 @@ async def test_a_429_burst_is_absorbed_as_throttling(upstream: FakeUpstream,
     gw = Gateway(on_throttled=lambda: throttled.append(1))
     upstream.burst = 0
     try:
-        async with gw.attempt("c1", 2, {}, lambda: upstream.origin, tmp_path / "h") as att, \
+        async with gw.attempt("c1", 2, {}, here(upstream), tmp_path / "h") as att, \
                 httpx.AsyncClient(base_url=f"http://127.0.0.1:{att.port}") as c:
             r = await c.post("/v1/chat/completions", json={"model": "burst"})
     finally:
@@ -299,3 +304,30 @@ def test_the_run_counts_the_gateways_tokens_and_flags_a_harness_that_under_repor
     assert status["spend"]["completion_tokens"] == (
         metered["p1_bugfix"]["completion_tokens"] + metered["p2_extract"]["completion_tokens"]
         + v["p3_doc"]["spend"][1])
+
+
+async def test_a_dead_replica_costs_a_request_a_second_try_not_the_cell(
+        upstream: FakeUpstream, tmp_path: Path) -> None:
+    dead = FakeUpstream()
+    await dead.start()
+    gone = dead.origin
+    await dead.close()  # replica 0 died: its port refuses
+    seen: list[tuple[Any, ...]] = []
+    gw = Gateway(on_failover=lambda *a: seen.append(a))
+    order = [("0", gone), ("1", upstream.origin)]
+    try:
+        async with gw.attempt("c1", 1, {}, lambda: order, tmp_path / "g") as att, \
+                httpx.AsyncClient(base_url=f"http://127.0.0.1:{att.port}") as c:
+            first = await c.post("/v1/chat/completions", json={"model": "fake"})
+            order[0] = ("0", "")  # now its keeper knows: it is skipped at once
+            second = await c.post("/v1/chat/completions", json={"model": "fake"})
+            meter = att.meter
+    finally:
+        await gw.close()
+    assert first.status_code == second.status_code == 200
+    assert [(a[0], a[1], a[2], a[3]) for a in seen] == [("c1", 1, "0", "1")] * 2
+    assert "Connect" in seen[0][4] and seen[1][4] == "replica down"
+    recs = records(tmp_path / "g")
+    assert [r["replica"] for r in recs] == ["1", "1"]
+    assert recs[0]["failover"][0]["from"] == "0" and meter.failovers == 2
+    assert meter.errors == {}  # served: not an error of the cell's

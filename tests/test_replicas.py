@@ -118,3 +118,26 @@ def test_docker_replicas_get_their_own_gpus_name_and_port(tmp_path: Path) -> Non
     assert "EXTRA=x" in c2["Env"] and not any(e.startswith("CUDA_VISIBLE") for e in c2["Env"])
     assert c2["Labels"]["autopilot.replica"] == "1"
     assert two.log_path.name == "endpoint-1.log"
+
+
+@pytest.mark.slow
+def test_a_replica_dying_mid_cell_costs_a_request_not_the_cell(tmp_path: Path) -> None:
+    # Replica 0 dies in the middle of its 4th request (each cell talks to the model in
+    # several turns): the gateway sends that request, and the cell's next ones, to
+    # replica 1; no cell loses its conversation, no attempt is INVALID.
+    code, state = run(tmp_path, {"endpoint": {"replicas": 2, "replica_env": [CRASHY, {}],
+                                              "down_restart_secs": 30},
+                                 "tasks": [{"id": "p1_bugfix"}, {"id": "p2_extract"}],
+                                 "run": {"concurrency": 2}, "trust": {"infra_retries": 0}},
+                      n=2)
+    evs = events(state)
+    assert code == 0, [e for e in evs if e["event"] == "cell_verdict"]
+    failovers = [e for e in evs if e["event"] == "request_failover"]
+    assert failovers and all((e["replica"], e["to"]) == ("0", "1") for e in failovers)
+    verdicts = [e for e in evs if e["event"] == "cell_verdict"]
+    assert len(verdicts) == 8 and all(e["verdict"] in ("PASS", "FAIL") for e in verdicts)
+    moved = {e["cell"] for e in failovers}
+    metered = {e["cell"]: e for e in evs if e["event"] == "cell_metered"}
+    assert all(metered[c]["failovers"] >= 1 for c in moved)
+    status = json.loads((state / "status.json").read_text())
+    assert status["gateway"]["failovers"] == len(failovers)

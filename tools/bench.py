@@ -697,7 +697,7 @@ def bench_gateway(tmp: Path, n: int) -> list[Row]:
         gw = Gateway()
         direct, through = [], []
         try:
-            async with gw.attempt("bench", 1, {}, lambda: origin, tmp / "gw.jsonl") as att:
+            async with gw.attempt("bench", 1, {}, lambda: [("0", origin)], tmp / "gw.jsonl") as att:
                 for _ in range(3):
                     direct.append(await client(origin))
                     c0 = time.process_time()  # this process is the gateway

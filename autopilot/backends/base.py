@@ -113,7 +113,10 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
     gateway = Gateway(w.redactor.scrub, Limits(max_request=int(g.max_request_mb * 2**20),
                                                max_records=g.max_records,
                                                hold_429=g.hold_429_secs),
-                      on_throttled=port.throttled) \
+                      on_throttled=port.throttled,
+                      on_failover=lambda cell, attempt, frm, to, why: port.emit(
+                          "request_failover", cell=cell, attempt=attempt, replica=frm,
+                          to=to, why=why)) \
         if g.enabled and w.preset.endpoint.engine in GATEWAY_ENGINES else None
     disk = w.disk or DiskWatch(roots, floor_bytes(w.preset.run.disk_floor_mb,
                                                w.preset.preflight.min_free_gb), clock)
@@ -195,7 +198,9 @@ class Backend(abc.ABC):
         # Built once per replica, at its first cell: by then the keepers and the Docker
         # hooks are set.
         if replica not in self._cx:
-            base = self._cx.get(0) or cell_context(self.w, self.keepers[0])
+            # Every replica's keeper: a request of a cell may fail over to another.
+            base = self._cx.get(0) or replace(cell_context(self.w, self.keepers[0]),
+                                              peers=lambda: list(self.keepers))
             self._cx[0] = base
             if replica:
                 self._cx[replica] = replace(base, keeper=self.keepers[replica],

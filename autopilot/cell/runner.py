@@ -16,7 +16,7 @@ import json
 import subprocess
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -51,7 +51,7 @@ class Gatekeeper(Protocol):
     of the attempt's own, whose ``port`` and ``meter`` the runner reads."""
 
     def attempt(self, cell: str, attempt: int, settings: dict[str, Any],
-                upstream: Callable[[], str], log_path: Path
+                upstream: Callable[[], list[tuple[str, str]]], log_path: Path
                 ) -> contextlib.AbstractAsyncContextManager[Any]: ...
 
 
@@ -99,6 +99,8 @@ class CellContext:
     disk: DiskWatch | None = None
     # the model gateway (None: harnesses talk to the endpoint directly)
     gateway: Gatekeeper | None = None
+    # every replica's keeper by index (this machine's), where a request may fail over to
+    peers: Callable[[], Sequence[Served]] = lambda: ()
 
 
 def template_context(
@@ -251,6 +253,22 @@ class CellRun:
                 with anyio.CancelScope(shield=True):
                     await self.cx.remove_sandbox(self.sandbox)
 
+    def _upstreams(self) -> list[tuple[str, str]]:
+        """Where the gateway sends this cell's next request: its own replica (an empty
+        origin while it is known to be down), then every other replica that is up and
+        may serve the cell's arm (its pins), all serving the same model."""
+        cx = self.cx
+        allowed = self.p.arm(self.cell.arm).replicas
+
+        def origin(k: Served) -> str:
+            return str(k.ep.url) if getattr(k, "is_up", True) else ""
+
+        out = [(str(cx.replica), origin(cx.keeper))]
+        for i, k in enumerate(cx.peers()):
+            if i != cx.replica and (allowed is None or i in allowed) and origin(k):
+                out.append((str(i), origin(k)))
+        return out
+
     async def _through_gateway(self, gateway: Gatekeeper) -> RunOutcome | None:
         """The attempt with its own gateway listener: ``{port}``, ``{host}`` and
         ``{base_url}`` name it while the harness runs; the grader, after, gets the
@@ -261,7 +279,7 @@ class CellRun:
                     / f"attempt-{self.attempt}.jsonl")
         async with gateway.attempt(self.cell.id, self.attempt,
                                    self.p.arm(self.cell.arm).request,
-                                   lambda: str(self.cx.keeper.ep.url), log_path) as gw:
+                                   self._upstreams, log_path) as gw:
             path = urlsplit(ep.api_base).path
             self.ctx.update(port=str(gw.port), host="127.0.0.1",
                             base_url=f"http://127.0.0.1:{gw.port}{path}")

@@ -176,6 +176,7 @@ class Meter:
     in_flight: int = 0
     progress: int = 0
     bytes_in: int = 0
+    failovers: int = 0  # requests sent to another replica than the cell's own
     last_error: str | None = None
 
     def count(self, usage: Usage | None, estimate: int = 0) -> None:
@@ -199,7 +200,8 @@ class Meter:
                 "errors": dict(self.errors), "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,
                 "reasoning_tokens": self.reasoning_tokens, "estimated": self.estimated,
-                "malformed_usage": self.malformed_usage, "last_error": self.last_error}
+                "malformed_usage": self.malformed_usage, "failovers": self.failovers,
+                "last_error": self.last_error}
 
 
 def mode_line(preset: Preset) -> str:

@@ -27,7 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
+from aiohttp import (
+    ClientConnectionError,
+    ClientError,
+    ClientSession,
+    ClientTimeout,
+    TCPConnector,
+    web,
+)
 
 from autopilot.gateway.evidence import (
     Meter,
@@ -64,7 +71,9 @@ class Attempt:
     cell: str
     attempt: int
     settings: Mapping[str, Any]
-    upstream: Callable[[], str]  # the replica's origin, http://host:port, asked per request
+    # Where to send a request, asked per request: (replica, origin) pairs, the cell's own
+    # replica first (sticky: its prompt cache), then the live ones that may serve it.
+    upstream: Callable[[], list[tuple[str, str]]]
     log_path: Path
     max_records: int = 5000
     port: int = 0
@@ -89,11 +98,15 @@ class Gateway:
 
     def __init__(self, redact: Callable[[str], str] = lambda s: s,
                  limits: Limits = Limits(),
-                 on_throttled: Callable[[], None] = lambda: None) -> None:
+                 on_throttled: Callable[[], None] = lambda: None,
+                 on_failover: Callable[[str, int, str, str, str], Any] | None = None) -> None:
         self.redact = redact
         self.limits = limits
         # a 429 from upstream: the loop launches fewer cells at once (run.throttle)
         self.on_throttled = on_throttled
+        # a request sent to another replica than the cell's own: (cell, attempt, from, to,
+        # why), journaled by the loop as request_failover
+        self.on_failover = on_failover
         self._session: ClientSession | None = None
 
     def _client(self) -> ClientSession:
@@ -112,7 +125,8 @@ class Gateway:
 
     @contextlib.asynccontextmanager
     async def attempt(self, cell: str, attempt: int, settings: Mapping[str, Any],
-                      upstream: Callable[[], str], log_path: Path) -> AsyncIterator[Attempt]:
+                      upstream: Callable[[], list[tuple[str, str]]],
+                      log_path: Path) -> AsyncIterator[Attempt]:
         """Listen for one attempt's requests until the block ends."""
         att = Attempt(cell, attempt, settings, upstream, log_path,
                       max_records=self.limits.max_records)
@@ -189,9 +203,7 @@ class Gateway:
         held_until = time.monotonic() + self.limits.hold_429
         try:
             while True:
-                url = att.upstream().rstrip("/") + req.path_qs
-                up = await self._client().request(req.method, url, data=body,
-                                                  headers=headers, allow_redirects=False)
+                up = await self._send(att, req, body, headers, rec)
                 if up.status != 429:
                     break
                 # Throttled: the loop launches fewer cells at once; within the preset's
@@ -249,6 +261,40 @@ class Gateway:
             return web.json_response({"error": {"message": "the model endpoint did not "
                                                 "answer (autopilot gateway): " + why}},
                                      status=502)
+
+    async def _send(self, att: Attempt, req: web.Request, body: bytes,
+                    headers: dict[str, str], rec: dict[str, Any]) -> Any:
+        """Send to the first replica that takes the connection, the cell's own first (an
+        empty origin: known to be down): a replica that died costs this request a try
+        elsewhere, not the cell its conversation."""
+        candidates = att.upstream()
+        home = candidates[0][0] if candidates else "?"
+        live = [(r, o) for r, o in candidates if o]
+        if not live:
+            raise ClientConnectionError("no replica of this cell's model is up")
+        for i, (replica, origin) in enumerate(live):
+            try:
+                up = await self._client().request(
+                    req.method, origin.rstrip("/") + req.path_qs, data=body, headers=headers,
+                    allow_redirects=False)
+            except (ClientConnectionError, OSError) as e:
+                if i == len(live) - 1:
+                    raise
+                self._failover(att, rec, replica, live[i + 1][0], f"{type(e).__name__}: {e}")
+                continue
+            if i == 0 and replica != home:  # its own replica was known to be down
+                self._failover(att, rec, home, replica, "replica down")
+            rec["replica"] = replica
+            return up
+        raise AssertionError("unreachable")
+
+    def _failover(self, att: Attempt, rec: dict[str, Any], frm: str, to: str,
+                  why: str) -> None:
+        why = self.redact(why[:200])
+        rec.setdefault("failover", []).append({"from": frm, "to": to, "why": why})
+        att.meter.failovers += 1
+        if self.on_failover is not None:
+            self.on_failover(att.cell, att.attempt, frm, to, why)
 
     def _account(self, att: Attempt, rec: dict[str, Any], status: int,
                  scan: StreamScan | None, held: list[bytes], held_n: int) -> None:

@@ -86,6 +86,7 @@ def build(v: RunView, light: bool = False) -> dict[str, Any]:
         "throttle": {"limit": v.throttle.limit, "ceiling": v.throttle.ceiling,
                      "throttled": v.throttle.throttled},
         "disk": v.disk,
+        "gateway": {"failovers": led.failovers},
     }
     if light:
         return snap

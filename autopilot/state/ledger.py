@@ -88,6 +88,7 @@ class Ledger:
         self.kills: Counter[str] = Counter()
         self.notify_failures = 0
         self.spend = Spend()  # tokens used by every attempt (journaled with its verdict)
+        self.failovers = 0  # requests the gateway sent to another replica than the cell's
 
     def _cell(self, cid: str) -> CellState | None:
         # Events of cells outside this plan (an earlier, bigger --target-n) are kept in
@@ -107,6 +108,9 @@ class Ledger:
             return
         if kind == "grade_retry":
             self.grade_retries += 1
+            return
+        if kind == "request_failover":
+            self.failovers += 1
             return
         cid = ev.get("cell")
         if not isinstance(cid, str):

@@ -18,7 +18,7 @@ Schema (``schema_version`` 1; fields are only ever added):
   endpoint{engine,url,model,pid,create_time,container,attached,state,restarts,down_secs,
            down_since,failed},
   anomaly{streak,alarms}, orphans_cleaned[], tasks_order[], arms_order[],
-  disk{low,floor_mb,free_mb,where} (null without a floor)
+  disk{low,floor_mb,free_mb,where} (null without a floor), gateway{failovers}
 """
 
 from __future__ import annotations
