@@ -297,7 +297,7 @@ class Preflight(_Frozen):
     min_slot_ctx: int = Field(default=0, ge=0)
 
 
-GATEWAY_ENGINES = ("builtin", "llamacpp", "vllm")  # a hosted provider is reached directly
+GATEWAY_ENGINES = ("builtin", "llamacpp", "vllm", "provider")
 
 
 class Gateway(_Frozen):

@@ -331,3 +331,45 @@ async def test_a_dead_replica_costs_a_request_a_second_try_not_the_cell(
     assert [r["replica"] for r in recs] == ["1", "1"]
     assert recs[0]["failover"][0]["from"] == "0" and meter.failovers == 2
     assert meter.errors == {}  # served: not an error of the cell's
+
+
+def test_a_providers_key_stays_in_the_supervisor_and_429s_are_absorbed(
+        tmp_path: Path) -> None:
+    from conftest import ROOT, cli_env, events, run_cli
+    from provider_fake import FakeProvider
+
+    from autopilot.gateway.proxy import PLACEHOLDER_KEY
+
+    secret = "sk-REAL-provider-key-5e1f"
+    # The fake provider demands the real key and throttles every 3rd request for 0.3 s.
+    fake = FakeProvider(secret, args=("--throttle-every", "3", "--throttle-secs", "0.3"))
+    state = tmp_path / "state"
+    dump = ("mkdir -p \"$1\"; env > \"$1/env.txt\"; shift; exec \"$@\"")
+    try:
+        import tomllib
+
+        preset = tomllib.loads((ROOT / "tests" / "presets" / "fake-provider.toml").read_text())
+        over = fake.overlay(tmp_path / "o.json",
+                            harness={"argv": ["/bin/sh", "-c", dump, "sh", "{output_dir}",
+                                              *preset["harness"]["argv"]]},
+                            gateway={"hold_429_secs": 10})
+        r = run_cli("--preset", str(ROOT / "tests" / "presets" / "fake-provider.toml"),
+                    "--config", str(over), "--state-dir", str(state), "--quiet",
+                    env=cli_env(FAKE_PROVIDER_KEY=secret))
+    finally:
+        fake.close()
+    assert r.returncode == 0, r.stderr[-2000:]
+    evs = events(state)
+    cells = [d for d in (state / "cells").iterdir() if d.is_dir()]
+    assert len(cells) == 2
+    for d in cells:
+        env = (d / "env.txt").read_text()
+        assert f"FAKE_PROVIDER_KEY={PLACEHOLDER_KEY}" in env and secret not in env
+    starts = [e for e in evs if e["event"] == "cell_spawning"]
+    assert starts and all(secret not in json.dumps(e) for e in evs)
+    metered = [e for e in evs if e["event"] == "cell_metered"]
+    assert sum(m["errors"].get("throttled", 0) for m in metered) >= 1  # absorbed here
+    assert all(m["requests"] > 0 for m in metered)
+    verdicts = [e for e in evs if e["event"] == "cell_verdict"]
+    assert all(v["verdict"] in ("PASS", "FAIL") for v in verdicts)  # none rate_limited
+    assert any(e["event"] == "launch_throttled" for e in evs)

@@ -100,24 +100,20 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
     from autopilot.cell.childenv import child_env
     from autopilot.cell.procs import RUN_TOKEN_ENV
     from autopilot.cell.runner import CellContext
-    from autopilot.config import GATEWAY_ENGINES
-    from autopilot.gateway.proxy import Gateway, Limits
+    from autopilot.gateway.proxy import PLACEHOLDER_KEY, gateway_for
     from autopilot.logsetup import SPOOL_CAP
     from autopilot.state.diskspace import DiskWatch, floor_bytes
     from autopilot.state.fsguard import run_roots
 
     port, clock = w.port, w.clock
     roots = run_roots(w.preset, w.state_dir)
-    g = w.preset.gateway
-    # A hosted provider is reached directly for now (TLS and its key stay the harness's).
-    gateway = Gateway(w.redactor.scrub, Limits(max_request=int(g.max_request_mb * 2**20),
-                                               max_records=g.max_records,
-                                               hold_429=g.hold_429_secs),
-                      on_throttled=port.throttled,
-                      on_failover=lambda cell, attempt, frm, to, why: port.emit(
-                          "request_failover", cell=cell, attempt=attempt, replica=frm,
-                          to=to, why=why)) \
-        if g.enabled and w.preset.endpoint.engine in GATEWAY_ENGINES else None
+    gateway = gateway_for(w.preset, w.redactor.scrub, port.throttled, port.emit,
+                          auth=getattr(keeper.ep, "headers", None))
+    ep = w.preset.endpoint
+    # Through the gateway a provider's key stays here: the harness gets a placeholder,
+    # the gateway puts the real one on the request upstream.
+    key_env = {ep.api_key_env: PLACEHOLDER_KEY} if gateway is not None and \
+        ep.engine == "provider" and ep.api_key_env else {}
     disk = w.disk or DiskWatch(roots, floor_bytes(w.preset.run.disk_floor_mb,
                                                w.preset.preflight.min_free_gb), clock)
     return CellContext(
@@ -134,7 +130,7 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
         on_grade_failure=port.grade_failure,
         roots=roots, disk=disk if disk.floor > 0 else None,
         base_env={**child_env(w.preset, "harness"), RUN_TOKEN_ENV: w.run_token,
-                  **(extra_env or {})},
+                  **(extra_env or {}), **key_env},
         replica=replica, contain=cgroups.for_run(w.run_token)[0], gateway=gateway,
     )
 

@@ -260,8 +260,11 @@ class CellRun:
         cx = self.cx
         allowed = self.p.arm(self.cell.arm).replicas
 
-        def origin(k: Served) -> str:
-            return str(k.ep.url) if getattr(k, "is_up", True) else ""
+        def origin(k: Served) -> str:  # scheme://host:port; the harness sends the path
+            if not getattr(k, "is_up", True):
+                return ""
+            u = urlsplit(str(k.ep.api_base))
+            return f"{u.scheme}://{u.netloc}"
 
         out = [(str(cx.replica), origin(cx.keeper))]
         for i, k in enumerate(cx.peers()):

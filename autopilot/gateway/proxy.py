@@ -36,6 +36,7 @@ from aiohttp import (
     web,
 )
 
+from autopilot.config import GATEWAY_ENGINES, Preset
 from autopilot.gateway.evidence import (
     Meter,
     StreamScan,
@@ -93,6 +94,11 @@ class Attempt:
         self._log.flush()
 
 
+# What a harness holds instead of a hosted provider's key (the gateway adds the real
+# one upstream); shaped like a key, since some SDKs refuse a value that is not.
+PLACEHOLDER_KEY = "sk-autopilot-gateway-placeholder"
+
+
 class Gateway:
     """The run's gateway (one per backend context; its attempts share one client)."""
 
@@ -107,6 +113,9 @@ class Gateway:
         # a request sent to another replica than the cell's own: (cell, attempt, from, to,
         # why), journaled by the loop as request_failover
         self.on_failover = on_failover
+        # the upstream's own credentials (a provider's Authorization), put on every
+        # request in place of whatever the harness sent
+        self.auth: Callable[[], dict[str, str]] | None = None
         self._session: ClientSession | None = None
 
     def _client(self) -> ClientSession:
@@ -199,6 +208,9 @@ class Gateway:
                 if isinstance(doc.get("model"), str):
                     rec["model"] = doc["model"][:120]
         headers = {k: v for k, v in req.headers.items() if k.lower() not in _HOP}
+        if self.auth is not None:
+            headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+            headers.update(self.auth())
         resp: web.StreamResponse | None = None
         held_until = time.monotonic() + self.limits.hold_429
         try:
@@ -329,6 +341,24 @@ class Gateway:
             rec["finish_reason"] = finish
 
 
+def gateway_for(preset: Preset, redact: Callable[[str], str], on_throttled: Callable[[], None],
+                emit: Callable[..., Any],
+                auth: Callable[[], dict[str, str]] | None = None) -> Gateway | None:
+    """The gateway a preset asks for (None: harnesses talk to the endpoint directly)."""
+    g = preset.gateway
+    if not g.enabled or preset.endpoint.engine not in GATEWAY_ENGINES:
+        return None
+    gw = Gateway(redact, Limits(max_request=int(g.max_request_mb * 2**20),
+                                max_records=g.max_records, hold_429=g.hold_429_secs),
+                 on_throttled=on_throttled,
+                 on_failover=lambda cell, attempt, frm, to, why: emit(
+                     "request_failover", cell=cell, attempt=attempt, replica=frm, to=to,
+                     why=why))
+    if preset.endpoint.engine == "provider":
+        gw.auth = auth
+    return gw
+
+
 def _retry_after(value: str | None) -> float:
     """Seconds a 429 asks to wait (delta-seconds; a date or garbage: one second),
     bounded to a minute."""
@@ -344,4 +374,4 @@ def _text(doc: Any, held: list[bytes]) -> str:
     return b"".join(held)[:ERROR_BODY * 2].decode("utf-8", "replace")
 
 
-__all__ = ["Attempt", "Gateway", "Limits"]
+__all__ = ["PLACEHOLDER_KEY", "Attempt", "Gateway", "Limits", "gateway_for"]
