@@ -9,9 +9,10 @@ endpoint also the GPU runtime's: ``LD_LIBRARY_PATH``, ``CUDA_*`` device selectio
 Hugging Face cache), no proxy settings, plus what the preset declares in the role's
 ``pass_env``; a provider's ``api_key_env`` goes to the harness under that name — with
 the gateway as a placeholder (the real key stays in the supervisor, which adds it
-upstream: autopilot.backends.base.cell_context), without it as the real key. The autopilot's own notification config (``AUTOPILOT_NOTIFY_*``) and the
-preset's secrets reach no child unless ``pass_env`` names them. ``--dry-run`` lists what
-each role gets and what is withheld.
+upstream: autopilot.backends.base.cell_context), without it as the real key. The
+autopilot's own notification config (``AUTOPILOT_NOTIFY_*``) and the preset's secrets
+reach no child unless ``pass_env`` names them. ``--dry-run`` lists what each role gets
+and what is withheld.
 """
 
 from __future__ import annotations

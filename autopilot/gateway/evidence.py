@@ -212,10 +212,9 @@ def mode_line(preset: Preset) -> str:
     if engine not in GATEWAY_ENGINES:
         return f"gateway: not used for a {engine!r} endpoint: harnesses reach it directly"
     arms = [a.label for a in preset.arms if a.request]
-    key = ""
-    if engine == "provider" and getattr(preset.endpoint, "api_key_env", ""):
-        key = (f"; ${getattr(preset.endpoint, 'api_key_env')} stays here, the harness "
-               "gets a placeholder")
+    key, name = "", str(getattr(preset.endpoint, "api_key_env", "") or "")
+    if engine == "provider" and name:
+        key = f"; ${name} stays here, the harness gets a placeholder"
     return ("gateway: a 127.0.0.1 listener per attempt; {port}/{host}/{base_url} name it, "
             "{endpoint_port}/{endpoint_base_url} the endpoint; request settings from "
             + (", ".join(arms) if arms else "no arm") + key)
