@@ -165,6 +165,8 @@ def test_phone_width_pages_render_and_hostile_content_is_inert(server, tmp_path:
     assert not re.search(r"<body[^>]*data-pwned", dom)  # no script ran
     assert not re.search(r"<a\s[^>]*href=\"javascript:", dom)  # no live link (text only)
     assert "bad utf-8" in dom and "\ufffd" in dom  # invalid UTF-8 shown replaced
+    # what the cell asked the model, as the gateway recorded it
+    assert "model requests, attempt 1 (gateway)" in dom and "/v1/chat/completions" in dom
     chromium(tmp_path, cell_url, f"--screenshot={tmp_path / 'cell.png'}", width=PHONE)
     assert (tmp_path / "cell.png").stat().st_size > 1000
     assert httpx.get(url + "cell/..%2F..%2Fetc%2Fpasswd").status_code == 404

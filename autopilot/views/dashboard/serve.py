@@ -303,7 +303,21 @@ class Server:
         parsed = read_json(Path(ctx["grade_file"]))
         if isinstance(parsed, dict):
             grade["text"] = block(json.dumps(sane(parsed), indent=1))[:GRADE_BYTES]
-        return [_tail_file("transcript (tail)", "transcript", Path(ctx["transcript"])), grade]
+        out = [_tail_file("transcript (tail)", "transcript", Path(ctx["transcript"])), grade]
+        # The gateway's record of the latest attempt's requests (a plan cell id names the
+        # folder, inside the state dir; the file is read like any other a run left).
+        logs = self.state_dir / "gateway" / cid
+        try:
+            attempts = sorted((int(f.name[8:-6]), f) for f in logs.iterdir()
+                              if f.name.startswith("attempt-") and f.name.endswith(".jsonl")
+                              and f.name[8:-6].isdigit())
+        except OSError:
+            attempts = []
+        if attempts:
+            k, latest = attempts[-1]
+            out.append(_tail_file(f"model requests, attempt {k} (gateway)", "gateway",
+                                  latest))
+        return out
 
 
 def _bearer(request: web.Request) -> str | None:
