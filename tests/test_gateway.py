@@ -288,6 +288,7 @@ def test_the_run_counts_the_gateways_tokens_and_flags_a_harness_that_under_repor
     assert under["spend"][1] == metered["p1_bugfix"]["completion_tokens"]
     assert under["self_reported"][1] == metered["p1_bugfix"]["completion_tokens"] // 2
     assert v["p2_extract"]["cost_basis"] == "metered"
+    assert v["p2_extract"]["gateway"] == {"requests": 4, "errors": {}}
     # the harness that went around the gateway: outputs, but no evidence we saw
     assert (v["p3_doc"]["verdict"], v["p3_doc"]["reason"]) == ("INVALID", "unmetered")
     assert metered["p3_doc"]["requests"] == 0

@@ -125,11 +125,15 @@ def test_a_replica_dying_mid_cell_costs_a_request_not_the_cell(tmp_path: Path) -
     # Replica 0 dies in the middle of its 4th request (each cell talks to the model in
     # several turns): the gateway sends that request, and the cell's next ones, to
     # replica 1; no cell loses its conversation, no attempt is INVALID.
-    code, state = run(tmp_path, {"endpoint": {"replicas": 2, "replica_env": [CRASHY, {}],
-                                              "down_restart_secs": 30},
-                                 "tasks": [{"id": "p1_bugfix"}, {"id": "p2_extract"}],
-                                 "run": {"concurrency": 2}, "trust": {"infra_retries": 0}},
-                      n=2)
+    state, prom = tmp_path / "state", tmp_path / "autopilot.prom"
+    over = write_overlay(tmp_path / "o.json", {
+        "vars": {"think_secs": "0.05"},
+        "endpoint": {"replicas": 2, "replica_env": [CRASHY, {}], "down_restart_secs": 30},
+        "tasks": [{"id": "p1_bugfix"}, {"id": "p2_extract"}],
+        "run": {"concurrency": 2}, "trust": {"infra_retries": 0}})
+    code = run_cli("--preset", "demo", "--target-n", "2", "--config", str(over),
+                   "--state-dir", str(state), "--quiet", "--metrics-textfile",
+                   str(prom)).returncode
     evs = events(state)
     assert code == 0, [e for e in evs if e["event"] == "cell_verdict"]
     failovers = [e for e in evs if e["event"] == "request_failover"]
@@ -141,3 +145,5 @@ def test_a_replica_dying_mid_cell_costs_a_request_not_the_cell(tmp_path: Path) -
     assert all(metered[c]["failovers"] >= 1 for c in moved)
     status = json.loads((state / "status.json").read_text())
     assert status["gateway"]["failovers"] == len(failovers)
+    text = prom.read_text()
+    assert f'autopilot_request_failovers_total{{preset="demo"}} {len(failovers)}.0' in text

@@ -209,6 +209,8 @@ class Recorder:
             extra["cost_basis"] = basis
             if metered is not None and basis != "metered":
                 extra["self_reported"] = [reported.prompt, reported.completion]
+            if m and m.get("attempt") == attempt:  # what the gateway saw, with the verdict
+                extra["gateway"] = {"requests": m.get("requests"), "errors": m.get("errors")}
         self.emit("cell_verdict", cell=cid, attempt=attempt, verdict=c.verdict, reason=c.reason,
                   word=c.word, caveat=c.caveat, teardown_masked=c.teardown_masked,
                   detail=c.detail, **extra)

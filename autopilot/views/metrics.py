@@ -84,6 +84,9 @@ class RunCollector(Collector):
         yield from (up, restarts, down)
         yield _counter("autopilot_notify_failures", "Notifications that failed to send",
                        [preset], self.ledger.notify_failures)
+        yield _counter("autopilot_request_failovers",
+                       "Model requests the gateway sent to another replica than the cell's",
+                       [preset], self.ledger.failovers)
         age = self.live.age_secs
         yield _gauge("autopilot_heartbeat_age_seconds",
                      "Seconds since the supervisor's last heartbeat", [preset],
