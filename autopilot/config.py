@@ -215,6 +215,9 @@ class Watchdog(_Frozen):
     runaway_secs: float = Field(default=0, ge=0)  # 0 = off
     tool_field: str = "tool_calls"
     role_field: str = "role"
+    # The rows' shape: "openai" (role / tool_calls messages) or "mmbt" (the MMBT harness's
+    # {"type": "model"} and {"type": "tool", "args": {"command": ...}} rows).
+    transcript_schema: Literal["openai", "mmbt"] = "openai"
     # The endpoint decoding tokens (llama-server /slots, vLLM /metrics) is progress.
     endpoint_progress: bool = True
 

@@ -3,6 +3,7 @@ retry/quarantine, harness-break streaks, restart policy, ETA."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -421,3 +422,61 @@ def test_oneline_says_the_disk_is_low_while_running() -> None:
     assert oneline(snap).endswith("| disk low (12.5 MB free): launching paused")
     assert "disk low" not in oneline({**snap, "phase": "COMPLETE"})
     assert "disk low" not in oneline({**snap, "disk": {"low": False}})
+
+
+def _mmbt_rows(commands: list[str]) -> list[dict]:
+    """Transcript rows in the MMBT harness's shape: a model row announcing each tool call
+    ({name, args_len}), then the tool row with its args and output."""
+    rows: list[dict] = []
+    for i, cmd in enumerate(commands, 1):
+        rows.append({"t": f"2026-05-02T10:{i // 60:02d}:{i % 60:02d}Z", "iter": i,
+                     "type": "model", "completion_tokens": 40 + i, "prompt_tokens": 900 * i,
+                     "content_len": 120, "finish_reason": "tool_calls",
+                     "tool_calls": [{"name": "bash", "args_len": len(cmd) + 14}]})
+        rows.append({"t": f"2026-05-02T10:{i // 60:02d}:{i % 60:02d}Z", "iter": i,
+                     "type": "tool", "name": "bash", "args": {"command": cmd},
+                     "output": f"line {i}\n" * 40, "exit_code": 0})
+    return rows
+
+
+NORMAL_MMBT = [
+    ["ls -la", "cat README.md", "python -m pytest -q", "sed -n '1,80p' src/app.py",
+     "grep -rn 'def parse' src", "python -m pytest -q tests/test_parse.py",
+     "git diff", "python -m pytest -q", "cat > /workspace/answer.md <<'EOF'\nok\nEOF"],
+    ["ls inputs", "head -50 inputs/data.csv", "python3 -c 'import csv'", "wc -l inputs/*.csv",
+     "python3 extract.py", "python3 extract.py --check", "cat out.json", "ls -la out"],
+    ["find . -name '*.log' | head", *[f"sed -n '{k * 40 + 1},{k * 40 + 40}p' app.log"
+                                      for k in range(12)], "grep -c ERROR app.log",
+     "python3 triage.py", "cat triage.md"],
+]
+
+
+def test_substance_reads_the_mmbt_transcript_shape(tmp_path) -> None:
+    from autopilot.cell.substance import SubstanceState, check_substance
+    from autopilot.config import Watchdog
+
+    cfg = Watchdog(substance=True, transcript_schema="mmbt", runaway_secs=600)
+    path = tmp_path / "transcript.jsonl"
+    # A 40-iteration scroll loop: the same file paged by offset, a model row between each.
+    loop = _mmbt_rows(["ls"] + [f"sed -n '{k * 50 + 1},{k * 50 + 50}p' src/logalyzer.py"
+                                for k in range(40)])
+    path.write_text("".join(json.dumps(r) + "\n" for r in loop))
+    _, d = check_substance(SubstanceState(), path, 100.0, cfg)
+    assert d is not None and d.action == "WARN" and "scroll loop: 40 identical" in d.reason
+    # The same rows read as role / tool_calls messages see nothing: the blind spot.
+    _, blind = check_substance(SubstanceState(), path, 100.0,
+                               Watchdog(substance=True, runaway_secs=600))
+    assert blind is None
+    # Twelve normal transcripts of the real shape (repeats, paging a while) raise nothing.
+    for i in range(12):
+        cmds = NORMAL_MMBT[i % 3] * (1 + i % 2) + [f"echo done {i}"]
+        path.write_text("".join(json.dumps(r) + "\n" for r in _mmbt_rows(cmds)))
+        _, d = check_substance(SubstanceState(), path, 100.0 + i, cfg)
+        assert d is None, (i, d)
+    # Runaway: stale past runaway_secs with a model row last.
+    rows = _mmbt_rows(["ls", "cat a.py"]) + [{"type": "model", "iter": 3, "tool_calls": []}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    st, d = check_substance(SubstanceState(), path, 0.0, cfg)
+    assert d is None
+    _, d = check_substance(st, path, 700.0, cfg)
+    assert d is not None and "runaway generation" in d.reason

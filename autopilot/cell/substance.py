@@ -6,6 +6,9 @@ The origin operators checked this by hand. Two patterns over the transcript's ro
   * runaway generation: the transcript has been stale for > ``runaway_secs`` and its last
     row is a model response (the model is generating without end, no tool call pending).
 Both WARN; with ``substance_kill`` they KILL, recorded as INVALID(stall) with the reason.
+``transcript_schema = "mmbt"`` reads the MMBT harness's rows the way the origin's
+``tooling/scripts/check_substance.py`` does (tool rows' ``args.command``, digit-stripped,
+first 300 characters; a streak over tool rows only).
 ``substance_decision`` is pure; ``check_substance`` only adds a cheap, cached tail read.
 """
 
@@ -31,12 +34,40 @@ def call_signature(row: dict[str, Any], tool_field: str) -> str | None:
     return _DIGITS.sub("#", json.dumps(calls, sort_keys=True, default=str))
 
 
+def command_template(row: dict[str, Any]) -> str:
+    """An MMBT tool row's command as the origin's check_substance.py compares it: digit
+    runs replaced by ``#``, then its first 300 characters."""
+    args = row.get("args")
+    command = args.get("command") if isinstance(args, dict) else None
+    return _DIGITS.sub("#", command if isinstance(command, str) else "")[:300]
+
+
+def _mmbt_decision(rows: list[dict[str, Any]], stale_secs: float, cfg: Watchdog,
+                   act: Action) -> tuple[Action, str] | None:
+    """The MMBT shape: the streak runs over tool rows only (model rows between them
+    neither break nor make it); runaway is a stale transcript ending in a model row."""
+    tools = [command_template(r) for r in rows if r.get("type") == "tool"]
+    if len(tools) >= 2:
+        streak = 0
+        for t in reversed(tools):
+            if t != tools[-1]:
+                break
+            streak += 1
+        if streak >= cfg.scroll_loop_streak:
+            return act, f"scroll loop: {streak} identical tool commands in a row"
+    if cfg.runaway_secs and stale_secs > cfg.runaway_secs and rows[-1].get("type") == "model":
+        return act, f"runaway generation: stale {stale_secs:.0f}s after a model response"
+    return None
+
+
 def substance_decision(
     rows: list[dict[str, Any]], stale_secs: float, cfg: Watchdog
 ) -> tuple[Action, str] | None:
     if not rows:
         return None
     act: Action = "KILL" if cfg.substance_kill else "WARN"
+    if cfg.transcript_schema == "mmbt":
+        return _mmbt_decision(rows, stale_secs, cfg, act)
     sigs = [call_signature(r, cfg.tool_field) for r in rows]
     last = sigs[-1]
     if last is not None:
@@ -62,11 +93,12 @@ class SubstanceState:
     tier: Action = "OK"
 
 
-def _tail_rows(path: Path, limit: int) -> tuple[dict[str, Any], ...]:
+def _tail_rows(path: Path, limit: int, tail_bytes: int = _TAIL_BYTES
+               ) -> tuple[dict[str, Any], ...]:
     from autopilot.state.untrusted import read_tail
 
     try:
-        data = read_tail(path, _TAIL_BYTES)[0]  # never a FIFO, a device or a symlink
+        data = read_tail(path, tail_bytes)[0]  # never a FIFO, a device or a symlink
     except OSError:
         return ()
     rows = []
@@ -89,7 +121,13 @@ def check_substance(
         return state, None
     if size != state.size:
         limit = max(cfg.scroll_loop_streak, 1) + 1
-        state = replace(state, size=size, changed_at=now, rows=_tail_rows(transcript, limit))
+        tail = _TAIL_BYTES
+        if cfg.transcript_schema == "mmbt":
+            # Model and tool rows alternate, and a tool row carries its output: enough
+            # rows, and bytes, for a streak of tool rows.
+            limit, tail = 4 * limit, 8 * _TAIL_BYTES
+        state = replace(state, size=size, changed_at=now,
+                        rows=_tail_rows(transcript, limit, tail))
     found = substance_decision(list(state.rows), now - state.changed_at, cfg)
     action: Action = found[0] if found else "OK"
     changed = action != state.tier
