@@ -474,7 +474,7 @@ def test_substance_reads_the_mmbt_transcript_shape(tmp_path) -> None:
         _, d = check_substance(SubstanceState(), path, 100.0 + i, cfg)
         assert d is None, (i, d)
     # Runaway: stale past runaway_secs with a model row last.
-    rows = _mmbt_rows(["ls", "cat a.py"]) + [{"type": "model", "iter": 3, "tool_calls": []}]
+    rows = [*_mmbt_rows(["ls", "cat a.py"]), {"type": "model", "iter": 3, "tool_calls": []}]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     st, d = check_substance(SubstanceState(), path, 0.0, cfg)
     assert d is None
