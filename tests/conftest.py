@@ -3,6 +3,7 @@ journal events), never on fixed sleeps."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -118,6 +119,40 @@ def token_holders(tokens: set[str]) -> list[int]:
 @pytest.fixture
 def state_dir(tmp_path: Path) -> Path:
     return tmp_path / "state"
+
+
+@pytest.fixture(autouse=True)
+def _end_what_the_test_left(request: pytest.FixtureRequest) -> Any:
+    """After a test, whatever a run of its own left behind (a supervisor it SIGKILLed and
+    never resumed leaves its endpoint and cells): the processes carrying the marker of a
+    run whose state dir lies in the test's tmp_path, and that run's cgroups. Exact: only
+    runs this test made, found by their marker, killed by pid."""
+    # Asked for now, so that tmp_path is torn down after this (its dependent) is.
+    tmp = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if tmp is None:
+        return
+    tokens = set()
+    for f in tmp.rglob("run.token"):
+        with contextlib.suppress(OSError):
+            tokens.add(f.read_text().strip())
+    tokens.discard("")
+    if not tokens:
+        return
+    from autopilot.cell import cgroups
+    from autopilot.cell.procs import RUN_TOKEN_ENV
+
+    for pid in env_holders(RUN_TOKEN_ENV, tokens):
+        with contextlib.suppress(psutil.Error, OSError):
+            psutil.Process(pid).kill()
+    parent, _ = cgroups.where()
+    for token in tokens:
+        base = parent / f"autopilot-{token[:16]}" if parent is not None else None
+        if base is not None and base.is_dir():
+            run = cgroups.Containment(base)
+            with contextlib.suppress(OSError):
+                run.sweep(timeout=2)
+            run.close()
 
 
 FAKEBIN = ROOT / "tests" / "fakebin"
