@@ -294,6 +294,11 @@ class Preflight(_Frozen):
     files: list[str] = Field(default_factory=list)  # templates of files that must exist
     pins: dict[str, str] = Field(default_factory=dict)  # file template -> sha256
     pin: Literal["warn", "strict"] = "warn"
+    # The benchmark itself (harness, prompts, graders, ground truths, input dirs), per
+    # task: their sha256 (a tree hash for a dir) joins the plan's identity at the first
+    # launch (plan.json); a resume on changed files is refused (autopilot.run.drift).
+    # An optional [group] drops out where a placeholder in it is empty.
+    benchmark_files: Argv = Field(default_factory=list)
     min_free_gb: float = Field(default=1.0, ge=0)
     docker: bool = False  # require a reachable Docker engine even if nothing else says so
     # llama-server: the smallest context per slot (-c / --parallel) cells may get

@@ -63,6 +63,7 @@ def _template_sites(p: Preset, task: Task) -> Iterable[tuple[str, str, bool]]:
         yield from argv_sites("grader.argv", p.grader.argv)
     for j, r in enumerate(task.grader_requires):
         yield f"tasks[{i}].grader_requires[{j}]", r, False
+    yield from argv_sites("preflight.benchmark_files", p.preflight.benchmark_files)
     for key in ("output_dir", "transcript", "summary", "sandbox_container"):
         yield f"harness.{key}", getattr(p.harness, key), False
     if p.harness.cwd:

@@ -1,8 +1,9 @@
 """The MMBT presets against an origin-shaped FAKE checkout (tests/mmbt_fixture.py: the
 real layout, file names and command lines; our fake harness and graders) and a FAKE
 llama-server: the real task table end to end, the p1 grader whose helper is missing,
-arms that are endpoint settings, MISSING_OUTPUT as the model's FAIL, a grader fixed
-between runs and `regrade`, and a kill -9 between harness exit and grading."""
+arms that are request settings, MISSING_OUTPUT as the model's FAIL, a grader fixed
+between runs and `regrade`, a kill -9 between harness exit and grading, and a task
+prompt edited between runs (drift pins)."""
 
 from __future__ import annotations
 
@@ -199,3 +200,41 @@ def test_a_model_id_with_a_slash_is_not_taken_for_a_missing_path(state_dir: Path
                 env=env_for(bench, tmp_path / "argv.jsonl"))
     assert r.returncode == 2 and "p2_ci: " in r.stderr
     assert "tooling/inputs/phase2_ci_failure not found" in r.stderr and "Qwen/" not in r.stderr
+
+
+def test_an_edited_task_prompt_is_refused_on_resume_then_journaled_and_reported(
+        state_dir: Path, tmp_path: Path) -> None:
+    bench = make_checkout(tmp_path)
+    env = env_for(bench, tmp_path / "argv.jsonl", MMBT_P1_UNAVAILABLE="record")
+    args = ["--preset", "qwen3.6-27b", "--target-n", "1", "--config", overlay(tmp_path),
+            "--state-dir", str(state_dir), "--quiet"]
+    first = run_cli(*args, env=env, timeout=300)
+    assert first.returncode == 1, first.stderr[-2000:]  # six ungradable p1 cells
+    plan = json.loads((state_dir / "plan.json").read_text())
+    prompt = bench / "tooling" / "tasks" / "task_extraction.md"
+    pins = plan["benchmark_files"]
+    assert len(pins[str(prompt)]) == 64  # a sha256
+    inputs = bench / "tooling" / "inputs" / "phase2_extraction"
+    assert pins[str(inputs)].startswith("tree:")
+    assert str(bench / "tooling" / "harness.py") in pins
+    before = len(events(state_dir))
+
+    prompt.write_text(prompt.read_text() + "\nAlso summarise the totals.\n")
+    refused = run_cli(*args, env=env, timeout=120)
+    assert refused.returncode == 2, refused.stderr
+    line = refused.stderr.strip().splitlines()[-1]
+    assert "1 benchmark file(s) changed since this run began" in line
+    assert str(prompt) in line and "--allow-plan-change" in line
+    assert len(events(state_dir)) == before  # nothing journaled, nothing launched
+
+    allowed = run_cli(*args, "--allow-plan-change", env=env, timeout=300)
+    assert allowed.returncode == 1, allowed.stderr[-2000:]
+    drift = [e for e in events(state_dir) if e["event"] == "benchmark_drift"]
+    assert len(drift) == 1 and list(drift[0]["files"]) == [str(prompt)]
+    assert drift[0]["files"][str(prompt)]["was"] == pins[str(prompt)]
+    report = run_cli("report", "--state-dir", str(state_dir), env=env)
+    changed = next(x for x in report.stdout.splitlines() if "**BENCHMARK CHANGED**" in x)
+    assert "task\\_extraction.md" in changed  # markdown-escaped, the one file named
+    assert "## 8. Benchmark files" in report.stdout
+    # the new digests are the run's from here on: a plain resume is accepted again
+    assert run_cli(*args, env=env, timeout=120).returncode == 1

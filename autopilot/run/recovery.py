@@ -29,6 +29,7 @@ from autopilot.config import Preset
 from autopilot.errors import PlanChangedError
 from autopilot.logsetup import get_logger
 from autopilot.plan import Cell, Plan, cell_context
+from autopilot.run import drift
 from autopilot.run.preflight import needs_docker
 from autopilot.run.snapshot import RunView, build
 from autopilot.run.throttle import Throttle
@@ -43,11 +44,22 @@ log = get_logger(__name__)
 Emit = Callable[..., dict[str, Any]]
 
 
-def check_plan_identity(state_dir: Path, plan: Plan, allow_change: bool) -> dict[str, Any] | None:
-    """Refuse a state dir made by another plan. Read-only."""
+def check_plan_identity(state_dir: Path, plan: Plan, allow_change: bool,
+                        pins: dict[str, str | None] | None = None) -> dict[str, Any] | None:
+    """Refuse a state dir made by another plan, or by the same plan on other benchmark
+    files (autopilot.run.drift; ``pins``: their digests now). Read-only."""
     recorded = read_json(state_dir / "plan.json")
     if not isinstance(recorded, dict):
         return None
+    if pins is None:
+        pins = drift.benchmark_pins(plan.preset, state_dir)
+    moved = drift.changed(recorded.get("benchmark_files"), pins)
+    if moved and not allow_change:
+        raise PlanChangedError(
+            f"{state_dir}: {len(moved)} benchmark file(s) changed since this run began: "
+            f"{', '.join(moved[:5])}{' ...' if len(moved) > 5 else ''} (their sha256 is in "
+            "plan.json); restore them, use another --state-dir, or pass "
+            "--allow-plan-change to go on with the new ones (journaled)")
     if recorded.get("identity") != plan.identity and not allow_change:
         unset = plan.preset.defaulted_env()
         if unset:  # the likeliest cause first: this shell lacks the run's variables
@@ -81,18 +93,28 @@ def replay(state_dir: Path, ledger: Ledger) -> set[str]:
 
 def record_plan(state_dir: Path, preset: Preset, plan: Plan, emit: Emit, *,
                 preset_path: str | None, config_path: str | None,
-                identity: dict[str, Any] | None) -> None:
-    """plan.json (enough for read-only tools to rebuild the plan) and, per launch, the
-    preflight's identity record."""
+                identity: dict[str, Any] | None,
+                pins: dict[str, str | None] | None = None) -> None:
+    """plan.json (enough for read-only tools to rebuild the plan, and the benchmark
+    files' digests) and, per launch, the preflight's identity record."""
     path = state_dir / "plan.json"
     recorded = read_json(path)
-    if isinstance(recorded, dict) and recorded.get("identity") != plan.identity:
-        emit("plan_changed", old=recorded.get("identity"), new=plan.identity)
+    pins = drift.benchmark_pins(preset, state_dir) if pins is None else pins
+    if isinstance(recorded, dict):
+        if recorded.get("identity") != plan.identity:
+            emit("plan_changed", old=recorded.get("identity"), new=plan.identity)
+        before = recorded.get("benchmark_files")
+        moved = drift.changed(before, pins)
+        if moved:  # only with --allow-plan-change (check_plan_identity refuses it else)
+            assert isinstance(before, dict)
+            emit("benchmark_drift", files={f: {"was": before.get(f), "now": pins.get(f)}
+                                           for f in moved[:50]})
     atomic_write_json(path, {
         "preset": preset.name, "preset_path": preset_path, "config_path": config_path,
         "target_n": plan.target_n, "identity": plan.identity,
         "tasks": [t.id for t in preset.tasks],
         "arms": [a.label for a in preset.arms], "recorded_at": iso(),
+        "benchmark_files": pins,
     })
     if identity:
         with open_append(state_dir / "identity.jsonl", binary=False) as f:

@@ -47,7 +47,7 @@ from autopilot.escape import term
 from autopilot.logsetup import get_logger
 from autopilot.plan import Plan
 from autopilot.privacy import dumpable, make_undumpable
-from autopilot.run import background, recovery, runbook
+from autopilot.run import background, drift, recovery, runbook
 from autopilot.run.clock import RunClock
 from autopilot.run.options import RunOptions
 from autopilot.run.recorder import Recorder
@@ -94,7 +94,11 @@ class Supervisor(Recorder):
         # Before any secret is read into a value of ours: a harness of the same user must
         # not read this process's environment (autopilot.privacy).
         make_undumpable()
-        recovery.check_plan_identity(self.state_dir, self.plan, self.opts.allow_plan_change)
+        # The benchmark's own files, hashed once: compared with the run's first launch
+        # here, recorded in plan.json below (autopilot.run.drift).
+        pins = drift.benchmark_pins(self.preset, self.state_dir)
+        recovery.check_plan_identity(self.state_dir, self.plan, self.opts.allow_plan_change,
+                                     pins)
         self.lock.acquire()
         try:
             # One run per output root (a harness checkout): exit 3 if another holds one.
@@ -111,7 +115,7 @@ class Supervisor(Recorder):
             recovery.record_plan(self.state_dir, self.preset, self.plan, self.emit,
                                  preset_path=self.opts.preset_path,
                                  config_path=self.opts.config_path,
-                                 identity=self.opts.identity)
+                                 identity=self.opts.identity, pins=pins)
             for w in self.opts.warnings:
                 log.warning("preflight_warning", warning=w)
             enable_subreaper()

@@ -261,8 +261,26 @@ def plan_changes(state_dir: Path) -> list[tuple[str, str, str]]:
             if ev.get("event") == "plan_changed"]
 
 
+def benchmark_pins(state_dir: Path) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The benchmark files' digests recorded in plan.json (autopilot.run.drift), and
+    (when, files) of every ``benchmark_drift`` the journal records; shape-checked and
+    markdown-safe (plan.json is a state file: untrusted)."""
+    from autopilot.state.untrusted import state_json
+
+    rec = state_json(state_dir, "plan.json")
+    raw = rec.get("benchmark_files") if isinstance(rec, dict) else None
+    pins = [(md(k, 300), md(v, 80) if isinstance(v, str) else "missing")
+            for k, v in list(raw.items())[:200]] if isinstance(raw, dict) else []
+    drifts = [(md(ev.get("ts"), 40), md(", ".join(map(str, files))[:600], 600))
+              for ev in state_events(state_dir).events
+              if ev.get("event") == "benchmark_drift"
+              and isinstance(files := ev.get("files"), dict)]
+    return pins, drifts
+
+
 def findings(preset: Preset, facts: list[CellFacts], n: int,
-             changes: list[tuple[str, str, str]] | None = None) -> str:
+             changes: list[tuple[str, str, str]] | None = None,
+             pins: tuple[list[tuple[str, str]], list[tuple[str, str]]] = ([], [])) -> str:
     arms = [a.label for a in preset.arms]
     t = trust_block(facts)
     out = [f"# Findings — {preset.name} ({preset.model}), N={n}", ""]
@@ -270,6 +288,10 @@ def findings(preset: Preset, facts: list[CellFacts], n: int,
         out += [f"> **PLAN CHANGED** at {when}: identity {old} → {new} (resumed with "
                 "`--allow-plan-change`); verdicts recorded before it were judged under the "
                 "old plan and are counted under this one.", ""]
+    for when, files in pins[1]:
+        out += [f"> **BENCHMARK CHANGED** at {when}: {files} (resumed with "
+                "`--allow-plan-change`); earlier verdicts were measured with the old files.",
+                ""]
     total = len(facts)
     if t["absent"] or any(not f.valid and not f.quarantined and f.verdict != "INVALID"
                           for f in facts):
@@ -377,6 +399,9 @@ def findings(preset: Preset, facts: list[CellFacts], n: int,
             out.append(f"| **this run: {arm}** | {p}/{v} valid |")
     else:
         out.append("No comparators in this preset.")
+    if pins[0]:
+        out += ["", "## 8. Benchmark files (sha256, pinned at the run's first launch)", ""]
+        out += [f"- `{digest[:23]}` {name}" for name, digest in pins[0]]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -406,5 +431,6 @@ def _tokens_section(preset: Preset, facts: list[CellFacts], arms: list[str]) -> 
 
 
 def render_findings(preset: Preset, n: int, state_dir: Path) -> str:
-    text = findings(preset, collect(preset, n, state_dir), n, plan_changes(state_dir))
+    text = findings(preset, collect(preset, n, state_dir), n, plan_changes(state_dir),
+                    benchmark_pins(state_dir))
     return str(redactor(preset).scrub(text))
