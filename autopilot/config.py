@@ -163,6 +163,9 @@ class Harness(_Frozen):
     sandbox_container: str = ""
     scratch_dirs: list[str] = Field(default_factory=list)
     terminal_row: TerminalRow | None = None
+    # The most a request of the harness may ask for, prompt + max_tokens (0: unknown):
+    # preflight refuses an endpoint that cannot serve it (vLLM's max_model_len).
+    max_context: int = Field(default=0, ge=0)
 
     @field_validator("argv")
     @classmethod

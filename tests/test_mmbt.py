@@ -238,3 +238,47 @@ def test_an_edited_task_prompt_is_refused_on_resume_then_journaled_and_reported(
     assert "## 8. Benchmark files" in report.stdout
     # the new digests are the run's from here on: a plain resume is accepted again
     assert run_cli(*args, env=env, timeout=120).returncode == 1
+
+
+def test_step3p7_serves_what_the_harness_asks_for_and_the_old_context_is_refused(
+        state_dir: Path, tmp_path: Path) -> None:
+    """The harness asks each request for max_tokens = min(180000, 262144 - prompt -
+    14000); the FAKE vLLM refuses prompt + max_tokens over --max-model-len with vLLM's
+    400. The context step3p7 used to ship (65536) is refused at preflight; without that
+    check every cell is a context overflow; the shipped preset (262144) runs."""
+    bench = make_checkout(tmp_path)
+    env = env_for(bench, tmp_path / "argv.jsonl", MMBT_P1_UNAVAILABLE="record",
+                  AUTOPILOT_VLLM=str(FAKEBIN / "vllm"), STEP3P7_MODEL=str(FAKEBIN / "vllm"),
+                  VLLM_PORT="0")
+    small = {"endpoint": {"max_model_len": 65536, "startup_timeout_secs": 30,
+                          "probe_interval_secs": 0.5, "pass_env": ["FAKE_ARGV_LOG"]},
+             "trust": {"infra_retries": 0}}
+    refused = run_cli("--preset", "step3p7", "--target-n", "1", "--dry-run", "--config",
+                      overlay(tmp_path, **small), "--state-dir", str(state_dir), env=env)
+    assert refused.returncode == 2
+    assert "262144" in refused.stderr and "max_model_len = 65536" in refused.stderr
+
+    blind = overlay(tmp_path, **small, harness={"sandbox_container": "",
+                                                "pass_env": ["FAKE_ARGV_LOG"],
+                                                "max_context": 0})
+    r = run_cli("--preset", "step3p7", "--target-n", "1", "--config", blind, "--state-dir",
+                str(tmp_path / "blind"), "--quiet", env=env, timeout=300)
+    assert r.returncode == 1
+    evs = events(tmp_path / "blind")
+    metered = [e for e in evs if e["event"] == "cell_metered"]
+    assert len(metered) == 36 and all(m["errors"] == {"context_overflow": 1} for m in metered)
+    verdicts = [e for e in evs if e["event"] == "cell_verdict"]
+    assert len(verdicts) == 36 and {e["verdict"] for e in verdicts} == {"INVALID"}
+    # (the harness stops at once: no tokens, and its finish_reason says api_error)
+    assert {e["reason"] for e in verdicts} <= {"zero_tokens", "api_error"}
+
+    fine = overlay(tmp_path, endpoint={"startup_timeout_secs": 30, "probe_interval_secs": 0.5,
+                                       "pass_env": ["FAKE_ARGV_LOG"]})
+    r = run_cli("--preset", "step3p7", "--target-n", "1", "--config", fine, "--state-dir",
+                str(state_dir), "--quiet", env=env, timeout=300)
+    assert r.returncode == 1, r.stderr[-2000:]  # the p1 cells (3 x 3 arms) ungradable
+    assert r.stdout.strip().splitlines()[-1].startswith("AUTOPILOT_INCOMPLETE 9 ungradable")
+    evs = events(state_dir)
+    assert all(e["errors"] == {} for e in evs if e["event"] == "cell_metered")
+    argv = json.loads((tmp_path / "argv.jsonl").read_text().splitlines()[-1])
+    assert argv[argv.index("--max-model-len") + 1] == "262144"

@@ -140,6 +140,21 @@ def make_handler(args: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
                 return
             if self._throttled():
                 return
+            if args.max_model_len:
+                # vLLM's refusal, word for word: prompt + max_tokens over --max-model-len.
+                text = " ".join(str(m.get("content", "")) for m in req.get("messages") or []
+                                if isinstance(m, dict))
+                asked = req.get("max_tokens") if type(req.get("max_tokens")) is int else 0
+                prompt = max(1, len(text) // 4)
+                if prompt + asked > args.max_model_len:
+                    self._send(400, {
+                        "object": "error", "type": "BadRequestError", "param": None,
+                        "code": 400, "message": (
+                            f"This model's maximum context length is {args.max_model_len} "
+                            f"tokens. However, you requested {prompt + asked} tokens "
+                            f"({prompt} in the messages, {asked} in the completion). Please "
+                            "reduce the length of the messages or completion.")})
+                    return
             with lock:
                 count[0] += 1
                 n_req = count[0]
@@ -203,6 +218,8 @@ def main(argv: list[str] | None = None) -> None:
                     default=int(os.environ.get("AUTOPILOT_DEMO_CRASH_AFTER") or 0))
     ap.add_argument("--never-ready", action="store_true")
     ap.add_argument("--parallel", type=int, default=4, help="slots shown by /slots")
+    ap.add_argument("--max-model-len", type=int, default=0,
+                    help="refuse prompt + max_tokens above this, as vLLM does (0: never)")
     ap.add_argument("--chat-template-kwargs", default="",
                     help='JSON, e.g. {"enable_thinking": true}: reasoning in-band')
     ap.add_argument("--require-key-env", default="")

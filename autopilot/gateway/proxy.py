@@ -257,11 +257,21 @@ class Gateway:
                     try:
                         await resp.write(chunk)
                     except (ConnectionError, RuntimeError):
-                        m.error("client_gone", "the harness closed its connection mid-response")
+                        gone = True
+                        break
+                else:
+                    gone = False
+                    await resp.write_eof()
+                m.answered += 1
+                if gone:
+                    # The harness stopped reading (an HTTP client that raises on a 4xx
+                    # may close before the body): what the endpoint said still counts.
+                    rec["client_gone"] = True
+                    if up.status < 400:
+                        m.error("client_gone", "the harness closed its connection "
+                                "mid-response")
                         rec["error"] = "client_gone"
                         return resp
-                await resp.write_eof()
-                m.answered += 1
                 self._account(att, rec, up.status, scan, held, held_n)
                 return resp
         except (ClientError, TimeoutError, OSError) as e:

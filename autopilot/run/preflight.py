@@ -225,8 +225,16 @@ def endpoint_problems(preset: Preset) -> list[str]:
 
 def slot_problems(preset: Preset) -> list[str]:
     """llama-server splits ``-c`` over its ``--parallel`` slots: more cells at once than
-    slots queue; a per-slot context below a harness's first turn fails it."""
+    slots queue; a per-slot context below a harness's first turn fails it. vLLM refuses
+    (HTTP 400) every request whose prompt + max_tokens exceed ``--max-model-len``: a
+    harness that asks for more (``harness.max_context``) could never get an answer."""
     ep = preset.endpoint
+    need = preset.harness.max_context
+    if ep.engine == "vllm" and need and ep.max_model_len < need:
+        return [f"the harness asks for up to {need} tokens a request (harness.max_context: "
+                f"prompt + max_tokens) but vLLM serves max_model_len = {ep.max_model_len}; "
+                f"vLLM refuses such a request with HTTP 400 (every cell would be an "
+                f"api_error): raise endpoint.max_model_len to at least {need}"]
     if ep.engine != "llamacpp":
         return []
     args = list(ep.args)

@@ -81,8 +81,12 @@ messages = [{"role": "system", "content": f"task={task_id} arm={arm} n={n}"},
             {"role": "user", "content": task + "\nGive your FINAL answer."}]
 t0 = time.time()
 finish, tokens, ptokens, content = None, 0, 0, ""
+# As tooling/harness.py does: max_model_len hard-coded to 262144, and
+# max_tokens = min(180000, max_model_len - prompt - 14000) (prompt: ~4 chars a token).
+prompt_est = sum(len(m["content"]) for m in messages) // 4
 body = json.dumps({"model": a.model, "messages": messages, "temperature": a.temperature,
-                   "seed": 42, "stream": False}).encode()
+                   "seed": 42, "stream": False,
+                   "max_tokens": min(180000, 262144 - prompt_est - 14000)}).encode()
 try:
     req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
     resp = json.loads(urllib.request.urlopen(req, timeout=600).read())
