@@ -9,6 +9,7 @@ Aggregates count valid cells only and always stand next to the trust counts.
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ class CellFacts:
     # whose word the tokens are: "metered" (the gateway's), "self_reported_mismatch"
     # (the gateway's, the harness's disagreeing), else the harness's summary
     cost_basis: str | None = None
+    wall_secs: float | None = None  # the harness's run of the latest attempt (journal)
 
     @property
     def valid(self) -> bool:
@@ -62,10 +64,14 @@ def collect(preset: Preset, n: int, state_dir: Path) -> list[CellFacts]:
     attempts: Counter[str] = Counter()
     invalid: dict[str, list[str]] = {}
     metered: dict[str, tuple[str, int, int]] = {}  # the gateway's count, where it is used
+    wall: dict[str, float | None] = {}
     for ev in state_events(state_dir).events:
         cid = ev.get("cell")
         if ev.get("event") == "cell_started" and isinstance(cid, str):
             attempts[cid] += 1
+        elif ev.get("event") == "cell_exited" and isinstance(cid, str):
+            secs = count_or_none(ev.get("elapsed_secs"))
+            wall[cid] = secs
         elif ev.get("event") == "cell_verdict" and isinstance(cid, str):
             masked[cid] = bool(ev.get("teardown_masked"))
             spend, basis = ev.get("spend"), ev.get("cost_basis")
@@ -102,6 +108,7 @@ def collect(preset: Preset, n: int, state_dir: Path) -> list[CellFacts]:
             caveat=rule.caveat if rule else None,
             invalid_attempts=tuple(invalid.get(cell.id, [])),
             cost_basis=metered[cell.id][0] if cell.id in metered else None,
+            wall_secs=wall.get(cell.id),
         ))
     return facts
 
@@ -417,8 +424,13 @@ def _tokens_section(preset: Preset, facts: list[CellFacts], arms: list[str]) -> 
     if not with_usage:
         return ["No usage data: the harness reported no token counts.", ""]
     rate = preset.rate_card.get(preset.model)
-    basis = ("list price from the preset rate card × the token totals in the summary files"
-             if rate else "unpriced: the preset's rate card has no entry for this model")
+    metered = sum(f.cost_basis is not None for f in with_usage)
+    source = (f"the gateway's metered counts ({metered} of {len(with_usage)} cells; the "
+              "summary files' elsewhere)" if metered else "the token totals in the summary "
+              "files")
+    basis = (f"list price from the preset rate card × {source}" if rate else
+             f"unpriced: the preset's rate card has no entry for this model; tokens are "
+             f"{source}")
     out = [f"Cost basis: {basis}.", "", "| arm | cells with usage | prompt tokens | "
            "completion tokens | cost (USD) |", "|---|---|---|---|---|"]
     for arm in arms:
@@ -427,7 +439,25 @@ def _tokens_section(preset: Preset, facts: list[CellFacts], arms: list[str]) -> 
         pout = sum(f.completion_tokens or 0 for f in mine)
         cost = f"{(pin * rate[0] + pout * rate[1]) / 1e6:.4f}" if rate else "unpriced"
         out.append(f"| {arm} | {len(mine)} | {pin} | {pout} | {cost} |")
+    out += ["", "Per task (valid cells; medians, as the origin's summarize.sh):", "",
+            "| task | arm | pass / valid | median tokens | median wall (s) |",
+            "|---|---|---|---|---|"]
+    for task in dict.fromkeys(f.task for f in facts):
+        for arm in arms:
+            cells = [f for f in facts if f.task == task and f.arm == arm and f.valid]
+            if not cells:
+                continue
+            toks = [float((f.prompt_tokens or 0) + (f.completion_tokens or 0)) for f in cells
+                    if f.completion_tokens is not None]
+            walls = [f.wall_secs for f in cells if f.wall_secs is not None]
+            passes = sum(f.verdict == "PASS" for f in cells)
+            out.append(f"| {task} | {arm} | {passes}/{len(cells)} | "
+                       f"{_median(toks, '{:.0f}')} | {_median(walls, '{:.1f}')} |")
     return [*out, ""]
+
+
+def _median(values: list[float], fmt: str) -> str:
+    return fmt.format(statistics.median(values)) if values else "-"
 
 
 def render_findings(preset: Preset, n: int, state_dir: Path) -> str:
