@@ -229,6 +229,9 @@ def dry_run_text(preset: Preset, plan: Plan, state_dir: Path, warnings: list[str
     from autopilot.gateway.evidence import mode_line as gateway_line
 
     lines.append(gateway_line(preset))
+    from autopilot.cell.validity import counting_line
+
+    lines.append(counting_line(preset.trust.count))
     lines += env_lines(preset)
     lines += [f"warning: {w}" for w in warnings]
     lines.append("dry run: nothing launched")

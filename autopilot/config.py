@@ -123,7 +123,8 @@ class VerdictRule(_Frozen):
 INVALID_REASONS = frozenset({
     "stall", "deadline", "harness_crash", "missing_output", "grader_failed",
     "malformed_grade", "zero_tokens", "arm_mismatch", "endpoint_down", "api_error",
-    "grader_unavailable", "malformed_summary", "rate_limited", "disk_full", "unmetered"})
+    "grader_unavailable", "malformed_summary", "rate_limited", "disk_full", "unmetered",
+    "config"})
 # Reasons that lie with grading, not with the harness's run: the outputs stand, so the
 # grader is re-run on them; the harness never is (an hour of GPU work is not re-spent).
 GRADE_REASONS = frozenset({"grader_failed", "malformed_grade", "grader_unavailable"})
@@ -263,6 +264,11 @@ class Trust(_Frozen):
     tokens: TokenCheck | None = None
     finish: FinishCheck | None = None
     arm_checks: list[ArmCheck] = Field(default_factory=list)
+    # How a killed or broken attempt counts (autopilot.cell.validity.count_by_evidence):
+    # "evidence" — the model's own failure (a deadline while the endpoint answered, a
+    # loop, a context it outgrew) is a FAIL with its caveat; "invalid" — every such
+    # attempt INVALID, retried (the counting before the gateway).
+    count: Literal["evidence", "invalid"] = "evidence"
 
 
 class Run(_Frozen):

@@ -480,3 +480,68 @@ def test_substance_reads_the_mmbt_transcript_shape(tmp_path) -> None:
     assert d is None
     _, d = check_substance(st, path, 700.0, cfg)
     assert d is not None and "runaway generation" in d.reason
+
+
+def _ev(requests=3, answered=3, errors=None, first=None):
+    from autopilot.cell.validity import Evidence
+
+    return Evidence(requests, answered, errors or {}, first)
+
+
+@pytest.mark.parametrize(("c", "run", "ev", "label", "caveat"), [
+    # the model ran out of time while the endpoint answered: its FAIL
+    (("INVALID", "deadline"), RunOutcome(None, killed="deadline"), _ev(), "FAIL", "timed out"),
+    # it looped (the substance watchdog's kill): its FAIL
+    (("INVALID", "stall"), RunOutcome(None, killed="stall",
+                                      kill_reason="scroll loop: 30 identical tool commands"),
+     _ev(), "FAIL", "looped"),
+    # it outgrew its context (a 400 saying so, after earlier answers): its FAIL
+    (("INVALID", "api_error"), RunOutcome(0, completion=True),
+     _ev(errors={"context_overflow": 1}), "FAIL", "context exceeded"),
+    # the first request already over the served context: the preset's settings
+    (("INVALID", "zero_tokens"), RunOutcome(0, completion=True),
+     _ev(1, 1, {"context_overflow": 1}, "context_overflow"), "INVALID(config)", None),
+    # a frozen harness with no request in flight: a stall, the infrastructure's
+    (("INVALID", "stall"), RunOutcome(None, killed="stall", kill_reason="transcript frozen"),
+     _ev(), "INVALID(stall)", None),
+    # the endpoint failing, down, or never reached: INVALID as before
+    (("INVALID", "deadline"), RunOutcome(None, killed="deadline"),
+     _ev(errors={"endpoint_error": 2}), "INVALID(deadline)", None),
+    (("INVALID", "endpoint_down"), RunOutcome(None, killed="stall", endpoint_down=True),
+     _ev(), "INVALID(endpoint_down)", None),
+    (("INVALID", "deadline"), RunOutcome(None, killed="deadline"), _ev(0, 0),
+     "INVALID(deadline)", None),
+    # killed at the deadline before any answer came back: no evidence of the model
+    (("INVALID", "deadline"), RunOutcome(None, killed="deadline"), _ev(1, 0),
+     "INVALID(deadline)", None),
+    # grading's own failures and valid verdicts are never touched
+    (("INVALID", "grader_failed"), RunOutcome(0, completion=True),
+     _ev(errors={"context_overflow": 1}), "INVALID(grader_failed)", None),
+    (("PASS", None), RunOutcome(0, completion=True), _ev(), "PASS", None),
+    # no gateway evidence: as before
+    (("INVALID", "deadline"), RunOutcome(None, killed="deadline"), None,
+     "INVALID(deadline)", None),
+])
+def test_count_by_evidence(c, run, ev, label, caveat) -> None:
+    from autopilot.cell.validity import Classification, count_by_evidence
+
+    got = count_by_evidence(Classification(c[0], reason=c[1]), run, ev)
+    assert (got.label(), got.caveat) == (label, caveat)
+    # the counting before the gateway, on request
+    assert count_by_evidence(Classification(c[0], reason=c[1]), run, ev,
+                             "invalid").label() == Classification(c[0], reason=c[1]).label()
+
+
+def test_the_origins_coder_p3_market_is_zero_of_ten_not_zero_of_zero() -> None:
+    """Coder p3_market in the origin's scorecard: 5 loops, 4 HTTP-400 context overflows, 1
+    wall-killed — 0/10 against the model, not 10 INVALID and 'no data'."""
+    from autopilot.cell.validity import Classification, count_by_evidence
+
+    loop = RunOutcome(None, killed="stall", kill_reason="scroll loop: 30 identical")
+    cells = ([(("INVALID", "stall"), loop, _ev(40, 40))] * 5
+             + [(("INVALID", "api_error"), RunOutcome(0, completion=True),
+                 _ev(12, 12, {"context_overflow": 1}))] * 4
+             + [(("INVALID", "deadline"), RunOutcome(None, killed="deadline"), _ev(30, 30))])
+    got = [count_by_evidence(Classification(v, reason=r), run, ev) for (v, r), run, ev in cells]
+    assert [g.verdict for g in got] == ["FAIL"] * 10
+    assert sum(g.verdict == "PASS" for g in got) == 0  # 0/10

@@ -379,3 +379,27 @@ def test_a_providers_key_stays_in_the_supervisor_and_429s_are_absorbed(
     verdicts = [e for e in evs if e["event"] == "cell_verdict"]
     assert all(v["verdict"] in ("PASS", "FAIL") for v in verdicts)  # none rate_limited
     assert any(e["event"] == "launch_throttled" for e in evs)
+
+
+def test_a_model_that_runs_out_of_time_is_its_fail_in_every_view(tmp_path: Path) -> None:
+    """Killed at its deadline while the endpoint answered every request: FAIL (timed
+    out), counted against the model — by the run, by validate and in the report."""
+    from conftest import events, run_cli, write_overlay
+
+    state = tmp_path / "state"
+    over = write_overlay(tmp_path / "o.json", {
+        "tasks": [{"id": "p1_bugfix"}], "arms": [{"label": "demo-nothink", "mode": "nothink"}],
+        "vars": {"think_secs": "30"}, "trust": {"infra_retries": 0},
+        "harness": {"wall_budget_secs": 1},
+        "watchdog": {"deadline_overhead_secs": 1, "stuck_secs": 60, "warn_secs": 50,
+                     "probe_secs": 55, "kill_secs": 58}})
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                "--state-dir", str(state), "--quiet")
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    v = next(e for e in events(state) if e["event"] == "cell_verdict")
+    assert (v["verdict"], v["caveat"]) == ("FAIL", "timed out")
+    assert any(e["event"] == "cell_killed" and e["kind"] == "deadline" for e in events(state))
+    val = run_cli("validate", "--state-dir", str(state))
+    assert val.returncode == 0 and "FAIL=1" in val.stdout, val.stdout
+    rep = run_cli("report", "--state-dir", str(state)).stdout
+    assert "timed out (1 cells)" in rep

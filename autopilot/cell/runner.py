@@ -29,7 +29,15 @@ from autopilot.cell.cgroups import Containment, group_name
 from autopilot.cell.grading import judge_cell
 from autopilot.cell.procs import OWNED, TOKEN_ENV, Tracker, child_exited, identify, kill_tree, spawn
 from autopilot.cell.substance import SubstanceState, check_substance
-from autopilot.cell.validity import Classification, Killed, RunOutcome, lookup, unmetered
+from autopilot.cell.validity import (
+    Classification,
+    Evidence,
+    Killed,
+    RunOutcome,
+    count_by_evidence,
+    lookup,
+    unmetered,
+)
 from autopilot.cell.watchdog import Limits, Observation, WatchState, cell_deadline, decide
 from autopilot.config import Preset
 from autopilot.logsetup import bind_contextvars, get_logger, unbind_contextvars
@@ -493,8 +501,12 @@ class CellRun:
                     c = replace(c, detail=f"{c.detail}; launcher log: {tail}")
             if c.launched is None:  # decided without a grader: the harness's evidence
                 c = replace(c, launched=self.launched or time.time())
-            if self.meter is not None:
-                c = unmetered(c, self.meter.requests, self.p.gateway.require_metering)
+            m = self.meter
+            if m is not None:
+                c = unmetered(c, m.requests, self.p.gateway.require_metering)
+                c = count_by_evidence(c, outcome, Evidence(
+                    m.requests, m.answered, dict(m.errors), m.first_error or None),
+                    self.p.trust.count)
             return c
         finally:
             self._clean_scratch()

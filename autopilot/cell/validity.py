@@ -185,6 +185,76 @@ def unmetered(c: Classification, requests: int, required: bool) -> Classificatio
     return c
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """What the gateway saw of an attempt (its cell_metered totals)."""
+    requests: int = 0
+    answered: int = 0
+    errors: Mapping[str, int] = field(default_factory=dict)
+    first_error: str | None = None  # the kind of error the first request got, if any
+
+
+def evidence_of(ev: Any) -> Evidence | None:
+    """Evidence from a journaled ``cell_metered`` (shape-checked: the journal is a state
+    file); None for anything else."""
+    if not isinstance(ev, Mapping):
+        return None
+    n, a = ev.get("requests"), ev.get("answered")
+    errors = ev.get("errors")
+    if type(n) is not int or type(a) is not int or not isinstance(errors, Mapping):
+        return None
+    first = ev.get("first_error")
+    return Evidence(n, a, {str(k): v for k, v in errors.items() if type(v) is int},
+                    first if isinstance(first, str) and first else None)
+
+
+LOOP_KILLS = ("scroll loop", "runaway generation")  # the substance watchdog's reasons
+
+
+def count_by_evidence(c: Classification, run: RunOutcome, ev: Evidence | None,
+                      policy: str = "evidence") -> Classification:
+    """Count like the benchmark counts. An INVALID attempt whose evidence points at the
+    model is the model's FAIL, with a caveat: the endpoint answered and the cell ran out
+    of time (``timed out``), looped (``looped``), or outgrew its context
+    (``context exceeded``). It stays INVALID where the evidence points at the
+    infrastructure: the endpoint down or failing, no request ever reaching it (zero
+    work), a frozen harness with no request in flight (a stall), grading. A first
+    request already over the served context is the preset's settings, not the model:
+    INVALID(config). Without the gateway's evidence nothing changes."""
+    if policy != "evidence" or ev is None or c.verdict != "INVALID" or c.grade_side:
+        return c
+    if run.endpoint_down or ev.errors.get("endpoint_error") or ev.requests == 0:
+        return c
+    if ev.first_error == "context_overflow":
+        return _invalid("config", "the first request already exceeds the served context: "
+                        "the endpoint's context is below what the harness asks for "
+                        "(harness.max_context)", launched=c.launched)
+    why = ""
+    if ev.errors.get("context_overflow"):
+        why = "context exceeded"
+    elif c.reason == "deadline" and ev.answered:
+        why = "timed out"
+    elif c.reason == "stall" and ev.answered and (run.kill_reason or "").startswith(
+            LOOP_KILLS):
+        why = "looped"
+    if not why:
+        return c
+    return Classification("FAIL", caveat=why, teardown_masked=c.teardown_masked,
+                          detail=f"{why}: {c.detail}"[:600], launched=c.launched,
+                          extra={"was": c.label()})
+
+
+def counting_line(policy: str) -> str:
+    """What --dry-run and the report say of the counting rule."""
+    if policy == "invalid":
+        return ("counting: invalid (a killed or broken attempt is INVALID and retried, "
+                "whatever the model did)")
+    return ("counting: evidence (through the gateway, a model that ran out of time, "
+            "looped or outgrew its context is a FAIL with that caveat; the endpoint "
+            "failing, no request reaching it, a frozen harness or grading stay INVALID; "
+            "a first request over the served context is INVALID(config))")
+
+
 def lookup(doc: Any, dotted: str) -> Any:
     """``a.b.c`` inside nested dicts; None when any step is missing."""
     cur = doc

@@ -177,6 +177,7 @@ class Meter:
     progress: int = 0
     bytes_in: int = 0
     failovers: int = 0  # requests sent to another replica than the cell's own
+    first_error: str | None = None  # the first request's error kind ("" when it was fine)
     last_error: str | None = None
 
     def count(self, usage: Usage | None, estimate: int = 0) -> None:
@@ -201,7 +202,7 @@ class Meter:
                 "completion_tokens": self.completion_tokens,
                 "reasoning_tokens": self.reasoning_tokens, "estimated": self.estimated,
                 "malformed_usage": self.malformed_usage, "failovers": self.failovers,
-                "last_error": self.last_error}
+                "first_error": self.first_error or None, "last_error": self.last_error}
 
 
 def mode_line(preset: Preset) -> str:

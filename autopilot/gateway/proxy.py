@@ -168,6 +168,7 @@ class Gateway:
     async def _handle(self, att: Attempt, req: web.Request) -> web.StreamResponse:
         m = att.meter
         m.requests += 1
+        first = m.requests == 1
         m.in_flight += 1
         m.progress += 1
         t0 = time.perf_counter()
@@ -178,6 +179,8 @@ class Gateway:
         finally:
             m.in_flight -= 1
             m.progress += 1
+            if first:
+                m.first_error = str(rec.get("error") or "")
             rec["latency_ms"] = round((time.perf_counter() - t0) * 1000, 2)
             with contextlib.suppress(OSError):
                 att.write(rec)

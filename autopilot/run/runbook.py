@@ -166,7 +166,10 @@ def on_verdict(policy: Policy, rules: Rules, ledger: Ledger, cid: str, c: Classi
         effects.append(Throttled())
     if c.verdict in VALID:
         effects.append(CountValid())
-    elif not c.grade_side and should_quarantine(state.invalid_attempts, rules.infra_retries):
+    elif not c.grade_side and (c.reason == "config" or should_quarantine(
+            state.invalid_attempts, rules.infra_retries)):
+        # INVALID(config): the preset's own settings refuse the cell; a retry is the same
+        # refusal again, never a silent loop.
         effects.append(Emit("cell_quarantined", {"cell": cid, "attempts": state.attempts,
                                                  "reasons": list(state.reasons)}))
     if not regrade:  # the streak is about fresh runs and fresh grades

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from autopilot.cell.childenv import redactor
+from autopilot.cell.validity import counting_line
 from autopilot.config import INVALID_REASONS, Preset
 from autopilot.escape import md
 from autopilot.plan import Plan, cell_context
@@ -105,7 +106,7 @@ def collect(preset: Preset, n: int, state_dir: Path) -> list[CellFacts]:
             _int(summary.get("total_prompt_tokens")),
             completion_tokens=metered[cell.id][2] if cell.id in metered else
             _int(summary.get("total_completion_tokens")),
-            caveat=rule.caveat if rule else None,
+            caveat=rule.caveat if rule else chk.caveat,
             invalid_attempts=tuple(invalid.get(cell.id, [])),
             cost_basis=metered[cell.id][0] if cell.id in metered else None,
             wall_secs=wall.get(cell.id),
@@ -373,6 +374,7 @@ def findings(preset: Preset, facts: list[CellFacts], n: int,
             f"{t['teardown_masked']}",
             f"- retried cells: {t['retried']} (INVALID attempts by reason: "
             f"{_attempts_line(t)})", f"- cells not run: {t['absent']}",
+            f"- {counting_line(preset.trust.count)}",
             f"- tokens metered by the gateway: {t['metered']} of {t['valid']} valid cells"
             + (f"; the harness's own count disagrees on {t['cost_mismatch']} (the "
                "gateway's is used)" if t["cost_mismatch"] else ""), ""]

@@ -16,7 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from autopilot.cell.grading import missing_requirements, read_checks
-from autopilot.cell.validity import Checks, GradeOutcome, RunOutcome, classify, grader_unavailable
+from autopilot.cell.validity import (
+    Checks,
+    GradeOutcome,
+    RunOutcome,
+    classify,
+    count_by_evidence,
+    evidence_of,
+    grader_unavailable,
+    unmetered,
+)
 from autopilot.config import Preset
 from autopilot.escape import clean, term
 from autopilot.plan import Plan, cell_context
@@ -33,6 +42,7 @@ class CellCheck:
     verdict: str  # PASS / FAIL / INVALID / ABSENT / RUNNING / PENDING (no verdict yet)
     reason: str = ""
     detail: str = ""
+    caveat: str | None = None
 
 
 @dataclass
@@ -63,6 +73,7 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
     invalid_count: dict[str, int] = {}
     abandoned: dict[str, str] = {}  # the journal's own word: no verdict, to be re-run
     spans: dict[tuple[str, int], list[float]] = {}  # each attempt's first and last event
+    metered: dict[str, dict[str, Any]] = {}  # the gateway's evidence of the latest attempt
     for ev in state_events(state_dir).events:
         cid = ev.get("cell")
         if not isinstance(cid, str):
@@ -77,9 +88,12 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
         if kind in ("cell_spawning", "cell_started"):
             attempts[cid] = ev["attempt"] if type(ev.get("attempt")) is int else 1
             last_outcome.pop(cid, None)
+            metered.pop(cid, None)
             running.add(cid)
         elif kind in ("cell_exited", "cell_ran") and isinstance(ev.get("outcome"), dict):
             last_outcome[cid] = ev["outcome"]
+        elif kind == "cell_metered":
+            metered[cid] = ev
         elif kind == "cell_quarantined":
             quarantined.add(cid)
         elif kind == "cell_verdict" and ev.get("verdict") == "INVALID":
@@ -128,6 +142,7 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
             exit_code=rec.get("exit_code", 0 if completion else None),
             killed=rec.get("killed"), completion=completion,
             endpoint_down=bool(rec.get("endpoint_down")), kill_reason=rec.get("kill_reason"),
+            disk_low=bool(rec.get("disk_low")),
         )
         grade_path = Path(ctx["grade_file"])
         grade = (GradeOutcome(True, grade=read_json(grade_path)) if grade_path.exists()
@@ -137,7 +152,12 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
         missing = missing_requirements(preset, cell.task, ctx)
         if c.grade_side and missing:  # not a broken grader: one that cannot run here
             c = grader_unavailable(missing)
-        result.cells.append(CellCheck(cell.id, c.verdict, c.reason or "", c.detail))
+        seen = evidence_of(metered.get(cell.id))
+        if seen is not None:  # as the run judged it: the gateway's evidence counts too
+            c = unmetered(c, seen.requests, preset.gateway.require_metering)
+            c = count_by_evidence(c, outcome, seen, preset.trust.count)
+        result.cells.append(CellCheck(cell.id, c.verdict, c.reason or "", c.detail,
+                                      c.caveat))
     result.armless, result.foreign = armless_dirs(preset, plan, state_dir,
                                                   list(spans.values()))
     return result
