@@ -67,6 +67,10 @@ CRASH = Classification("INVALID", reason="harness_crash", launched=1.0)
     # grading alone failed: the run stands, never quarantined
     ([("t1_a_v1", "INVALID", "grader_failed"), ("t1_a_v1", "INVALID", "grader_failed")],
      Classification("INVALID", reason="grader_failed", launched=1.0), []),
+    # the preset's own settings refuse the cell (INVALID(config)): quarantined at once,
+    # never retried into the same refusal
+    ([("t1_a_v1", "INVALID", "config")],
+     Classification("INVALID", reason="config", launched=1.0), ["emit:cell_quarantined"]),
     # the provider throttled the harness: launch fewer, first
     ([("t1_a_v1", "INVALID", "rate_limited")],
      Classification("INVALID", reason="rate_limited", launched=1.0), ["Throttled"]),
