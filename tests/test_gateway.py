@@ -344,7 +344,8 @@ def test_a_providers_key_stays_in_the_supervisor_and_429s_are_absorbed(
     from conftest import ROOT, cli_env, events, run_cli
     from provider_fake import FakeProvider
 
-    from autopilot.gateway.proxy import PLACEHOLDER_KEY
+    from autopilot.cell.procs import existing_run_token
+    from autopilot.gateway.proxy import placeholder_key
 
     secret = "sk-REAL-provider-key-5e1f"
     # The fake provider demands the real key and throttles every 3rd request for 0.3 s.
@@ -368,9 +369,11 @@ def test_a_providers_key_stays_in_the_supervisor_and_429s_are_absorbed(
     evs = events(state)
     cells = [d for d in (state / "cells").iterdir() if d.is_dir()]
     assert len(cells) == 2
+    token = existing_run_token(state)
+    assert token is not None
     for d in cells:
         env = (d / "env.txt").read_text()
-        assert f"FAKE_PROVIDER_KEY={PLACEHOLDER_KEY}" in env and secret not in env
+        assert f"FAKE_PROVIDER_KEY={placeholder_key(token)}" in env and secret not in env
     starts = [e for e in evs if e["event"] == "cell_spawning"]
     assert starts and all(secret not in json.dumps(e) for e in evs)
     metered = [e for e in evs if e["event"] == "cell_metered"]
@@ -403,3 +406,25 @@ def test_a_model_that_runs_out_of_time_is_its_fail_in_every_view(tmp_path: Path)
     assert val.returncode == 0 and "FAIL=1" in val.stdout, val.stdout
     rep = run_cli("report", "--state-dir", str(state)).stdout
     assert "timed out (1 cells)" in rep
+
+
+async def test_the_provider_key_is_added_only_to_requests_with_the_runs_placeholder(
+        upstream: FakeUpstream, tmp_path: Path) -> None:
+    from autopilot.gateway.proxy import placeholder_key
+
+    gw = Gateway()
+    gw.auth, gw.expect_key = (lambda: {"Authorization": "Bearer REAL"}), placeholder_key("t")
+    try:
+        async with gw.attempt("c1", 1, {}, here(upstream), tmp_path / "g") as att, \
+                httpx.AsyncClient(base_url=f"http://127.0.0.1:{att.port}") as c:
+            stranger = await c.post("/v1/chat/completions", json={"model": "fake"},
+                                    headers={"Authorization": "Bearer guess"})
+            bare = await c.post("/v1/chat/completions", json={"model": "fake"})
+            ours = await c.post("/v1/chat/completions", json={"model": "fake"},
+                                headers={"Authorization": f"Bearer {placeholder_key('t')}"})
+    finally:
+        await gw.close()
+    assert stranger.status_code == bare.status_code == 401
+    assert ours.status_code == 200
+    assert len(upstream.headers) == 1 and upstream.headers[0]["Authorization"] == "Bearer REAL"
+    assert placeholder_key("t") != placeholder_key("u")  # one per run

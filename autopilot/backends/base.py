@@ -100,7 +100,7 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
     from autopilot.cell.childenv import child_env
     from autopilot.cell.procs import RUN_TOKEN_ENV
     from autopilot.cell.runner import CellContext
-    from autopilot.gateway.proxy import PLACEHOLDER_KEY, gateway_for
+    from autopilot.gateway.proxy import gateway_for, placeholder_key
     from autopilot.logsetup import SPOOL_CAP
     from autopilot.state.diskspace import DiskWatch, floor_bytes
     from autopilot.state.fsguard import run_roots
@@ -108,11 +108,11 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
     port, clock = w.port, w.clock
     roots = run_roots(w.preset, w.state_dir)
     gateway = gateway_for(w.preset, w.redactor.scrub, port.throttled, port.emit,
-                          auth=getattr(keeper.ep, "headers", None))
+                          auth=getattr(keeper.ep, "headers", None), run_token=w.run_token)
     ep = w.preset.endpoint
     # Through the gateway a provider's key stays here: the harness gets a placeholder,
     # the gateway puts the real one on the request upstream.
-    key_env = {ep.api_key_env: PLACEHOLDER_KEY} if gateway is not None and \
+    key_env = {ep.api_key_env: placeholder_key(w.run_token)} if gateway is not None and \
         ep.engine == "provider" and ep.api_key_env else {}
     disk = w.disk or DiskWatch(roots, floor_bytes(w.preset.run.disk_floor_mb,
                                                w.preset.preflight.min_free_gb), clock)

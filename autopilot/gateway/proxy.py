@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -96,7 +97,14 @@ class Attempt:
 
 # What a harness holds instead of a hosted provider's key (the gateway adds the real
 # one upstream); shaped like a key, since some SDKs refuse a value that is not.
-PLACEHOLDER_KEY = "sk-autopilot-gateway-placeholder"
+PLACEHOLDER_PREFIX = "sk-autopilot-gateway-"
+
+
+def placeholder_key(run_token: str) -> str:
+    """The run's placeholder: only its harnesses have it (like the run marker), and the
+    gateway adds the provider's key only to a request that carries it — another local
+    process cannot spend the key through a gateway port it found."""
+    return PLACEHOLDER_PREFIX + hashlib.sha256(f"gateway:{run_token}".encode()).hexdigest()[:32]
 
 
 class Gateway:
@@ -116,6 +124,7 @@ class Gateway:
         # the upstream's own credentials (a provider's Authorization), put on every
         # request in place of whatever the harness sent
         self.auth: Callable[[], dict[str, str]] | None = None
+        self.expect_key = ""  # with ``auth``: the bearer a request must carry
         self._session: ClientSession | None = None
 
     def _client(self) -> ClientSession:
@@ -212,6 +221,12 @@ class Gateway:
                     rec["model"] = doc["model"][:120]
         headers = {k: v for k, v in req.headers.items() if k.lower() not in _HOP}
         if self.auth is not None:
+            if req.headers.get("Authorization", "") != f"Bearer {self.expect_key}":
+                m.error("request_error", "a request without this run's placeholder key")
+                rec.update(status=401, error="request_error")
+                return web.json_response({"error": {"message": "the autopilot gateway "
+                                                    "needs this run's placeholder key"}},
+                                         status=401)
             headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
             headers.update(self.auth())
         resp: web.StreamResponse | None = None
@@ -355,8 +370,8 @@ class Gateway:
 
 
 def gateway_for(preset: Preset, redact: Callable[[str], str], on_throttled: Callable[[], None],
-                emit: Callable[..., Any],
-                auth: Callable[[], dict[str, str]] | None = None) -> Gateway | None:
+                emit: Callable[..., Any], auth: Callable[[], dict[str, str]] | None = None,
+                run_token: str = "") -> Gateway | None:
     """The gateway a preset asks for (None: harnesses talk to the endpoint directly)."""
     g = preset.gateway
     if not g.enabled or preset.endpoint.engine not in GATEWAY_ENGINES:
@@ -368,7 +383,7 @@ def gateway_for(preset: Preset, redact: Callable[[str], str], on_throttled: Call
                      "request_failover", cell=cell, attempt=attempt, replica=frm, to=to,
                      why=why))
     if preset.endpoint.engine == "provider":
-        gw.auth = auth
+        gw.auth, gw.expect_key = auth, placeholder_key(run_token)
     return gw
 
 
@@ -387,4 +402,5 @@ def _text(doc: Any, held: list[bytes]) -> str:
     return b"".join(held)[:ERROR_BODY * 2].decode("utf-8", "replace")
 
 
-__all__ = ["PLACEHOLDER_KEY", "Attempt", "Gateway", "Limits", "gateway_for"]
+__all__ = ["PLACEHOLDER_PREFIX", "Attempt", "Gateway", "Limits", "gateway_for",
+           "placeholder_key"]
