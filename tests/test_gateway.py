@@ -303,6 +303,8 @@ def test_the_run_counts_the_gateways_tokens_and_flags_a_harness_that_under_repor
     # per task, the gateway's tokens and the journal's wall time (summarize.sh's columns)
     assert re.search(r"\| p2_extract \| demo-nothink \| [01]/1 \| \d+ \| \d+\.\d \|", rep.stdout)
     assert "the gateway's metered counts (2 of 3 cells" in " ".join(rep.stdout.split())
+    assert "model requests that failed, by kind (the gateway's record, every attempt): none" \
+        in rep.stdout
     grid = run_cli("--state-dir", str(state), "--no-color", "--no-events", prog="dashboard")
     assert "tokens: harness disagrees with the gateway on 1" in " ".join(grid.stdout.split())
     # spend: the gateway's count where it saw the work, the harness's word where not

@@ -268,9 +268,13 @@ def test_step3p7_serves_what_the_harness_asks_for_and_the_old_context_is_refused
     metered = [e for e in evs if e["event"] == "cell_metered"]
     assert len(metered) == 36 and all(m["errors"] == {"context_overflow": 1} for m in metered)
     verdicts = [e for e in evs if e["event"] == "cell_verdict"]
-    assert len(verdicts) == 36 and {e["verdict"] for e in verdicts} == {"INVALID"}
-    # (the harness stops at once: no tokens, and its finish_reason says api_error)
-    assert {e["reason"] for e in verdicts} <= {"zero_tokens", "api_error"}
+    # the first request already over the served context: the preset's settings, not the
+    # model; quarantined at once, never retried into the same refusal
+    assert len(verdicts) == 36 and {(e["verdict"], e["reason"]) for e in verdicts} == {
+        ("INVALID", "config")}
+    assert sum(e["event"] == "cell_quarantined" for e in evs) == 36
+    rep = run_cli("report", "--state-dir", str(tmp_path / "blind"), env=env).stdout
+    assert "by kind (the gateway's record, every attempt): context\\_overflow 36" in rep
 
     fine = overlay(tmp_path, endpoint={"startup_timeout_secs": 30, "probe_interval_secs": 0.5,
                                        "pass_env": ["FAKE_ARGV_LOG"]})

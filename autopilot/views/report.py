@@ -286,9 +286,21 @@ def benchmark_pins(state_dir: Path) -> tuple[list[tuple[str, str]], list[tuple[s
     return pins, drifts
 
 
+def gateway_errors(state_dir: Path) -> dict[str, int]:
+    """Every attempt's gateway errors by kind (cell_metered), summed; shape-checked."""
+    total: Counter[str] = Counter()
+    for ev in state_events(state_dir).events:
+        errors = ev.get("errors") if ev.get("event") == "cell_metered" else None
+        if isinstance(errors, dict):
+            total.update({md(k, 40): v for k, v in errors.items()
+                          if type(v) is int and 0 < v < 10**9})
+    return dict(sorted(total.items()))
+
+
 def findings(preset: Preset, facts: list[CellFacts], n: int,
              changes: list[tuple[str, str, str]] | None = None,
-             pins: tuple[list[tuple[str, str]], list[tuple[str, str]]] = ([], [])) -> str:
+             pins: tuple[list[tuple[str, str]], list[tuple[str, str]]] = ([], []),
+             errors: dict[str, int] | None = None) -> str:
     arms = [a.label for a in preset.arms]
     t = trust_block(facts)
     out = [f"# Findings — {preset.name} ({preset.model}), N={n}", ""]
@@ -375,6 +387,8 @@ def findings(preset: Preset, facts: list[CellFacts], n: int,
             f"- retried cells: {t['retried']} (INVALID attempts by reason: "
             f"{_attempts_line(t)})", f"- cells not run: {t['absent']}",
             f"- {counting_line(preset.trust.count)}",
+            "- model requests that failed, by kind (the gateway's record, every attempt): "
+            + (", ".join(f"{k} {v}" for k, v in errors.items()) if errors else "none"),
             f"- tokens metered by the gateway: {t['metered']} of {t['valid']} valid cells"
             + (f"; the harness's own count disagrees on {t['cost_mismatch']} (the "
                "gateway's is used)" if t["cost_mismatch"] else ""), ""]
@@ -464,5 +478,5 @@ def _median(values: list[float], fmt: str) -> str:
 
 def render_findings(preset: Preset, n: int, state_dir: Path) -> str:
     text = findings(preset, collect(preset, n, state_dir), n, plan_changes(state_dir),
-                    benchmark_pins(state_dir))
+                    benchmark_pins(state_dir), gateway_errors(state_dir))
     return str(redactor(preset).scrub(text))
