@@ -233,6 +233,15 @@ def test_an_edited_task_prompt_is_refused_on_resume_then_journaled_and_reported(
     assert len(drift) == 1 and list(drift[0]["files"]) == [str(prompt)]
     assert drift[0]["files"][str(prompt)]["was"] == pins[str(prompt)]
     report = run_cli("report", "--state-dir", str(state_dir), env=env)
+    # what served the model: the fake llama-server's binary digest, the model's identity
+    import hashlib
+
+    ident = [json.loads(x) for x in (state_dir / "identity.jsonl").read_text().splitlines()]
+    ep = ident[-1]["endpoint"]
+    want = hashlib.sha256((FAKEBIN / "llama-server").read_bytes()).hexdigest()
+    assert ep["binary"]["sha256"] == want and ep["model"]["size"] > 0
+    assert len(ep["model"]["sample_sha256"]) == 64
+    assert "## 9. What served the model" in report.stdout and want in report.stdout
     changed = next(x for x in report.stdout.splitlines() if "**BENCHMARK CHANGED**" in x)
     assert "task\\_extraction.md" in changed  # markdown-escaped, the one file named
     assert "## 8. Benchmark files" in report.stdout

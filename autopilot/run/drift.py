@@ -76,4 +76,66 @@ def changed(recorded: Any, now: dict[str, str | None]) -> list[str]:
     return [str(n) for n in names if recorded.get(n) != now.get(n)]
 
 
-__all__ = ["benchmark_pins", "changed", "digest"]
+SAMPLE = 4 << 20  # bytes hashed at each end of a model file (a 200 GB GGUF in seconds)
+
+
+def model_identity(path: Path) -> dict[str, Any]:
+    """A model file by its size and a sampled hash (its first and last 4 MiB): enough to
+    tell two GGUFs apart without reading hundreds of GB; a directory (a vLLM model) by
+    its file count and total size."""
+    try:
+        if path.is_dir():
+            files = [f for f in path.rglob("*") if f.is_file() and not f.is_symlink()]
+            return {"path": str(path), "files": len(files),
+                    "size": sum(f.stat().st_size for f in files)}
+        size = path.stat().st_size
+        h = hashlib.sha256(str(size).encode())
+        with path.open("rb") as f:
+            h.update(f.read(SAMPLE))
+            if size > 2 * SAMPLE:
+                f.seek(size - SAMPLE)
+                h.update(f.read(SAMPLE))
+        return {"path": str(path), "size": size, "sample_sha256": h.hexdigest()}
+    except OSError as e:
+        return {"path": str(path), "unreadable": e.strerror or type(e).__name__}
+
+
+def endpoint_identity(preset: Preset) -> dict[str, Any]:
+    """What serves the model, recorded per launch (identity.jsonl) and shown in the
+    report: the engine's binary (path + sha256) or image, and the model file's identity
+    (or the model package and its version)."""
+    import importlib.metadata
+    import shutil
+
+    ep = preset.endpoint
+    out: dict[str, Any] = {"engine": ep.engine}
+    if ep.engine in ("builtin", "provider", "none") or getattr(ep, "attach", False):
+        return out
+    if getattr(ep, "mode", "process") == "docker":
+        out["image"] = getattr(getattr(ep, "docker", None), "image", "")
+    else:
+        binary = str(getattr(ep, "binary", ""))
+        if ep.engine == "llamacpp":
+            from autopilot.endpoints.llamacpp import resolve_binary
+
+            binary = resolve_binary(binary)
+        elif ep.engine == "vllm":
+            binary = os.environ.get("AUTOPILOT_VLLM") or binary
+        found = shutil.which(binary) or binary
+        out["binary"] = {"path": found, "sha256": digest(Path(found))}
+    model = str(getattr(ep, "model_path", "") or "")
+    package = str(getattr(ep, "model_package", "") or "")
+    if model and model.startswith("/"):
+        out["model"] = model_identity(Path(model))
+    elif package:
+        try:
+            version = importlib.metadata.version(package.replace("_", "-"))
+        except importlib.metadata.PackageNotFoundError:
+            version = None
+        out["model"] = {"package": package, "version": version}
+    elif model:
+        out["model"] = {"name": model}  # a hub id: served as named
+    return out
+
+
+__all__ = ["benchmark_pins", "changed", "digest", "endpoint_identity", "model_identity"]

@@ -311,8 +311,11 @@ async def run_preflight(
             if preset.preflight.pin == "strict":
                 raise PreflightError(f"preflight: {msg} (pin = strict)")
             report.warnings.append(msg)
+    from autopilot.run.drift import endpoint_identity
+
     report.identity = {"ts": iso(), "preset": preset.name, "plan": plan.identity,
-                       "pins": pins, "model": preset.model}
+                       "pins": pins, "model": preset.model,
+                       "endpoint": endpoint_identity(preset)}
 
     if needs_docker(preset):
         why = await docker_reachable()

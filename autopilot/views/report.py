@@ -286,6 +286,34 @@ def benchmark_pins(state_dir: Path) -> tuple[list[tuple[str, str]], list[tuple[s
     return pins, drifts
 
 
+def endpoint_record(state_dir: Path) -> list[str]:
+    """What served the model at the latest launch (identity.jsonl ``endpoint``), as
+    markdown list items; shape-checked and escaped (a state file: untrusted)."""
+    import json
+
+    from autopilot.state.untrusted import lines, owner_of
+
+    last: Any = None
+    for raw in lines(state_dir / "identity.jsonl", owner_of(state_dir)):
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("endpoint"), dict):
+            last = rec["endpoint"]
+    if not isinstance(last, dict):
+        return []
+    out = [f"- engine: {md(last.get('engine'), 40)}"]
+    for key in ("binary", "model"):
+        part = last.get(key)
+        if isinstance(part, dict):
+            out.append(f"- {key}: " + ", ".join(f"{md(k, 40)} {md(v, 300)}"
+                                                 for k, v in list(part.items())[:6]))
+    if isinstance(last.get("image"), str):
+        out.append(f"- image: {md(last['image'], 300)}")
+    return out
+
+
 def gateway_errors(state_dir: Path) -> dict[str, int]:
     """Every attempt's gateway errors by kind (cell_metered), summed; shape-checked."""
     total: Counter[str] = Counter()
@@ -300,7 +328,8 @@ def gateway_errors(state_dir: Path) -> dict[str, int]:
 def findings(preset: Preset, facts: list[CellFacts], n: int,
              changes: list[tuple[str, str, str]] | None = None,
              pins: tuple[list[tuple[str, str]], list[tuple[str, str]]] = ([], []),
-             errors: dict[str, int] | None = None) -> str:
+             errors: dict[str, int] | None = None,
+             endpoint: list[str] | None = None) -> str:
     arms = [a.label for a in preset.arms]
     t = trust_block(facts)
     out = [f"# Findings — {preset.name} ({preset.model}), N={n}", ""]
@@ -425,6 +454,8 @@ def findings(preset: Preset, facts: list[CellFacts], n: int,
     if pins[0]:
         out += ["", "## 8. Benchmark files (sha256, pinned at the run's first launch)", ""]
         out += [f"- `{digest[:23]}` {name}" for name, digest in pins[0]]
+    if endpoint:
+        out += ["", "## 9. What served the model (the latest launch)", "", *endpoint]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -478,5 +509,6 @@ def _median(values: list[float], fmt: str) -> str:
 
 def render_findings(preset: Preset, n: int, state_dir: Path) -> str:
     text = findings(preset, collect(preset, n, state_dir), n, plan_changes(state_dir),
-                    benchmark_pins(state_dir), gateway_errors(state_dir))
+                    benchmark_pins(state_dir), gateway_errors(state_dir),
+                    endpoint_record(state_dir))
     return str(redactor(preset).scrub(text))
