@@ -51,15 +51,6 @@ def check_plan_identity(state_dir: Path, plan: Plan, allow_change: bool,
     recorded = read_json(state_dir / "plan.json")
     if not isinstance(recorded, dict):
         return None
-    if pins is None:
-        pins = drift.benchmark_pins(plan.preset, state_dir)
-    moved = drift.changed(recorded.get("benchmark_files"), pins)
-    if moved and not allow_change:
-        raise PlanChangedError(
-            f"{state_dir}: {len(moved)} benchmark file(s) changed since this run began: "
-            f"{', '.join(moved[:5])}{' ...' if len(moved) > 5 else ''} (their sha256 is in "
-            "plan.json); restore them, use another --state-dir, or pass "
-            "--allow-plan-change to go on with the new ones (journaled)")
     if recorded.get("identity") != plan.identity and not allow_change:
         unset = plan.preset.defaulted_env()
         if unset:  # the likeliest cause first: this shell lacks the run's variables
@@ -75,6 +66,17 @@ def check_plan_identity(state_dir: Path, plan: Plan, allow_change: bool,
             "(tasks, arms, model, harness or grader changed); use another --state-dir "
             "or pass --allow-plan-change"
         )
+    if pins is None:
+        pins = drift.benchmark_pins(plan.preset, state_dir)
+    moved = drift.changed(recorded.get("benchmark_files"), pins)
+    if moved and not allow_change:
+        unset = plan.preset.defaulted_env()  # a path that moved: likelier than an edit
+        raise PlanChangedError(
+            f"{state_dir}: {len(moved)} benchmark file(s) changed since this run began: "
+            f"{', '.join(moved[:5])}{' ...' if len(moved) > 5 else ''} (their sha256 is in "
+            f"plan.json{'; ' + '; '.join(unset) if unset else ''}); restore them, use "
+            "another --state-dir, or pass --allow-plan-change to go on with the new ones "
+            "(journaled)")
     return recorded
 
 
