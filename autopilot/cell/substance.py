@@ -42,17 +42,23 @@ def command_template(row: dict[str, Any]) -> str:
     return _DIGITS.sub("#", command if isinstance(command, str) else "")[:300]
 
 
+def tail_streak(items: list[Any]) -> int:
+    """How many items at the end equal the last one."""
+    n = 0
+    for item in reversed(items):
+        if item != items[-1]:
+            break
+        n += 1
+    return n
+
+
 def _mmbt_decision(rows: list[dict[str, Any]], stale_secs: float, cfg: Watchdog,
                    act: Action) -> tuple[Action, str] | None:
     """The MMBT shape: the streak runs over tool rows only (model rows between them
     neither break nor make it); runaway is a stale transcript ending in a model row."""
     tools = [command_template(r) for r in rows if r.get("type") == "tool"]
     if len(tools) >= 2:
-        streak = 0
-        for t in reversed(tools):
-            if t != tools[-1]:
-                break
-            streak += 1
+        streak = tail_streak(tools)
         if streak >= cfg.scroll_loop_streak:
             return act, f"scroll loop: {streak} identical tool commands in a row"
     if cfg.runaway_secs and stale_secs > cfg.runaway_secs and rows[-1].get("type") == "model":
@@ -71,11 +77,7 @@ def substance_decision(
     sigs = [call_signature(r, cfg.tool_field) for r in rows]
     last = sigs[-1]
     if last is not None:
-        streak = 0
-        for s in reversed(sigs):
-            if s != last:
-                break
-            streak += 1
+        streak = tail_streak(sigs)
         if streak >= cfg.scroll_loop_streak:
             return act, f"scroll loop: {streak} identical tool calls in a row"
     if cfg.runaway_secs and stale_secs > cfg.runaway_secs:

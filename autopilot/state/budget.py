@@ -58,7 +58,9 @@ def of_summary(summary: Any) -> Spend:
     return Spend(int(p), int(c))
 
 
-CostBasis = str  # "metered" | "self_reported" | "self_reported_mismatch"
+# Whose word an attempt's tokens rest on; METERED: the gateway's count is used.
+COST_BASES = frozenset({"metered", "self_reported", "self_reported_mismatch"})
+METERED = frozenset({"metered", "self_reported_mismatch"})
 
 
 def cost_basis(metered: Spend | None, reported: Spend, tolerance: float,

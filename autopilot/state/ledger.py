@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from autopilot.plan import Cell, Plan
-from autopilot.state.budget import Spend, of_events
+from autopilot.state.budget import COST_BASES, METERED, Spend, of_events
 
 # INVALID reasons that spend no retry: a throttling provider, a full disk (the cell is
 # re-run once the infrastructure is back; neither says anything about the cell).
@@ -158,8 +158,7 @@ class Ledger:
         cell.teardown_masked = bool(ev.get("teardown_masked"))
         cell.detail = str(ev.get("detail") or "")
         basis = ev.get("cost_basis")
-        cell.cost_basis = basis if basis in ("metered", "self_reported",
-                                             "self_reported_mismatch") else None
+        cell.cost_basis = basis if basis in COST_BASES else None
         if verdict in VALID:
             cell.status = verdict
             cell.reason = None
@@ -247,7 +246,7 @@ class Ledger:
             "ungraded_cells": total["ungraded"],
             # whose word a valid cell's tokens rest on: the gateway's, or the harness's
             # own where the gateway's count disagrees with it (a flag; the verdict stands)
-            "metered_cells": basis["metered"] + basis["self_reported_mismatch"],
+            "metered_cells": sum(basis[b] for b in METERED),
             "cost_mismatch_cells": basis["self_reported_mismatch"],
             "grade_retries": self.grade_retries,
             "retried_cells": retried,

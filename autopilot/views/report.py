@@ -20,7 +20,7 @@ from autopilot.cell.validity import counting_line
 from autopilot.config import INVALID_REASONS, Preset
 from autopilot.escape import md
 from autopilot.plan import Plan, cell_context
-from autopilot.state.budget import count_or_none
+from autopilot.state.budget import METERED, count_or_none
 from autopilot.state.fsutil import read_json
 from autopilot.state.journal import state_events
 from autopilot.state.ledger import CellState
@@ -76,7 +76,7 @@ def collect(preset: Preset, n: int, state_dir: Path) -> list[CellFacts]:
         elif ev.get("event") == "cell_verdict" and isinstance(cid, str):
             masked[cid] = bool(ev.get("teardown_masked"))
             spend, basis = ev.get("spend"), ev.get("cost_basis")
-            if basis in ("metered", "self_reported_mismatch") and isinstance(spend, list) \
+            if basis in METERED and isinstance(spend, list) \
                     and len(spend) == 2 and all(_int(x) is not None for x in spend):
                 metered[cid] = (str(basis), int(spend[0]), int(spend[1]))
             elif not ev.get("regrade"):
@@ -269,7 +269,7 @@ def plan_changes(state_dir: Path) -> list[tuple[str, str, str]]:
             if ev.get("event") == "plan_changed"]
 
 
-def benchmark_pins(state_dir: Path) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+def recorded_pins(state_dir: Path) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """The benchmark files' digests recorded in plan.json (autopilot.run.drift), and
     (when, files) of every ``benchmark_drift`` the journal records; shape-checked and
     markdown-safe (plan.json is a state file: untrusted)."""
@@ -509,6 +509,6 @@ def _median(values: list[float], fmt: str) -> str:
 
 def render_findings(preset: Preset, n: int, state_dir: Path) -> str:
     text = findings(preset, collect(preset, n, state_dir), n, plan_changes(state_dir),
-                    benchmark_pins(state_dir), gateway_errors(state_dir),
+                    recorded_pins(state_dir), gateway_errors(state_dir),
                     endpoint_record(state_dir))
     return str(redactor(preset).scrub(text))
