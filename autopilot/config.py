@@ -289,6 +289,32 @@ class Baseline(_Frozen):
     passes: dict[str, int]
 
 
+class Comparator(_Frozen):
+    """A published result of another model, in its own unit: passes of the cells it ran
+    (``passes`` of ``of``), and/or task families where at least 2/3 of its replicates
+    passed (``families`` of ``families_of``). A bare number has no unit (a family count
+    read as a pass total is how 7 came to stand beside 20/36), so it is refused."""
+
+    passes: int | None = Field(default=None, ge=0)
+    of: int | None = Field(default=None, ge=1)
+    families: int | None = Field(default=None, ge=0)
+    families_of: int | None = Field(default=None, ge=1)
+    source: str = Field(default="", max_length=200)
+
+    @model_validator(mode="after")
+    def _units(self) -> Comparator:
+        for count, total, names in ((self.passes, self.of, "passes/of"),
+                                    (self.families, self.families_of,
+                                     "families/families_of")):
+            if (count is None) != (total is None):
+                raise ValueError(f"give {names} together (a count and what it is out of)")
+            if count is not None and total is not None and count > total:
+                raise ValueError(f"{names}: {count} is more than {total}")
+        if self.passes is None and self.families is None:
+            raise ValueError("give passes = P, of = N and/or families = F, families_of = T")
+        return self
+
+
 class Notify(_Frozen):
     urls: list[str] = Field(default_factory=list)
     cooldown_secs: float = Field(default=600, ge=0)
@@ -423,10 +449,21 @@ class Preset(_Frozen):
     preflight: Preflight = Field(default_factory=Preflight)
     publish: Publish = Field(default_factory=Publish)
     baseline: Baseline | None = None
-    comparators: dict[str, float] = Field(default_factory=dict)
+    comparators: dict[str, Comparator] = Field(default_factory=dict)
     rate_card: dict[str, tuple[float, float]] = Field(default_factory=dict)
     backend: Backend = Field(default_factory=Backend)
     gateway: Gateway = Field(default_factory=Gateway)
+
+    @field_validator("comparators", mode="before")
+    @classmethod
+    def _comparator_units(cls, v: Any) -> Any:
+        for name, value in (v.items() if isinstance(v, dict) else ()):
+            if isinstance(value, int | float):
+                raise ValueError(
+                    f"{name!r} = {value}: a bare number has no unit; write "
+                    "{ passes = P, of = N } (passes of the cells it ran) or "
+                    "{ families = F, families_of = T } (task families at >= 2/3)")
+        return v
 
     @field_validator("gateway", mode="before")
     @classmethod

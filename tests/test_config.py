@@ -96,6 +96,13 @@ def test_optional_argv_group_drops_when_unset() -> None:
          "tasks[1].id: task id 't 2' must start with a letter or digit"),
         (minimal().replace('engine = "builtin"', 'engine = "tgi"'), "endpoint"),
         (minimal('[grader.verdicts]\nODD = { verdict = "INVALID" }\n'), "needs a reason"),
+        # A comparator carries its unit: a bare 7 could be passes or task families.
+        (minimal('[comparators]\n"27B" = 7\n'),
+         "comparators: '27B' = 7: a bare number has no unit"),
+        (minimal('[comparators]\n"27B" = { passes = 20 }\n'),
+         "comparators.27B: give passes/of together"),
+        (minimal('[comparators]\n"27B" = { families = 13, families_of = 12 }\n'),
+         "families/families_of: 13 is more than 12"),
     ],
 )
 def test_validation_errors_name_file_and_key(tmp_path: Path, text: str, expected: str) -> None:

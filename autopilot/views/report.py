@@ -442,15 +442,7 @@ def findings(preset: Preset, facts: list[CellFacts], n: int,
     out += _tokens_section(preset, facts, arms)
 
     out += ["## 7. Reference comparators", ""]
-    if preset.comparators:
-        out += ["| model | total passes |", "|---|---|"]
-        for name, value in sorted(preset.comparators.items()):
-            out.append(f"| {name} | {value:g} |")
-        for arm in arms:
-            p, v = _score(_by(facts, arm))
-            out.append(f"| **this run: {arm}** | {p}/{v} valid |")
-    else:
-        out.append("No comparators in this preset.")
+    out += _comparators(preset, facts, arms)
     if pins[0]:
         out += ["", "## 8. Benchmark files (sha256, pinned at the run's first launch)", ""]
         out += [f"- `{digest[:23]}` {name}" for name, digest in pins[0]]
@@ -501,6 +493,33 @@ def _tokens_section(preset: Preset, facts: list[CellFacts], arms: list[str]) -> 
             out.append(f"| {task} | {arm} | {passes}/{len(cells)} | "
                        f"{_median(toks, '{:.0f}')} | {_median(walls, '{:.1f}')} |")
     return [*out, ""]
+
+
+FAMILY_BAR = 2 / 3  # a task family "passes" at >= 2/3 of its valid replicates (the origin's)
+
+
+def _comparators(preset: Preset, facts: list[CellFacts], arms: list[str]) -> list[str]:
+    """Other models' published results beside this run's, each in its own unit: passes of
+    the cells run, and task families at >= 2/3. This run's figures are computed in both
+    units, so every comparison is like with like."""
+    if not preset.comparators:
+        return ["No comparators in this preset."]
+    out = ["| model | passes | task families at >= 2/3 | source |", "|---|---|---|---|"]
+    for name, c in sorted(preset.comparators.items()):
+        passes = f"{c.passes}/{c.of}" if c.passes is not None else "-"
+        fams = f"{c.families}/{c.families_of}" if c.families is not None else "-"
+        out.append(f"| {md(name, 60)} | {passes} | {fams} | {md(c.source, 120) or '-'} |")
+    tasks = list(dict.fromkeys(f.task for f in facts))
+    for arm in arms:
+        mine = _by(facts, arm)
+        p, v = _score(mine)
+        fams = 0
+        for task in tasks:
+            tp, tv = _score([f for f in mine if f.task == task])
+            fams += tv > 0 and tp >= FAMILY_BAR * tv
+        out.append(f"| **this run: {arm}** | {p}/{v} valid ({len(mine)} planned) | "
+                   f"{fams}/{len(tasks)} | this report |")
+    return out
 
 
 def _median(values: list[float], fmt: str) -> str:
