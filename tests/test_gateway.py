@@ -42,7 +42,10 @@ def test_merge_is_deep_and_the_arm_wins() -> None:
     (400, "This model's maximum context length is 65536 tokens. However, you requested",
      "context_overflow"),
     (400, "the request exceeds the available context size, try increasing it",
-     "context_overflow"),  # llama-server's words
+     "context_overflow"),  # llama-server's words (older builds)
+    (400, '{"error":{"code":400,"message":"request (624 tokens) exceeds the available '
+     'context size (256 tokens), try increasing it","type":"exceed_context_size_error",'
+     '"n_prompt_tokens":624,"n_ctx":256}}', "context_overflow"),  # b11434, as measured
     (400, "missing field messages", "request_error"),
     (404, "not found", "request_error"),
 ])

@@ -249,6 +249,60 @@ def test_an_edited_task_prompt_is_refused_on_resume_then_journaled_and_reported(
     assert run_cli(*args, env=env, timeout=120).returncode == 1
 
 
+def test_qwen_per_slot_context_must_hold_what_the_harness_asks(state_dir: Path,
+                                                                tmp_path: Path) -> None:
+    """llama-server splits -c over --parallel and refuses (HTTP 400) a conversation that
+    outgrows a slot: qwen3.6-27b's old -c 32768 over 2 slots (16384 each) is refused at
+    preflight naming both numbers; the FAKE llama-server refuses a prompt past its slot
+    with the real server's reply; the shipped preset passes."""
+    import urllib.error
+    import urllib.request
+
+    bench = make_checkout(tmp_path)
+    env = env_for(bench, tmp_path / "argv.jsonl", MMBT_P1_UNAVAILABLE="record")
+    old = overlay(tmp_path, endpoint={"ctx_size": 32768})
+    refused = run_cli("--preset", "qwen3.6-27b", "--target-n", "1", "--dry-run", "--config",
+                      old, "--state-dir", str(state_dir), env=env)
+    assert refused.returncode == 2
+    assert "up to 262144 tokens" in refused.stderr
+    assert "each slot 16384 (-c 32768 / 2 slots)" in refused.stderr
+    assert "at least 524288" in refused.stderr
+    ok = run_cli("--preset", "qwen3.6-27b", "--target-n", "1", "--dry-run", "--config",
+                 overlay(tmp_path), "--state-dir", str(state_dir), env=env)
+    assert ok.returncode == 0, ok.stderr
+
+    import subprocess
+
+    from provider_fake import free_port
+
+    port = free_port()
+    fake = subprocess.Popen([str(FAKEBIN / "llama-server"), "--port", str(port), "-c", "512",
+                             "--parallel", "2"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert "listening" in fake.stdout.readline()  # type: ignore[union-attr]
+
+        def ask(words: int) -> tuple[int, dict]:
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/chat/completions", method="POST",
+                data=json.dumps({"messages": [{"role": "user", "content": "word " * words}],
+                                 "max_tokens": 100000}).encode(),
+                headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=10) as r:
+                    return r.status, json.loads(r.read())
+            except urllib.error.HTTPError as e:
+                return e.code, json.loads(e.read())
+
+        code, body = ask(600)  # 3000 characters: 750 tokens, over the slot's 256
+        assert code == 400 and body["error"]["type"] == "exceed_context_size_error"
+        assert (body["error"]["n_prompt_tokens"], body["error"]["n_ctx"]) == (750, 256)
+        code, _ = ask(10)  # max_tokens past the slot is not refused
+        assert code == 200
+    finally:
+        fake.kill()
+        fake.wait()
+
+
 def test_step3p7_serves_what_the_harness_asks_for_and_the_old_context_is_refused(
         state_dir: Path, tmp_path: Path) -> None:
     """The harness asks each request for max_tokens = min(180000, 262144 - prompt -

@@ -17,7 +17,9 @@ Like llama-server it answers ``/slots`` (one entry per ``--parallel`` slot, with
 "generated"), and takes ``--chat-template-kwargs '{"enable_thinking": true}'``: a think
 arm's answers then carry their reasoning in-band (``<think>...</think>``), as with
 ``--reasoning-format none``; a request's own ``chat_template_kwargs`` override it, as
-the real servers' do.
+the real servers' do. ``--ctx-size C`` splits C over the slots as llama-server does
+and refuses a prompt over one slot's share with its HTTP 400 ``exceed_context_size_error``
+(``max_tokens`` over it is not refused: generation stops at the slot's end, as there).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ def make_handler(args: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
     thinking = bool(json.loads(args.chat_template_kwargs or "{}").get("enable_thinking"))
     rate = 50.0  # simulated tokens per second while a slot is busy
     throttled_until = [0.0]  # a hosted provider's rate limit, as a burst of 429s
+    slot_ctx = args.ctx_size // max(1, args.parallel)  # llama-server: -c over --parallel
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -109,7 +112,7 @@ def make_handler(args: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
             elif self.path == "/slots":
                 now = time.monotonic()
                 with lock:
-                    slots = [{"id": i, "n_ctx": 4096, "is_processing": i in busy,
+                    slots = [{"id": i, "n_ctx": slot_ctx or 4096, "is_processing": i in busy,
                               "next_token": [{"n_decoded": decoded[i] + (
                                   int((now - busy[i]) * rate) if i in busy else 0)}]}
                              for i in range(args.parallel)]
@@ -154,6 +157,18 @@ def make_handler(args: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
                             f"tokens. However, you requested {prompt + asked} tokens "
                             f"({prompt} in the messages, {asked} in the completion). Please "
                             "reduce the length of the messages or completion.")})
+                    return
+            if slot_ctx:
+                # llama-server's refusal, as measured (b11434, -c 512 --parallel 2).
+                text = " ".join(str(m.get("content", "")) for m in req.get("messages") or []
+                                if isinstance(m, dict))
+                prompt = max(1, len(text) // 4)
+                if prompt >= slot_ctx:
+                    self._send(400, {"error": {
+                        "code": 400, "message": f"request ({prompt} tokens) exceeds the "
+                        f"available context size ({slot_ctx} tokens), try increasing it",
+                        "type": "exceed_context_size_error", "n_prompt_tokens": prompt,
+                        "n_ctx": slot_ctx}})
                     return
             with lock:
                 count[0] += 1
@@ -220,6 +235,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--parallel", type=int, default=4, help="slots shown by /slots")
     ap.add_argument("--max-model-len", type=int, default=0,
                     help="refuse prompt + max_tokens above this, as vLLM does (0: never)")
+    ap.add_argument("--ctx-size", type=int, default=0,
+                    help="llama-server's -c: split over --parallel; a prompt over a slot's "
+                         "share is refused with HTTP 400 (0: never)")
     ap.add_argument("--chat-template-kwargs", default="",
                     help='JSON, e.g. {"enable_thinking": true}: reasoning in-band')
     ap.add_argument("--require-key-env", default="")

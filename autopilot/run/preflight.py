@@ -99,6 +99,22 @@ async def docker_reachable() -> str | None:
     return None
 
 
+async def image_identity(name: str) -> dict[str, Any]:
+    """The image a tag names now (its id and registry digests): a tag moves, the id is
+    what served the model. Unknown (not pulled yet, daemon error) is said, never guessed."""
+    import aiodocker
+
+    try:
+        async with aiodocker.Docker() as d:
+            got = await d.images.inspect(name)
+    except Exception as e:
+        return {"id": None, "why": f"{type(e).__name__}: {str(e)[:200]}"}
+    digests = got.get("RepoDigests") if isinstance(got, dict) else None
+    return {"id": str(got.get("Id", ""))[:80] or None,
+            "repo_digests": [str(x)[:200] for x in digests[:4]]
+            if isinstance(digests, list) else []}
+
+
 def _looks_like_path(value: str) -> bool:
     return ("/" in value and not value.startswith(("-", "http://", "https://"))
             and not any(ch.isspace() for ch in value) and "{" not in value)
@@ -227,7 +243,8 @@ def slot_problems(preset: Preset) -> list[str]:
     """llama-server splits ``-c`` over its ``--parallel`` slots: more cells at once than
     slots queue; a per-slot context below a harness's first turn fails it. vLLM refuses
     (HTTP 400) every request whose prompt + max_tokens exceed ``--max-model-len``: a
-    harness that asks for more (``harness.max_context``) could never get an answer."""
+    harness that asks for more (``harness.max_context``) could never get an answer; on
+    llama-server the per-slot context must hold it."""
     ep = preset.endpoint
     need = preset.harness.max_context
     if ep.engine == "vllm" and need and ep.max_model_len < need:
@@ -249,6 +266,15 @@ def slot_problems(preset: Preset) -> list[str]:
                         f"--parallel {slots} slots: cells would queue inside the server "
                         "and time out; raise --parallel or lower concurrency")
     per_slot = ep.ctx_size // max(1, slots)
+    if need and per_slot < need:
+        # llama-server does not refuse max_tokens past the slot (it stops there), but a
+        # conversation that grows past the slot is refused with HTTP 400: long tasks would
+        # end "context exceeded" at a size the harness was written not to reach.
+        problems.append(f"the harness asks for up to {need} tokens a request (harness."
+                        f"max_context) but llama-server gives each slot {per_slot} (-c "
+                        f"{ep.ctx_size} / {slots or 1} slots); raise endpoint.ctx_size to "
+                        f"at least {need * (slots or 1)}, or lower harness.max_context to "
+                        "accept long tasks ending 'context exceeded'")
     if per_slot < preset.preflight.min_slot_ctx:
         problems.append(f"llama-server context per slot is {per_slot} tokens (-c {ep.ctx_size}"
                         f" / {slots} slots), below preflight.min_slot_ctx "
@@ -321,6 +347,9 @@ async def run_preflight(
         why = await docker_reachable()
         if why:
             raise PreflightError(f"preflight: Docker unreachable ({why})")
+        image = report.identity["endpoint"].get("image")
+        if image:
+            report.identity["endpoint"]["image_id"] = await image_identity(image)
     if not offline and preset.endpoint.engine == "provider":
         from autopilot.endpoints.provider import ProviderEndpoint
 
