@@ -385,6 +385,18 @@ class Budget(_Frozen):
     usd: float | None = Field(default=None, gt=0)
 
 
+class Cost(_Frozen):
+    """Local energy (autopilot.run.power): every GPU's power draw sampled while the run
+    lasts, apportioned to the cells running on each replica's GPUs, reported as kWh and
+    at ``usd_per_kwh``. ``auto`` samples when the endpoint runs on this host (local
+    backend; llama.cpp or vLLM) and ``nvidia_smi`` answers; unavailable stays unavailable."""
+
+    usd_per_kwh: float | None = Field(default=None, gt=0)
+    power: Literal["auto", "off"] = "auto"
+    sample_secs: float = Field(default=15, ge=0.2, le=3600)
+    nvidia_smi: str = "nvidia-smi"
+
+
 # A Ray cluster address: a host name or IP (IPv6 in brackets), and a port.
 RAY_ADDRESS_RE = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]+\]):\d{1,5}")
 
@@ -443,6 +455,7 @@ class Preset(_Frozen):
     arms: list[Arm] = Field(min_length=1)
     run: Run = Field(default_factory=Run)
     budget: Budget = Field(default_factory=Budget)
+    cost: Cost = Field(default_factory=Cost)
     watchdog: Watchdog = Field(default_factory=Watchdog)
     trust: Trust = Field(default_factory=Trust)
     notify: Notify = Field(default_factory=Notify)
@@ -453,6 +466,13 @@ class Preset(_Frozen):
     rate_card: dict[str, tuple[float, float]] = Field(default_factory=dict)
     backend: Backend = Field(default_factory=Backend)
     gateway: Gateway = Field(default_factory=Gateway)
+
+    @property
+    def samples_power(self) -> bool:
+        """The endpoint's GPUs are this host's (the local backend serving a local
+        engine), and sampling is not off (autopilot.run.power)."""
+        return (self.cost.power == "auto" and self.backend.kind == "local"
+                and self.endpoint.engine in ("llamacpp", "vllm"))
 
     @field_validator("comparators", mode="before")
     @classmethod

@@ -135,6 +135,11 @@ def endpoint_identity(preset: Preset) -> dict[str, Any]:
         out["model"] = {"package": package, "version": version}
     elif model:
         out["model"] = {"name": model}  # a hub id: served as named
+    from autopilot.run.power import inventory
+
+    gpus = inventory(preset)
+    if gpus:
+        out["gpus"] = gpus
     return out
 
 

@@ -47,7 +47,7 @@ from autopilot.escape import term
 from autopilot.logsetup import get_logger
 from autopilot.plan import Plan
 from autopilot.privacy import dumpable, make_undumpable
-from autopilot.run import background, drift, recovery, runbook
+from autopilot.run import background, drift, power, recovery, runbook
 from autopilot.run.clock import RunClock
 from autopilot.run.options import RunOptions
 from autopilot.run.recorder import Recorder
@@ -182,6 +182,7 @@ class Supervisor(Recorder):
                 if isinstance(self.clock, RunClock):
                     tg.start_soon(background.clock_ticker, self.clock)
                 tg.start_soon(background.disk_watch, self.disk, self.preset.run.disk_check_secs)
+                tg.start_soon(power.sample_loop, self.preset, self.state_dir)
                 await self.status.write_now()
                 code, drain = await self._serve(tg)
                 if drain:

@@ -26,6 +26,7 @@ from autopilot.state.journal import state_events
 from autopilot.state.ledger import CellState
 from autopilot.templates import render
 from autopilot.views import stats
+from autopilot.views.energy import J_PER_KWH, energy_lines, measure
 from autopilot.views.validate import validate_run
 
 
@@ -49,6 +50,7 @@ class CellFacts:
     # (the gateway's, the harness's disagreeing), else the harness's summary
     cost_basis: str | None = None
     wall_secs: float | None = None  # the harness's run of the latest attempt (journal)
+    joules: float | None = None  # GPU energy of all its attempts (power samples), if any
 
     @property
     def valid(self) -> bool:
@@ -85,6 +87,7 @@ def collect(preset: Preset, n: int, state_dir: Path) -> list[CellFacts]:
                 reason = ev.get("reason")  # a word of ours, unless the journal was forged
                 invalid.setdefault(cid, []).append(
                     reason if reason in INVALID_REASONS else md(scrub(reason), 40))
+    energy = measure(preset, state_dir)
     facts = []
     for cell in plan.cells:
         chk = checks[cell.id]
@@ -110,6 +113,7 @@ def collect(preset: Preset, n: int, state_dir: Path) -> list[CellFacts]:
             invalid_attempts=tuple(invalid.get(cell.id, [])),
             cost_basis=metered[cell.id][0] if cell.id in metered else None,
             wall_secs=wall.get(cell.id),
+            joules=energy.joules.get(cell.id) if energy and energy.ran.get(cell.id) else None,
         ))
     return facts
 
@@ -304,13 +308,18 @@ def endpoint_record(state_dir: Path) -> list[str]:
     if not isinstance(last, dict):
         return []
     out = [f"- engine: {md(last.get('engine'), 40)}"]
-    for key in ("binary", "model"):
+    for key in ("binary", "model", "image_id"):
         part = last.get(key)
         if isinstance(part, dict):
             out.append(f"- {key}: " + ", ".join(f"{md(k, 40)} {md(v, 300)}"
                                                  for k, v in list(part.items())[:6]))
     if isinstance(last.get("image"), str):
         out.append(f"- image: {md(last['image'], 300)}")
+    gpus = last.get("gpus")
+    if isinstance(gpus, list):
+        out += ["- gpu: " + ", ".join(f"{md(k, 20)} {md(v, 80)}" for k, v in
+                                       list(g.items())[:6]) for g in gpus[:16]
+                if isinstance(g, dict)]
     return out
 
 
@@ -329,7 +338,7 @@ def findings(preset: Preset, facts: list[CellFacts], n: int,
              changes: list[tuple[str, str, str]] | None = None,
              pins: tuple[list[tuple[str, str]], list[tuple[str, str]]] = ([], []),
              errors: dict[str, int] | None = None,
-             endpoint: list[str] | None = None) -> str:
+             endpoint: list[str] | None = None, energy: list[str] | None = None) -> str:
     arms = [a.label for a in preset.arms]
     t = trust_block(facts)
     out = [f"# Findings — {preset.name} ({preset.model}), N={n}", ""]
@@ -440,6 +449,7 @@ def findings(preset: Preset, facts: list[CellFacts], n: int,
 
     out += ["## 6. Tokens and cost", ""]
     out += _tokens_section(preset, facts, arms)
+    out += [*(energy or []), ""] if energy else []
 
     out += ["## 7. Reference comparators", ""]
     out += _comparators(preset, facts, arms)
@@ -478,9 +488,11 @@ def _tokens_section(preset: Preset, facts: list[CellFacts], arms: list[str]) -> 
         pout = sum(f.completion_tokens or 0 for f in mine)
         cost = f"{(pin * rate[0] + pout * rate[1]) / 1e6:.4f}" if rate else "unpriced"
         out.append(f"| {arm} | {len(mine)} | {pin} | {pout} | {cost} |")
+    energy = any(f.joules is not None for f in facts)
     out += ["", "Per task (valid cells; medians, as the origin's summarize.sh):", "",
-            "| task | arm | pass / valid | median tokens | median wall (s) |",
-            "|---|---|---|---|---|"]
+            "| task | arm | pass / valid | median tokens | median wall (s) |"
+            + (" median energy (Wh) |" if energy else ""),
+            "|---|---|---|---|---|" + ("---|" if energy else "")]
     for task in dict.fromkeys(f.task for f in facts):
         for arm in arms:
             cells = [f for f in facts if f.task == task and f.arm == arm and f.valid]
@@ -490,8 +502,10 @@ def _tokens_section(preset: Preset, facts: list[CellFacts], arms: list[str]) -> 
                     if f.completion_tokens is not None]
             walls = [f.wall_secs for f in cells if f.wall_secs is not None]
             passes = sum(f.verdict == "PASS" for f in cells)
+            wh = [f.joules * 1000 / J_PER_KWH for f in cells if f.joules is not None]
             out.append(f"| {task} | {arm} | {passes}/{len(cells)} | "
-                       f"{_median(toks, '{:.0f}')} | {_median(walls, '{:.1f}')} |")
+                       f"{_median(toks, '{:.0f}')} | {_median(walls, '{:.1f}')} |"
+                       + (f" {_median(wh, '{:.2f}')} |" if energy else ""))
     return [*out, ""]
 
 
@@ -513,12 +527,10 @@ def _comparators(preset: Preset, facts: list[CellFacts], arms: list[str]) -> lis
     for arm in arms:
         mine = _by(facts, arm)
         p, v = _score(mine)
-        fams = 0
-        for task in tasks:
-            tp, tv = _score([f for f in mine if f.task == task])
-            fams += tv > 0 and tp >= FAMILY_BAR * tv
+        scores = [_score([f for f in mine if f.task == task]) for task in tasks]
+        held = sum(1 for tp, tv in scores if tv and tp >= FAMILY_BAR * tv)
         out.append(f"| **this run: {arm}** | {p}/{v} valid ({len(mine)} planned) | "
-                   f"{fams}/{len(tasks)} | this report |")
+                   f"{held}/{len(tasks)} | this report |")
     return out
 
 
@@ -529,5 +541,7 @@ def _median(values: list[float], fmt: str) -> str:
 def render_findings(preset: Preset, n: int, state_dir: Path) -> str:
     text = findings(preset, collect(preset, n, state_dir), n, plan_changes(state_dir),
                     recorded_pins(state_dir), gateway_errors(state_dir),
-                    endpoint_record(state_dir))
+                    endpoint_record(state_dir),
+                    energy_lines(preset, measure(preset, state_dir),
+                                 {c.id: c.arm for c in Plan(preset, n).cells}))
     return str(redactor(preset).scrub(text))
