@@ -73,6 +73,14 @@ def test_endpoint_container_killed_outside_is_recreated(docker_host: str, test_i
     assert sum(e["event"] == "endpoint_started" for e in evs) == 2
     assert name not in container_names(docker_host)  # nothing left behind
     assert "container" in (state_dir / "endpoint.log").read_text()
+    # what served the model: the image's id, not only its (movable) tag
+    image_id = json.loads(docker_cli(docker_host, "image", "inspect",
+                                     test_images["llama"]).stdout)[0]["Id"]
+    ident = json.loads((state_dir / "identity.jsonl").read_text().splitlines()[-1])
+    assert ident["endpoint"]["image"] == test_images["llama"]
+    assert ident["endpoint"]["image_id"]["id"] == image_id
+    rep = run_cli("report", "--state-dir", str(state_dir), env=env(docker_host)).stdout
+    assert f"- image_id: id {image_id}" in rep
 
 
 def test_sigkilled_supervisor_leftovers_are_swept(docker_host: str, test_images,
