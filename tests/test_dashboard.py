@@ -252,3 +252,22 @@ def test_html_snapshots(tmp_path: Path, fixture) -> None:
     html = re.sub(r"generated \S+ · read-only view of \S+", "generated <t> · read-only view of <d>",
                   page.read_text())
     check_golden(f"dash-{state.name}-html", html)
+
+
+@pytest.mark.parametrize(("status", "caveat", "masked", "wide", "compact"), [
+    ("FAIL", "timed out", False, "Ft", "F"),
+    ("FAIL", "looped", False, "Fl", "F"),
+    ("FAIL", "context exceeded", True, "Fo*", "f"),
+    ("FAIL", "no deliverable", False, "F+", "F"),  # a grader word's own caveat
+    ("FAIL", None, False, "F", "F"),
+    ("PASS", "timed out", False, "P", "P"),  # only a FAIL carries the mark
+])
+def test_a_fail_with_a_caveat_is_marked_in_the_grid(status: str, caveat: str | None,
+                                                    masked: bool, wide: str,
+                                                    compact: str) -> None:
+    from autopilot.state.ledger import CellState
+    from autopilot.views.dashboard import analysis
+
+    c = CellState("t_a_v1", "t", "a", 1, status=status, caveat=caveat,  # type: ignore[arg-type]
+                  teardown_masked=masked)
+    assert (analysis.code(c), analysis.compact_code(c)) == (wide, compact)

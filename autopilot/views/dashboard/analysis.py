@@ -14,10 +14,13 @@ REASON_LETTER = {
     "malformed_summary": "y", "rate_limited": "l", "disk_full": "f",
     "unmetered": "n",
 }
+# A FAIL the evidence counts against the model, with the caveat every view flags.
+CAVEAT_LETTER = {"timed out": "t", "looped": "l", "context exceeded": "o"}
 LEGEND = ("P pass  F fail  I<r> invalid (s stall, d deadline, c crash, m missing output, "
           "g grader failed, j malformed grade, z zero tokens, a arm mismatch, e endpoint "
           "down, x api error, u grader unavailable, y malformed summary, l rate limited, "
           "f disk full, n unmetered)  "
+          "F<c> fail with a caveat (t timed out, l looped, o context exceeded, + other)  "
           "U<r> ungraded (run stands, grading failed)  Q quarantined  R running  "
           "~ awaiting grade  . pending  * teardown-masked")
 
@@ -27,7 +30,8 @@ def code(c: CellState | None, frozen_warn: float = 0) -> str:
     if c is None:
         return "."
     if c.status in ("PASS", "FAIL"):
-        return c.status[0] + ("*" if c.teardown_masked else "")
+        mark = CAVEAT_LETTER.get(c.caveat, "+") if c.status == "FAIL" and c.caveat else ""
+        return c.status[0] + mark + ("*" if c.teardown_masked else "")
     if c.status == "invalid":
         return "I" + REASON_LETTER.get(c.reason or "", "?")
     if c.status == "quarantined":

@@ -49,6 +49,8 @@ def live_context(d: DashData, links: bool = False) -> dict[str, Any]:
                 title = cell.id if cell else ""
                 if cell is not None and cell.reason:
                     title += f" INVALID({cell.reason})"
+                elif cell and cell.status == "FAIL" and cell.caveat:
+                    title += f" FAIL ({cell.caveat})"
                 cells.append({"kind": analysis.kind(cell), "code": analysis.code(cell, warn),
                               "title": title, "id": cell.id if cell else ""})
             rows.append({"task": task, "cells": cells, "score": f"{c['pass']}/{c['valid']}",
