@@ -163,6 +163,10 @@ class Harness(_Frozen):
     wall_budget_secs: float = Field(default=3000, gt=0)
     sandbox_container: str = ""
     scratch_dirs: list[str] = Field(default_factory=list)
+    # An image with find and rm on the sandboxes' Docker daemon: a scratch dir holding
+    # files the autopilot cannot remove (a root-owned sandbox's) is emptied by a
+    # throwaway container of it that mounts exactly that dir (never sudo). "": not tried.
+    scratch_remove_image: str = ""
     terminal_row: TerminalRow | None = None
     # The most a request of the harness may ask for, prompt + max_tokens (0: unknown):
     # preflight refuses an endpoint that cannot serve it (vLLM's max_model_len).

@@ -130,8 +130,13 @@ def _end_what_the_test_left(request: pytest.FixtureRequest) -> Any:
     # Asked for now, so that tmp_path is torn down after this (its dependent) is.
     tmp = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
     yield
-    if tmp is None:
-        return
+    if tmp is not None:
+        end_runs_under(tmp)
+
+
+def end_runs_under(tmp: Path) -> None:
+    """Kill, by pid, what the runs whose state dirs lie under ``tmp`` left running (their
+    marker), and sweep their cgroups."""
     tokens = set()
     for f in tmp.rglob("run.token"):
         with contextlib.suppress(OSError):
@@ -206,7 +211,7 @@ def test_images(docker_host: str, tmp_path_factory: pytest.TempPathFactory) -> d
     root = tmp_path_factory.mktemp("rootfs")
     (root / "bin").mkdir()
     shutil.copy2(busybox, root / "bin" / "busybox")
-    for applet in ("sh", "sleep", "cat", "ls", "echo", "true"):
+    for applet in ("sh", "sleep", "cat", "ls", "echo", "true", "find", "rm", "mkdir", "id"):
         (root / "bin" / applet).symlink_to("busybox")
     (root / "entry").mkdir()
     entry = root / "entry" / "llama-server"

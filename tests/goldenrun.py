@@ -80,7 +80,8 @@ def dry_run(preset: str, state_dir: Path, bench: Path | None = None) -> str:
                    VLLM=str(fake / "vllm"), QWEN27B_GGUF=str(fake / "llama-server"),
                    MODEL_397B_GGUF=str(fake / "llama-server"), STEP3P7_MODEL=str(fake))
         overlay = state_dir.parent / "no-sandbox.json"  # no Docker engine needed
-        overlay.write_text(json.dumps({"harness": {"sandbox_container": ""}}))
+        overlay.write_text(json.dumps({"harness": {"sandbox_container": "",
+                                                   "scratch_remove_image": ""}}))
         extra = ["--config", str(overlay)]
     r = subprocess.run(
         [sys.executable, "-m", "autopilot.cli", "--preset", preset, "--target-n", "2",

@@ -192,7 +192,7 @@ def test_a_resume_without_the_runs_variable_names_it(tmp_path: Path) -> None:
     bench = make_checkout(tmp_path)
     add_p1_helper(bench)
     over = write_overlay(tmp_path / "o.json", {
-        "harness": {"sandbox_container": ""},
+        "harness": {"sandbox_container": "", "scratch_remove_image": ""},
         "endpoint": {"startup_timeout_secs": 30, "probe_interval_secs": 0.5}})
     state = tmp_path / "state"
     env = cli_env(BENCH_DIR=str(bench), AUTOPILOT_LLAMA_SERVER=str(FAKEBIN / "llama-server"),

@@ -28,7 +28,8 @@ def env_for(bench: Path, argv_log: Path, **extra: str) -> dict[str, str]:
 
 
 def overlay(tmp: Path, **more: object) -> str:
-    doc = {"harness": {"sandbox_container": "", "pass_env": ["FAKE_ARGV_LOG"]},
+    doc = {"harness": {"sandbox_container": "", "scratch_remove_image": "",
+                       "pass_env": ["FAKE_ARGV_LOG"]},
            # (no Docker sandbox in the fake harness; the fakes log their argv there)
            "grader": {"pass_env": ["FAKE_GRADER_HOLD", "FAKE_ARGV_LOG"]},
            "endpoint": {"startup_timeout_secs": 30, "probe_interval_secs": 0.5,
@@ -321,7 +322,7 @@ def test_step3p7_serves_what_the_harness_asks_for_and_the_old_context_is_refused
     assert refused.returncode == 2
     assert "262144" in refused.stderr and "max_model_len = 65536" in refused.stderr
 
-    blind = overlay(tmp_path, **small, harness={"sandbox_container": "",
+    blind = overlay(tmp_path, **small, harness={"sandbox_container": "", "scratch_remove_image": "",
                                                 "pass_env": ["FAKE_ARGV_LOG"],
                                                 "max_context": 0})
     r = run_cli("--preset", "step3p7", "--target-n", "1", "--config", blind, "--state-dir",

@@ -43,7 +43,7 @@ from autopilot.config import Preset
 from autopilot.logsetup import bind_contextvars, get_logger, unbind_contextvars
 from autopilot.plan import Cell, cell_context
 from autopilot.state.diskspace import DiskWatch
-from autopilot.state.fsguard import UnsafePath, move_tree, remove_tree
+from autopilot.state.fsguard import NotRemoved, UnsafePath, move_tree, remove_tree
 from autopilot.state.fsutil import log_tail
 from autopilot.state.statedir import open_append
 from autopilot.state.untrusted import read_tail
@@ -93,6 +93,8 @@ class CellContext:
     # Docker hooks (None when no sandbox is configured or Docker is not in use)
     remove_sandbox: Callable[[str], Awaitable[Any]] | None = None
     sandbox_activity: Callable[[dict[str, str]], Awaitable[int | None]] | None = None
+    # empties a scratch dir through Docker (files this user cannot remove), else None
+    clear_dir: Callable[[str], Awaitable[str | None]] | None = None
     # where this run may delete or move directories (fsguard.run_roots)
     roots: tuple[Path, ...] = ()
     # a grading try that failed and will be retried (feeds the harness-break streak)
@@ -307,7 +309,15 @@ class CellRun:
         cx = self.cx
         # A killed predecessor's workspace copies would make the harness fail (the origin
         # removes a stale input copy with `sudo rm -rf`): every attempt starts clean.
-        self._clean_scratch()
+        dirty = await self._clean_scratch()
+        if dirty is not None:
+            # Never started on a dirty workspace: the harness's own `rm -rf` of it would
+            # crash the attempt anyway, and a stale tree could pass for this attempt's work.
+            cx.emit("cell_started", cell=self.cell.id, attempt=self.attempt, pid=None,
+                    create_time=None, token=self.token)
+            cx.emit("cell_exited", cell=self.cell.id, attempt=self.attempt, code=None,
+                    error=f"scratch dir not removed: {dirty}")
+            return RunOutcome(exit_code=126)
         try:
             moved = move_aside(self.output_dir, cx.state_dir, self.cell.id, self.attempt - 1,
                                cx.roots)
@@ -509,8 +519,8 @@ class CellRun:
                     self.p.trust.count)
             return c
         finally:
-            self._clean_scratch()
             with anyio.CancelScope(shield=True):
+                await self._clean_scratch()
                 await anyio.to_thread.run_sync(self.cx.scrub_file, self.grade_log)
 
     async def run(self) -> Classification | None:
@@ -520,11 +530,39 @@ class CellRun:
             return None
         return await self.judge(outcome)
 
-    def _clean_scratch(self) -> None:
+    async def _clean_scratch(self) -> str | None:
+        """Remove the harness's scratch dirs; what is left, as a journaled refusal and
+        the reason (None: all clean). Files this user cannot remove (a root-owned
+        sandbox's) are emptied through the sandboxes' Docker daemon, never sudo."""
+        left = None
         for tmpl in self.p.harness.scratch_dirs:
             path = render(tmpl, self.ctx)  # exact path, never a glob
             try:
-                remove_tree(path, self.cx.roots, self.cx.state_dir)
+                await anyio.to_thread.run_sync(remove_tree, path, self.cx.roots,
+                                               self.cx.state_dir)
+                continue
+            except NotRemoved as e:
+                why = str(e)
+                if self.cx.clear_dir is not None:
+                    failed = await self.cx.clear_dir(str(e.path))
+                    if failed is None:
+                        try:  # the emptied dir itself is ours to remove
+                            await anyio.to_thread.run_sync(remove_tree, path, self.cx.roots,
+                                                           self.cx.state_dir)
+                            self.cx.emit("scratch_removed_via_docker", cell=self.cell.id,
+                                         attempt=self.attempt, path=path)
+                            continue
+                        except UnsafePath as again:
+                            why = str(again)
+                    else:
+                        why = f"{why}; through Docker: {failed}"
+                else:
+                    why += " (set harness.scratch_remove_image to remove it through Docker)"
+                self.cx.emit("scratch_not_removed", cell=self.cell.id, attempt=self.attempt,
+                             path=path, why=why)
             except UnsafePath as e:
+                why = str(e)
                 self.cx.emit("unsafe_path_refused", cell=self.cell.id, attempt=self.attempt,
-                             action="remove scratch dir", why=str(e))
+                             action="remove scratch dir", why=why)
+            left = left or why
+        return left

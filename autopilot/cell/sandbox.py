@@ -99,6 +99,47 @@ class Docker:
         return value
 
 
+async def clear_dir(docker: Docker, path: str, image: str, state_dir: str,
+                    timeout: float = 120.0) -> str | None:
+    """Empty ``path`` (already allowed by fsguard) from a throwaway container of
+    ``image`` that mounts exactly that directory, as root, with no network and only the
+    capabilities a removal needs; None when done, else why not. Labelled as ours, so a
+    supervisor killed meanwhile leaves nothing a sweep would not remove."""
+    import asyncio
+    import secrets
+
+    name = f"autopilot-scratch-{secrets.token_hex(6)}"
+    config: dict[str, Any] = {
+        "Image": image, "User": "0:0", "Entrypoint": ["find"],
+        # busybox's find has no -delete; -exec rm works with GNU's and busybox's
+        "Cmd": ["/scratch", "-mindepth", "1", "-maxdepth", "1", "-exec", "rm", "-rf", "{}",
+                "+"],
+        "NetworkDisabled": True,
+        "Labels": {LABEL_STATE: state_dir, LABEL_ROLE: "scratch"},
+        "HostConfig": {"Binds": [f"{path}:/scratch"], "NetworkMode": "none",
+                       "CapDrop": ["ALL"], "CapAdd": ["DAC_OVERRIDE", "FOWNER"],
+                       "ReadonlyRootfs": True, "SecurityOpt": ["no-new-privileges"]},
+    }
+    try:
+        c = await docker.client.containers.run(config, name=name)
+    except DockerError as e:
+        return f"docker: {e.message if hasattr(e, 'message') else e}"[:300]
+    try:
+        result = await asyncio.wait_for(c.wait(), timeout)
+        code = result.get("StatusCode") if isinstance(result, dict) else None
+        if code != 0:
+            tail = "".join(await c.log(stdout=True, stderr=True, tail=3))[-200:]
+            return f"the removal container exited {code}: {tail.strip()}"
+        return None
+    except (TimeoutError, DockerError) as e:
+        return f"the removal container did not finish: {type(e).__name__}"
+    finally:
+        try:
+            await c.delete(force=True)
+        except DockerError as e:
+            log.warning("container_remove_failed", name=name, error=str(e))
+
+
 def gpu_requests(gpus: str) -> list[dict[str, Any]]:
     """``--gpus`` semantics: "all", "" / "none", or a comma list of device ids."""
     if not gpus or gpus == "none":

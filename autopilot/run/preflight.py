@@ -82,7 +82,8 @@ def sha256_file(path: Path) -> str:
 
 def needs_docker(preset: Preset) -> bool:
     mode = getattr(preset.endpoint, "mode", "process")
-    return preset.preflight.docker or mode == "docker" or bool(preset.harness.sandbox_container)
+    return (preset.preflight.docker or mode == "docker"
+            or bool(preset.harness.sandbox_container or preset.harness.scratch_remove_image))
 
 
 async def docker_reachable() -> str | None:

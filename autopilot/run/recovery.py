@@ -206,6 +206,7 @@ class DockerWiring:
     docker: Any
     remove_sandbox: Callable[[str], Awaitable[Any]] | None = None
     sandbox_activity: Callable[[dict[str, str]], Awaitable[int | None]] | None = None
+    clear_dir: Callable[[str], Awaitable[str | None]] | None = None
 
 
 async def docker_setup(preset: Preset, plan: Plan, state_dir: Path,
@@ -216,10 +217,16 @@ async def docker_setup(preset: Preset, plan: Plan, state_dir: Path,
     if not needs_docker(preset):
         return None
     # aiodocker (and aiohttp) load only when a preset needs Docker: -0.1 s of start-up
-    from autopilot.cell.sandbox import Docker
+    from autopilot.cell.sandbox import Docker, clear_dir
 
     docker = Docker()
     wired = DockerWiring(docker)
+    image = preset.harness.scratch_remove_image
+    if image:
+        async def clear(path: str) -> str | None:
+            return await clear_dir(docker, path, image, str(state_dir))
+
+        wired.clear_dir = clear
     template = preset.harness.sandbox_container
     if template:
         wired.remove_sandbox = docker.remove

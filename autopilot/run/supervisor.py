@@ -159,7 +159,8 @@ class Supervisor(Recorder):
         w = Wiring(preset=self.preset, state_dir=self.state_dir, run_token=self.run_token,
                    port=self, redactor=self.redactor, clock=self.clock,
                    remove_sandbox=d.remove_sandbox if d else None,
-                   sandbox_activity=d.sandbox_activity if d else None, disk=self.disk)
+                   sandbox_activity=d.sandbox_activity if d else None,
+                   clear_dir=d.clear_dir if d else None, disk=self.disk)
         self.backend = backend_class(self.preset.backend.kind)(w, setting, group)
         self.passes.make_slots(len(self.backend.keepers))
 

@@ -20,9 +20,11 @@ may fail a run, never empty a home directory).
 
 from __future__ import annotations
 
+import os
 import shutil
 import stat
 import string
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -149,9 +151,19 @@ def check(path: Path | str, roots: Iterable[Path], state_dir: Path) -> Path:
     return p
 
 
+class NotRemoved(UnsafePath):
+    """A removal the guard allowed that the filesystem did not finish (files this user
+    may not delete: a root-owned sandbox's output). ``path`` is the checked path."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(f"{path}: not removed ({why})")
+        self.path = path
+
+
 def remove_tree(path: Path | str, roots: Iterable[Path], state_dir: Path) -> bool:
     """Remove a directory (or a file) inside the run's roots; False if it was not there.
-    A symlink is removed itself, never followed."""
+    A symlink is removed itself, never followed. What is left (permissions) raises
+    NotRemoved: a caller never goes on believing the path is gone."""
     p = check(path, roots, state_dir)
     try:
         mode = p.lstat().st_mode
@@ -162,7 +174,19 @@ def remove_tree(path: Path | str, roots: Iterable[Path], state_dir: Path) -> boo
         # opened (rmtree opens its argument, and opening a FIFO blocks for good).
         p.unlink(missing_ok=True)
         return True
-    shutil.rmtree(p, ignore_errors=True)
+    failed: list[str] = []
+
+    def note(_fn: object, where: str, exc: object) -> None:
+        # onerror passes sys.exc_info(), onexc (3.12+) the exception itself
+        e = exc[1] if isinstance(exc, tuple) else exc
+        failed.append(f"{where}: {getattr(e, 'strerror', None) or e}")
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(p, onexc=note)
+    else:
+        shutil.rmtree(p, onerror=note)
+    if failed or os.path.lexists(p):
+        raise NotRemoved(p, f"{len(failed)} entries left, first {failed[0] if failed else p}")
     return True
 
 
