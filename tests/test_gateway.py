@@ -433,3 +433,55 @@ async def test_the_provider_key_is_added_only_to_requests_with_the_runs_placehol
     assert ours.status_code == 200
     assert len(upstream.headers) == 1 and upstream.headers[0]["Authorization"] == "Bearer REAL"
     assert placeholder_key("t") != placeholder_key("u")  # one per run
+
+
+@pytest.mark.parametrize(("doc", "want"), [
+    ({"model": "qwen3.6-27b"}, "qwen3.6-27b"),
+    ({"model": "org/Model-7B:q4_k_m"}, "org/Model-7B:q4_k_m"),
+    ({"model": "x" * 201}, None),
+    ({"model": "a\x1b[2Jb"}, None),  # a terminal escape is not a model name
+    ({"model": 7}, None),
+    ([], None),
+])
+def test_the_model_a_response_names_is_shape_checked(doc: Any, want: str | None) -> None:
+    from autopilot.gateway.evidence import model_of
+
+    assert model_of(doc) == want
+
+
+@pytest.mark.parametrize(("models", "verdict", "reason"), [
+    ({"m": 3}, "PASS", None),
+    ({}, "PASS", None),  # a server that names no model proves nothing
+    ({"m": 2, "other-7b": 1}, "INVALID", "arm_mismatch"),
+])
+def test_a_response_from_another_model_is_not_this_models_verdict(
+        models: dict[str, int], verdict: str, reason: str | None) -> None:
+    from autopilot.cell.validity import Classification, served_as
+
+    c = served_as(Classification("PASS", word="PASS"), models, "m")
+    assert (c.verdict, c.reason) == (verdict, reason)
+
+
+def test_the_endpoints_own_word_on_the_model_is_checked_not_the_receipt(
+        tmp_path: Path) -> None:
+    """The harness's receipt says the model it was told to use; the responses say who
+    answered. An endpoint that lists the served name but answers as another model
+    (a router gone wrong) makes every verdict INVALID(arm_mismatch), through the gateway."""
+    from conftest import events, run_cli, write_overlay
+
+    state = tmp_path / "state"
+    over = write_overlay(tmp_path / "o.json", {
+        "tasks": [{"id": "p1_bugfix"}], "arms": [{"label": "demo-nothink", "mode": "nothink"}],
+        "vars": {"think_secs": "0"}, "trust": {"infra_retries": 0},
+        "endpoint": {"replica_env": [{"AUTOPILOT_DEMO_ANSWER_AS": "someone-else-7b"}]}})
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                "--state-dir", str(state), "--quiet")
+    assert r.returncode == 1, r.stdout + r.stderr[-2000:]
+    evs = events(state)
+    v = next(e for e in evs if e["event"] == "cell_verdict")
+    assert (v["verdict"], v["reason"]) == ("INVALID", "arm_mismatch")
+    assert "'someone-else-7b' (the endpoint's own word" in v["detail"]
+    m = next(e for e in evs if e["event"] == "cell_metered")
+    assert m["models"] == {"someone-else-7b": m["answered"]}
+    receipt = json.loads((state / "cells" / v["cell"] / "receipt.json").read_text())
+    assert "someone-else-7b" not in json.dumps(receipt)  # the receipt could not tell

@@ -36,6 +36,7 @@ from autopilot.cell.validity import (
     RunOutcome,
     count_by_evidence,
     lookup,
+    served_as,
     unmetered,
 )
 from autopilot.cell.watchdog import Limits, Observation, WatchState, cell_deadline, decide
@@ -50,6 +51,9 @@ from autopilot.state.untrusted import read_tail
 from autopilot.templates import render, render_argv
 
 log = get_logger(__name__)
+# Engines whose responses name the model exactly as we serve it (llama-server: its
+# --alias, whatever the request said; vLLM: --served-model-name; the demo simulator).
+SERVED_BY_US = frozenset({"llamacpp", "vllm", "builtin"})
 
 Emit = Callable[..., dict[str, Any]]
 
@@ -514,6 +518,8 @@ class CellRun:
             m = self.meter
             if m is not None:
                 c = unmetered(c, m.requests, self.p.gateway.require_metering)
+                if self.p.endpoint.engine in SERVED_BY_US:  # a provider may add a version
+                    c = served_as(c, m.models, self.ctx["served_model"])
                 c = count_by_evidence(c, outcome, Evidence(
                     m.requests, m.answered, dict(m.errors), m.first_error or None),
                     self.p.trust.count)

@@ -185,6 +185,20 @@ def unmetered(c: Classification, requests: int, required: bool) -> Classificatio
     return c
 
 
+def served_as(c: Classification, models: Mapping[str, int], expected: str) -> Classification:
+    """The endpoint's own word on who answered (each response's ``model``, through the
+    gateway) against the model the run serves: a harness's receipt says what it was
+    told, so checking that alone is circular. Any response from another model makes the
+    verdict INVALID(arm_mismatch); no word (a server that omits it) proves nothing."""
+    others = sorted(m for m in models if m != expected)
+    if others and c.verdict in ("PASS", "FAIL"):
+        return _invalid("arm_mismatch", f"{c.label()} from responses of "
+                        f"{', '.join(map(repr, others[:3]))} (the endpoint's own word, "
+                        f"through the gateway), not the served {expected!r}",
+                        launched=c.launched)
+    return c
+
+
 @dataclass(frozen=True)
 class Evidence:
     """What the gateway saw of an attempt (its cell_metered totals)."""

@@ -209,7 +209,7 @@ def make_handler(args: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
             self._send(200, {
                 "id": f"chatcmpl-sim-{n_req}",
                 "object": "chat.completion",
-                "model": args.model,
+                "model": args.answer_as or args.model,
                 "choices": [{"index": 0, "finish_reason": "stop",
                              "message": {"role": "assistant", "content": content}}],
                 "usage": {"prompt_tokens": prompt_tokens,
@@ -232,6 +232,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--crash-after", type=int,
                     default=int(os.environ.get("AUTOPILOT_DEMO_CRASH_AFTER") or 0))
     ap.add_argument("--never-ready", action="store_true")
+    # fault knob: list --model but answer as another (a router serving the wrong model)
+    ap.add_argument("--answer-as", default=os.environ.get("AUTOPILOT_DEMO_ANSWER_AS", ""))
     ap.add_argument("--parallel", type=int, default=4, help="slots shown by /slots")
     ap.add_argument("--max-model-len", type=int, default=0,
                     help="refuse prompt + max_tokens above this, as vLLM does (0: never)")

@@ -120,6 +120,16 @@ def _has_content(doc: Any) -> bool:
     return False
 
 
+_MODEL_NAME = re.compile(r"[\w.:/@+-]{1,200}")
+
+
+def model_of(doc: Any) -> str | None:
+    """The model a response says answered (its ``model``): the server's own word, not
+    the harness's, so a check against it is not circular. Shape-checked."""
+    name = doc.get("model") if isinstance(doc, dict) else None
+    return name if isinstance(name, str) and _MODEL_NAME.fullmatch(name) else None
+
+
 @dataclass
 class StreamScan:
     """Reads a server-sent event stream as it passes: the last usage it carried, the
@@ -127,6 +137,7 @@ class StreamScan:
     sends no usage). Holds at most one partial line, cut at LINE_CAP."""
     usage: Usage | None = None
     finish: str | None = None
+    model: str | None = None
     chunks: int = 0
     _partial: bytes = b""
     _skipping: bool = False  # inside an over-long line: drop to its end
@@ -158,6 +169,7 @@ class StreamScan:
             self.chunks += 1
         self.usage = usage_of(doc) or self.usage
         self.finish = finish_of(doc) or self.finish
+        self.model = model_of(doc) or self.model
 
 
 @dataclass
@@ -179,6 +191,11 @@ class Meter:
     failovers: int = 0  # requests sent to another replica than the cell's own
     first_error: str | None = None  # the first request's error kind ("" when it was fine)
     last_error: str | None = None
+    models: dict[str, int] = field(default_factory=dict)  # who the responses say answered
+
+    def answered_as(self, model: str | None) -> None:
+        if model is not None and (model in self.models or len(self.models) < 8):
+            self.models[model] = self.models.get(model, 0) + 1
 
     def count(self, usage: Usage | None, estimate: int = 0) -> None:
         if usage is not None and usage.malformed:
@@ -202,7 +219,8 @@ class Meter:
                 "completion_tokens": self.completion_tokens,
                 "reasoning_tokens": self.reasoning_tokens, "estimated": self.estimated,
                 "malformed_usage": self.malformed_usage, "failovers": self.failovers,
-                "first_error": self.first_error or None, "last_error": self.last_error}
+                "first_error": self.first_error or None, "last_error": self.last_error,
+                "models": dict(self.models)}
 
 
 def mode_line(preset: Preset) -> str:
@@ -222,4 +240,4 @@ def mode_line(preset: Preset) -> str:
 
 
 __all__ = ["MODEL_ROUTES", "ErrorKind", "Meter", "StreamScan", "Usage", "error_kind",
-           "finish_of", "is_model_route", "merge", "mode_line", "usage_of"]
+           "finish_of", "is_model_route", "merge", "mode_line", "model_of", "usage_of"]

@@ -45,6 +45,7 @@ from autopilot.gateway.evidence import (
     finish_of,
     is_model_route,
     merge,
+    model_of,
     usage_of,
 )
 from autopilot.logsetup import get_logger
@@ -342,6 +343,7 @@ class Gateway:
         if scan is not None:
             rec["chunks"] = scan.chunks
             usage, finish, estimate = scan.usage, scan.finish, scan.chunks
+            model = scan.model
             doc = None
         else:
             doc = None
@@ -351,6 +353,7 @@ class Gateway:
             elif status < 400:
                 rec["unparsed"] = f"body over {self.limits.parse_cap} bytes"
             usage, finish, estimate = usage_of(doc), finish_of(doc), 0
+            model = model_of(doc)
         kind = error_kind(status, _text(doc, held) if status >= 400 else "")
         if kind is not None:
             m.error(kind, f"HTTP {status}")
@@ -358,6 +361,9 @@ class Gateway:
             rec["body"] = self.redact(_text(doc, held))[:ERROR_BODY]
             return
         m.count(usage, estimate)
+        m.answered_as(model)
+        if model is not None:
+            rec["model"] = model
         if usage is not None:
             rec.update(prompt_tokens=usage.prompt, completion_tokens=usage.completion,
                        reasoning_tokens=usage.reasoning)
