@@ -342,6 +342,11 @@ class Preflight(_Frozen):
     docker: bool = False  # require a reachable Docker engine even if nothing else says so
     # llama-server: the smallest context per slot (-c / --parallel) cells may get
     min_slot_ctx: int = Field(default=0, ge=0)
+    # Programs that must exit 0 before launch (argv templates, the first cell's values;
+    # every task's id and vars in $AUTOPILOT_PLAN_TASKS as JSON): a framework's own check
+    # that its tasks load. A failure refuses the run with the program's last words.
+    commands: list[Argv] = Field(default_factory=list)
+    command_timeout_secs: float = Field(default=120, gt=0)
 
 
 GATEWAY_ENGINES = ("builtin", "llamacpp", "vllm", "provider")

@@ -108,7 +108,7 @@ def part(module: str) -> str:
     name = module.split(".")[1]
     if name in ("cli", "__main__"):
         return "cli"
-    if not (PKG / name).is_dir() or name in ("demo", "starter"):
+    if not (PKG / name).is_dir() or name in ("demo", "starter", "harnesses"):
         return FOUNDATIONS  # a top-level module, or the shipped demo and starter
     return name
 

@@ -168,7 +168,13 @@ def _classify(
                         teardown_masked=masked)
     if rule.verdict == "INVALID":
         assert rule.reason is not None
-        return _invalid(rule.reason, f"grader said {word}", word=word, teardown_masked=masked,
+        said = g.get("detail")  # the grader's own words (Inspect's error): untrusted text
+        detail = f"grader said {word}" + (f": {said[:400]}" if isinstance(said, str) else "")
+        if run.endpoint_down and not rule.reason.startswith("grader"):
+            # the outage is the cause of whatever the harness then reported
+            return _invalid("endpoint_down", f"{detail} (during an outage)", word=word,
+                            teardown_masked=masked)
+        return _invalid(rule.reason, detail, word=word, teardown_masked=masked,
                         streak=rule.streak)
     return Classification(rule.verdict, word=word, caveat=rule.caveat, teardown_masked=masked,
                           streak=rule.streak)

@@ -100,6 +100,48 @@ async def docker_reachable() -> str | None:
     return None
 
 
+async def command_problems(preset: Preset, state_dir: Path) -> list[str]:
+    """Run ``preflight.commands`` (argv lists, the first cell's values, every task in
+    $AUTOPILOT_PLAN_TASKS); each that does not exit 0 in time is one problem, with the
+    last line it printed. Its output is untrusted: cut and escaped."""
+    import asyncio
+    import json
+    import subprocess
+
+    from autopilot.escape import term
+
+    out: list[str] = []
+    if not preset.preflight.commands:
+        return out
+    ctx = _static_ctx(preset, preset.tasks[0].id, preset.arms[0].label, state_dir)
+    env = {**os.environ, "AUTOPILOT_PLAN_TASKS": json.dumps(
+        [{"id": t.id, "vars": {**preset.vars, **t.vars}} for t in preset.tasks])}
+    for tmpl in preset.preflight.commands:
+        argv = render_argv(tmpl, ctx)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, env=env)
+        except OSError as e:
+            out.append(f"preflight command {argv[0]} cannot start: {e.strerror}")
+            continue
+        try:
+            text, _ = await asyncio.wait_for(proc.communicate(),
+                                             preset.preflight.command_timeout_secs)
+        except TimeoutError:
+            proc.kill()  # our child, by its pid
+            await proc.wait()
+            out.append(f"preflight command {' '.join(argv[:4])} did not finish in "
+                       f"{preset.preflight.command_timeout_secs:g} s")
+            continue
+        if proc.returncode != 0:
+            lines = [x for x in text.decode("utf-8", "replace").splitlines() if x.strip()]
+            last = term(lines[-1], 400) if lines else "(no output)"
+            out.append(f"preflight command {' '.join(argv[:4])} exited {proc.returncode}: "
+                       f"{last}")
+    return out
+
+
 async def image_identity(name: str) -> dict[str, Any]:
     """The image a tag names now (its id and registry digests): a tag moves, the id is
     what served the model. Unknown (not pulled yet, daemon error) is said, never guessed."""
@@ -300,6 +342,7 @@ async def run_preflight(
             for f in preset.preflight.files:
                 if not Path(render(f, ctx)).exists():
                     problems.append(f"required file {render(f, ctx)} not found")
+    problems += await command_problems(preset, state_dir)
     found, warned = checkout_problems(preset, state_dir)
     report.warnings += warned
     backend = backend_class(preset.backend.kind)

