@@ -167,6 +167,13 @@ class Harness(_Frozen):
     # files the autopilot cannot remove (a root-owned sandbox's) is emptied by a
     # throwaway container of it that mounts exactly that dir (never sudo). "": not tried.
     scratch_remove_image: str = ""
+    # A file (template) where the harness lists the Docker Compose projects it started,
+    # one per line (Inspect's sandboxes: autopilot.harnesses.inspect_run writes it). At
+    # an attempt's end, at start-up and in `cleanup`, their containers and networks
+    # (Compose's com.docker.compose.project label) are removed: only listed names that
+    # match the pattern (default: the names Inspect gives its projects).
+    compose_projects: str = ""
+    compose_project_pattern: str = r"^inspect-[a-z\d\-_]*-i[a-z\d]{6,}$"
     terminal_row: TerminalRow | None = None
     # The most a request of the harness may ask for, prompt + max_tokens (0: unknown):
     # preflight refuses an endpoint that cannot serve it (vLLM's max_model_len).

@@ -223,3 +223,89 @@ def test_two_endpoint_replicas_as_containers(docker_host: str, test_images, stat
     assert ran == {0, 1}  # both containers served cells
     left = container_names(docker_host)
     assert name not in left and f"{name}-1" not in left  # both removed at the end
+
+
+COMPOSE_LIKE = (
+    "import os, subprocess, sys\n"
+    "listing, image = sys.argv[1], sys.argv[2]\n"
+    "# what Compose makes for an Inspect sandbox: containers labelled with the project\n"
+    "subprocess.run(['docker', 'run', '-d', '--network', 'none', '--label',\n"
+    "                'com.docker.compose.project=inspect-words-iab12cd', '--name',\n"
+    "                'inspect-words-iab12cd-default-1', image, 'sleep', '3600'], check=True)\n"
+    "with open(listing, 'a') as f:\n"
+    "    f.write('inspect-words-iab12cd\\nprod-db\\n')  # prod-db: not an Inspect name\n"
+    "os.execv(sys.executable, [sys.executable, '-m', 'autopilot.demo.harness', *sys.argv[3:]])\n"
+)
+
+
+def test_compose_projects_a_cell_listed_are_removed_and_nothing_else(
+        docker_host: str, test_images, state_dir: Path, tmp_path: Path) -> None:
+    """Inspect's sandboxes are Compose projects named inspect-<task>-i<id>; the harness
+    lists the ones it started. At the attempt's end, and in `cleanup`, exactly the listed
+    projects with an Inspect name are removed (by Compose's label): an unlisted Inspect
+    project and a listed name that is not an Inspect name survive."""
+    script = tmp_path / "harness.py"
+    script.write_text(COMPOSE_LIKE)
+    img = test_images["busybox"]
+    for project in ("inspect-other-i999999", "prod-db"):  # someone else's
+        docker_cli(docker_host, "create", "--network", "none", "--label",
+                   f"com.docker.compose.project={project}", "--name", f"{project}-x-1",
+                   img, "sleep", "60")
+    demo = ["{cell}", "--task", "{task}", "--arm", "{arm}", "--n", "{n}", "--attempt",
+            "{attempt}", "--host", "{host}", "--port", "{port}", "--model", "{model}",
+            "--out", "{output_dir}", "--think-secs", "0"]
+    over = write_overlay(tmp_path / "o.json", {
+        "tasks": [{"id": "p1_bugfix"}], "arms": [{"label": "demo-nothink", "mode": "nothink"}],
+        "harness": {"argv": ["{python}", str(script), "{output_dir}/compose-projects.txt",
+                             img, *demo],
+                    "compose_projects": "{output_dir}/compose-projects.txt"},
+        "preflight": {"docker": True}})
+    args = ["--preset", "demo", "--target-n", "1", "--config", str(over),
+            "--state-dir", str(state_dir)]
+    try:
+        r = run_cli(*args, "--quiet", env=env(docker_host), timeout=240)
+        assert r.returncode == 0, r.stderr[-2000:]
+        names = container_names(docker_host)
+        assert "inspect-words-iab12cd-default-1" not in names  # the cell's: removed
+        assert {"inspect-other-i999999-x-1", "prod-db-x-1"} <= names  # not ours: kept
+        log = (state_dir / "autopilot.log").read_text()
+        assert "compose_projects_removed" in log
+        # left again (as by a killed cell): `cleanup` removes it from the same listing
+        docker_cli(docker_host, "create", "--network", "none", "--label",
+                   "com.docker.compose.project=inspect-words-iab12cd", "--name",
+                   "inspect-words-iab12cd-default-1", img, "sleep", "60")
+        c = run_cli("cleanup", "--state-dir", str(state_dir), "--config", str(over),
+                    env=env(docker_host))
+        assert c.returncode == 0, c.stderr
+        assert "container inspect-words-iab12cd-default-1" in c.stdout
+        names = container_names(docker_host)
+        assert "inspect-words-iab12cd-default-1" not in names
+        assert {"inspect-other-i999999-x-1", "prod-db-x-1"} <= names
+    finally:
+        for n in ("inspect-other-i999999-x-1", "prod-db-x-1",
+                  "inspect-words-iab12cd-default-1"):
+            docker_cli(docker_host, "rm", "-f", n, check=False)
+
+
+def test_the_inspect_wrapper_lists_the_projects_that_appear_while_it_runs(
+        docker_host: str, test_images, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from autopilot.harnesses.inspect_run import compose_projects, track
+
+    monkeypatch.setenv("DOCKER_HOST", docker_host)
+    before = compose_projects()
+    assert before is not None
+    listing = tmp_path / "compose-projects.txt"
+    try:
+        for project in ("inspect-arith-i0a1b2c", "not-inspect"):
+            docker_cli(docker_host, "create", "--network", "none", "--label",
+                       f"com.docker.compose.project={project}", "--name", f"{project}-1",
+                       test_images["busybox"], "sleep", "60")
+        stop = threading.Event()
+        stop.set()  # one look, then return
+        track(listing, before, stop)
+        assert listing.read_text().splitlines() == ["inspect-arith-i0a1b2c"]
+    finally:
+        for project in ("inspect-arith-i0a1b2c", "not-inspect"):
+            docker_cli(docker_host, "rm", "-f", f"{project}-1", check=False)

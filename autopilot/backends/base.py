@@ -89,6 +89,7 @@ class Wiring:
     remove_sandbox: Callable[[str], Awaitable[Any]] | None = None
     sandbox_activity: Callable[[dict[str, str]], Awaitable[int | None]] | None = None
     clear_dir: Callable[[str], Awaitable[str | None]] | None = None  # sandbox.clear_dir
+    remove_projects: Callable[[str], Awaitable[Any]] | None = None
     # the loop's watch of free space (it pauses launching); None: the context makes its
     # own, which only classifies (a Ray node's cells, on the node's disk)
     disk: DiskWatch | None = None
@@ -128,7 +129,8 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
         # A spooled log is redacted and capped when its attempt ends (logsetup.SPOOL_CAP).
         redact=w.redactor.scrub, scrub_file=partial(w.redactor.scrub_file, cap=SPOOL_CAP),
         remove_sandbox=w.remove_sandbox, sandbox_activity=w.sandbox_activity,
-        clear_dir=w.clear_dir, on_grade_failure=port.grade_failure,
+        clear_dir=w.clear_dir, remove_projects=w.remove_projects,
+        on_grade_failure=port.grade_failure,
         roots=roots, disk=disk if disk.floor > 0 else None,
         base_env={**child_env(w.preset, "harness"), RUN_TOKEN_ENV: w.run_token,
                   **(extra_env or {}), **key_env},

@@ -99,6 +99,8 @@ class CellContext:
     sandbox_activity: Callable[[dict[str, str]], Awaitable[int | None]] | None = None
     # empties a scratch dir through Docker (files this user cannot remove), else None
     clear_dir: Callable[[str], Awaitable[str | None]] | None = None
+    # removes the Compose projects a harness listed in this file (sandbox.remove_projects)
+    remove_projects: Callable[[str], Awaitable[Any]] | None = None
     # where this run may delete or move directories (fsguard.run_roots)
     roots: tuple[Path, ...] = ()
     # a grading try that failed and will be retried (feeds the harness-break streak)
@@ -266,6 +268,10 @@ class CellRun:
             if self.sandbox and self.cx.remove_sandbox is not None:
                 with anyio.CancelScope(shield=True):
                     await self.cx.remove_sandbox(self.sandbox)
+            listed = self.p.harness.compose_projects
+            if listed and self.cx.remove_projects is not None:
+                with anyio.CancelScope(shield=True):  # what a killed Inspect left running
+                    await self.cx.remove_projects(render(listed, self.ctx))
 
     def _upstreams(self) -> list[tuple[str, str]]:
         """Where the gateway sends this cell's next request: its own replica (an empty

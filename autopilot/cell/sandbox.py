@@ -99,6 +99,50 @@ class Docker:
         return value
 
 
+COMPOSE_PROJECT = "com.docker.compose.project"  # the label Compose puts on what it makes
+
+
+def listed_projects(path: str, pattern: str) -> list[str]:
+    """The Compose projects a harness listed (an untrusted file: small, one name a
+    line); only names matching ``pattern`` (a whole match), at most 64."""
+    import re
+
+    from autopilot.state.untrusted import read_tail
+
+    try:
+        data, _ = read_tail(path, 64 * 1024)
+    except OSError:
+        return []
+    rx = re.compile(pattern)
+    names = [x.strip() for x in data.decode("utf-8", "replace").splitlines()]
+    return list(dict.fromkeys(n for n in names if len(n) <= 128 and rx.fullmatch(n)))[:64]
+
+
+async def remove_projects(docker: Docker, names: Iterable[str]) -> list[str]:
+    """Remove every container, then every network, that Compose labelled with exactly
+    one of these project names (the label's value, never a prefix)."""
+    removed = []
+    for name in names:
+        flt = json.dumps({"label": [f"{COMPOSE_PROJECT}={name}"]})
+        try:
+            for c in await docker.client.containers.list(all=True, filters=flt):
+                if (c["Labels"] or {}).get(COMPOSE_PROJECT) != name:
+                    continue  # the engine's filter, checked again
+                await c.delete(force=True, v=True)
+                removed.append(f"container {str((c['Names'] or ['?'])[0]).lstrip('/')}")
+            nets = await docker.client.networks.list(
+                filters={"label": [f"{COMPOSE_PROJECT}={name}"]})
+            for net in nets:
+                if (net.get("Labels") or {}).get(COMPOSE_PROJECT) == name:
+                    await (await docker.client.networks.get(net["Id"])).delete()
+                    removed.append(f"network {net.get('Name')}")
+        except DockerError as e:
+            log.warning("compose_project_remove_failed", project=name, error=str(e))
+    if removed:
+        log.info("compose_projects_removed", removed=removed)
+    return removed
+
+
 async def clear_dir(docker: Docker, path: str, image: str, state_dir: str,
                     timeout: float = 120.0) -> str | None:
     """Empty ``path`` (already allowed by fsguard) from a throwaway container of

@@ -17,8 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +39,53 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--model", required=True, help="the served model name")
     ap.add_argument("--base-url", required=True, help="the cell's gateway, .../v1")
     ap.add_argument("--out", required=True, type=Path, help="the cell's output dir")
+    ap.add_argument("--compose-projects", type=Path, default=None,
+                    help="list here, as they appear, the Docker Compose projects Inspect's "
+                         "sandboxes start (harness.compose_projects: the autopilot removes "
+                         "what a killed cell left)")
     ap.add_argument("--api-key-env", default="",
                     help="env var holding the key to send (a provider run's placeholder)")
     return ap.parse_args(argv), extra
+
+
+# The names Inspect gives its sandboxes' Compose projects (inspect_ai/util/_sandbox/
+# docker/util.py: inspect-<task[:12]>-i<6 of a uuid>), and the label Compose sets.
+INSPECT_PROJECT = re.compile(r"^inspect-[a-z\d\-_]*-i[a-z\d]{6,}$")
+PROJECT_LABEL = "com.docker.compose.project"
+
+
+def compose_projects() -> set[str] | None:
+    """The Inspect-named Compose projects with a container on the Docker daemon now
+    (None: no docker CLI, or no answer)."""
+    docker = shutil.which("docker")
+    if docker is None:
+        return None
+    try:
+        done = subprocess.run(
+            [docker, "ps", "-a", "--filter", f"label={PROJECT_LABEL}", "--format",
+             f'{{{{.Label "{PROJECT_LABEL}"}}}}'], capture_output=True, text=True,
+            timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return {x.strip() for x in done.stdout.splitlines() if INSPECT_PROJECT.match(x.strip())}
+
+
+def track(listing: Path, before: set[str], stop: threading.Event,
+          every: float = 2.0) -> None:
+    """Append to ``listing`` each Inspect project that appears while the eval runs (a
+    kill may come at any moment: each name is on disk as soon as it is seen)."""
+    seen = set(before)
+    while True:
+        now = compose_projects() or set()
+        new = sorted(now - seen)
+        if new:
+            with listing.open("a") as f:
+                f.writelines(f"{name}\n" for name in new)
+            seen |= set(new)
+        if stop.wait(every):
+            return
 
 
 def newest_log(logs: Path) -> Path | None:
@@ -89,7 +136,20 @@ def main(argv: list[str] | None = None) -> int:
            "--log-format", "eval", "--display", "plain", "--epochs", "1",
            *(["--sample-id", args.sample_id] if args.sample_id else []), *extra]
     print("inspect_run:", json.dumps(cmd), flush=True)
-    code = subprocess.run(cmd, env=env, check=False).returncode
+    stop = threading.Event()
+    watcher = None
+    if args.compose_projects is not None:
+        before = compose_projects()
+        if before is not None:
+            watcher = threading.Thread(target=track, args=(args.compose_projects, before,
+                                                           stop), daemon=True)
+            watcher.start()
+    try:
+        code = subprocess.run(cmd, env=env, check=False).returncode
+    finally:
+        stop.set()
+        if watcher is not None:
+            watcher.join(15)
     log = newest_log(logs)
     if log is None:
         print(f"inspect_run: inspect eval exited {code} and wrote no log", file=sys.stderr)

@@ -66,6 +66,14 @@ async def cleanup(preset: Preset, plan: Plan, state_dir: Path, *, endpoint: bool
                 names = [render(template, cell_context(preset, c, 1, state_dir))
                          for c in plan.cells]
                 removed += [f"container {n}" for n in await docker.remove_exact(names)]
+            if preset.harness.compose_projects:
+                from autopilot.cell.sandbox import listed_projects, remove_projects
+
+                for c in plan.cells:
+                    listing = render(preset.harness.compose_projects,
+                                     cell_context(preset, c, 1, state_dir))
+                    removed += await remove_projects(docker, listed_projects(
+                        listing, preset.harness.compose_project_pattern))
             if endpoint:
                 removed += [f"container {n}" for n in
                             await docker.remove_labelled(str(state_dir), role="endpoint")]

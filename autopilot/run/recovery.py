@@ -207,6 +207,7 @@ class DockerWiring:
     remove_sandbox: Callable[[str], Awaitable[Any]] | None = None
     sandbox_activity: Callable[[dict[str, str]], Awaitable[int | None]] | None = None
     clear_dir: Callable[[str], Awaitable[str | None]] | None = None
+    remove_projects: Callable[[str], Awaitable[Any]] | None = None
 
 
 async def docker_setup(preset: Preset, plan: Plan, state_dir: Path,
@@ -217,7 +218,7 @@ async def docker_setup(preset: Preset, plan: Plan, state_dir: Path,
     if not needs_docker(preset):
         return None
     # aiodocker (and aiohttp) load only when a preset needs Docker: -0.1 s of start-up
-    from autopilot.cell.sandbox import Docker, clear_dir
+    from autopilot.cell.sandbox import Docker, clear_dir, listed_projects, remove_projects
 
     docker = Docker()
     wired = DockerWiring(docker)
@@ -238,6 +239,16 @@ async def docker_setup(preset: Preset, plan: Plan, state_dir: Path,
         names = [render(template, cell_context(preset, c, 1, state_dir)) for c in plan.cells]
         for name in await docker.remove_exact(names):
             cleaned.append({"container": name})
+    pattern = preset.harness.compose_project_pattern
+    if preset.harness.compose_projects:
+        async def projects(path: str) -> list[str]:
+            return await remove_projects(docker, listed_projects(path, pattern))
+
+        wired.remove_projects = projects
+        for c in plan.cells:  # what a killed predecessor's harnesses listed
+            path = render(preset.harness.compose_projects, cell_context(preset, c, 1,
+                                                                          state_dir))
+            cleaned += [{"compose": x} for x in await projects(path)]
     for name in await docker.remove_labelled(str(state_dir)):
         cleaned.append({"container": name})
     if cleaned:

@@ -160,7 +160,8 @@ class Supervisor(Recorder):
                    port=self, redactor=self.redactor, clock=self.clock,
                    remove_sandbox=d.remove_sandbox if d else None,
                    sandbox_activity=d.sandbox_activity if d else None,
-                   clear_dir=d.clear_dir if d else None, disk=self.disk)
+                   clear_dir=d.clear_dir if d else None,
+                   remove_projects=d.remove_projects if d else None, disk=self.disk)
         self.backend = backend_class(self.preset.backend.kind)(w, setting, group)
         self.passes.make_slots(len(self.backend.keepers))
 
