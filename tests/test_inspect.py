@@ -90,6 +90,8 @@ def test_two_tasks_two_arms_complete_with_the_logs_scores_and_the_gateways_token
             usage, out), cell
         assert v["cost_basis"] == "metered"
         assert metered[cell]["models"] == {"gemma3-270m": 1}
+        # Inspect's own data dir is the cell's (no home needed, no cache shared)
+        assert (state / "cells" / cell / ".inspect" / "data" / "inspect_ai").is_dir()
     # the arms differ in Inspect's own options: each cell's inspect eval got its arm's
     for cell in verdicts:
         launcher = (state / "logs" / f"{cell}.launcher.log").read_text()

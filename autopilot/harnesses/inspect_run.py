@@ -127,8 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     logs = args.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     key = os.environ.get(args.api_key_env, "") if args.api_key_env else ""
+    # Inspect's data and cache dirs (traces, its response cache, sandbox compose files)
+    # in the cell's own dir: a replicate never reads another's cached answer, and the
+    # hardened service (ProtectHome=yes, a read-only system) has no writable home.
+    own = args.out / ".inspect"
     env = {**os.environ, "LOCAL_BASE_URL": args.base_url,
-           "LOCAL_API_KEY": key or "unused"}  # a local server needs none; the SDK needs one
+           "LOCAL_API_KEY": key or "unused",  # a local server needs none; the SDK needs one
+           "XDG_DATA_HOME": str(own / "data"), "XDG_CACHE_HOME": str(own / "cache")}
     from autopilot.harnesses.inspect_check import task_file
 
     cmd = [sys.executable, "-m", "inspect_ai", "eval", f"{task_file(args.task_file)}@{args.task}",
