@@ -98,9 +98,11 @@ def overlay(tmp: Path, **more: object) -> str:
 def test_a_run_samples_power_and_reports_energy_and_cost(state_dir: Path,
                                                           tmp_path: Path) -> None:
     log = tmp_path / "nvsmi.jsonl"
-    cost = {"nvidia_smi": str(FAKEBIN / "nvidia-smi"), "sample_secs": 0.2,
+    # samples every 0.5 s (a gap is over 1.25 s), cells of about 2 s: every cell is seen
+    # even on a loaded machine, where each fake nvidia-smi costs a Python start-up
+    cost = {"nvidia_smi": str(FAKEBIN / "nvidia-smi"), "sample_secs": 0.5,
             "usd_per_kwh": 0.13}
-    over = overlay(tmp_path, cost=cost)
+    over = overlay(tmp_path, cost=cost, vars={"think_secs": "1.5"})
     env = cli_env(FAKE_GPU_WATTS="300,150", FAKE_NVSMI_LOG=str(log))
     r = run_cli("--preset", "demo", "--target-n", "1", "--config", over,
                 "--state-dir", str(state_dir), "--quiet", env=env)
@@ -123,7 +125,8 @@ def test_a_run_samples_power_and_reports_energy_and_cost(state_dir: Path,
     rep = run_cli("report", "--state-dir", str(state_dir), env=env)
     assert rep.returncode == 0, rep.stderr
     text = rep.stdout
-    assert "priced at $0.13/kWh" in text and "median energy (Wh)" in text
+    assert "sampled every 0.5 s" in text and "priced at $0.13/kWh" in text
+    assert "median energy (Wh)" in text
     arms = {a.label: a for a in preset.arms}
     for arm in arms:
         row = next(x for x in text.splitlines() if x.startswith(f"| {arm} | ")
