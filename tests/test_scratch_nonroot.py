@@ -140,3 +140,23 @@ def test_without_a_way_to_remove_it_the_next_attempt_does_not_start(
     assert any(e["event"] == "cell_quarantined" for e in evs)
     # root's files are still there, untouched by anything but their owner
     assert (state / "scratch" / cell / "sub" / "deep" / "f").stat().st_uid == 0
+    # `cleanup`, as the same user, says what it cannot remove without an image...
+    overlay = work / "o.json"
+    argv = [sys.executable, "-m", "autopilot.cli", "cleanup", "--state-dir", str(state),
+            "--config", str(overlay)]
+    env = cli_env(DOCKER_HOST=docker_host, HOME=str(work))
+    c = subprocess.run(as_nobody(argv, work / "stash2"), capture_output=True, text=True,
+                       timeout=120, cwd=ROOT, env=env)
+    assert c.returncode == 0, c.stderr
+    assert "harness.scratch_remove_image" in c.stdout
+    assert (state / "scratch" / cell).exists()
+    # ...and removes it through Docker with one
+    doc = json.loads(overlay.read_text())
+    doc["harness"]["scratch_remove_image"] = test_images["busybox"]
+    overlay.write_text(json.dumps(doc))
+    c = subprocess.run(as_nobody(argv, work / "stash3"), capture_output=True, text=True,
+                       timeout=120, cwd=ROOT, env=env)
+    assert c.returncode == 0, c.stderr
+    assert f"dir {state / 'scratch' / cell}" in c.stdout
+    assert not (state / "scratch" / cell).exists()
+    assert not {n for n in container_names(docker_host) if n.startswith("autopilot-scratch-")}

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import aiodocker
+import aiohttp
 from aiodocker.exceptions import DockerError
 
 from autopilot.logsetup import get_logger
@@ -168,6 +169,8 @@ async def clear_dir(docker: Docker, path: str, image: str, state_dir: str,
         c = await docker.client.containers.run(config, name=name)
     except DockerError as e:
         return f"docker: {e.message if hasattr(e, 'message') else e}"[:300]
+    except (OSError, aiohttp.ClientError) as e:  # no daemon there
+        return f"docker unreachable: {type(e).__name__}: {e}"[:300]
     try:
         result = await asyncio.wait_for(c.wait(), timeout)
         code = result.get("StatusCode") if isinstance(result, dict) else None

@@ -24,7 +24,7 @@ from autopilot.cell.sweep import orphan_marked
 from autopilot.config import Preset
 from autopilot.plan import Plan, cell_context
 from autopilot.run.preflight import needs_docker
-from autopilot.state.fsguard import UnsafePath, remove_tree, run_roots
+from autopilot.state.fsguard import NotRemoved, UnsafePath, remove_tree, run_roots
 from autopilot.templates import render
 
 
@@ -83,8 +83,35 @@ async def cleanup(preset: Preset, plan: Plan, state_dir: Path, *, endpoint: bool
     for path in scratch_paths(preset, plan, state_dir):
         try:
             remove_tree(path, roots, state_dir)
+        except NotRemoved as e:
+            # a root-owned sandbox's files: through Docker, as the run does, never sudo
+            why = await _through_docker(preset, state_dir, e)
+            if why is None:
+                try:
+                    remove_tree(path, roots, state_dir)
+                except UnsafePath as again:
+                    why = str(again)
+            if why is not None:
+                removed.append(f"nothing: {why}")
+                continue
         except UnsafePath as e:
             removed.append(f"nothing: {e}")  # said, never done
             continue
         removed.append(f"dir {path}")
     return removed
+
+
+async def _through_docker(preset: Preset, state_dir: Path, e: NotRemoved) -> str | None:
+    """Empty what ``e`` could not remove through the sandboxes' Docker daemon (None:
+    done), or say why not."""
+    image = preset.harness.scratch_remove_image
+    if not image:
+        return f"{e} (set harness.scratch_remove_image to remove it through Docker)"
+    from autopilot.cell.sandbox import Docker, clear_dir
+
+    docker = Docker()
+    try:
+        failed = await clear_dir(docker, str(e.path), image, str(state_dir))
+    finally:
+        await docker.close()
+    return None if failed is None else f"{e}; through Docker: {failed}"
