@@ -27,6 +27,10 @@ from autopilot.endpointconfig import LlamaCppEndpoint as LlamaCppEndpoint
 from autopilot.endpointconfig import NoEndpoint as NoEndpoint
 from autopilot.endpointconfig import ProviderEndpoint as ProviderEndpoint
 from autopilot.endpointconfig import VllmEndpoint as VllmEndpoint
+from autopilot.measureconfig import Baseline as Baseline
+from autopilot.measureconfig import Budget as Budget
+from autopilot.measureconfig import Comparator as Comparator
+from autopilot.measureconfig import Cost as Cost
 
 PRESETS_ENV = "AUTOPILOT_PRESETS_DIR"
 
@@ -186,6 +190,17 @@ class Harness(_Frozen):
             raise ValueError("argv must start with the program (a string)")
         return v
 
+    @field_validator("compose_project_pattern")
+    @classmethod
+    def _pattern(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as e:
+            raise ValueError(f"not a regular expression ({e})") from None
+        if not v or re.fullmatch(v, ""):  # "" or ".*" would take any project listed
+            raise ValueError("must not match every name (an empty name included)")
+        return v
+
 
 class Grader(_Frozen):
     argv: Argv
@@ -294,38 +309,6 @@ class Run(_Frozen):
     disk_check_secs: float = Field(default=2, gt=0)
 
 
-class Baseline(_Frozen):
-    arm: str
-    n: int = Field(ge=1)
-    passes: dict[str, int]
-
-
-class Comparator(_Frozen):
-    """A published result of another model, in its own unit: passes of the cells it ran
-    (``passes`` of ``of``), and/or task families where at least 2/3 of its replicates
-    passed (``families`` of ``families_of``). A bare number has no unit (a family count
-    read as a pass total is how 7 came to stand beside 20/36), so it is refused."""
-
-    passes: int | None = Field(default=None, ge=0)
-    of: int | None = Field(default=None, ge=1)
-    families: int | None = Field(default=None, ge=0)
-    families_of: int | None = Field(default=None, ge=1)
-    source: str = Field(default="", max_length=200)
-
-    @model_validator(mode="after")
-    def _units(self) -> Comparator:
-        for count, total, names in ((self.passes, self.of, "passes/of"),
-                                    (self.families, self.families_of,
-                                     "families/families_of")):
-            if (count is None) != (total is None):
-                raise ValueError(f"give {names} together (a count and what it is out of)")
-            if count is not None and total is not None and count > total:
-                raise ValueError(f"{names}: {count} is more than {total}")
-        if self.passes is None and self.families is None:
-            raise ValueError("give passes = P, of = N and/or families = F, families_of = T")
-        return self
-
-
 class Notify(_Frozen):
     urls: list[str] = Field(default_factory=list)
     cooldown_secs: float = Field(default=600, ge=0)
@@ -390,27 +373,6 @@ class EnvRef(NamedTuple):
         if self.defaulted:
             return f"${{{self.name}}} is not set (or empty); the default {self.value!r} was used"
         return f"from ${{{self.name}}}={self.value!r}"
-
-
-class Budget(_Frozen):
-    """Spend limits of a run: reached, launching stops (a milestone says so) and the run
-    ends INCOMPLETE with the reason. Spend is every attempt's token totals from its summary
-    (INVALID attempts cost money too), priced by the rate card for ``usd``."""
-
-    tokens: int | None = Field(default=None, ge=1)
-    usd: float | None = Field(default=None, gt=0)
-
-
-class Cost(_Frozen):
-    """Local energy (autopilot.run.power): every GPU's power draw sampled while the run
-    lasts, apportioned to the cells running on each replica's GPUs, reported as kWh and
-    at ``usd_per_kwh``. ``auto`` samples when the endpoint runs on this host (local
-    backend; llama.cpp or vLLM) and ``nvidia_smi`` answers; unavailable stays unavailable."""
-
-    usd_per_kwh: float | None = Field(default=None, gt=0)
-    power: Literal["auto", "off"] = "auto"
-    sample_secs: float = Field(default=15, ge=0.2, le=3600)
-    nvidia_smi: str = "nvidia-smi"
 
 
 # A Ray cluster address: a host name or IP (IPv6 in brackets), and a port.

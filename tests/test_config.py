@@ -103,6 +103,10 @@ def test_optional_argv_group_drops_when_unset() -> None:
          "comparators.27B: give passes/of together"),
         (minimal('[comparators]\n"27B" = { families = 13, families_of = 12 }\n'),
          "families/families_of: 13 is more than 12"),
+        (minimal().replace('[harness]\n', '[harness]\ncompose_project_pattern = "("\n'),
+         "harness.compose_project_pattern: not a regular expression"),
+        (minimal().replace('[harness]\n', '[harness]\ncompose_project_pattern = ".*"\n'),
+         "must not match every name"),
     ],
 )
 def test_validation_errors_name_file_and_key(tmp_path: Path, text: str, expected: str) -> None:

@@ -146,17 +146,24 @@ def test_the_endpoint_killed_mid_run_is_restarted_and_its_cells_re_run(
     assert len(final) == 2
 
 
-def test_a_solver_that_raises_is_invalid_with_inspects_words_then_quarantined(
-        tmp_path: Path) -> None:
-    state = tmp_path / "state"
-    over = overlay(tmp_path, tasks=[{"id": "raises_r1", "vars": {
-        "inspect_task": "raises", "sample": "r1", "inspect_file": str(FIXTURE)}}],
+def run_fixture_task(tmp: Path, task: str, sample: str,
+                     **more: object) -> list[dict]:
+    """One cell of a tests/inspect_fixture task, one arm, run to its end (INCOMPLETE:
+    the task is built to fail); its journal."""
+    state = tmp / "state"
+    over = overlay(tmp, tasks=[{"id": f"{task}_{sample}", "vars": {
+        "inspect_task": task, "sample": sample, "inspect_file": str(FIXTURE)}}],
         arms=[{"label": "inspect-greedy", "mode": "greedy", "vars": {"temperature": "0"}}],
-        trust={"infra_retries": 1})
+        **more)
     r = run_cli("--preset", "inspect", "--target-n", "1", "--config", over,
                 "--state-dir", str(state), "--quiet", timeout=600)
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-3000:]
-    evs = events(state)
+    return events(state)
+
+
+def test_a_solver_that_raises_is_invalid_with_inspects_words_then_quarantined(
+        tmp_path: Path) -> None:
+    evs = run_fixture_task(tmp_path, "raises", "r1", trust={"infra_retries": 1})
     verdicts = [e for e in evs if e["event"] == "cell_verdict"]
     assert [(e["attempt"], e["verdict"], e["reason"]) for e in verdicts] == [
         (1, "INVALID", "harness_crash"), (2, "INVALID", "harness_crash")]
@@ -167,17 +174,10 @@ def test_a_solver_that_raises_is_invalid_with_inspects_words_then_quarantined(
 
 def test_a_hung_inspect_is_killed_by_the_freeze_watchdog_leaving_nothing(
         tmp_path: Path) -> None:
-    state = tmp_path / "state"
-    over = overlay(tmp_path, tasks=[{"id": "hangs_h1", "vars": {
-        "inspect_task": "hangs", "sample": "h1", "inspect_file": str(FIXTURE)}}],
-        arms=[{"label": "inspect-greedy", "mode": "greedy", "vars": {"temperature": "0"}}],
-        trust={"infra_retries": 0},
+    evs = run_fixture_task(
+        tmp_path, "hangs", "h1", trust={"infra_retries": 0},
         watchdog={"poll_secs": 0.5, "stuck_secs": 8, "warn_secs": 20, "probe_secs": 40,
                   "kill_secs": 60})
-    r = run_cli("--preset", "inspect", "--target-n", "1", "--config", over,
-                "--state-dir", str(state), "--quiet", timeout=600)
-    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-3000:]
-    evs = events(state)
     killed = [e for e in evs if e["event"] == "cell_killed"]
     assert killed and killed[0]["kind"] == "stall"
     v = next(e for e in evs if e["event"] == "cell_verdict")

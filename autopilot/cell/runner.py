@@ -44,7 +44,7 @@ from autopilot.config import Preset
 from autopilot.logsetup import bind_contextvars, get_logger, unbind_contextvars
 from autopilot.plan import Cell, cell_context
 from autopilot.state.diskspace import DiskWatch
-from autopilot.state.fsguard import NotRemoved, UnsafePath, move_tree, remove_tree
+from autopilot.state.fsguard import UnsafePath, move_tree, remove_or_clear
 from autopilot.state.fsutil import log_tail
 from autopilot.state.statedir import open_append
 from autopilot.state.untrusted import read_tail
@@ -543,37 +543,23 @@ class CellRun:
         return await self.judge(outcome)
 
     async def _clean_scratch(self) -> str | None:
-        """Remove the harness's scratch dirs; what is left, as a journaled refusal and
-        the reason (None: all clean). Files this user cannot remove (a root-owned
-        sandbox's) are emptied through the sandboxes' Docker daemon, never sudo."""
+        """Remove the harness's scratch dirs (through Docker where a root-owned
+        sandbox's files stay: fsguard.remove_or_clear); what is left is journaled, and
+        returned as the reason (None: all clean)."""
         left = None
         for tmpl in self.p.harness.scratch_dirs:
             path = render(tmpl, self.ctx)  # exact path, never a glob
-            try:
-                await anyio.to_thread.run_sync(remove_tree, path, self.cx.roots,
-                                               self.cx.state_dir)
+            why, how = await remove_or_clear(path, self.cx.roots, self.cx.state_dir,
+                                             self.cx.clear_dir)
+            if how == "cleared":
+                self.cx.emit("scratch_removed_via_docker", cell=self.cell.id,
+                             attempt=self.attempt, path=path)
+            if why is None:
                 continue
-            except NotRemoved as e:
-                why = str(e)
-                if self.cx.clear_dir is not None:
-                    failed = await self.cx.clear_dir(str(e.path))
-                    if failed is None:
-                        try:  # the emptied dir itself is ours to remove
-                            await anyio.to_thread.run_sync(remove_tree, path, self.cx.roots,
-                                                           self.cx.state_dir)
-                            self.cx.emit("scratch_removed_via_docker", cell=self.cell.id,
-                                         attempt=self.attempt, path=path)
-                            continue
-                        except UnsafePath as again:
-                            why = str(again)
-                    else:
-                        why = f"{why}; through Docker: {failed}"
-                else:
-                    why += " (set harness.scratch_remove_image to remove it through Docker)"
+            if how == "not_removed":
                 self.cx.emit("scratch_not_removed", cell=self.cell.id, attempt=self.attempt,
                              path=path, why=why)
-            except UnsafePath as e:
-                why = str(e)
+            else:
                 self.cx.emit("unsafe_path_refused", cell=self.cell.id, attempt=self.attempt,
                              action="remove scratch dir", why=why)
             left = left or why

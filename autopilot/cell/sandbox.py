@@ -12,13 +12,17 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import aiodocker
-import aiohttp
 from aiodocker.exceptions import DockerError
 
 from autopilot.logsetup import get_logger
+
+if TYPE_CHECKING:
+    from autopilot.config import Preset
+    from autopilot.plan import Plan
 
 log = get_logger(__name__)
 
@@ -144,6 +148,22 @@ async def remove_projects(docker: Docker, names: Iterable[str]) -> list[str]:
     return removed
 
 
+async def sweep_listed_projects(docker: Docker, preset: Preset, plan: Plan,
+                                state_dir: Path) -> list[str]:
+    """What every cell of the plan listed in ``harness.compose_projects`` (a killed
+    predecessor's harnesses: at start-up and in `cleanup`), removed."""
+    from autopilot.plan import cell_context
+    from autopilot.templates import render
+
+    removed: list[str] = []
+    for c in plan.cells:
+        listing = render(preset.harness.compose_projects, cell_context(preset, c, 1,
+                                                                        state_dir))
+        removed += await remove_projects(docker, listed_projects(
+            listing, preset.harness.compose_project_pattern))
+    return removed
+
+
 async def clear_dir(docker: Docker, path: str, image: str, state_dir: str,
                     timeout: float = 120.0) -> str | None:
     """Empty ``path`` (already allowed by fsguard) from a throwaway container of
@@ -167,10 +187,8 @@ async def clear_dir(docker: Docker, path: str, image: str, state_dir: str,
     }
     try:
         c = await docker.client.containers.run(config, name=name)
-    except DockerError as e:
+    except DockerError as e:  # aiodocker's word for a daemon that is not there, too
         return f"docker: {e.message if hasattr(e, 'message') else e}"[:300]
-    except (OSError, aiohttp.ClientError) as e:  # no daemon there
-        return f"docker unreachable: {type(e).__name__}: {e}"[:300]
     try:
         result = await asyncio.wait_for(c.wait(), timeout)
         code = result.get("StatusCode") if isinstance(result, dict) else None

@@ -170,7 +170,7 @@ def _classify(
         assert rule.reason is not None
         said = g.get("detail")  # the grader's own words (Inspect's error): untrusted text
         detail = f"grader said {word}" + (f": {said[:400]}" if isinstance(said, str) else "")
-        if run.endpoint_down and not rule.reason.startswith("grader"):
+        if run.endpoint_down and rule.reason not in GRADE_REASONS:
             # the outage is the cause of whatever the harness then reported
             return _invalid("endpoint_down", f"{detail} (during an outage)", word=word,
                             teardown_masked=masked)

@@ -24,7 +24,7 @@ from autopilot.cell.sweep import orphan_marked
 from autopilot.config import Preset
 from autopilot.plan import Plan, cell_context
 from autopilot.run.preflight import needs_docker
-from autopilot.state.fsguard import NotRemoved, UnsafePath, remove_tree, run_roots
+from autopilot.state.fsguard import remove_or_clear, run_roots
 from autopilot.templates import render
 
 
@@ -67,51 +67,28 @@ async def cleanup(preset: Preset, plan: Plan, state_dir: Path, *, endpoint: bool
                          for c in plan.cells]
                 removed += [f"container {n}" for n in await docker.remove_exact(names)]
             if preset.harness.compose_projects:
-                from autopilot.cell.sandbox import listed_projects, remove_projects
+                from autopilot.cell.sandbox import sweep_listed_projects
 
-                for c in plan.cells:
-                    listing = render(preset.harness.compose_projects,
-                                     cell_context(preset, c, 1, state_dir))
-                    removed += await remove_projects(docker, listed_projects(
-                        listing, preset.harness.compose_project_pattern))
+                removed += await sweep_listed_projects(docker, preset, plan, state_dir)
             if endpoint:
                 removed += [f"container {n}" for n in
                             await docker.remove_labelled(str(state_dir), role="endpoint")]
         finally:
             await docker.close()
     roots = run_roots(preset, state_dir)
+    clear = None
+    if preset.harness.scratch_remove_image:
+        async def clear(path: str) -> str | None:  # as the run does: Docker, never sudo
+            from autopilot.cell.sandbox import Docker, clear_dir
+
+            docker = Docker()
+            try:
+                return await clear_dir(docker, path, preset.harness.scratch_remove_image,
+                                       str(state_dir))
+            finally:
+                await docker.close()
+
     for path in scratch_paths(preset, plan, state_dir):
-        try:
-            remove_tree(path, roots, state_dir)
-        except NotRemoved as e:
-            # a root-owned sandbox's files: through Docker, as the run does, never sudo
-            why = await _through_docker(preset, state_dir, e)
-            if why is None:
-                try:
-                    remove_tree(path, roots, state_dir)
-                except UnsafePath as again:
-                    why = str(again)
-            if why is not None:
-                removed.append(f"nothing: {why}")
-                continue
-        except UnsafePath as e:
-            removed.append(f"nothing: {e}")  # said, never done
-            continue
-        removed.append(f"dir {path}")
+        why, _ = await remove_or_clear(path, roots, state_dir, clear)
+        removed.append(f"nothing: {why}" if why else f"dir {path}")  # said, never done
     return removed
-
-
-async def _through_docker(preset: Preset, state_dir: Path, e: NotRemoved) -> str | None:
-    """Empty what ``e`` could not remove through the sandboxes' Docker daemon (None:
-    done), or say why not."""
-    image = preset.harness.scratch_remove_image
-    if not image:
-        return f"{e} (set harness.scratch_remove_image to remove it through Docker)"
-    from autopilot.cell.sandbox import Docker, clear_dir
-
-    docker = Docker()
-    try:
-        failed = await clear_dir(docker, str(e.path), image, str(state_dir))
-    finally:
-        await docker.close()
-    return None if failed is None else f"{e}; through Docker: {failed}"

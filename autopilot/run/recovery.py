@@ -218,7 +218,13 @@ async def docker_setup(preset: Preset, plan: Plan, state_dir: Path,
     if not needs_docker(preset):
         return None
     # aiodocker (and aiohttp) load only when a preset needs Docker: -0.1 s of start-up
-    from autopilot.cell.sandbox import Docker, clear_dir, listed_projects, remove_projects
+    from autopilot.cell.sandbox import (
+        Docker,
+        clear_dir,
+        listed_projects,
+        remove_projects,
+        sweep_listed_projects,
+    )
 
     docker = Docker()
     wired = DockerWiring(docker)
@@ -245,10 +251,9 @@ async def docker_setup(preset: Preset, plan: Plan, state_dir: Path,
             return await remove_projects(docker, listed_projects(path, pattern))
 
         wired.remove_projects = projects
-        for c in plan.cells:  # what a killed predecessor's harnesses listed
-            path = render(preset.harness.compose_projects, cell_context(preset, c, 1,
-                                                                          state_dir))
-            cleaned += [{"compose": x} for x in await projects(path)]
+        # what a killed predecessor's harnesses listed
+        cleaned += [{"compose": x} for x in
+                    await sweep_listed_projects(docker, preset, plan, state_dir)]
     for name in await docker.remove_labelled(str(state_dir)):
         cleaned.append({"container": name})
     if cleaned:

@@ -25,7 +25,7 @@ import shutil
 import stat
 import string
 import sys
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
 from autopilot.config import Preset
@@ -188,6 +188,40 @@ def remove_tree(path: Path | str, roots: Iterable[Path], state_dir: Path) -> boo
     if failed or os.path.lexists(p):
         raise NotRemoved(p, f"{len(failed)} entries left, first {failed[0] if failed else p}")
     return True
+
+
+Clear = Callable[[str], Awaitable[str | None]]  # empties a dir another way; None: done
+
+
+async def remove_or_clear(path: Path | str, roots: Iterable[Path], state_dir: Path,
+                          clear: Clear | None) -> tuple[str | None, str]:
+    """``remove_tree``, and where the filesystem left files this user may not delete (a
+    root-owned sandbox's), ``clear`` (the sandboxes' Docker daemon) empties the dir
+    before it is removed. Returns (why it is still there, or None; how it went:
+    "removed", "cleared" (through ``clear``), "not_removed" or "refused" (the guard's
+    refusal)). Never raises for a path it may not touch."""
+    import anyio
+
+    roots = tuple(roots)
+    try:
+        await anyio.to_thread.run_sync(remove_tree, path, roots, state_dir)
+        return None, "removed"
+    except NotRemoved as e:
+        if clear is None:
+            return (f"{e} (set harness.scratch_remove_image to remove it through Docker)",
+                    "not_removed")
+        failed = await clear(str(e.path))
+        if failed is not None:
+            return f"{e}; through Docker: {failed}", "not_removed"
+    except UnsafePath as e:
+        return str(e), "refused"
+    try:  # emptied: the dir itself is ours to remove
+        await anyio.to_thread.run_sync(remove_tree, path, roots, state_dir)
+    except NotRemoved as again:
+        return str(again), "not_removed"
+    except UnsafePath as again:
+        return str(again), "refused"
+    return None, "cleared"
 
 
 def remove_stale_temps(state_dir: Path) -> list[Path]:

@@ -26,7 +26,7 @@ from autopilot.state.journal import state_events
 from autopilot.state.ledger import CellState
 from autopilot.templates import render
 from autopilot.views import stats
-from autopilot.views.energy import J_PER_KWH, energy_lines, measure
+from autopilot.views.energy import J_PER_KWH, Energy, energy_lines, measure
 from autopilot.views.validate import validate_run
 
 
@@ -57,7 +57,9 @@ class CellFacts:
         return self.verdict in ("PASS", "FAIL")
 
 
-def collect(preset: Preset, n: int, state_dir: Path) -> list[CellFacts]:
+def collect(preset: Preset, n: int, state_dir: Path,
+            energy: Energy | None = None) -> list[CellFacts]:
+    """Every planned cell's facts; ``energy``: the run's, when the caller measured it."""
     plan = Plan(preset, n)
     # A key a harness printed into its outputs is redacted before it is escaped or cut
     # (escaping changes its characters; a cut keeps half of it).
@@ -87,7 +89,7 @@ def collect(preset: Preset, n: int, state_dir: Path) -> list[CellFacts]:
                 reason = ev.get("reason")  # a word of ours, unless the journal was forged
                 invalid.setdefault(cid, []).append(
                     reason if reason in INVALID_REASONS else md(scrub(reason), 40))
-    energy = measure(preset, state_dir)
+    energy = energy or measure(preset, state_dir)
     facts = []
     for cell in plan.cells:
         chk = checks[cell.id]
@@ -449,7 +451,8 @@ def findings(preset: Preset, facts: list[CellFacts], n: int,
 
     out += ["## 6. Tokens and cost", ""]
     out += _tokens_section(preset, facts, arms)
-    out += [*(energy or []), ""] if energy else []
+    if energy:
+        out += [*energy, ""]
 
     out += ["## 7. Reference comparators", ""]
     out += _comparators(preset, facts, arms)
@@ -539,9 +542,9 @@ def _median(values: list[float], fmt: str) -> str:
 
 
 def render_findings(preset: Preset, n: int, state_dir: Path) -> str:
-    text = findings(preset, collect(preset, n, state_dir), n, plan_changes(state_dir),
-                    recorded_pins(state_dir), gateway_errors(state_dir),
-                    endpoint_record(state_dir),
-                    energy_lines(preset, measure(preset, state_dir),
-                                 {c.id: c.arm for c in Plan(preset, n).cells}))
+    energy = measure(preset, state_dir)  # once: the per-task medians and the table
+    text = findings(preset, collect(preset, n, state_dir, energy), n,
+                    plan_changes(state_dir), recorded_pins(state_dir),
+                    gateway_errors(state_dir), endpoint_record(state_dir),
+                    energy_lines(preset, energy, {c.id: c.arm for c in Plan(preset, n).cells}))
     return str(redactor(preset).scrub(text))

@@ -1,0 +1,69 @@
+"""What a run is measured against and priced by: its spend limits (``[budget]``), local
+energy (``[cost]``), the baseline and other models' published results
+(``[comparators]``).
+
+Part of the configuration schema (autopilot.config re-exports every name); the code
+that uses them is in autopilot.state.budget, autopilot.run.power and
+autopilot.views.report / energy.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from autopilot.configbase import Frozen as _Frozen
+
+
+class Baseline(_Frozen):
+    arm: str
+    n: int = Field(ge=1)
+    passes: dict[str, int]
+
+
+class Comparator(_Frozen):
+    """A published result of another model, in its own unit: passes of the cells it ran
+    (``passes`` of ``of``), and/or task families where at least 2/3 of its replicates
+    passed (``families`` of ``families_of``). A bare number has no unit (a family count
+    read as a pass total is how 7 came to stand beside 20/36), so it is refused."""
+
+    passes: int | None = Field(default=None, ge=0)
+    of: int | None = Field(default=None, ge=1)
+    families: int | None = Field(default=None, ge=0)
+    families_of: int | None = Field(default=None, ge=1)
+    source: str = Field(default="", max_length=200)
+
+    @model_validator(mode="after")
+    def _units(self) -> Comparator:
+        for count, total, names in ((self.passes, self.of, "passes/of"),
+                                    (self.families, self.families_of,
+                                     "families/families_of")):
+            if (count is None) != (total is None):
+                raise ValueError(f"give {names} together (a count and what it is out of)")
+            if count is not None and total is not None and count > total:
+                raise ValueError(f"{names}: {count} is more than {total}")
+        if self.passes is None and self.families is None:
+            raise ValueError("give passes = P, of = N and/or families = F, families_of = T")
+        return self
+
+
+class Budget(_Frozen):
+    """Spend limits of a run: reached, launching stops (a milestone says so) and the run
+    ends INCOMPLETE with the reason. Spend is every attempt's token totals from its summary
+    (INVALID attempts cost money too), priced by the rate card for ``usd``."""
+
+    tokens: int | None = Field(default=None, ge=1)
+    usd: float | None = Field(default=None, gt=0)
+
+
+class Cost(_Frozen):
+    """Local energy (autopilot.run.power): every GPU's power draw sampled while the run
+    lasts, apportioned to the cells running on each replica's GPUs, reported as kWh and
+    at ``usd_per_kwh``. ``auto`` samples when the endpoint runs on this host (local
+    backend; llama.cpp or vLLM) and ``nvidia_smi`` answers; unavailable stays unavailable."""
+
+    usd_per_kwh: float | None = Field(default=None, gt=0)
+    power: Literal["auto", "off"] = "auto"
+    sample_secs: float = Field(default=15, ge=0.2, le=3600)
+    nvidia_smi: str = "nvidia-smi"
