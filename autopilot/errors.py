@@ -23,6 +23,8 @@ EXIT_USAGE = 2
 EXIT_DOUBLE_DRIVE = 3
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
+# SIGUSR2 (``systemctl restart``): handed over, running attempts left to their data paths
+EXIT_HANDOVER = 140
 
 
 class AutopilotError(Exception):

@@ -90,10 +90,13 @@ MAY_IMPORT = {
     "gateway": {"state", FOUNDATIONS},
     "cell": {"state", FOUNDATIONS},
     "endpoints": {"cell", "state", FOUNDATIONS},
-    "backends": {"gateway", "endpoints", "cell", "state", FOUNDATIONS},
+    # an attempt's data path: the gateway it serves, the cell primitives it is seen through
+    "datapath": {"gateway", "cell", "state", FOUNDATIONS},
+    "backends": {"datapath", "gateway", "endpoints", "cell", "state", FOUNDATIONS},
     "views": {"cell", "state", FOUNDATIONS},
-    "run": {"backends", "gateway", "endpoints", "cell", "state", "views", FOUNDATIONS},
-    "ops": {"run", "backends", "gateway", "endpoints", "cell", "state", "views",
+    "run": {"backends", "datapath", "gateway", "endpoints", "cell", "state", "views",
+            FOUNDATIONS},
+    "ops": {"run", "backends", "datapath", "gateway", "endpoints", "cell", "state", "views",
             FOUNDATIONS},
 }
 # The foundations' load-time checks, which reach up on purpose (ARCHITECTURE.md says why).
@@ -157,6 +160,21 @@ def test_modules_stay_small() -> None:
     big = {module_name(p): n for p in PKG.rglob("*.py")
            if (n := len(p.read_text().splitlines())) > 600}
     assert big == {}
+
+
+def test_the_data_path_loads_neither_config_nor_the_loop() -> None:
+    # It starts once per attempt (autopilot.datapath.shim): what it reaches is paid per
+    # cell. Read the real import closure, not the AST: a lazy import would hide there.
+    import subprocess
+    import sys
+
+    code = ("import sys, autopilot.datapath.shim, autopilot.gateway.proxy; "
+            "print(sorted(m for m in sys.modules if m.startswith(('pydantic', "
+            "'autopilot.config', 'autopilot.run', 'autopilot.backends', 'structlog', "
+            "'psutil', 'anyio'))))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr[-1000:])
 
 
 def test_httpx_and_structlog_load_without_the_cli_and_console_they_probe_for() -> None:

@@ -427,12 +427,14 @@ def chaos(tmp: Path, kills: int, seed: int = 1,
     run_env = env()
     if docker:
         run_env["DOCKER_HOST"] = docker[0]
+    killed = 0
     for _ in range(kills):
         proc = subprocess.Popen(args, env=run_env, cwd=ROOT, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         time.sleep(rnd.uniform(0.4, 2.5))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
+            killed += 1
         proc.wait()
     final = subprocess.run(args, env=run_env, cwd=ROOT, capture_output=True, text=True,
                            timeout=600)
@@ -478,7 +480,11 @@ def chaos(tmp: Path, kills: int, seed: int = 1,
             "orphans": alive, "containers": containers, "torn": replay.torn_lines,
             "replayed_complete": ledger.complete(),
             "sandboxes": sum(1 for e in evs if e["event"] == "cell_started") if docker else 0,
-            "restarts": sum(e["event"] == "run_started" for e in evs)}
+            "restarts": sum(e["event"] == "run_started" for e in evs), "killed": killed,
+            # attempts a successor re-attached to (their data paths outlived the kill)
+            "reattached": sum(e["event"] == "cell_reattached" for e in evs),
+            "abandoned": sum(e["event"] == "cell_abandoned" for e in evs),
+            "endpoint_loads": sum(e["event"] == "endpoint_spawned" for e in evs)}
 
 
 def private_docker(tmp: Path) -> tuple[str, str] | None:

@@ -24,7 +24,7 @@ import contextlib
 import importlib
 import os
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 from autopilot.errors import EndpointError
 
 if TYPE_CHECKING:  # the loader asks a backend kind's load checks: this module stays light
-    from autopilot.cell.runner import CellContext
+    from autopilot.cell.context import CellContext
     from autopilot.cell.validity import Classification, RunOutcome
     from autopilot.config import ArmEndpoint, Preset
     from autopilot.logsetup import Redactor
@@ -55,6 +55,7 @@ class Port(Protocol):
     def throttled(self) -> None: ...
     def stopping(self) -> bool: ...
     def forced(self) -> bool: ...
+    def handing_over(self) -> bool: ...
 
 
 class Keeper(Protocol):
@@ -93,15 +94,19 @@ class Wiring:
     # the loop's watch of free space (it pauses launching); None: the context makes its
     # own, which only classifies (a Ray node's cells, on the node's disk)
     disk: DiskWatch | None = None
+    # replica -> the endpoint_started record of an endpoint a predecessor left serving,
+    # to re-adopt rather than reload (autopilot.run.recovery.live_endpoints)
+    readopt: dict[int, dict[str, Any]] | None = None
 
 
 def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
                  extra_env: dict[str, str] | None = None) -> CellContext:
     """The one builder of what a cell run needs (here, and in a Ray node's actor)."""
     from autopilot.cell import cgroups
-    from autopilot.cell.childenv import child_env
+    from autopilot.cell.childenv import child_env, secret_values
+    from autopilot.cell.context import CellContext
     from autopilot.cell.procs import RUN_TOKEN_ENV
-    from autopilot.cell.runner import CellContext
+    from autopilot.datapath.client import DataPath
     from autopilot.gateway.proxy import gateway_for, placeholder_key
     from autopilot.logsetup import SPOOL_CAP
     from autopilot.state.diskspace import DiskWatch, floor_bytes
@@ -110,7 +115,8 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
     port, clock = w.port, w.clock
     roots = run_roots(w.preset, w.state_dir)
     gateway = gateway_for(w.preset, w.redactor.scrub, port.throttled, port.emit,
-                          auth=getattr(keeper.ep, "headers", None), run_token=w.run_token)
+                          auth=getattr(keeper.ep, "headers", None), run_token=w.run_token,
+                          secrets=tuple(secret_values(w.preset)))
     ep = w.preset.endpoint
     # Through the gateway a provider's key stays here: the harness gets a placeholder,
     # the gateway puts the real one on the request upstream.
@@ -135,6 +141,9 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
         base_env={**child_env(w.preset, "harness"), RUN_TOKEN_ENV: w.run_token,
                   **(extra_env or {}), **key_env},
         replica=replica, contain=cgroups.for_run(w.run_token)[0], gateway=gateway,
+        launch=DataPath.launch, run_token=w.run_token,
+        handing_over=port.handing_over,
+        on_throttled=port.throttled,
     )
 
 
@@ -242,25 +251,58 @@ class Backend(abc.ABC):
             self.w.port.milestone("endpoint_failed", why=f"replica {i} did not start: {why}",
                                   replica=i)
 
-    async def grade(self, cell: Cell, attempt: int, outcome: RunOutcome) -> Classification:
+    async def grade(self, cell: Cell, attempt: int, outcome: RunOutcome,
+                    meter: Any = None) -> Classification:
         """Grade a finished attempt whose outputs are in the state dir (an arm graded at
-        once, or an attempt a dead predecessor left finished): here, centrally."""
+        once, or an attempt a dead predecessor left finished, with the gateway's
+        ``meter`` its data path recorded): here, centrally."""
         from autopilot.cell.runner import CellRun
 
-        return await CellRun(self.context(), cell, attempt).judge(outcome)
+        run = CellRun(self.context(), cell, attempt)
+        run.meter = meter
+        return await run.judge(outcome)
 
-    async def close(self) -> None:
-        """At the end of the run: stop every replica, then release what the backend
-        holds. Shielded by the caller."""
+    # Whether attempts outlive the loop here (their data paths on this machine), so a
+    # successor re-attaches to them (autopilot.run.recovery); else it abandons them.
+    reattaches: ClassVar[bool] = False
+
+    async def resume(self, cell: Cell, attempt: int, replica: int,
+                     attached: Any) -> Classification | None:
+        """Watch an attempt a predecessor started (its data path, re-attached) to its
+        end, then judge it as any other."""
+        raise EndpointError(f"the {self.kind} backend does not re-attach to attempts")
+
+    async def conclude(self, run: Any, outcome: RunOutcome | None) -> Classification | None:
+        """An attempt's run is over: judge it now (per-cell grading), or journal it as
+        ``cell_ran`` to be graded with its arm (per-arm; one without outputs is INVALID
+        at once: no grader could change that)."""
+        from autopilot.cell.validity import classify
+
+        if outcome is None:
+            return None
+        if self.w.preset.grader.mode == "per-cell":
+            return await run.judge(outcome)  # type: ignore[no-any-return]
+        if not outcome.completion:
+            return classify(outcome, None, self.w.preset.grader.verdicts)
+        self.w.port.emit("cell_ran", cell=run.cell.id, attempt=run.attempt,
+                         outcome=asdict(outcome))
+        return None
+
+    async def close(self, keep_endpoints: bool = False) -> None:
+        """At the end of the run: stop every replica (not when handing over: the
+        successor re-adopts them), then release what the backend holds. Shielded by
+        the caller."""
         from autopilot.logsetup import SPOOL_CAP
 
-        for k in self.keepers:
+        for k in [] if keep_endpoints else self.keepers:
             await k.ep.stop()
             await k.ep.aclose()
             with contextlib.suppress(OSError):
                 self.w.redactor.scrub_file(k.ep.log_path, cap=SPOOL_CAP)
             if not k.ep.attached and k.state not in ("failed", "lost"):
                 k.state = "stopped"
+        for k in self.keepers if keep_endpoints else []:
+            await k.ep.aclose()
         base = self._cx.get(0)
         if base is not None and isinstance(base.gateway, Closable):
             await base.gateway.close()

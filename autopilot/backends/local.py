@@ -9,9 +9,8 @@ that).
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autopilot.backends.base import Backend, Wiring
 
@@ -40,6 +39,7 @@ class LocalBackend(Backend):
             milestone = w.port.milestone if n == 1 else partial(w.port.milestone, replica=i)
             k = Keeper(ep, emit, milestone, w.clock)
             k.on_throttled = w.port.throttled
+            k.readopt_record = (w.readopt or {}).get(i)
             keepers.append(k)
         self.keepers = keepers
         self.local = keepers
@@ -47,20 +47,21 @@ class LocalBackend(Backend):
     async def reconfigure(self, setting: ArmEndpoint, arms: tuple[str, ...]) -> None:
         await self.local[0].reconfigure(setting, arms)
 
+    # Each attempt's data path runs here and outlives the loop (autopilot.datapath).
+    reattaches = True
+
     async def run(self, cell: Cell, attempt: int, replica: int) -> Classification | None:
         from autopilot.cell.runner import CellRun
-        from autopilot.cell.validity import classify
 
         run = CellRun(self.context(replica), cell, attempt)
-        if self.w.preset.grader.mode == "per-cell":
-            return await run.run()
-        outcome = await run.execute()
-        if outcome is None:
-            return None
-        if not outcome.completion:
-            return classify(outcome, None, self.w.preset.grader.verdicts)
-        self.w.port.emit("cell_ran", cell=cell.id, attempt=attempt, outcome=asdict(outcome))
-        return None
+        return await self.conclude(run, await run.execute())
+
+    async def resume(self, cell: Cell, attempt: int, replica: int,
+                     attached: Any) -> Classification | None:
+        from autopilot.cell.runner import CellRun
+
+        run = CellRun(self.context(replica), cell, attempt)
+        return await self.conclude(run, await run.execute(attached=attached))
 
 
 __all__ = ["LocalBackend"]

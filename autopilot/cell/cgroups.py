@@ -140,12 +140,16 @@ class Containment:
             return False
         return "populated 1" in events
 
-    def sweep(self, timeout: float = 5.0, endpoint: bool = True) -> list[dict[str, Any]]:
+    def sweep(self, timeout: float = 5.0, endpoint: bool = True,
+              keep: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
         """Kill every group of the run (a dead predecessor's, or all at cleanup; the
-        endpoints' only with ``endpoint``)."""
+        endpoints' only with ``endpoint``; never the groups named in ``keep``: attempts
+        re-attached to, a re-adopted endpoint)."""
         found: list[dict[str, Any]] = []
         for group in sorted(p for p in self.base.iterdir() if p.is_dir()):
             if not endpoint and group.name.startswith("endpoint-"):
+                continue
+            if group.name in keep:
                 continue
             pids = self.kill(group, timeout)
             if pids:

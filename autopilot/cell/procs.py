@@ -43,6 +43,10 @@ TOKEN_ENV = "AUTOPILOT_CELL_TOKEN"  # noqa: S105 - an env var name, not a secret
 RUN_TOKEN_ENV = "AUTOPILOT_RUN_TOKEN"  # noqa: S105 - an env var name, not a secret
 # One Ray actor's processes (autopilot.backends.ray.node): <session>-<replica>.<incarnation>
 LEASE_ENV = "AUTOPILOT_RAY_LEASE"
+# An attempt's data path (autopilot.datapath): its attempt's token. Not the harness's own
+# variable (TOKEN_ENV): a kill of the harness's tree, which finds its descendants by
+# that token, must not take the data path with it.
+DATAPATH_ENV = "AUTOPILOT_DATAPATH"
 
 
 MARKER_FILE = "run.token"

@@ -13,21 +13,29 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
+import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
 import psutil
 
-from autopilot.cell.cgroups import Containment, group_name
+from autopilot.cell.cgroups import group_name
+from autopilot.cell.context import (
+    AttemptPath,
+    CellContext,
+    Gatekeeper,
+    LaunchFailed,
+    Served,
+    move_aside,
+    template_context,
+)
 from autopilot.cell.grading import judge_cell
-from autopilot.cell.procs import OWNED, TOKEN_ENV, Tracker, child_exited, identify, kill_tree, spawn
+from autopilot.cell.procs import TOKEN_ENV, ProcIdentity, Tracker, identify, kill_tree
 from autopilot.cell.substance import SubstanceState, check_substance
 from autopilot.cell.validity import (
     Classification,
@@ -40,11 +48,9 @@ from autopilot.cell.validity import (
     unmetered,
 )
 from autopilot.cell.watchdog import Limits, Observation, WatchState, cell_deadline, decide
-from autopilot.config import Preset
 from autopilot.logsetup import bind_contextvars, get_logger, unbind_contextvars
-from autopilot.plan import Cell, cell_context
-from autopilot.state.diskspace import DiskWatch
-from autopilot.state.fsguard import UnsafePath, move_tree, remove_or_clear
+from autopilot.plan import Cell
+from autopilot.state.fsguard import UnsafePath, remove_or_clear
 from autopilot.state.fsutil import log_tail
 from autopilot.state.statedir import open_append
 from autopilot.state.untrusted import read_tail
@@ -54,94 +60,6 @@ log = get_logger(__name__)
 # Engines whose responses name the model exactly as we serve it (llama-server: its
 # --alias, whatever the request said; vLLM: --served-model-name; the demo simulator).
 SERVED_BY_US = frozenset({"llamacpp", "vllm", "builtin"})
-
-Emit = Callable[..., dict[str, Any]]
-
-
-class Gatekeeper(Protocol):
-    """The model gateway as a cell sees it (autopilot.gateway.proxy.Gateway): a listener
-    of the attempt's own, whose ``port`` and ``meter`` the runner reads."""
-
-    def attempt(self, cell: str, attempt: int, settings: dict[str, Any],
-                upstream: Callable[[], list[tuple[str, str]]], log_path: Path
-                ) -> contextlib.AbstractAsyncContextManager[Any]: ...
-
-
-class Served(Protocol):
-    """What a cell needs of the keeper of the replica it runs against (an
-    endpoints.keeper.Keeper, or a Ray node's keeper mirrored on the head)."""
-
-    failed: str | None  # why the endpoint failed for good, once it has
-
-    @property
-    def ep(self) -> Any: ...
-    async def decoding(self, max_age: float) -> int | None: ...
-    def outage_overlaps(self, start: float, end: float) -> bool: ...
-
-
-@dataclass
-class CellContext:
-    """What a cell run needs from the supervisor (and nothing more)."""
-
-    preset: Preset
-    state_dir: Path
-    keeper: Served
-    emit: Emit
-    stopping: Callable[[], bool]
-    forced: Callable[[], bool]
-    clock: Callable[[], float] = time.monotonic
-    on_tick: Callable[[str, WatchState, str], None] = lambda cid, s, tier: None
-    env_overrides: dict[str, str] = field(default_factory=dict)
-    redact: Callable[[str], str] = lambda s: s
-    scrub_file: Callable[[Path], bool] = lambda p: False  # logsetup.Redactor.scrub_file
-    # Docker hooks (None when no sandbox is configured or Docker is not in use)
-    remove_sandbox: Callable[[str], Awaitable[Any]] | None = None
-    sandbox_activity: Callable[[dict[str, str]], Awaitable[int | None]] | None = None
-    # empties a scratch dir through Docker (files this user cannot remove), else None
-    clear_dir: Callable[[str], Awaitable[str | None]] | None = None
-    # removes the Compose projects a harness listed in this file (sandbox.remove_projects)
-    remove_projects: Callable[[str], Awaitable[Any]] | None = None
-    # where this run may delete or move directories (fsguard.run_roots)
-    roots: tuple[Path, ...] = ()
-    # a grading try that failed and will be retried (feeds the harness-break streak)
-    on_grade_failure: Callable[[str, Classification], None] | None = None
-    # os.environ decoded once: copying it per cell is measurable at 8 cells in flight
-    base_env: dict[str, str] = field(default_factory=dict)  # see childenv.child_env
-    replica: int = 0  # the endpoint replica this context's cells run against
-    # the run's cgroup subtree (autopilot.cell.cgroups), None: the fallback containment
-    contain: Containment | None = None
-    # free space under the run's roots (None: no floor): an attempt during a low period
-    # is INVALID(disk_full), not the cell's fault
-    disk: DiskWatch | None = None
-    # the model gateway (None: harnesses talk to the endpoint directly)
-    gateway: Gatekeeper | None = None
-    # every replica's keeper by index (this machine's), where a request may fail over to
-    peers: Callable[[], Sequence[Served]] = lambda: ()
-
-
-def template_context(
-    preset: Preset, cell: Cell, attempt: int, state_dir: Path, keeper: Served
-) -> dict[str, str]:
-    ep = keeper.ep
-    ctx = cell_context(preset, cell, attempt, state_dir, ep.port, ep.host, ep.api_base)
-    ctx["served_model"] = ep.served_model
-    return ctx
-
-
-def move_aside(output_dir: Path, state_dir: Path, cell_id: str, attempt: int,
-               roots: tuple[Path, ...]) -> Path | None:
-    """Move a previous attempt's outputs to ``attempts/<cell>/attempt-<k>`` (through the
-    guard: raises UnsafePath for an output dir outside the run's roots)."""
-    if not output_dir.is_dir() or output_dir.is_symlink() or not any(output_dir.iterdir()):
-        return None
-    dest = state_dir / "attempts" / cell_id / f"attempt-{attempt}"
-    k = 1
-    while dest.exists():  # an earlier move of the same attempt number (interrupted run)
-        dest = dest.with_name(f"attempt-{attempt}.{k}")
-        k += 1
-    move_tree(output_dir, dest, roots, state_dir)
-    return dest
-
 
 REMEMBER_SECS = 5.0  # how often the descendants of a running cell are recorded
 
@@ -154,6 +72,17 @@ def _size(path: Path) -> int | None:
         return path.stat().st_size
     except OSError:
         return None
+
+
+def _identity(dp: AttemptPath) -> ProcIdentity | None:
+    """The harness's identity as its data path recorded it (pid + start ticks, read
+    before the data path could reap it), with psutil's create_time while it lives."""
+    if dp.harness_pid is None:
+        return None
+    live = identify(dp.harness_pid)
+    if live is not None and live.ticks == dp.harness_ticks:
+        return live
+    return dp.harness  # gone already: an identity that matches nothing alive
 
 
 class CellRun:
@@ -178,7 +107,10 @@ class CellRun:
         # When the harness was spawned, wall clock: comparable across the nodes of a
         # cluster (the harness-break streak is ordered by it; an order, not a duration).
         self.launched: float | None = None
-        self.meter: Any = None  # the gateway's Meter of this attempt, while it runs
+        self.meter: Any = None  # the gateway's Meter of this attempt, once it has run
+        self.dp: AttemptPath | None = None  # the attempt's data path
+        self.detached = False  # handed over to a successor: the data path goes on
+        self._throttled = 0  # the data path's 429 count, as already told to the loop
 
     # ------------------------------------------------------------------ helpers
 
@@ -256,22 +188,22 @@ class CellRun:
 
     # ------------------------------------------------------------------ run
 
-    async def execute(self) -> RunOutcome | None:
-        """Run the harness to its end; None when abandoned by a shutdown."""
+    async def execute(self, attached: AttemptPath | None = None) -> RunOutcome | None:
+        """Run the harness to its end (or watch ``attached``, an attempt a predecessor
+        started, to its end); None when abandoned by a shutdown or handed over."""
         bind_contextvars(cell=self.cell.id, attempt=self.attempt)
         try:
-            if self.cx.gateway is None or not self.ctx["endpoint_base_url"]:
-                return await self._execute()
-            return await self._through_gateway(self.cx.gateway)
+            return await self._execute(attached)
         finally:
             unbind_contextvars("cell", "attempt")
-            if self.sandbox and self.cx.remove_sandbox is not None:
-                with anyio.CancelScope(shield=True):
-                    await self.cx.remove_sandbox(self.sandbox)
-            listed = self.p.harness.compose_projects
-            if listed and self.cx.remove_projects is not None:
-                with anyio.CancelScope(shield=True):  # what a killed Inspect left running
-                    await self.cx.remove_projects(render(listed, self.ctx))
+            if not self.detached:  # handed over: the harness and its sandbox go on
+                if self.sandbox and self.cx.remove_sandbox is not None:
+                    with anyio.CancelScope(shield=True):
+                        await self.cx.remove_sandbox(self.sandbox)
+                listed = self.p.harness.compose_projects
+                if listed and self.cx.remove_projects is not None:
+                    with anyio.CancelScope(shield=True):  # what a killed Inspect left
+                        await self.cx.remove_projects(render(listed, self.ctx))
 
     def _upstreams(self) -> list[tuple[str, str]]:
         """Where the gateway sends this cell's next request: its own replica (an empty
@@ -292,30 +224,17 @@ class CellRun:
                 out.append((str(i), origin(k)))
         return out
 
-    async def _through_gateway(self, gateway: Gatekeeper) -> RunOutcome | None:
-        """The attempt with its own gateway listener: ``{port}``, ``{host}`` and
-        ``{base_url}`` name it while the harness runs; the grader, after, gets the
-        endpoint's own address back. The attempt's totals are journaled (cell_metered)."""
-        ep = self.cx.keeper.ep
-        direct = {k: self.ctx[k] for k in ("port", "host", "base_url")}
-        log_path = (self.cx.state_dir / "gateway" / self.cell.id
-                    / f"attempt-{self.attempt}.jsonl")
-        async with gateway.attempt(self.cell.id, self.attempt,
-                                   self.p.arm(self.cell.arm).request,
-                                   self._upstreams, log_path) as gw:
-            path = urlsplit(ep.api_base).path
-            self.ctx.update(port=str(gw.port), host="127.0.0.1",
-                            base_url=f"http://127.0.0.1:{gw.port}{path}")
-            self.meter = gw.meter
-            try:
-                return await self._execute()
-            finally:
-                self.ctx.update(direct)
-                with contextlib.suppress(OSError, AssertionError):
-                    self.cx.emit("cell_metered", cell=self.cell.id, attempt=self.attempt,
-                                 **gw.meter.summary())
+    def _refused(self, why: str, code: int) -> RunOutcome:
+        """An attempt that never started a harness: journaled as started and exited."""
+        self.cx.emit("cell_started", cell=self.cell.id, attempt=self.attempt, pid=None,
+                     create_time=None, token=self.token)
+        self.cx.emit("cell_exited", cell=self.cell.id, attempt=self.attempt, code=None,
+                     error=why)
+        return RunOutcome(exit_code=code)
 
-    async def _execute(self) -> RunOutcome | None:
+    async def _prepare(self) -> RunOutcome | None:
+        """A clean workspace and the last attempt's outputs moved aside; an outcome
+        when the attempt cannot start on them."""
         cx = self.cx
         # A killed predecessor's workspace copies would make the harness fail (the origin
         # removes a stale input copy with `sudo rm -rf`): every attempt starts clean.
@@ -323,11 +242,7 @@ class CellRun:
         if dirty is not None:
             # Never started on a dirty workspace: the harness's own `rm -rf` of it would
             # crash the attempt anyway, and a stale tree could pass for this attempt's work.
-            cx.emit("cell_started", cell=self.cell.id, attempt=self.attempt, pid=None,
-                    create_time=None, token=self.token)
-            cx.emit("cell_exited", cell=self.cell.id, attempt=self.attempt, code=None,
-                    error=f"scratch dir not removed: {dirty}")
-            return RunOutcome(exit_code=126)
+            return self._refused(f"scratch dir not removed: {dirty}", 126)
         try:
             moved = move_aside(self.output_dir, cx.state_dir, self.cell.id, self.attempt - 1,
                                cx.roots)
@@ -335,146 +250,158 @@ class CellRun:
             # Nothing is moved or deleted; the attempt cannot start on stale outputs.
             cx.emit("unsafe_path_refused", cell=self.cell.id, attempt=self.attempt,
                     action="move aside", why=str(e))
-            cx.emit("cell_started", cell=self.cell.id, attempt=self.attempt, pid=None,
-                    create_time=None, token=self.token)
-            cx.emit("cell_exited", cell=self.cell.id, attempt=self.attempt, code=None,
-                    error=f"output dir refused: {e}")
-            return RunOutcome(exit_code=126)
+            return self._refused(f"output dir refused: {e}", 126)
         if moved:
             log.info("attempt_moved_aside", to=str(moved))
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        argv = render_argv(self.p.harness.argv, self.ctx)
-        cwd = render(self.p.harness.cwd, self.ctx) if self.p.harness.cwd else None
         # A sandbox already under this attempt's name is stale (a killed predecessor's
         # harness whose `docker run` landed after the start-up sweep): left there, it
         # would make this attempt fail on a name conflict and cost it a retry.
         if self.sandbox and cx.remove_sandbox and await cx.remove_sandbox(self.sandbox):
             log.info("stale_sandbox_removed", container=self.sandbox)
-        ep = cx.keeper.ep
-        served_arms = ep.arm_group  # the arms the endpoint is configured for at launch
-        start_mono = cx.clock()
-        limits = self._limits(start_mono)
+        return None
+
+    async def _launch(self, start_mono: float, limits: Limits) -> AttemptPath | RunOutcome:
+        """The attempt's data path, with its gateway listener bound here first (so the
+        port the harness is told answers from its first request) and its harness
+        spawned; or the outcome of a spawn that failed."""
+        cx = self.cx
+        gw: Gatekeeper | None = cx.gateway if self.ctx["endpoint_base_url"] else None
+        listen = None
+        direct = {k: self.ctx[k] for k in ("port", "host", "base_url")}
+        if gw is not None:
+            listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listen.bind(("127.0.0.1", 0))
+            listen.listen(128)
+            port = listen.getsockname()[1]
+            path = urlsplit(cx.keeper.ep.api_base).path
+            self.ctx.update(port=str(port), host="127.0.0.1",
+                            base_url=f"http://127.0.0.1:{port}{path}")
+        argv = render_argv(self.p.harness.argv, self.ctx)
+        cwd = render(self.p.harness.cwd, self.ctx) if self.p.harness.cwd else None
         deadline_epoch = time.time() + (limits.deadline - start_mono)
+        env = self._env(deadline_epoch)
+        self.ctx.update(direct)  # the grader, after, gets the endpoint's own address
         with open_append(self.spool) as spool:
             spool.write(f"--- attempt {self.attempt} argv: {cx.redact(str(argv))}\n".encode())
-            spool.flush()
-            try:
-                self.launched = time.time()
-                run_argv = argv
-                if cx.contain is not None:
-                    self.group = cx.contain.group(group_name("cell", self.cell.id,
-                                                             self.attempt))
-                    run_argv = cx.contain.wrap(argv, self.group)
-                # The intent, on disk before the spawn: a supervisor killed between the
-                # two leaves a successor that knows this attempt (its number, marker and
-                # group), so finished outputs are adopted as this attempt, not filed as
-                # the one before.
-                cx.emit("cell_spawning", cell=self.cell.id, attempt=self.attempt,
-                        token=self.token, group=self.group.name if self.group else None)
-                proc = await spawn(
-                    run_argv, cwd=cwd, env=self._env(deadline_epoch), stdout=spool,
-                    stderr=subprocess.STDOUT, start_new_session=True,
-                )
-            except OSError as e:
-                cx.emit("cell_started", cell=self.cell.id, attempt=self.attempt, pid=None,
-                        create_time=None, token=self.token)
-                cx.emit("cell_exited", cell=self.cell.id, attempt=self.attempt, code=None,
-                        error=f"spawn failed: {e.strerror}: {argv[0]}")
-                return RunOutcome(exit_code=127)
-        ident = identify(proc.pid)
-        self.tracker = Tracker(ident, self.token) if ident else None
-        cx.emit("cell_started", cell=self.cell.id, attempt=self.attempt, pid=proc.pid,
-                create_time=ident.create_time if ident else None,
-                start_ticks=ident.ticks if ident else None, token=self.token,
-                endpoint_arms=list(ep.arm_group), replica=cx.replica)
+        self.launched = time.time()
+        run_argv = argv
+        if cx.contain is not None:
+            self.group = cx.contain.group(group_name("cell", self.cell.id, self.attempt))
+            run_argv = cx.contain.wrap(argv, self.group)
+        # The intent, on disk before the spawn: a supervisor killed between the two
+        # leaves a successor that knows this attempt (its number, marker and group), so
+        # it is re-attached or abandoned as this attempt, never charged.
+        cx.emit("cell_spawning", cell=self.cell.id, attempt=self.attempt, token=self.token,
+                group=self.group.name if self.group else None)
+        spec: dict[str, Any] = {
+            "harness": {"argv": run_argv, "cwd": cwd, "env": env, "spool": str(self.spool)},
+            "meta": {"token": self.token, "group": self.group.name if self.group else None,
+                     "replica": cx.replica, "deadline": deadline_epoch,
+                     "launched": self.launched, "arms": list(cx.keeper.ep.arm_group)}}
+        if gw is not None:
+            log_path = (cx.state_dir / "gateway" / self.cell.id
+                        / f"attempt-{self.attempt}.jsonl")
+            spec["gateway"] = gw.datapath_spec(self.p.arm(self.cell.arm).request,
+                                               self._upstreams(), log_path)
+        try:
+            dp = await cx.launch(cx.state_dir, self.cell.id, self.attempt, spec,
+                                 listen=listen, run_token=cx.run_token, token=self.token)
+        except (LaunchFailed, OSError) as e:
+            # Ours, not the harness's (which never ran): infrastructure, no retry spent.
+            why = f"data path failed: {e}"[:400]
+            return replace(self._refused(why, 127), datapath_lost=why)
+        if dp.spawn_error is not None:
+            await dp.reap()
+            return self._refused(f"{dp.spawn_error}", 127)
+        return dp
+
+    def _reattach(self, dp: AttemptPath) -> tuple[float, Limits]:
+        """The watch of an attempt a predecessor started: its marker, group and deadline
+        from what it recorded; its clocks from now (time the loop did not run is never
+        charged to the cell)."""
+        meta = dp.meta
+        self.token = str(meta.get("token") or self.token)
+        if isinstance(meta.get("group"), str) and self.cx.contain is not None:
+            self.group = self.cx.contain.base / meta["group"]
+        launched = meta.get("launched")
+        self.launched = float(launched) if isinstance(launched, int | float) else None
+        start_mono = self.cx.clock()
+        limits = self._limits(start_mono)
+        deadline = meta.get("deadline")
+        if isinstance(deadline, int | float):
+            limits = replace(limits, deadline=start_mono + (float(deadline) - time.time()))
+        self.cx.emit("cell_reattached", cell=self.cell.id, attempt=self.attempt,
+                     datapath_pid=dp.pid, pid=dp.harness_pid, exited=dp.exited)
+        return start_mono, limits
+
+    def _journal_gateway_news(self, dp: AttemptPath) -> None:
+        """What the data path's gateway saw since the last look: throttling (the loop
+        launches fewer cells) and requests that failed over to another replica."""
+        for _ in range(dp.throttled - self._throttled):
+            self.cx.on_throttled()
+        self._throttled = dp.throttled
+        for fo in dp.failovers:
+            self.cx.emit("request_failover", cell=self.cell.id, attempt=self.attempt,
+                         replica=str(fo.get("replica"))[:20], to=str(fo.get("to"))[:20],
+                         why=self.cx.redact(str(fo.get("why"))[:200]))
+        dp.failovers.clear()
+
+    async def _execute(self, attached: AttemptPath | None) -> RunOutcome | None:
+        cx = self.cx
+        if attached is None:
+            early = await self._prepare()
+            if early is not None:
+                return early
+            start_mono = cx.clock()
+            limits = self._limits(start_mono)
+            launched = await self._launch(start_mono, limits)
+            if isinstance(launched, RunOutcome):
+                return launched
+            dp = launched
+        else:
+            dp = attached
+            start_mono, limits = self._reattach(dp)
+        self.dp = dp
+        served_arms = tuple(dp.meta.get("arms") or ()) if attached else cx.keeper.ep.arm_group
+        ep = cx.keeper.ep
+        ident = _identity(dp)
+        # The harness is the data path's child: its orphans re-parent there, not here,
+        # so its marker is looked for among every process.
+        self.tracker = Tracker(ident, self.token, full_scan=True) if ident else None
+        if attached is None:
+            cx.emit("cell_started", cell=self.cell.id, attempt=self.attempt, pid=dp.harness_pid,
+                    create_time=ident.create_time if ident else None,
+                    start_ticks=ident.ticks if ident else None, token=self.token,
+                    endpoint_arms=list(ep.arm_group), replica=cx.replica,
+                    datapath_pid=dp.pid)
+        metered = dp.port is not None
         killed: Killed | None = None
         kill_reason: str | None = None
-        state = WatchState.begin(start_mono)
-        substance = SubstanceState()
-        remembered = start_mono
         try:
-            while proc.returncode is None:
-                with anyio.move_on_after(self.p.watchdog.poll_secs):
-                    await proc.wait()
-                if proc.returncode is not None:
-                    break
-                if cx.stopping():
-                    self.abandoned = True
-                    grace = 0.0 if cx.forced() else self.p.watchdog.kill_grace_secs
-                    await self._kill(grace)
-                    break
-                if cx.keeper.failed:
-                    # The endpoint has failed for good: nothing this cell waits for will
-                    # come. End it now (INVALID(endpoint_down): its outage never ended),
-                    # not after stuck_secs of a frozen transcript.
-                    kill_reason = f"endpoint failed for good: {cx.keeper.failed}"
-                    pids = await self._kill(self.p.watchdog.kill_grace_secs)
-                    cx.emit("cell_killed", cell=self.cell.id, attempt=self.attempt,
-                            kind="endpoint_failed", reason=kill_reason, pids=pids)
-                    break
-                if self.tracker is not None and cx.clock() - remembered >= REMEMBER_SECS:
-                    # A full /proc walk: not every tick, and not on the event loop.
-                    remembered = cx.clock()
-                    await anyio.to_thread.run_sync(self.tracker.remember)
-                activity = await cx.sandbox_activity(self.ctx) if cx.sandbox_activity else None
-                decoding = (await cx.keeper.decoding(self.p.watchdog.poll_secs / 2)
-                            if self.p.watchdog.endpoint_progress else None)
-                meter = self.meter
-                if meter is not None and not meter.in_flight:
-                    # Through the gateway the endpoint's decoding is this cell's progress
-                    # only while this cell has a request in flight: a frozen cell beside
-                    # a busy one is frozen.
-                    decoding = None
-                obs = Observation(
-                    now=cx.clock(), transcript_size=_size(self.transcript),
-                    spool_size=_size(self.spool) or 0, activity=activity,
-                    completion=self._terminal_evidence(), alive=True, generating=decoding,
-                    metered=meter.progress if meter is not None else None,
-                )
-                state, d = decide(state, obs, limits)
-                if self.p.watchdog.substance and d.action != "KILL":
-                    substance, sd = check_substance(substance, self.transcript, obs.now,
-                                                    self.p.watchdog)
-                    if sd is not None and sd.changed:
-                        cx.emit("cell_watchdog", cell=self.cell.id, attempt=self.attempt,
-                                tier=sd.action, reason=sd.reason)
-                    if sd is not None and sd.action == "KILL":
-                        d = sd
-                cx.on_tick(self.cell.id, state, d.action)
-                if d.changed and d.kind != "substance":
-                    extra = {"probe": self._probe(activity)} if d.action == "PROBE" else {}
-                    cx.emit("cell_watchdog", cell=self.cell.id, attempt=self.attempt,
-                            tier=d.action, reason=d.reason, idle_secs=round(d.idle_secs, 1),
-                            frozen_secs=round(d.frozen_secs, 1), **extra)
-                if d.action == "KILL" and child_exited(proc.pid):
-                    break  # it ended while we were not looking: its exit is the truth
-                if d.action == "KILL":
-                    # a substance kill is a stall with a reason: INVALID(stall)
-                    killed = _KILLED.get(d.kind or "stall", "stall")
-                    kill_reason = d.reason
-                    pids = await self._kill(self.p.watchdog.kill_grace_secs)
-                    cx.emit("cell_killed", cell=self.cell.id, attempt=self.attempt,
-                            kind=d.kind, reason=d.reason, pids=pids)
-                    break
+            killed, kill_reason = await self._watch(dp, start_mono, limits, metered)
+            if self.detached:
+                await dp.close()
+                return None
             with anyio.CancelScope(shield=True):
-                await proc.wait()
-                # Whatever the root left behind (daemonised helpers) dies with the cell.
-                if self.tracker is not None and bool(await anyio.to_thread.run_sync(
-                        self.tracker.collect)):
-                    leftover = await self._kill(1.0)
-                    log.info("cell_leftovers_killed", pids=leftover)
-                await self._end_group()
+                await self._settle(dp)
         except BaseException:
             # Cancelled, or an event could not be journaled (a full disk): the run is
             # ending, and the harness tree must not outlive that decision.
             with anyio.CancelScope(shield=True):
                 await self._kill(0.5)
                 await self._end_group()
+                await dp.close()
             raise
         finally:
-            OWNED.discard(proc.pid)
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(cx.scrub_file, self.spool)
+            if not self.detached:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(cx.scrub_file, self.spool)
+                    if metered:
+                        self.meter = dp.meter
+                        with contextlib.suppress(OSError, AssertionError):
+                            cx.emit("cell_metered", cell=self.cell.id, attempt=self.attempt,
+                                    **dp.meter.summary())
         end_mono = cx.clock()
         arm_mismatch = None
         if served_arms and self.cell.arm not in served_arms:
@@ -489,17 +416,111 @@ class CellRun:
             await cx.disk.check()
             disk_low = cx.disk.overlaps(start_mono, cx.clock())
         outcome = RunOutcome(
-            exit_code=proc.returncode, killed=killed, completion=self._completion_present(),
+            exit_code=dp.code, killed=killed, completion=self._completion_present(),
             endpoint_down=cx.keeper.outage_overlaps(start_mono, end_mono),
             kill_reason=kill_reason, arm_mismatch=arm_mismatch, disk_low=disk_low,
+            datapath_lost=dp.lost,
         )
-        cx.emit("cell_exited", cell=self.cell.id, attempt=self.attempt, code=proc.returncode,
+        cx.emit("cell_exited", cell=self.cell.id, attempt=self.attempt, code=dp.code,
                 elapsed_secs=round(end_mono - start_mono, 3), outcome=asdict(outcome))
         if self.abandoned:
             cx.emit("cell_abandoned", cell=self.cell.id, attempt=self.attempt,
                     why="supervisor stopping")
             return None
         return outcome
+
+    async def _watch(self, dp: AttemptPath, start_mono: float, limits: Limits,
+                     metered: bool) -> tuple[Killed | None, str | None]:
+        """Until the harness ends (or is killed, or the loop stops or hands over): each
+        tick asks the data path, then the pure watchdog."""
+        cx = self.cx
+        state = WatchState.begin(start_mono)
+        substance = SubstanceState()
+        remembered = start_mono
+        while True:
+            await dp.wait(self.p.watchdog.poll_secs, self._upstreams() if metered else None)
+            self._journal_gateway_news(dp)
+            if dp.exited or dp.lost:
+                return None, None
+            if cx.handing_over():
+                self.detached = True  # the data path goes on; a successor re-attaches
+                return None, None
+            if cx.stopping():
+                self.abandoned = True
+                await self._kill(0.0 if cx.forced() else self.p.watchdog.kill_grace_secs)
+                return None, None
+            if cx.keeper.failed:
+                # The endpoint has failed for good: nothing this cell waits for will
+                # come. End it now (INVALID(endpoint_down): its outage never ended),
+                # not after stuck_secs of a frozen transcript.
+                reason = f"endpoint failed for good: {cx.keeper.failed}"
+                pids = await self._kill(self.p.watchdog.kill_grace_secs)
+                cx.emit("cell_killed", cell=self.cell.id, attempt=self.attempt,
+                        kind="endpoint_failed", reason=reason, pids=pids)
+                return None, reason
+            if self.tracker is not None and cx.clock() - remembered >= REMEMBER_SECS:
+                # A full /proc walk: not every tick, and not on the event loop.
+                remembered = cx.clock()
+                await anyio.to_thread.run_sync(self.tracker.remember)
+            activity = await cx.sandbox_activity(self.ctx) if cx.sandbox_activity else None
+            decoding = (await cx.keeper.decoding(self.p.watchdog.poll_secs / 2)
+                        if self.p.watchdog.endpoint_progress else None)
+            meter = dp.meter if metered else None
+            if meter is not None and not meter.in_flight:
+                # Through the gateway the endpoint's decoding is this cell's progress
+                # only while this cell has a request in flight: a frozen cell beside
+                # a busy one is frozen.
+                decoding = None
+            obs = Observation(
+                now=cx.clock(), transcript_size=_size(self.transcript),
+                spool_size=_size(self.spool) or 0, activity=activity,
+                completion=self._terminal_evidence(), alive=True, generating=decoding,
+                metered=meter.progress if meter is not None else None,
+            )
+            state, d = decide(state, obs, limits)
+            if self.p.watchdog.substance and d.action != "KILL":
+                substance, sd = check_substance(substance, self.transcript, obs.now,
+                                                self.p.watchdog)
+                if sd is not None and sd.changed:
+                    cx.emit("cell_watchdog", cell=self.cell.id, attempt=self.attempt,
+                            tier=sd.action, reason=sd.reason)
+                if sd is not None and sd.action == "KILL":
+                    d = sd
+            cx.on_tick(self.cell.id, state, d.action)
+            if d.changed and d.kind != "substance":
+                extra = {"probe": self._probe(activity)} if d.action == "PROBE" else {}
+                cx.emit("cell_watchdog", cell=self.cell.id, attempt=self.attempt,
+                        tier=d.action, reason=d.reason, idle_secs=round(d.idle_secs, 1),
+                        frozen_secs=round(d.frozen_secs, 1), **extra)
+            if d.action == "KILL":
+                await dp.wait(0)
+                if dp.exited:
+                    return None, None  # it ended while we were not looking: the truth
+                # a substance kill is a stall with a reason: INVALID(stall)
+                pids = await self._kill(self.p.watchdog.kill_grace_secs)
+                cx.emit("cell_killed", cell=self.cell.id, attempt=self.attempt,
+                        kind=d.kind, reason=d.reason, pids=pids)
+                return _KILLED.get(d.kind or "stall", "stall"), d.reason
+
+    async def _settle(self, dp: AttemptPath) -> None:
+        """After the watch: the harness's end as its data path records it (a killed
+        tree ends within the kill's grace), whatever it left behind killed, its group
+        ended, the data path reaped. A data path that is gone without a record leaves
+        a harness nobody reaps: it is killed by identity."""
+        for _ in range(30):
+            if dp.exited or dp.lost:
+                break
+            await dp.wait(1.0)
+        if not dp.exited:
+            await self._kill(0.5)
+        # Whatever the root left behind (daemonised helpers) dies with the cell.
+        if self.tracker is not None and bool(await anyio.to_thread.run_sync(
+                self.tracker.collect)):
+            leftover = await self._kill(1.0)
+            log.info("cell_leftovers_killed", pids=leftover)
+        await self._end_group()
+        await dp.close()
+        await dp.reap()
 
     async def judge(self, outcome: RunOutcome) -> Classification:
         """Checks, grader and classification of a finished attempt."""

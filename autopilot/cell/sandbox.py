@@ -149,14 +149,18 @@ async def remove_projects(docker: Docker, names: Iterable[str]) -> list[str]:
 
 
 async def sweep_listed_projects(docker: Docker, preset: Preset, plan: Plan,
-                                state_dir: Path) -> list[str]:
+                                state_dir: Path, keep: frozenset[str] = frozenset()
+                                ) -> list[str]:
     """What every cell of the plan listed in ``harness.compose_projects`` (a killed
-    predecessor's harnesses: at start-up and in `cleanup`), removed."""
+    predecessor's harnesses: at start-up and in `cleanup`), removed; never a cell's in
+    ``keep`` (an attempt re-attached to: still running)."""
     from autopilot.plan import cell_context
     from autopilot.templates import render
 
     removed: list[str] = []
     for c in plan.cells:
+        if c.id in keep:
+            continue
         listing = render(preset.harness.compose_projects, cell_context(preset, c, 1,
                                                                         state_dir))
         removed += await remove_projects(docker, listed_projects(

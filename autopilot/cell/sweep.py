@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from autopilot.cell.procs import (
+    DATAPATH_ENV,
     LEASE_ENV,
     TOKEN_ENV,
     ProcIdentity,
@@ -76,15 +77,22 @@ def orphan_cells(cells: list[CellState], journal: Path, grace: float, token: str
 
 
 def orphan_marked(run_token: str, grace: float, endpoint: bool = True,
-                  lease: str | None = None) -> list[dict[str, Any]]:
+                  lease: str | None = None, keep: frozenset[str] = frozenset(),
+                  keep_pids: frozenset[int] = frozenset()) -> list[dict[str, Any]]:
     """Kill every process still carrying this run's marker: at start-up, with the lock
     held, none can be ours yet, so each is a predecessor's. This catches what the journal
     cannot know: a harness or grader spawned by a supervisor SIGKILLed before it could
     journal the spawn, which would otherwise run on beside its cell's next attempt (or,
     for an endpoint, hold its port). ``cell`` is None for an endpoint; ``endpoint=False``
-    leaves endpoint processes alone; ``lease`` keeps to one Ray actor's processes."""
+    leaves endpoint processes alone; ``lease`` keeps to one Ray actor's processes;
+    ``keep``: the tokens of attempts re-attached to (their data path and harness tree
+    carry them), ``keep_pids``: a re-adopted endpoint's tree."""
     out = []
     for p, env in marked_processes(run_token):
+        if keep and (env.get(TOKEN_ENV) in keep or env.get(DATAPATH_ENV) in keep):
+            continue
+        if p.pid in keep_pids:
+            continue
         if not endpoint and "AUTOPILOT_CELL_ID" not in env:
             continue
         if lease is not None and env.get(LEASE_ENV) != lease:
@@ -100,7 +108,8 @@ def orphan_marked(run_token: str, grace: float, endpoint: bool = True,
     return out
 
 
-def orphan_endpoint(journal: Path, token: str, refused: Refusals) -> dict[str, Any] | None:
+def orphan_endpoint(journal: Path, token: str, refused: Refusals,
+                    keep: frozenset[int] = frozenset()) -> dict[str, Any] | None:
     """Stop exactly the endpoint processes dead predecessors spawned (journaled at spawn,
     before their load finished; never an attached one); what was killed, or None. Each
     kill is identity-checked, so a process that already exited, or a recycled pid, is
@@ -112,7 +121,7 @@ def orphan_endpoint(journal: Path, token: str, refused: Refusals) -> dict[str, A
         if ev.get("event") not in ("endpoint_spawned", "endpoint_started") or ev.get("attached"):
             continue
         ident = journaled_identity(ev)
-        if ident is None or ident in seen:
+        if ident is None or ident in seen or ident.pid in keep:
             continue
         seen.add(ident)
         if _marked_root(ident, token, "endpoint", refused) is None:

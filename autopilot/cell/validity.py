@@ -37,6 +37,8 @@ class RunOutcome:
     arm_mismatch: str | None = None
     # free space under the run's roots was below the floor while it ran (diskspace)
     disk_low: bool = False
+    # the attempt's data path ended without recording the harness's end (why)
+    datapath_lost: str | None = None
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,10 @@ def _classify(
     verdict_field: str,
 ) -> Classification:
     masked = run.killed == "teardown"
+    if run.datapath_lost:
+        # Ours, not the cell's: the process that carried the attempt died under it.
+        # Whatever the harness did next (it lost its gateway) says nothing of the model.
+        return _invalid("datapath_lost", run.datapath_lost)
     if not run.completion:
         # An outage during the attempt is the cause of whatever followed (a cell starved
         # of tokens stalls): infrastructure, named as such, before the watchdog's verdict.

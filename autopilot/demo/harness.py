@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate-limit-secs", type=float, default=20.0,
                     help="give up (finish_reason 'rate_limited: ...') after 429s this long")
     ap.add_argument("--temperature", type=float, default=0.3)
+    ap.add_argument("--timeout", type=float, default=30.0, help="per request, seconds")
     ap.add_argument("--base-url", default="", help="OpenAI-compatible base URL (…/v1); "
                     "overrides --host/--port")
     ap.add_argument("--api-key-env", default="", help="NAME of the env var with the API key")
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     served = a.model
     content = ""
     finish_reason = "stop"
-    with httpx.Client(timeout=30, trust_env=False, headers=headers) as client:
+    with httpx.Client(timeout=a.timeout, trust_env=False, headers=headers) as client:
         for turn in range(1, turns + 1):
             final = turn == turns
             user = "Give your FINAL answer." if final else f"Continue with step {turn}."

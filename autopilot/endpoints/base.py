@@ -93,6 +93,7 @@ class Endpoint:
         self.container: Any = None
         self.readiness: dict[str, Any] = {}
         self.on_spawn: Callable[..., Any] = lambda **kw: log.info("endpoint_spawned", **kw)
+        self.readopted = False  # a predecessor's process, taken over (no proc of ours)
 
     # ------------------------------------------------------------------ describe
 
@@ -113,7 +114,8 @@ class Endpoint:
             "engine": self.engine,
             "url": self.api_base,
             "model": self.served_model,
-            "pid": self.proc.pid if self.proc else None,
+            "pid": self.proc.pid if self.proc else (
+                self.tracker.root.pid if self.readopted and self.tracker else None),
             "container": self.container_name() if self.mode == "docker" else None,
             "create_time": self.tracker.root.create_time if self.tracker else None,
             "attached": self.attached,
@@ -308,6 +310,52 @@ class Endpoint:
                               generation=self.generation)
         await self.wait_ready()
 
+    async def readopt(self, rec: dict[str, Any]) -> str | None:
+        """Take over the endpoint process a predecessor started (its ``endpoint_started``
+        record) if it is provably the one we would start now: the same live process
+        (exact identity, the run's marker: checked by the caller), on the same host, for
+        the same model and arm settings, and answering with that model. None when taken
+        over; else why not, and the process is killed by its identity (it holds the port
+        and the GPU memory a fresh start needs)."""
+        from urllib.parse import urlsplit
+
+        from autopilot.cell.procs import journaled_identity, verify
+
+        ident = journaled_identity(rec)
+        why = None
+        if self.attached or self.mode != "process":
+            why = "only a process endpoint of ours is re-adopted"
+        elif ident is None or verify(ident) is None:
+            why = "its process is gone"
+        elif rec.get("model") != self.served_model:
+            why = f"it serves {str(rec.get('model'))[:80]!r}, not {self.served_model!r}"
+        elif list(rec.get("arm_args") or []) != list(self.arm_setting.args):
+            why = "it runs with other arm settings"
+        else:
+            u = urlsplit(str(rec.get("url") or ""))
+            if u.hostname != self.host or u.port is None:
+                why = f"it listens elsewhere ({str(rec.get('url'))[:80]})"
+        if why is None and ident is not None:
+            before, self.port = self.port, int(urlsplit(str(rec["url"])).port or 0)
+            self.tracker, self.readopted = Tracker(ident), True
+            try:
+                ok, detail = await self.probe(check_model=True)
+            except EndpointError as e:
+                ok, detail = False, str(e)
+            if ok:
+                contain = cgroups.for_run(self.marker)[0]
+                self.group = contain.base / f"endpoint-{self.replica}" if contain else None
+                gen = rec.get("generation")
+                self.generation = gen if type(gen) is int else self.generation
+                log.info("endpoint_readopted", pid=ident.pid, url=self.api_base)
+                return None
+            self.port, self.readopted = before, False
+            why = f"it does not answer as {self.served_model!r}: {detail}"
+        if ident is not None and verify(ident) is not None:
+            await anyio.to_thread.run_sync(kill_tree, Tracker(ident), 5.0)
+        self.tracker = None
+        return why
+
     async def wait_ready(self) -> None:
         began = time.monotonic()
         deadline = began + self.cfg.startup_timeout_secs
@@ -356,6 +404,8 @@ class Endpoint:
         except httpx.HTTPError as e:
             if self.proc is not None and self.proc.returncode is not None:
                 return False, f"process {describe_exit(self.proc.returncode)}"
+            if self.readopted and self.tracker is not None and not self.tracker.alive():
+                return False, "re-adopted process is gone"
             return False, f"{type(e).__name__}"
 
     # Where the engine says it is decoding: llama-server's /slots, vLLM's /metrics.
@@ -389,6 +439,8 @@ class Endpoint:
         return True, "ok"
 
     def alive(self) -> bool:
+        if self.readopted:
+            return self.tracker is not None and self.tracker.alive()
         return self.proc is not None and self.proc.returncode is None
 
     async def stop(self) -> None:
@@ -403,6 +455,13 @@ class Endpoint:
                 self.container = None
             return
         if self.proc is None:
+            if self.readopted and self.tracker is not None:  # a predecessor's: by identity
+                pids = await anyio.to_thread.run_sync(kill_tree, self.tracker, 5.0)
+                contain = cgroups.for_run(self.marker)[0]
+                if contain is not None and self.group is not None:
+                    await anyio.to_thread.run_sync(contain.kill, self.group)
+                log.info("endpoint_stopped", engine=self.engine, pids=pids, readopted=True)
+                self.readopted, self.tracker = False, None
             return
         if self.tracker is not None:
             await anyio.to_thread.run_sync(kill_tree, self.tracker, 5.0)

@@ -73,6 +73,9 @@ class Keeper(KeeperBase):
         self._up = anyio.Event()
         self._decoding: tuple[float, int | None] = (float("-inf"), None)
         self._decoding_lock = anyio.Lock()
+        # An endpoint a predecessor left serving (its endpoint_started record): tried
+        # first at start, so a supervisor's crash or hand-over costs no model load.
+        self.readopt_record: dict[str, Any] | None = None
         endpoint.on_spawn = lambda **kw: self.emit("endpoint_spawned", **kw)
 
     def describe(self) -> dict[str, Any]:
@@ -112,7 +115,17 @@ class Keeper(KeeperBase):
             self.emit("endpoint_down", why=why)
 
     async def start(self) -> None:
-        """Start (or attach to) the endpoint; raises EndpointError if it cannot."""
+        """Start (or attach to, or re-adopt) the endpoint; raises EndpointError if it
+        cannot."""
+        rec, self.readopt_record = self.readopt_record, None
+        if rec is not None:
+            why = await self.ep.readopt(rec)
+            if why is None:
+                self._mark_up()
+                self.emit("endpoint_started", **self.ep.describe(), readopted=True,
+                          readiness={})
+                return
+            self.emit("endpoint_not_readopted", pid=rec.get("pid"), why=why)
         await self.ep.start()
         self._mark_up()
         self.emit("endpoint_started", **self.ep.describe(), readiness=self.ep.readiness)

@@ -14,10 +14,12 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from autopilot.config import GATEWAY_ENGINES, Preset
 from autopilot.state.budget import count_or_none
+
+if TYPE_CHECKING:  # the attempt's data path runs this module: it must not load config
+    from autopilot.config import Preset
 
 # Routes whose JSON body is a generation request: the arm's settings go into these.
 MODEL_ROUTES = ("/chat/completions", "/completions")
@@ -225,6 +227,8 @@ class Meter:
 
 def mode_line(preset: Preset) -> str:
     """What --dry-run says of the gateway."""
+    from autopilot.config import GATEWAY_ENGINES
+
     g, engine = preset.gateway, preset.endpoint.engine
     if not g.enabled:
         return "gateway: off (gateway = false): harnesses talk to the endpoint directly"

@@ -22,11 +22,12 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import socket
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from aiohttp import (
     ClientConnectionError,
@@ -37,7 +38,6 @@ from aiohttp import (
     web,
 )
 
-from autopilot.config import GATEWAY_ENGINES, Preset
 from autopilot.gateway.evidence import (
     Meter,
     StreamScan,
@@ -48,10 +48,10 @@ from autopilot.gateway.evidence import (
     model_of,
     usage_of,
 )
-from autopilot.logsetup import get_logger
 from autopilot.state.statedir import open_append
 
-log = get_logger("autopilot.gateway")
+if TYPE_CHECKING:  # the attempt's data path runs this module: it must not load config
+    from autopilot.config import Preset
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones the gateway re-makes.
 _HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
@@ -126,7 +126,18 @@ class Gateway:
         # request in place of whatever the harness sent
         self.auth: Callable[[], dict[str, str]] | None = None
         self.expect_key = ""  # with ``auth``: the bearer a request must carry
+        self.secrets: tuple[str, ...] = ()  # what a data path's records redact
         self._session: ClientSession | None = None
+
+    def datapath_spec(self, settings: Mapping[str, Any], upstream: list[tuple[str, str]],
+                      log_path: Path) -> dict[str, Any]:
+        """What an attempt's data path needs to run its listener with this gateway's
+        settings (autopilot.datapath.shim). It travels on the data path's stdin only:
+        the provider's headers are never written to a file."""
+        return {"settings": dict(settings), "upstream": [list(u) for u in upstream],
+                "log_path": str(log_path), "limits": asdict(self.limits),
+                "auth": self.auth() if self.auth is not None else None,
+                "expect_key": self.expect_key, "secrets": list(self.secrets)}
 
     def _client(self) -> ClientSession:
         if self._session is None or self._session.closed:
@@ -145,8 +156,10 @@ class Gateway:
     @contextlib.asynccontextmanager
     async def attempt(self, cell: str, attempt: int, settings: Mapping[str, Any],
                       upstream: Callable[[], list[tuple[str, str]]],
-                      log_path: Path) -> AsyncIterator[Attempt]:
-        """Listen for one attempt's requests until the block ends."""
+                      log_path: Path, sock: socket.socket | None = None
+                      ) -> AsyncIterator[Attempt]:
+        """Listen for one attempt's requests until the block ends (on ``sock``, a
+        listening socket the loop bound and handed over, else on a fresh port)."""
         att = Attempt(cell, attempt, settings, upstream, log_path,
                       max_records=self.limits.max_records)
 
@@ -160,7 +173,8 @@ class Gateway:
         await runner.setup()
         log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            site = web.TCPSite(runner, "127.0.0.1", 0)
+            site: web.BaseSite = (web.SockSite(runner, sock) if sock is not None
+                                  else web.TCPSite(runner, "127.0.0.1", 0))
             await site.start()
             att.port = int(runner.addresses[0][1])
             with open_append(log_path) as f:
@@ -186,6 +200,11 @@ class Gateway:
                                "route": req.path[:200]}
         try:
             return await self._forward(att, req, rec, t0)
+        except asyncio.CancelledError:
+            # The attempt ended (its harness gone, its data path closing) with this
+            # request still open: written as cut, never lost.
+            rec["cut"] = "attempt ended"
+            raise
         finally:
             m.in_flight -= 1
             m.progress += 1
@@ -377,8 +396,10 @@ class Gateway:
 
 def gateway_for(preset: Preset, redact: Callable[[str], str], on_throttled: Callable[[], None],
                 emit: Callable[..., Any], auth: Callable[[], dict[str, str]] | None = None,
-                run_token: str = "") -> Gateway | None:
+                run_token: str = "", secrets: tuple[str, ...] = ()) -> Gateway | None:
     """The gateway a preset asks for (None: harnesses talk to the endpoint directly)."""
+    from autopilot.config import GATEWAY_ENGINES
+
     g = preset.gateway
     if not g.enabled or preset.endpoint.engine not in GATEWAY_ENGINES:
         return None
@@ -390,6 +411,7 @@ def gateway_for(preset: Preset, redact: Callable[[str], str], on_throttled: Call
                      why=why))
     if preset.endpoint.engine == "provider":
         gw.auth, gw.expect_key = auth, placeholder_key(run_token)
+    gw.secrets = secrets
     return gw
 
 

@@ -31,6 +31,10 @@ from autopilot.state.ledger import CellState, Ledger
 
 log = get_logger(__name__)
 
+# (cell, attempt, outcome, the gateway's meter or None): an attempt that ended while no
+# loop watched it, graded at start-up
+Adopted = tuple[str, int, RunOutcome, Any]
+
 
 class Loop(Protocol):
     """What dispatch needs of the loop that owns it (autopilot.run.supervisor)."""
@@ -68,6 +72,9 @@ class Passes:
         self.pass_no = 0
         self.replica_slots: list[anyio.Semaphore] = []
         self._grading = anyio.Lock()
+        self.slots = anyio.Semaphore(self.preset.run.concurrency)
+        self._resumed = 0  # re-attached attempts still running
+        self._resumed_changed = anyio.Event()
 
     @property
     def per_replica(self) -> int:
@@ -93,13 +100,40 @@ class Passes:
 
     # ------------------------------------------------------------------ passes
 
-    async def run(self, adopted: list[tuple[str, int, RunOutcome]]) -> None:
+    async def run(self, adopted: list[Adopted],
+                  reattached: list[tuple[str, int, Any]] | None = None) -> None:
         """Every pass of every arm group; first, the attempts a dead predecessor left
-        finished (autopilot.run.recovery) are graded."""
+        finished (autopilot.run.recovery) are graded, and the ones still running under
+        their data paths are watched again, each in a slot of its own."""
         loop = self.loop
         await self._grade_adopted(adopted)
         if self.preset.grader.mode == "per-arm":
             await self.grade_ready_arms(force=True)  # ran before a restart, not graded
+        self.slots = anyio.Semaphore(self.preset.run.concurrency)
+        async with anyio.create_task_group() as tg:
+            for cid, attempt, dp in reattached or ():
+                replica = dp.meta.get("replica") if isinstance(dp.meta, dict) else 0
+                replica = replica if type(replica) is int and 0 <= replica < len(
+                    loop.keepers) else 0
+                # Its slot is taken here (it is running); more of them than slots (a
+                # resume with a lower --concurrency) run on slots of their own.
+                slots, took = self.slots, False
+                try:
+                    slots.acquire_nowait()
+                    took = True
+                    if self.replica_slots:
+                        self.replica_slots[replica].acquire_nowait()
+                except anyio.WouldBlock:
+                    if took:
+                        slots.release()
+                    slots, replica = anyio.Semaphore(0), -1
+                self._resumed += 1
+                tg.start_soon(self._run_cell, loop.plan.by_id[cid], attempt, slots,
+                              replica, dp)
+            await self._all_groups()
+
+    async def _all_groups(self) -> None:
+        loop = self.loop
         keeper = loop.keepers[0]
         groups = arm_groups(self.preset)
         for setting, arms in groups:
@@ -108,6 +142,7 @@ class Passes:
             if not any(c.arm in arms for c in loop.ledger.pending()):
                 continue
             if len(groups) > 1 and keeper.ep.arm_group != arms:
+                await self._resumed_done()  # no cell may run while the endpoint restarts
                 # The arm's mode is an endpoint setting: restart it configured for them.
                 try:
                     with loop.interruptible() as scope:
@@ -129,6 +164,11 @@ class Passes:
             if loop.stop_signal or loop.paused or loop.ledger.complete():
                 return
             pending = [c for c in loop.ledger.pending() if c.arm in arms]
+            if not pending and self._resumed:
+                # Attempts re-attached at start-up still run: a retry they need goes in
+                # a pass of this group.
+                await self._resumed_done()
+                pending = [c for c in loop.ledger.pending() if c.arm in arms]
             if not pending:
                 return
             self.pass_no = pass_no
@@ -142,9 +182,14 @@ class Passes:
             if self.preset.grader.mode == "per-arm" and not loop.stop_signal:
                 await self.grade_ready_arms(force=True)
 
+    async def _resumed_done(self) -> None:
+        while self._resumed:
+            await self._resumed_changed.wait()
+            self._resumed_changed = anyio.Event()
+
     async def _run_pass(self, pending: list[CellState]) -> None:
         loop = self.loop
-        slots = anyio.Semaphore(self.preset.run.concurrency)
+        slots = self.slots  # run-wide: re-attached attempts hold theirs too
         async with anyio.create_task_group() as tg:
             for cell_state in pending:
                 await slots.acquire()
@@ -219,11 +264,15 @@ class Passes:
             await anyio.sleep(0.2)
 
     async def _run_cell(self, cell: Cell, attempt: int, slots: anyio.Semaphore,
-                        replica: int = 0) -> None:
+                        replica: int = 0, attached: Any = None) -> None:
         loop = self.loop
         try:
             try:
-                result = await self._backend.run(cell, attempt, replica)
+                if attached is not None:
+                    result = await self._backend.resume(cell, attempt, max(replica, 0),
+                                                        attached)
+                else:
+                    result = await self._backend.run(cell, attempt, replica)
             except Exception as e:  # a bug in our own code must not take the run down
                 if storage_error(e) is not None:
                     raise  # a full disk ends the run (Supervisor._disk_full), not the cell
@@ -235,21 +284,26 @@ class Passes:
                 loop.record_verdict(cell.id, attempt, result)
         finally:
             slots.release()
-            if self.replica_slots:
+            if self.replica_slots and replica >= 0:
                 self.replica_slots[replica].release()
+            if attached is not None:
+                self._resumed -= 1
+                self._resumed_changed.set()
         if self.preset.grader.mode == "per-arm":
             await self.grade_ready_arms(force=False)
 
     # ------------------------------------------------------------------ grading here
 
-    async def _grade_adopted(self, adopted: list[tuple[str, int, RunOutcome]]) -> None:
+    async def _grade_adopted(self, adopted: list[Adopted]) -> None:
         loop = self.loop
-        for cid, attempt, outcome in adopted:
+        for cid, attempt, outcome, meter in adopted:
             if self.preset.grader.mode == "per-arm":
                 loop.emit("cell_ran", cell=cid, attempt=attempt, outcome=asdict(outcome))
             else:
+                # With the gateway's evidence its data path recorded: the same model and
+                # arm checks and the same meter as an attempt this loop watched.
                 loop.record_verdict(cid, attempt, await self._backend.grade(
-                    loop.plan.by_id[cid], attempt, outcome))
+                    loop.plan.by_id[cid], attempt, outcome, meter=meter))
         adopted.clear()
 
     async def grade_ready_arms(self, force: bool) -> None:

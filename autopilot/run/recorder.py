@@ -165,6 +165,9 @@ class Recorder:
     def forced(self) -> bool:
         return self.stop.forced
 
+    def handing_over(self) -> bool:
+        return self.stop.handover
+
     def interruptible(self) -> contextlib.AbstractContextManager[anyio.CancelScope]:
         return self.stop.interruptible()
 

@@ -13,6 +13,7 @@ holds state of its own.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -125,19 +126,112 @@ def record_plan(state_dir: Path, preset: Preset, plan: Plan, emit: Emit, *,
 
 @dataclass
 class Swept:
-    """What the start-up sweep found: for status, and attempts to grade."""
+    """What the start-up sweep found: for status, attempts to grade, attempts still
+    running under their data paths, and endpoints still serving that may be re-adopted."""
     cleaned: list[dict[str, Any]] = field(default_factory=list)
-    adopted: list[tuple[str, int, RunOutcome]] = field(default_factory=list)
+    adopted: list[tuple[str, int, RunOutcome, Any]] = field(default_factory=list)
+    reattached: list[tuple[str, int, Any]] = field(default_factory=list)
+    endpoints: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def kept_cells(self) -> frozenset[str]:
+        return frozenset(cid for cid, _, _ in self.reattached)
+
+
+async def reattach_datapaths(preset: Preset, plan: Plan, state_dir: Path, ledger: Ledger,
+                             emit: Emit, found: Swept) -> set[str]:
+    """Every attempt the journal shows running whose data path still carries it is
+    re-attached to; one whose data path recorded its end (while no loop watched) is
+    adopted with that record's gateway evidence. Returns the cells whose data path is
+    gone without a record: their evidence is incomplete, so they are never adopted."""
+    from autopilot.datapath import wire
+    from autopilot.datapath.client import DataPath, finished_record
+
+    lost: set[str] = set()
+    for cell in [c for c in ledger.cells.values() if c.status == "running"]:
+        d = wire.attempt_dir(state_dir, cell.id, cell.attempts)
+        if not d.is_dir():
+            continue  # spawned before data paths (an older state dir), or never spawned
+        dp = await DataPath.attach(d)
+        if dp is not None:
+            found.reattached.append((cell.id, cell.attempts, dp))
+            if dp.drain is not None:
+                emit("datapath_version_mismatch", cell=cell.id, attempt=cell.attempts,
+                     version=dp.drain, ours=wire.VERSION,
+                     why="watched by its files until it ends; no new attempt uses it")
+            continue
+        rec = finished_record(d)
+        if rec is None:
+            lost.add(cell.id)
+            continue
+        code, meter, _ = rec
+        outcome = ended_outcome(preset, plan.by_id[cell.id], state_dir, cell, code)
+        found.adopted.append((cell.id, cell.attempts, outcome, meter))
+        emit("cell_adopted", cell=cell.id, attempt=cell.attempts,
+             why="the harness ended while no supervisor watched; its data path recorded "
+                 "the end", outcome=asdict(outcome), metered=meter is not None)
+        if meter is not None:  # the attempt's spend, as for an attempt watched to its end
+            emit("cell_metered", cell=cell.id, attempt=cell.attempts, **meter.summary())
+    return lost
+
+
+def ended_outcome(preset: Preset, cell: Cell, state_dir: Path, state: CellState,
+                  code: int | None) -> RunOutcome:
+    """The outcome of an attempt whose data path recorded the harness's exit: its code,
+    and whether the completion artifacts are there and this attempt's."""
+    ctx = cell_context(preset, cell, state.attempts, state_dir)
+    started = parse_iso(state.started_ts)
+    complete = True
+    for tmpl in preset.harness.completion:
+        try:
+            mtime = Path(render(tmpl, ctx)).stat().st_mtime
+        except OSError:
+            complete = False
+            break
+        if started is None or mtime < started - 1.0:
+            complete = False
+            break
+    return RunOutcome(exit_code=code, completion=complete)
+
+
+def live_endpoints(journal: Path, token: str) -> dict[int, dict[str, Any]]:
+    """The endpoint a predecessor started for each replica (its last endpoint_started)
+    whose exact process still lives and carries this run's marker: what a successor may
+    re-adopt instead of reloading the model."""
+    from autopilot.cell.procs import journaled_identity, run_marked, verify
+
+    last: dict[int, dict[str, Any]] = {}
+    for ev in read_events(journal).events:
+        if ev.get("event") == "endpoint_started" and not ev.get("attached"):
+            replica = ev.get("replica", 0)
+            last[replica if type(replica) is int else 0] = ev
+    out = {}
+    for replica, ev in last.items():
+        ident = journaled_identity(ev)
+        p = verify(ident) if ident is not None else None
+        if p is not None and run_marked(p, token):
+            out[replica] = ev
+    return out
 
 
 async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Ledger,
-                        run_token: str, emit: Emit) -> Swept:
-    """Kill what a dead predecessor left running (in a worker thread: kills wait); its
-    cells go back to pending (journaled from the loop)."""
+                        run_token: str, emit: Emit, reattach: bool = False) -> Swept:
+    """Kill what a dead predecessor left running (in a worker thread: kills wait) but
+    what may be re-attached to (``reattach``: attempts under their data paths, the
+    endpoint); its other cells go back to pending (journaled from the loop)."""
     journal = state_dir / "journal.jsonl"
-    cells = list(ledger.cells.values())
     grace = preset.watchdog.kill_grace_secs
     found = Swept()
+    lost: set[str] = set()
+    if reattach:
+        lost = await reattach_datapaths(preset, plan, state_dir, ledger, emit, found)
+        found.endpoints = await anyio.to_thread.run_sync(live_endpoints, journal, run_token)
+    handled = {cid for cid, _, _ in found.reattached} | {a[0] for a in found.adopted}
+    cells = [c for c in ledger.cells.values() if c.id not in handled]
+    keep_tokens = frozenset(str(dp.meta.get("token")) for _, _, dp in found.reattached)
+    keep_groups = frozenset(str(dp.meta.get("group")) for _, _, dp in found.reattached) | {
+        f"endpoint-{r}" for r in found.endpoints}
+    keep_pids = frozenset(ev["pid"] for ev in found.endpoints.values())
     exited: dict[tuple[str, int], RunOutcome] | None = None
     refused: sweep.Refusals = []
     for cell, pids in await anyio.to_thread.run_sync(
@@ -145,26 +239,33 @@ async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Led
         found.cleaned.append({"cell": cell.id, "pids": pids})
         if exited is None:  # read only when a predecessor left cells running
             exited = attempt_outcomes(read_events(journal).events)
-        outcome = finished_outcome(preset, plan.by_id[cell.id], state_dir, cell, exited,
-                                   killed=cell.pid in pids)
+        outcome = None if cell.id in lost else finished_outcome(
+            preset, plan.by_id[cell.id], state_dir, cell, exited, killed=cell.pid in pids)
+        if cell.id in lost:
+            emit("cell_abandoned", cell=cell.id, attempt=cell.attempts,
+                 why="its data path ended without recording the harness's end (the "
+                     "attempt's evidence is incomplete)", killed_pids=pids)
+            continue
         if outcome is not None:
             # The harness finished before its supervisor died: grade that work
             # rather than throw away (maybe) an hour of GPU time.
-            found.adopted.append((cell.id, cell.attempts, outcome))
+            found.adopted.append((cell.id, cell.attempts, outcome, None))
             emit("cell_adopted", cell=cell.id, attempt=cell.attempts,
                  why="harness finished before the supervisor died", outcome=asdict(outcome))
             continue
         emit("cell_abandoned", cell=cell.id, attempt=cell.attempts,
              why="supervisor restarted", killed_pids=pids)
     endpoint = await anyio.to_thread.run_sync(sweep.orphan_endpoint, journal, run_token,
-                                              refused)
+                                              refused, keep_pids)
     for r in refused:
         emit("journal_pid_refused", **r, why="named by the journal, but the process "
              "carries neither this run's marker nor is our descendant: not signalled")
     if endpoint:
         found.cleaned.append(endpoint)
     # Then what no journal line records (a spawn the predecessor died before writing).
-    for marked in await anyio.to_thread.run_sync(sweep.orphan_marked, run_token, grace):
+    for marked in await anyio.to_thread.run_sync(
+            lambda: sweep.orphan_marked(run_token, grace, keep=keep_tokens,
+                                        keep_pids=keep_pids | _trees(keep_pids))):
         found.cleaned.append({**marked, "unjournaled": True})
         emit("orphan_killed", cell=marked["cell"], pids=marked["pids"],
              why="spawned by a predecessor killed before journaling it")
@@ -172,11 +273,23 @@ async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Led
     # and double-forked carries no marker and no parent, but cannot leave its group.
     contain = cgroups.for_run(run_token)[0]
     if contain is not None:
-        for group in await anyio.to_thread.run_sync(contain.sweep):
+        for group in await anyio.to_thread.run_sync(
+                lambda: contain.sweep(keep=keep_groups)):
             found.cleaned.append({"cgroup": group["group"], "pids": group["pids"]})
             emit("orphan_killed", cell=None, group=group["group"], pids=group["pids"],
                  why="left in the run's cgroup by a predecessor")
     return found
+
+
+def _trees(pids: frozenset[int]) -> frozenset[int]:
+    """Every descendant of ``pids`` (a re-adopted endpoint's workers carry the marker)."""
+    import psutil
+
+    out: set[int] = set()
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            out.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+    return frozenset(out)
 
 
 def finished_outcome(preset: Preset, cell: Cell, state_dir: Path, state: CellState,
@@ -211,7 +324,8 @@ class DockerWiring:
 
 
 async def docker_setup(preset: Preset, plan: Plan, state_dir: Path,
-                       cleaned: list[dict[str, Any]]) -> DockerWiring | None:
+                       cleaned: list[dict[str, Any]],
+                       keep: frozenset[str] = frozenset()) -> DockerWiring | None:
     """Connect to Docker when the preset needs it, wire the sandbox hooks, and sweep
     containers a dead predecessor left: ours by label, harness sandboxes of this
     plan by their exact names (appended to ``cleaned``)."""
@@ -242,7 +356,9 @@ async def docker_setup(preset: Preset, plan: Plan, state_dir: Path,
             return await docker.activity(render(template, ctx))
 
         wired.sandbox_activity = activity
-        names = [render(template, cell_context(preset, c, 1, state_dir)) for c in plan.cells]
+        # Never the sandbox of an attempt re-attached to (``keep``): it is running.
+        names = [render(template, cell_context(preset, c, 1, state_dir)) for c in plan.cells
+                 if c.id not in keep]
         for name in await docker.remove_exact(names):
             cleaned.append({"container": name})
     pattern = preset.harness.compose_project_pattern
@@ -253,7 +369,7 @@ async def docker_setup(preset: Preset, plan: Plan, state_dir: Path,
         wired.remove_projects = projects
         # what a killed predecessor's harnesses listed
         cleaned += [{"compose": x} for x in
-                    await sweep_listed_projects(docker, preset, plan, state_dir)]
+                    await sweep_listed_projects(docker, preset, plan, state_dir, keep)]
     for name in await docker.remove_labelled(str(state_dir)):
         cleaned.append({"container": name})
     if cleaned:

@@ -4,6 +4,11 @@ The first SIGINT or SIGTERM asks for a graceful stop: every wait that is not cel
 (an endpoint start, a replica to come back) is cancelled at once through the scopes made
 by ``interruptible``, and running cells are terminated and abandoned, never judged. A
 second signal forces: cells are killed without their grace.
+
+SIGUSR2 asks for a hand-over (systemd's ``RestartKillSignal=``, so ``systemctl
+restart`` sends it): launching stops as for a stop, but every running attempt is left to
+its data path and the endpoint is left serving; the successor re-attaches to both
+(autopilot.run.recovery). A SIGINT or SIGTERM after it still stops everything.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ class Stop:
     def __init__(self) -> None:
         self.signal: int | None = None
         self.forced = False
+        self.handover = False  # SIGUSR2: leave running attempts to their data paths
         self._scopes: set[anyio.CancelScope] = set()
 
     @property
@@ -44,12 +50,24 @@ class Stop:
 
     def request(self, sig: int) -> bool:
         """Record a signal; True for the first (a graceful stop), False once forced."""
+        if sig == signal.SIGUSR2:
+            if self.signal is not None:
+                return False  # already stopping: a hand-over cannot undo the kills
+            self.handover = True
+        elif self.handover:
+            self.handover = False  # a real stop after a hand-over began: end everything
+            log.warning("stop_requested", signal=signal.Signals(sig).name,
+                        note="the hand-over becomes a stop: running cells are terminated")
+            self.signal = sig
+            return False
         if self.signal is None:
             self.signal = sig
             for s in list(self._scopes):
                 s.cancel()
             log.warning("stop_requested", signal=signal.Signals(sig).name,
-                        note="terminating running cells; a second signal forces")
+                        note="handing over: running attempts go on under their data paths"
+                        if self.handover else
+                        "terminating running cells; a second signal forces")
             return True
         self.forced = True
         log.warning("stop_forced", signal=signal.Signals(sig).name)
@@ -58,7 +76,8 @@ class Stop:
     async def receive(self, on_stop: Callable[[], None]) -> None:
         """Until cancelled: turn SIGINT / SIGTERM into ``request`` (``on_stop`` after the
         first, e.g. to write status)."""
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM,
+                                        signal.SIGUSR2) as signals:
             async for sig in signals:
                 if self.request(sig):
                     on_stop()

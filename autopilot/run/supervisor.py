@@ -38,6 +38,7 @@ from autopilot.cell.procs import enable_subreaper, kill_adoptees, run_token
 from autopilot.config import Preset
 from autopilot.errors import (
     EXIT_COMPLETE,
+    EXIT_HANDOVER,
     EXIT_INCOMPLETE,
     EXIT_SIGINT,
     EXIT_SIGTERM,
@@ -121,8 +122,9 @@ class Supervisor(Recorder):
             enable_subreaper()
             self.lock.beat(self.phase)
             remove_stale_temps(self.state_dir)
-            self.swept = await recovery.sweep_orphans(self.preset, self.plan, self.state_dir,
-                                                      self.ledger, self.run_token, self.emit)
+            self.swept = await recovery.sweep_orphans(
+                self.preset, self.plan, self.state_dir, self.ledger, self.run_token,
+                self.emit, reattach=backend_class(self.preset.backend.kind).reattaches)
             return await self._drive()
         except BaseException as e:
             disk = storage_error(e)
@@ -161,13 +163,15 @@ class Supervisor(Recorder):
                    remove_sandbox=d.remove_sandbox if d else None,
                    sandbox_activity=d.sandbox_activity if d else None,
                    clear_dir=d.clear_dir if d else None,
-                   remove_projects=d.remove_projects if d else None, disk=self.disk)
+                   remove_projects=d.remove_projects if d else None, disk=self.disk,
+                   readopt=self.swept.endpoints)
         self.backend = backend_class(self.preset.backend.kind)(w, setting, group)
         self.passes.make_slots(len(self.backend.keepers))
 
     async def _drive(self) -> int:
         self._docker = await recovery.docker_setup(self.preset, self.plan, self.state_dir,
-                                                   self.swept.cleaned)
+                                                   self.swept.cleaned,
+                                                   self.swept.kept_cells)
         self._make_backend()
         code = EXIT_INCOMPLETE
         try:
@@ -193,14 +197,15 @@ class Supervisor(Recorder):
         finally:
             with anyio.CancelScope(shield=True):
                 sdnotify.notify("STOPPING=1")
+                handover = self.stop.handover
                 if self.backend is not None:
-                    await self.backend.close()
+                    await self.backend.close(keep_endpoints=handover)
                 if self._docker is not None:
                     await self._docker.docker.close()
                 contain = cgroups.for_run(self.run_token)[0] if self.run_token else None
                 if contain is not None:  # what is left of the run's groups (empty ones)
                     await anyio.to_thread.run_sync(contain.close)
-                else:  # the fallback: every adoptee of ours is the run's
+                elif not handover:  # the fallback: every adoptee of ours is the run's
                     left = await anyio.to_thread.run_sync(kill_adoptees)
                     if left:
                         log.info("adoptees_killed", pids=left)
@@ -233,10 +238,12 @@ class Supervisor(Recorder):
         self.emit("run_started", **started)
         sdnotify.notify("READY=1")
         self.milestone("run_started", target_n=self.plan.target_n, cells=len(self.plan.cells))
-        await self.passes.run(self.swept.adopted)
+        await self.passes.run(self.swept.adopted, self.swept.reattached)
         return await self._finish(), True
 
     async def _finish(self) -> int:
+        if self.stop.handover:
+            return self._handed_over()
         stopped_by = self.stop.name
         out = runbook.outcome(self.ledger, self.rules, stopped_by=stopped_by,
                               paused=self.policy.paused, reason=self.outcome_reason)
@@ -261,6 +268,19 @@ class Supervisor(Recorder):
                        excluded=[e["cell"] for e in self.ledger.trust()["excluded"]][:10])
         print(f"AUTOPILOT_INCOMPLETE {term(self.outcome_reason, 1000)}", flush=True)
         return EXIT_INCOMPLETE
+
+    def _handed_over(self) -> int:
+        """SIGUSR2 (``systemctl restart``): the loop goes, its attempts and endpoint
+        stay; the successor re-attaches to both."""
+        running = [c.id for c in self.ledger.cells.values() if c.status == "running"]
+        self.phase, self.outcome_reason = "handed_over", (
+            f"{len(running)} attempt(s) left running under their data paths")
+        self.emit("run_handed_over", running=running[:1000])
+        resume = f"; resume with: {self.opts.resume_command}" if self.opts.resume_command \
+            else ""
+        print(f"AUTOPILOT_HANDED_OVER: {self.outcome_reason}{resume}", file=sys.stderr,
+              flush=True)
+        return EXIT_HANDOVER
 
     async def _publish(self) -> None:
         """scorecard.md + findings.md into the state dir, then a commit on the results

@@ -22,9 +22,10 @@ from typing import Any, Literal
 from autopilot.plan import Cell, Plan
 from autopilot.state.budget import COST_BASES, METERED, Spend, of_events
 
-# INVALID reasons that spend no retry: a throttling provider, a full disk (the cell is
-# re-run once the infrastructure is back; neither says anything about the cell).
-NOT_COUNTED = frozenset({"rate_limited", "disk_full"})
+# INVALID reasons that spend no retry: a throttling provider, a full disk, the death of
+# the attempt's data path (the cell is re-run once the infrastructure is back; none of
+# them says anything about the cell).
+NOT_COUNTED = frozenset({"rate_limited", "disk_full", "datapath_lost"})
 
 Status = Literal["pending", "running", "ran", "PASS", "FAIL", "invalid", "quarantined",
                  "ungraded"]

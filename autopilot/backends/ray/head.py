@@ -43,7 +43,7 @@ from autopilot.backends.ray.cluster import (
 )
 from autopilot.backends.ray.node import NodeAgent, Report, lease_of, sweep_lease
 from autopilot.backends.ray.shipping import unpack
-from autopilot.cell.runner import move_aside
+from autopilot.cell.context import move_aside
 from autopilot.cell.validity import Classification
 from autopilot.endpoints.keeper import KeeperBase
 from autopilot.errors import EndpointError, EndpointFailed

@@ -87,6 +87,9 @@ class NodePort:
     def stopping(self) -> bool:
         return self.stop
 
+    def handing_over(self) -> bool:
+        return False  # a node's attempts end with its actor (README: Ray keeps its way)
+
     def forced(self) -> bool:
         return self.force
 

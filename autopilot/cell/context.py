@@ -1,0 +1,170 @@
+"""What a cell attempt is handed by its backend: the context, and the small protocols
+through which it sees the parts above it (the keeper of its replica, the gateway, the
+attempt's data path). cell/ imports none of those parts; a backend wires them in.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from autopilot.cell.cgroups import Containment
+from autopilot.cell.procs import ProcIdentity
+from autopilot.cell.validity import Classification
+from autopilot.cell.watchdog import WatchState
+from autopilot.config import Preset
+from autopilot.plan import Cell, cell_context
+from autopilot.state.diskspace import DiskWatch
+from autopilot.state.fsguard import move_tree
+
+Emit = Callable[..., dict[str, Any]]
+
+
+class LaunchFailed(Exception):
+    """An attempt's data path could not be started (a spawn of ours that failed, not
+    the harness's: the message says why)."""
+
+
+class Meterish(Protocol):
+    """The gateway's totals of one attempt (autopilot.gateway.evidence.Meter)."""
+
+    requests: int
+    answered: int
+    in_flight: int
+    progress: int
+    errors: dict[str, int]
+    first_error: str | None
+    models: dict[str, int]
+
+    def summary(self) -> dict[str, Any]: ...
+
+
+class AttemptPath(Protocol):
+    """An attempt's data path as a cell sees it (autopilot.datapath.client.DataPath):
+    the harness's parent, which outlives the loop. The runner asks it, never owns it."""
+
+    pid: int
+    harness_pid: int | None
+    harness_ticks: int | None
+    port: int | None
+    meta: dict[str, Any]
+    meter: Any
+    exited: bool
+    code: int | None
+    lost: str | None
+    spawn_error: str | None
+    throttled: int
+    failovers: list[dict[str, Any]]
+
+    @property
+    def harness(self) -> ProcIdentity | None: ...
+    async def wait(self, timeout: float, upstream: list[tuple[str, str]] | None = None
+                   ) -> None: ...
+    async def close(self) -> None: ...
+    async def reap(self) -> None: ...
+
+
+# (state_dir, cell, attempt, spec, *, listen, run_token, token) -> a started data path
+Launch = Callable[..., Awaitable[AttemptPath]]
+
+
+async def _no_launch(*args: Any, **kwargs: Any) -> AttemptPath:
+    raise LaunchFailed("no data path launcher wired")
+
+
+class Gatekeeper(Protocol):
+    """The model gateway as a cell sees it (autopilot.gateway.proxy.Gateway): what an
+    attempt's data path needs to run the attempt's own listener."""
+
+    def datapath_spec(self, settings: dict[str, Any], upstream: list[tuple[str, str]],
+                      log_path: Path) -> dict[str, Any]: ...
+
+
+class Served(Protocol):
+    """What a cell needs of the keeper of the replica it runs against (an
+    endpoints.keeper.Keeper, or a Ray node's keeper mirrored on the head)."""
+
+    failed: str | None  # why the endpoint failed for good, once it has
+
+    @property
+    def ep(self) -> Any: ...
+    async def decoding(self, max_age: float) -> int | None: ...
+    def outage_overlaps(self, start: float, end: float) -> bool: ...
+
+
+@dataclass
+class CellContext:
+    """What a cell run needs from the supervisor (and nothing more)."""
+
+    preset: Preset
+    state_dir: Path
+    keeper: Served
+    emit: Emit
+    stopping: Callable[[], bool]
+    forced: Callable[[], bool]
+    clock: Callable[[], float] = time.monotonic
+    on_tick: Callable[[str, WatchState, str], None] = lambda cid, s, tier: None
+    env_overrides: dict[str, str] = field(default_factory=dict)
+    redact: Callable[[str], str] = lambda s: s
+    scrub_file: Callable[[Path], bool] = lambda p: False  # logsetup.Redactor.scrub_file
+    # Docker hooks (None when no sandbox is configured or Docker is not in use)
+    remove_sandbox: Callable[[str], Awaitable[Any]] | None = None
+    sandbox_activity: Callable[[dict[str, str]], Awaitable[int | None]] | None = None
+    # empties a scratch dir through Docker (files this user cannot remove), else None
+    clear_dir: Callable[[str], Awaitable[str | None]] | None = None
+    # removes the Compose projects a harness listed in this file (sandbox.remove_projects)
+    remove_projects: Callable[[str], Awaitable[Any]] | None = None
+    # where this run may delete or move directories (fsguard.run_roots)
+    roots: tuple[Path, ...] = ()
+    # a grading try that failed and will be retried (feeds the harness-break streak)
+    on_grade_failure: Callable[[str, Classification], None] | None = None
+    # os.environ decoded once: copying it per cell is measurable at 8 cells in flight
+    base_env: dict[str, str] = field(default_factory=dict)  # see childenv.child_env
+    replica: int = 0  # the endpoint replica this context's cells run against
+    # the run's cgroup subtree (autopilot.cell.cgroups), None: the fallback containment
+    contain: Containment | None = None
+    # free space under the run's roots (None: no floor): an attempt during a low period
+    # is INVALID(disk_full), not the cell's fault
+    disk: DiskWatch | None = None
+    # the model gateway (None: harnesses talk to the endpoint directly)
+    gateway: Gatekeeper | None = None
+    # every replica's keeper by index (this machine's), where a request may fail over to
+    peers: Callable[[], Sequence[Served]] = lambda: ()
+    # starts an attempt's data path (autopilot.datapath.client.DataPath.launch)
+    launch: Launch = _no_launch
+    run_token: str = ""  # the run's marker, carried by the data path too
+    # the loop hands over to a successor: running attempts are left to their data paths
+    handing_over: Callable[[], bool] = lambda: False
+    # a 429 the attempt's gateway saw (the loop launches fewer cells at once)
+    on_throttled: Callable[[], None] = lambda: None
+
+
+def template_context(
+    preset: Preset, cell: Cell, attempt: int, state_dir: Path, keeper: Served
+) -> dict[str, str]:
+    ep = keeper.ep
+    ctx = cell_context(preset, cell, attempt, state_dir, ep.port, ep.host, ep.api_base)
+    ctx["served_model"] = ep.served_model
+    return ctx
+
+
+def move_aside(output_dir: Path, state_dir: Path, cell_id: str, attempt: int,
+               roots: tuple[Path, ...]) -> Path | None:
+    """Move a previous attempt's outputs to ``attempts/<cell>/attempt-<k>`` (through the
+    guard: raises UnsafePath for an output dir outside the run's roots)."""
+    if not output_dir.is_dir() or output_dir.is_symlink() or not any(output_dir.iterdir()):
+        return None
+    dest = state_dir / "attempts" / cell_id / f"attempt-{attempt}"
+    k = 1
+    while dest.exists():  # an earlier move of the same attempt number (interrupted run)
+        dest = dest.with_name(f"attempt-{attempt}.{k}")
+        k += 1
+    move_tree(output_dir, dest, roots, state_dir)
+    return dest
+
+
+__all__ = ["AttemptPath", "CellContext", "Gatekeeper", "Launch", "LaunchFailed", "Served",
+           "move_aside", "template_context"]

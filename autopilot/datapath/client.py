@@ -1,0 +1,328 @@
+"""The loop's side of an attempt's data path: start one, or re-attach to one a
+predecessor started, and read what it knows (the harness's exit, the gateway's meter).
+
+A ``DataPath`` is a handle, not an owner: closing it leaves the data path running (the
+loop may be handing over to a successor). The harness is still killed by the loop,
+by its exact identity (autopilot.cell.procs), never through the data path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import subprocess
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import ByteStream, Process
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from autopilot.cell.context import LaunchFailed
+from autopilot.cell.procs import (
+    DATAPATH_ENV,
+    OWNED,
+    RUN_TOKEN_ENV,
+    ProcIdentity,
+    spawn,
+    start_ticks,
+    verify,
+)
+from autopilot.datapath import wire
+from autopilot.gateway.evidence import Meter
+from autopilot.state.fsutil import log_tail
+from autopilot.state.statedir import ensure_private_dir, open_append
+
+READY_SECS = 60.0  # a data path that has not spawned its harness by then is broken
+ANSWER_SECS = 10.0  # beyond a wait's own timeout, for the data path to answer
+
+_METER_FIELDS = {f.name: f.type for f in fields(Meter)}
+# A channel that is closed, cut or silent: the data path is read by its files instead.
+CHANNEL_ERRORS = (OSError, TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError,
+                  anyio.ClosedResourceError, anyio.IncompleteRead, anyio.DelimiterNotFound)
+
+
+class DataPathError(LaunchFailed):
+    """The data path could not be started (its own log says why)."""
+
+
+def meter_from(doc: Any) -> Meter | None:
+    """A Meter from what a data path wrote (status or exit.json), shape-checked."""
+    if not isinstance(doc, dict):
+        return None
+    kept: dict[str, Any] = {}
+    for k, v in doc.items():
+        if k not in _METER_FIELDS:
+            continue
+        if k in ("errors", "models"):
+            if not isinstance(v, dict) or len(v) > 64:
+                return None
+            v = {str(a)[:200]: b for a, b in v.items() if type(b) is int and b >= 0}
+        elif k in ("first_error", "last_error"):
+            v = None if v is None else str(v)[:300]
+        elif type(v) is not int or v < 0:
+            return None
+        kept[k] = v
+    return Meter(**kept)
+
+
+@dataclass
+class DataPath:
+    dir: Path
+    secret: str
+    pid: int
+    ticks: int | None
+    harness_pid: int | None
+    harness_ticks: int | None
+    port: int | None
+    meta: dict[str, Any] = field(default_factory=dict)
+    proc: Process | None = None  # our child, when this loop started it
+    meter: Meter = field(default_factory=Meter)
+    exited: bool = False
+    code: int | None = None
+    ended: float | None = None
+    spawn_error: str | None = None
+    lost: str | None = None  # the data path ended without recording the harness's end
+    drain: int | None = None  # a data path of this other version: watched, not talked to
+    throttled: int = 0  # 429s its gateway saw, read so far
+    failovers: list[dict[str, Any]] = field(default_factory=list)  # not yet journaled
+    _stream: ByteStream | None = None
+    _reader: BufferedByteReceiveStream | None = None
+    _sent_upstream: list[list[str]] | None = None
+
+    # ------------------------------------------------------------------ making one
+
+    @classmethod
+    async def launch(cls, state_dir: Path, cell: str, attempt: int, spec: dict[str, Any],
+                     *, listen: Any | None, run_token: str, token: str) -> DataPath:
+        """Start the data path of one attempt and wait until its harness is spawned.
+        ``listen``: the gateway's listening socket (handed over, closed here)."""
+        d = wire.attempt_dir(state_dir, cell, attempt)
+        ensure_private_dir(d.parent.parent)
+        ensure_private_dir(d.parent)
+        ensure_private_dir(d)
+        for stale in (wire.SHIM, wire.EXIT, wire.SECRET):  # an earlier launch's
+            with contextlib.suppress(FileNotFoundError):
+                (d / stale).unlink()
+        secret = secrets.token_hex(16)
+        wire.write_private_json(d / wire.SECRET, {"secret": secret})
+        spec = {**spec, "version": wire.VERSION, "dir": str(d), "secret": secret,
+                "cell": cell, "attempt": attempt}
+        fds: tuple[int, ...] = ()
+        if listen is not None:
+            spec["gateway"] = {**spec["gateway"], "fd": listen.fileno()}
+            fds = (listen.fileno(),)
+        # Its own marker too: a sweep that finds it with no successor ends it (cleanup).
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), RUN_TOKEN_ENV: run_token,
+               "AUTOPILOT_CELL_ID": cell, DATAPATH_ENV: token,
+               "PYTHONDONTWRITEBYTECODE": "1"}
+        if "PYTHONPATH" in os.environ:
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        try:
+            with open_append(d / "shim.log") as log:
+                proc = await spawn([sys.executable, "-m", "autopilot.datapath.shim"],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                   env=env, start_new_session=True, pass_fds=fds)
+        finally:
+            if listen is not None:
+                listen.close()
+        try:
+            assert proc.stdin is not None and proc.stdout is not None
+            await proc.stdin.send(wire.encode(spec))
+            await proc.stdin.aclose()
+            reader = BufferedByteReceiveStream(proc.stdout)
+            with anyio.fail_after(READY_SECS):
+                line = await reader.receive_until(b"\n", wire.LINE_CAP)
+            info = wire.decode(line)
+        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.DelimiterNotFound,
+                anyio.BrokenResourceError, TimeoutError, OSError):
+            info = None
+        if info is None or not info.get("ready"):
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            with anyio.CancelScope(shield=True):
+                await proc.wait()
+            OWNED.discard(proc.pid)
+            raise DataPathError(f"the attempt's data path did not start: "
+                                f"{log_tail(d / 'shim.log', 3) or 'no output'}")
+        with contextlib.suppress(Exception):
+            if proc.stdout is not None:
+                await proc.stdout.aclose()
+        dp = cls._from(d, secret, info, proc)
+        dp.spawn_error = info.get("spawn_error") if isinstance(
+            info.get("spawn_error"), str) else None
+        if dp.spawn_error is None:
+            try:
+                await dp._connect()
+            except CHANNEL_ERRORS:
+                # Gone already (a harness that ended while this loop was frozen between
+                # the ready line and the connect): its end is in its files.
+                await dp.close()
+                dp._by_files()
+        return dp
+
+    @classmethod
+    def _from(cls, d: Path, secret: str, info: dict[str, Any],
+              proc: Process | None) -> DataPath:
+        def num(key: str) -> int | None:
+            v = info.get(key)
+            return v if type(v) is int and v > 0 else None
+
+        meta = info.get("meta")
+        return cls(d, secret, num("pid") or 0, num("ticks") or start_ticks(num("pid") or 0),
+                   num("harness_pid"), num("harness_ticks"), num("port"),
+                   meta=meta if isinstance(meta, dict) else {}, proc=proc)
+
+    @classmethod
+    async def attach(cls, d: Path) -> DataPath | None:
+        """Re-attach to the data path a predecessor started in ``d``; None when there is
+        none alive to talk to (see ``finished`` for one that has ended)."""
+        saved = wire.read_private_json(d / wire.SECRET)
+        shim = wire.read_private_json(d / wire.SHIM)
+        if saved is None or shim is None or not isinstance(saved.get("secret"), str):
+            return None
+        dp = cls._from(d, saved["secret"], shim, None)
+        if dp.pid <= 1 or verify(ProcIdentity(dp.pid, 0.0, dp.ticks)) is None:
+            return None
+        try:
+            await dp._connect()
+        except CHANNEL_ERRORS:
+            await dp.close()
+            return None
+        return dp
+
+    # ------------------------------------------------------------------ the channel
+
+    async def _connect(self) -> None:
+        dirfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            with anyio.fail_after(ANSWER_SECS):
+                self._stream = await anyio.connect_unix(wire.fd_path(dirfd, wire.SOCK))
+        finally:
+            os.close(dirfd)
+        self._reader = BufferedByteReceiveStream(self._stream)
+        reply = await self._ask({"op": "hello", "secret": self.secret,
+                                 "version": wire.VERSION}, ANSWER_SECS)
+        if reply is None:
+            raise anyio.EndOfStream
+        if not reply.get("ok"):
+            v = reply.get("version")
+            self.drain = v if type(v) is int else -1
+            await self.close()
+            return
+        for key in ("harness_pid", "port"):
+            v = reply.get(key)
+            if type(v) is int and v > 0:
+                setattr(self, key, v)
+
+    async def _ask(self, msg: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+        assert self._stream is not None and self._reader is not None
+        with anyio.fail_after(timeout):
+            await self._stream.send(wire.encode(msg))
+            line = await self._reader.receive_until(b"\n", wire.LINE_CAP)
+        return wire.decode(line)
+
+    async def wait(self, timeout: float, upstream: list[tuple[str, str]] | None = None
+                   ) -> None:
+        """Up to ``timeout`` seconds for the harness to end; the meter and the exit as
+        the data path has them afterwards (``lost`` if it is gone without a record)."""
+        if self.exited or self.lost:
+            return
+        if self._stream is None:  # another version's, or never connected: by its files
+            await anyio.sleep(timeout)
+            self._by_files()
+            return
+        msg: dict[str, Any] = {"op": "wait", "timeout": timeout}
+        if upstream is not None and [list(u) for u in upstream] != self._sent_upstream:
+            self._sent_upstream = [list(u) for u in upstream]
+            msg["upstream"] = self._sent_upstream
+        try:
+            reply = await self._ask(msg, timeout + ANSWER_SECS)
+        except TimeoutError:
+            return  # frozen (a paused machine, a debugger): not gone; asked again later
+        except CHANNEL_ERRORS:
+            reply = None
+        if reply is None:
+            await self.close()
+            self._by_files()
+            return
+        self._apply(reply)
+
+    def _apply(self, st: dict[str, Any]) -> None:
+        m = meter_from(st.get("meter"))
+        if m is not None:
+            self.meter = m
+        t = st.get("throttled")
+        if type(t) is int and t >= 0:
+            self.throttled = t
+        fo = st.get("failovers")
+        if isinstance(fo, list):
+            self.failovers.extend(x for x in fo[:1000] if isinstance(x, dict))
+        if isinstance(st.get("spawn_error"), str):
+            self.spawn_error = st["spawn_error"][:300]
+        if st.get("exited") is True:
+            self.exited = True
+            self.code = st["code"] if type(st.get("code")) is int else None
+            self.ended = st["ended"] if isinstance(st.get("ended"), float | int) else None
+
+    def _by_files(self) -> None:
+        """The data path's channel is closed: its end is in exit.json, or it was lost."""
+        done = self.finished()
+        if done is not None:
+            self._apply({**done, "exited": True})
+            return
+        if self.pid > 1 and verify(ProcIdentity(self.pid, 0.0, self.ticks)) is not None:
+            return  # alive, but not talking (another version): watched by its files
+        self.lost = "the attempt's data path ended without recording the harness's end"
+
+    def finished(self) -> dict[str, Any] | None:
+        """exit.json, once the data path has written it."""
+        done = wire.read_private_json(self.dir / wire.EXIT)
+        if done is None:
+            return None
+        m = done.get("meter")
+        return {**done, "meter": m} if isinstance(m, dict) else done
+
+    async def close(self) -> None:
+        """Stop talking to it (it goes on). The child, if ours, is reaped by asyncio."""
+        if self._stream is not None:
+            with contextlib.suppress(Exception):
+                await self._stream.aclose()
+            self._stream = self._reader = None
+
+    async def reap(self) -> None:
+        """Our child's exit (after the harness's end it exits by itself)."""
+        if self.proc is not None:
+            with anyio.move_on_after(5):
+                await self.proc.wait()
+            if self.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.kill()
+                await self.proc.wait()
+            OWNED.discard(self.proc.pid)
+
+    @property
+    def harness(self) -> ProcIdentity | None:
+        if self.harness_pid is None:
+            return None
+        return ProcIdentity(self.harness_pid, 0.0, self.harness_ticks)
+
+    @property
+    def identity(self) -> ProcIdentity:
+        return ProcIdentity(self.pid, 0.0, self.ticks)
+
+
+def finished_record(d: Path) -> tuple[int | None, Meter | None, dict[str, Any]] | None:
+    """(exit code, final meter, the record) of an attempt whose data path wrote its end,
+    else None. Read by start-up for an attempt that ended while no loop watched it."""
+    done = wire.read_private_json(d / wire.EXIT)
+    if done is None:
+        return None
+    code = done.get("code")
+    return (code if type(code) is int else None), meter_from(done.get("meter")), done
+
+
+__all__ = ["DATAPATH_ENV", "DataPath", "DataPathError", "finished_record", "meter_from"]

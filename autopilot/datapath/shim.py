@@ -1,0 +1,290 @@
+"""An attempt's data path: ``python -m autopilot.datapath.shim`` (its spec on stdin).
+
+What it does, and nothing else (STYLE 18: what must not stop is small, and decides
+nothing):
+  1. becomes a child subreaper, so whatever the harness double-forks re-parents here
+     and is reaped here;
+  2. listens on the attempt's channel (``wire``): a caller of another uid is dropped
+     before a byte is read, one without the attempt's secret after its first line;
+  3. serves the attempt's gateway listener (a socket the loop bound and passed in, so
+     the port the harness was told is open before the harness starts) with the same
+     code the loop used to run (autopilot.gateway.proxy), writing each request's record
+     into the state dir itself;
+  4. spawns the harness (argv list, its own session, stdout and stderr to the cell's
+     launcher log), writes ``shim.json``, and tells the loop on stdout;
+  5. when the harness has ended, lets the requests still open finish for a moment,
+     closes the listener (what is still open is recorded as cut), writes ``exit.json``
+     with the exit status and the final meter, and exits.
+The loop may die, freeze or be replaced at any time in between: nothing here waits on
+it. Its requests change nothing but the upstream list the gateway forwards to.
+
+Imports are the stdlib, the gateway (aiohttp) only when the attempt has one, and this
+package: it starts once per attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import hmac
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from autopilot.datapath import wire
+
+DRAIN_SECS = 2.0  # how long requests still open when the harness ends may finish
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+class Shim:
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.dir = Path(spec["dir"])
+        self.secret = str(spec["secret"]).encode()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.code: int | None = None
+        self.exited = asyncio.Event()
+        self.ended: float | None = None
+        self.att: Any = None  # the gateway's Attempt (autopilot.gateway.proxy)
+        self.upstream: list[tuple[str, str]] = [
+            (str(r), str(o)) for r, o in (spec.get("gateway") or {}).get("upstream", [])]
+        self.throttled = 0
+        self.failovers: list[dict[str, Any]] = []
+        self.spawn_error: str | None = None
+        self._tasks: set[asyncio.Future[None]] = set()
+
+    # ------------------------------------------------------------------ children
+
+    def _reap(self) -> None:
+        """Every child that has ended (the harness, and what it orphaned here)."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if self.proc is not None and pid == self.proc.pid and self.code is None:
+                self.code = os.waitstatus_to_exitcode(status)
+                self.proc.returncode = self.code  # Popen must not wait for it again
+                self.ended = time.time()
+                self.exited.set()
+
+    def _spawn(self) -> None:
+        h = self.spec["harness"]
+        out = os.open(h["spool"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                      | os.O_CLOEXEC, 0o600)
+        try:
+            # restore_signals (Popen's default) gives the harness SIGPIPE's default back.
+            self.proc = subprocess.Popen(
+                h["argv"], cwd=h.get("cwd") or None, env=h["env"],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True, close_fds=True)
+        except OSError as e:
+            self.spawn_error = f"spawn failed: {e.strerror}: {h['argv'][0]}"
+            self.code, self.ended = None, time.time()
+            self.exited.set()
+        finally:
+            os.close(out)
+
+    # ------------------------------------------------------------------ the channel
+
+    def _hello(self) -> dict[str, Any]:
+        p = self.proc
+        return {"ok": True, "version": wire.VERSION, "pid": os.getpid(),
+                "harness_pid": p.pid if p else None,
+                "harness_ticks": self.spec.get("harness_ticks"),
+                "port": self.att.port if self.att is not None else None,
+                "meta": self.spec.get("meta", {})}
+
+    def _status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"ok": True, "exited": self.exited.is_set(), "code": self.code,
+                               "ended": self.ended, "spawn_error": self.spawn_error,
+                               "throttled": self.throttled}
+        if self.att is not None:
+            out["meter"] = asdict(self.att.meter)
+            out["failovers"], self.failovers = self.failovers, []
+        return out
+
+    async def _serve(self, reader: asyncio.StreamReader,
+                     writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await asyncio.wait_for(reader.readline(), wire.HELLO_SECS)
+            msg = wire.decode(line)
+            if msg is None or msg.get("op") != "hello" or not hmac.compare_digest(
+                    str(msg.get("secret", "")).encode(), self.secret):
+                return
+            if msg.get("version") != wire.VERSION:
+                writer.write(wire.encode({"ok": False, "version": wire.VERSION}))
+                await writer.drain()
+                return
+            writer.write(wire.encode(self._hello()))
+            await writer.drain()
+            while True:
+                line = await reader.readline()
+                msg = wire.decode(line)
+                if msg is None:
+                    return
+                up = msg.get("upstream")
+                if isinstance(up, list) and all(isinstance(x, list) and len(x) == 2
+                                                for x in up):
+                    self.upstream = [(str(r), str(o)) for r, o in up]
+                if msg.get("op") == "wait":
+                    wait = msg.get("timeout")
+                    wait = min(max(float(wait), 0.0), 60.0) \
+                        if isinstance(wait, int | float) and wait == wait else 0.0
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.exited.wait(), wait)
+                writer.write(wire.encode(self._status()))
+                await writer.drain()
+        except (OSError, TimeoutError, ValueError, asyncio.LimitOverrunError):
+            return
+        finally:
+            writer.close()
+
+    async def _accept(self, server: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            conn, _ = await loop.sock_accept(server)
+            try:
+                trusted = wire.trusted_peer(wire.peer_uid(conn))
+            except OSError:
+                trusted = False
+            if not trusted:  # before a byte of it is read
+                conn.close()
+                continue
+            reader, writer = await asyncio.open_unix_connection(sock=conn,
+                                                                limit=wire.LINE_CAP)
+            task = asyncio.ensure_future(self._serve(reader, writer))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------------ the attempt
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGCHLD, self._reap)
+        dirfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        path = wire.fd_path(dirfd, wire.SOCK)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        old = os.umask(0o177)
+        try:
+            server.bind(path)
+        finally:
+            os.umask(old)
+        server.listen(16)
+        server.setblocking(False)
+        accepting = asyncio.ensure_future(self._accept(server))
+        gw = self.spec.get("gateway")
+        async with contextlib.AsyncExitStack() as stack:
+            if gw:
+                self.att = await stack.enter_async_context(self._gateway(gw))
+            self._spawn()
+            self._reap()  # a harness that ended before the handler was looking
+            ticks = wire.proc_ticks(self.proc.pid) if self.proc else None
+            self.spec["harness_ticks"] = ticks
+            wire.write_private_json(self.dir / wire.SHIM, {
+                "version": wire.VERSION, "pid": os.getpid(), "ticks": wire.proc_ticks(
+                    os.getpid()), "harness_pid": self.proc.pid if self.proc else None,
+                "harness_ticks": ticks, "port": self.att.port if self.att else None,
+                "started": time.time(), "meta": self.spec.get("meta", {})})
+            self._tell({"ready": True, **self._hello(), "spawn_error": self.spawn_error})
+            await self.exited.wait()
+            if self.att is not None:
+                deadline = time.monotonic() + DRAIN_SECS
+                while self.att.meter.in_flight and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+        # The listener is closed (what was still open is recorded as cut): the meter is
+        # final now.
+        final: dict[str, Any] = {"version": wire.VERSION, "code": self.code,
+                                 "ended": self.ended, "spawn_error": self.spawn_error}
+        if self.att is not None:
+            final["meter"] = self.att.meter.summary()
+            final["records"], final["dropped"] = self.att.records, self.att.dropped
+        wire.write_private_json(self.dir / wire.EXIT, final)
+        # A moment for a loop that is waiting on us to read the end from the channel.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.sleep(0.2), 1)
+        accepting.cancel()
+        server.close()
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        os.close(dirfd)
+        return 0
+
+    def _gateway(self, gw: dict[str, Any]) -> contextlib.AbstractAsyncContextManager[Any]:
+        from autopilot.gateway.proxy import Gateway, Limits
+        from autopilot.logsetup import Redactor
+
+        redactor = Redactor(gw.get("secrets") or ())
+
+        def failover(cell: str, attempt: int, frm: str, to: str, why: str) -> None:
+            if len(self.failovers) < 1000:
+                self.failovers.append({"replica": frm, "to": to, "why": why})
+
+        def throttled() -> None:
+            self.throttled += 1
+
+        g = Gateway(redactor.scrub, Limits(**gw["limits"]), on_throttled=throttled,
+                    on_failover=failover)
+        auth = gw.get("auth")
+        if isinstance(auth, dict):
+            headers = {str(k): str(v) for k, v in auth.items()}
+            g.auth, g.expect_key = (lambda: headers), str(gw.get("expect_key", ""))
+        sock = socket.socket(fileno=int(gw["fd"]))
+        sock.setblocking(False)
+        return _closing(g, g.attempt(self.spec["cell"], int(self.spec["attempt"]),
+                                     gw.get("settings") or {}, lambda: self.upstream,
+                                     Path(gw["log_path"]), sock=sock))
+
+    def _tell(self, msg: dict[str, Any]) -> None:
+        """One line to the loop that started us, if it is still there."""
+        with contextlib.suppress(OSError):
+            os.write(1, wire.encode(msg))
+        with contextlib.suppress(OSError):
+            os.close(1)
+
+
+@contextlib.asynccontextmanager
+async def _closing(g: Any, cm: Any) -> Any:
+    try:
+        async with cm as att:
+            yield att
+    finally:
+        await g.close()
+
+
+def _subreaper() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def main() -> int:
+    # The loop's signals are not ours: a Ctrl-C in the loop's terminal, or the loop's
+    # process group ended, must not end an attempt that is meant to outlive it.
+    # A handler, not SIG_IGN: an ignored signal would stay ignored in the harness across
+    # exec, and a harness stopped with SIGINT must get its default disposition.
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: None)
+    raw = sys.stdin.buffer.read(16 << 20)
+    spec = wire.decode(raw.strip())
+    if spec is None or spec.get("version") != wire.VERSION:
+        print("autopilot data path: no spec of version", wire.VERSION, "on stdin",
+              file=sys.stderr)
+        return 2
+    _subreaper()
+    return asyncio.run(Shim(spec).run())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

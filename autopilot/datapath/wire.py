@@ -1,0 +1,125 @@
+"""The channel between the loop and an attempt's data path, and where its files live.
+
+Stdlib only: the data path imports this at start, and it must start fast.
+
+Files, in ``<state dir>/datapath/<cell>/attempt-<k>/`` (0700, the run's user):
+  ``secret``     the attempt's channel secret (0600), written by the loop before the spawn
+  ``ctl.sock``   the channel: a Unix socket; the data path checks its caller's uid
+                 (``SO_PEERCRED``) before it reads a byte, then the secret in ``hello``
+  ``shim.json``  written once the harness is spawned: pids, the harness's start ticks,
+                 the gateway port, the attempt's marker, group and deadline
+  ``exit.json``  written when the harness has ended: its exit status and the gateway's
+                 final meter (what a successor grades an attempt it did not watch by)
+
+The exchange is one JSON line each way. Every request names ``VERSION``; a data path of
+another version answers ``{"ok": false, "version": N}`` and the loop drains it (lets it
+finish, grades it from ``exit.json``) instead of half-attaching.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import stat
+import struct
+from pathlib import Path
+from typing import Any
+
+VERSION = 1
+SECRET = "secret"  # noqa: S105 - a file name
+SOCK = "ctl.sock"
+SHIM = "shim.json"
+EXIT = "exit.json"
+LINE_CAP = 1 << 20  # bytes of one message, either way
+HELLO_SECS = 5.0  # a caller that has not said hello by then is dropped
+
+
+def attempt_dir(state_dir: Path, cell: str, attempt: int) -> Path:
+    return state_dir / "datapath" / cell / f"attempt-{attempt}"
+
+
+def fd_path(dirfd: int, name: str) -> str:
+    """A path to ``name`` in the directory open as ``dirfd``: Unix socket addresses hold
+    108 bytes, and a state dir's path may be longer; /proc/self/fd resolves it."""
+    return f"/proc/self/fd/{dirfd}/{name}"
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end (the kernel's word, not the caller's)."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", raw)[1])
+
+
+def trusted_peer(uid: int) -> bool:
+    """The run's own user, or root (who could read the secret anyway)."""
+    return uid in (os.geteuid(), 0)
+
+
+def encode(msg: dict[str, Any]) -> bytes:
+    return (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+
+
+def decode(line: bytes) -> dict[str, Any] | None:
+    """One message, or None for anything that is not a JSON object of bounded size."""
+    if not line or len(line) > LINE_CAP:
+        return None
+    try:
+        doc = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def write_private_json(path: Path, obj: Any) -> None:
+    """temp (O_EXCL, O_NOFOLLOW, 0600) + fsync + rename: a reader sees all or nothing."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(json.dumps(obj, separators=(",", ":")).encode())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def read_private_json(path: Path, cap: int = LINE_CAP) -> dict[str, Any] | None:
+    """A file of ours in the attempt's dir: a regular file owned by us, never through a
+    symlink, bounded; None for anything else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            return None
+        data = os.read(fd, cap + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return decode(data) if len(data) <= cap else None
+
+
+def proc_ticks(pid: int) -> int | None:
+    """A process's start time in clock ticks since boot (/proc/<pid>/stat field 22):
+    with the pid, its identity (autopilot.cell.procs.ProcIdentity)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
