@@ -98,7 +98,8 @@ def test_unit_file_passes_systemd_analyze_verify(tmp_path: Path) -> None:
                        cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stderr.strip() == "" and r.stdout.strip() == ""
-    for needle in ("Type=notify", "RestartPreventExitStatus=2 3", "KillMode=mixed",
+    for needle in ("Type=notify", "RestartPreventExitStatus=2 3", "KillMode=process",
+                   "RestartKillSignal=SIGUSR2",
                    "ProtectSystem=strict", "EnvironmentFile=", "WatchdogSec="):
         assert needle in unit
 
