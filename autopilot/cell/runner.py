@@ -392,6 +392,7 @@ class CellRun:
                 await self._kill(0.5)
                 await self._end_group()
                 await dp.close()
+                await dp.reap(3.0)  # nothing of the attempt outlives that decision
             raise
         finally:
             if not self.detached:

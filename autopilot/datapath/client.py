@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import psutil
 from anyio.abc import ByteStream, Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
@@ -293,16 +294,28 @@ class DataPath:
                 await self._stream.aclose()
             self._stream = self._reader = None
 
-    async def reap(self) -> None:
-        """Our child's exit (after the harness's end it exits by itself)."""
+    async def reap(self, wait: float = 5.0) -> None:
+        """The data path's own end (after the harness's end it exits by itself within
+        its drain): waited for ``wait`` seconds, then killed by its exact identity. Our
+        child is reaped; a predecessor's is watched through /proc."""
         if self.proc is not None:
-            with anyio.move_on_after(5):
+            with anyio.move_on_after(wait):
                 await self.proc.wait()
             if self.proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     self.proc.kill()
                 await self.proc.wait()
             OWNED.discard(self.proc.pid)
+            return
+        if self.pid <= 1:
+            return
+        with anyio.move_on_after(wait):
+            while verify(self.identity) is not None:
+                await anyio.sleep(0.05)
+        p = verify(self.identity)
+        if p is not None:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
 
     @property
     def harness(self) -> ProcIdentity | None:
