@@ -100,13 +100,13 @@ class Wiring:
 
 
 def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
-                 extra_env: dict[str, str] | None = None) -> CellContext:
+                 extra_env: dict[str, str] | None = None, forks: bool = False) -> CellContext:
     """The one builder of what a cell run needs (here, and in a Ray node's actor)."""
     from autopilot.cell import cgroups
     from autopilot.cell.childenv import child_env, secret_values
     from autopilot.cell.context import CellContext
     from autopilot.cell.procs import RUN_TOKEN_ENV
-    from autopilot.datapath.client import DataPath
+    from autopilot.datapath.client import DataPath, ForkServer
     from autopilot.gateway.proxy import gateway_for, placeholder_key
     from autopilot.logsetup import SPOOL_CAP
     from autopilot.state.diskspace import DiskWatch, floor_bytes
@@ -141,7 +141,10 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
         base_env={**child_env(w.preset, "harness"), RUN_TOKEN_ENV: w.run_token,
                   **(extra_env or {}), **key_env},
         replica=replica, contain=cgroups.for_run(w.run_token)[0], gateway=gateway,
-        launch=DataPath.launch, run_token=w.run_token,
+        # Data paths forked from one server per loop (its imports paid once), where the
+        # backend asks for it; else each is a process of its own.
+        launch=partial(DataPath.launch, forks=ForkServer(w.state_dir, w.run_token))
+        if forks else DataPath.launch, run_token=w.run_token,
         handing_over=port.handing_over,
         on_throttled=port.throttled,
     )
@@ -207,7 +210,8 @@ class Backend(abc.ABC):
         # hooks are set.
         if replica not in self._cx:
             # Every replica's keeper: a request of a cell may fail over to another.
-            base = self._cx.get(0) or replace(cell_context(self.w, self.keepers[0]),
+            base = self._cx.get(0) or replace(cell_context(self.w, self.keepers[0],
+                                                           forks=True),
                                               peers=lambda: list(self.keepers))
             self._cx[0] = base
             if replica:
@@ -225,8 +229,22 @@ class Backend(abc.ABC):
         raise EndpointError(f"the {self.kind} backend serves one arm group only")
 
     async def start(self) -> None:
-        """Start every replica at once; raise EndpointError only when none could start
-        (the others then serve: one replica down slows the run, it does not stop it)."""
+        """Start every replica at once (and, meanwhile, the fork server of data paths:
+        ready before the first launch, so no attempt waits on its imports)."""
+        import anyio
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._warm)
+            await self._start_replicas()
+
+    async def _warm(self) -> None:
+        forks = getattr(self.context().launch, "keywords", {}).get("forks")
+        if forks is not None:
+            await forks.warm()
+
+    async def _start_replicas(self) -> None:
+        """Raise EndpointError only when no replica could start (the others then serve:
+        one replica down slows the run, it does not stop it)."""
         import anyio
 
         keepers = self.keepers
@@ -306,6 +324,9 @@ class Backend(abc.ABC):
         base = self._cx.get(0)
         if base is not None and isinstance(base.gateway, Closable):
             await base.gateway.close()
+        forks = getattr(base.launch, "keywords", {}).get("forks") if base else None
+        if forks is not None:  # the fork server ends; the data paths it forked go on
+            await forks.aclose()
         await self.release()
 
     async def release(self) -> None:

@@ -9,8 +9,11 @@ by its exact identity (autopilot.cell.procs), never through the data path.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
+import signal
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field, fields
@@ -98,9 +101,11 @@ class DataPath:
 
     @classmethod
     async def launch(cls, state_dir: Path, cell: str, attempt: int, spec: dict[str, Any],
-                     *, listen: Any | None, run_token: str, token: str) -> DataPath:
-        """Start the data path of one attempt and wait until its harness is spawned.
-        ``listen``: the gateway's listening socket (handed over, closed here)."""
+                     *, listen: Any | None, run_token: str, token: str,
+                     forks: ForkServer | None = None) -> DataPath:
+        """Start the data path of one attempt (a fork of ``forks``, else a process of its
+        own) and wait until its harness is spawned. ``listen``: the gateway's listening
+        socket (handed over, closed here)."""
         d = wire.attempt_dir(state_dir, cell, attempt)
         ensure_private_dir(d.parent.parent)
         ensure_private_dir(d.parent)
@@ -116,12 +121,20 @@ class DataPath:
         if listen is not None:
             spec["gateway"] = {**spec["gateway"], "fd": listen.fileno()}
             fds = (listen.fileno(),)
+        if forks is not None:
+            try:
+                info = await forks.fork(d, spec, listen)
+            except BaseException:
+                if listen is not None:
+                    listen.close()
+                raise
+            if info is not None:
+                if listen is not None:
+                    listen.close()
+                return await cls._ready(d, secret, info, None)
         # Its own marker too: a sweep that finds it with no successor ends it (cleanup).
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), RUN_TOKEN_ENV: run_token,
-               "AUTOPILOT_CELL_ID": cell, DATAPATH_ENV: token,
-               "PYTHONDONTWRITEBYTECODE": "1"}
-        if "PYTHONPATH" in os.environ:
-            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        env = _env(run_token, token)
+        env["AUTOPILOT_CELL_ID"] = cell
         try:
             with open_append(d / "shim.log") as log:
                 proc = await spawn([sys.executable, "-m", "autopilot.datapath.shim"],
@@ -152,6 +165,11 @@ class DataPath:
         with contextlib.suppress(Exception):
             if proc.stdout is not None:
                 await proc.stdout.aclose()
+        return await cls._ready(d, secret, info, proc)
+
+    @classmethod
+    async def _ready(cls, d: Path, secret: str, info: dict[str, Any],
+                     proc: Process | None) -> DataPath:
         dp = cls._from(d, secret, info, proc)
         dp.spawn_error = info.get("spawn_error") if isinstance(
             info.get("spawn_error"), str) else None
@@ -311,7 +329,7 @@ class DataPath:
             return
         with anyio.move_on_after(wait):
             while verify(self.identity) is not None:
-                await anyio.sleep(0.05)
+                await anyio.sleep(0.01)
         p = verify(self.identity)
         if p is not None:
             with contextlib.suppress(psutil.Error):
@@ -328,6 +346,133 @@ class DataPath:
         return ProcIdentity(self.pid, 0.0, self.ticks)
 
 
+def _env(run_token: str, token: str) -> dict[str, str]:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), RUN_TOKEN_ENV: run_token,
+           DATAPATH_ENV: token, "PYTHONDONTWRITEBYTECODE": "1"}
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
+
+
+class ForkServer:
+    """The loop's fork server of data paths (autopilot.datapath.forkserver), started at
+    the first launch. Broken (it would not start, or died and would not start again):
+    every launch falls back to a process of its own, which costs only time."""
+
+    def __init__(self, state_dir: Path, run_token: str) -> None:
+        self.state_dir = state_dir
+        self.run_token = run_token
+        self.proc: Process | None = None
+        self.sock: socket.socket | None = None
+        self.broken = False
+        self._lock = anyio.Lock()
+
+    async def warm(self) -> None:
+        """Start it now (at the run's start, beside the endpoint's load); a server that
+        will not start leaves every launch to a process of its own."""
+        async with self._lock:
+            if self.sock is None and not self.broken:
+                try:
+                    await self._start()
+                except (OSError, TimeoutError, anyio.EndOfStream, anyio.IncompleteRead,
+                        anyio.DelimiterNotFound):
+                    await self.aclose()
+                    self.broken = True
+
+    async def _start(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ensure_private_dir(self.state_dir / "datapath")
+        try:
+            with open_append(self.state_dir / "datapath" / "forkserver.log") as log:
+                self.proc = await spawn(
+                    [sys.executable, "-m", "autopilot.datapath.forkserver",
+                     str(theirs.fileno())], stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=log, start_new_session=True,
+                    env=_env(self.run_token, "forkserver"), pass_fds=(theirs.fileno(),))
+        finally:
+            theirs.close()
+        assert self.proc.stdout is not None
+        with anyio.fail_after(READY_SECS):
+            line = await BufferedByteReceiveStream(self.proc.stdout).receive_until(b"\n", 64)
+        if line != b"ready":
+            raise OSError("the fork server did not start")
+        ours.setblocking(False)
+        self.sock = ours
+
+    async def fork(self, d: Path, spec: dict[str, Any], listen: Any | None
+                   ) -> dict[str, Any] | None:
+        """The data path's ready line, forked from the server; None: spawn instead."""
+        if self.broken:
+            return None
+        data = wire.encode(spec)
+        if len(data) > (1 << 20) - 1024:
+            return None
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        try:
+            with open_append(d / "shim.log") as log:
+                fds = [w, log.fileno()] + ([listen.fileno()] if listen is not None else [])
+                async with self._lock:
+                    pid = await self._send(data, fds)
+            os.close(w)
+            w = -1
+            if pid is None:
+                return None
+            line = b""
+            with anyio.move_on_after(READY_SECS):
+                while not line.endswith(b"\n") and len(line) < wire.LINE_CAP:
+                    await anyio.wait_readable(r)
+                    chunk = os.read(r, 65536)
+                    if not chunk:
+                        break
+                    line += chunk
+            info = wire.decode(line.strip())
+            if info is None or not info.get("ready"):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                raise DataPathError(f"the attempt's data path did not start: "
+                                    f"{log_tail(d / 'shim.log', 3) or 'no output'}")
+            return info
+        finally:
+            if w >= 0:
+                os.close(w)
+            os.close(r)
+
+    async def _send(self, data: bytes, fds: list[int]) -> int | None:
+        for _ in range(2):  # a server that died is started once more
+            try:
+                if self.sock is None:
+                    await self._start()
+                assert self.sock is not None
+                socket.send_fds(self.sock, [data], fds)
+                with anyio.fail_after(READY_SECS):
+                    await anyio.wait_readable(self.sock)
+                    reply = json.loads(self.sock.recv(4096) or b"{}")
+                if isinstance(reply, dict) and reply.get("ok") and type(
+                        reply.get("pid")) is int:
+                    return int(reply["pid"])
+                return None
+            except (OSError, TimeoutError, ValueError):
+                await self.aclose()
+        self.broken = True
+        return None
+
+    async def aclose(self) -> None:
+        """End the fork server (its data paths go on)."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        if self.proc is not None:
+            with anyio.move_on_after(5):
+                await self.proc.wait()
+            if self.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.kill()
+                await self.proc.wait()
+            OWNED.discard(self.proc.pid)
+            self.proc = None
+
+
 def finished_record(d: Path) -> tuple[int | None, Meter | None, dict[str, Any]] | None:
     """(exit code, final meter, the record) of an attempt whose data path wrote its end,
     else None. Read by start-up for an attempt that ended while no loop watched it."""
@@ -338,4 +483,5 @@ def finished_record(d: Path) -> tuple[int | None, Meter | None, dict[str, Any]] 
     return (code if type(code) is int else None), meter_from(done.get("meter")), done
 
 
-__all__ = ["DATAPATH_ENV", "DataPath", "DataPathError", "finished_record", "meter_from"]
+__all__ = ["DATAPATH_ENV", "DataPath", "DataPathError", "ForkServer", "finished_record",
+           "meter_from"]

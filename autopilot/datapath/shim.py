@@ -51,7 +51,9 @@ class Shim:
         self.secret = str(spec["secret"]).encode()
         self.proc: subprocess.Popen[bytes] | None = None
         self.code: int | None = None
-        self.exited = asyncio.Event()
+        self.exited = asyncio.Event()  # the harness has ended
+        self.done = asyncio.Event()  # ... and its evidence is final (exit.json written)
+        self.waiting = 0  # callers in a wait, to be answered before we go
         self.ended: float | None = None
         self.att: Any = None  # the gateway's Attempt (autopilot.gateway.proxy)
         self.upstream: list[tuple[str, str]] = [
@@ -106,7 +108,7 @@ class Shim:
                 "meta": self.spec.get("meta", {})}
 
     def _status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"ok": True, "exited": self.exited.is_set(), "code": self.code,
+        out: dict[str, Any] = {"ok": True, "exited": self.done.is_set(), "code": self.code,
                                "ended": self.ended, "spawn_error": self.spawn_error,
                                "throttled": self.throttled}
         if self.att is not None:
@@ -141,8 +143,12 @@ class Shim:
                     wait = msg.get("timeout")
                     wait = min(max(float(wait), 0.0), 60.0) \
                         if isinstance(wait, int | float) and wait == wait else 0.0
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self.exited.wait(), wait)
+                    self.waiting += 1
+                    try:
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(self.done.wait(), wait)
+                    finally:
+                        self.waiting -= 1
                 writer.write(wire.encode(self._status()))
                 await writer.drain()
         except (OSError, TimeoutError, ValueError, asyncio.LimitOverrunError):
@@ -212,9 +218,14 @@ class Shim:
             final["meter"] = self.att.meter.summary()
             final["records"], final["dropped"] = self.att.records, self.att.dropped
         wire.write_private_json(self.dir / wire.EXIT, final)
-        # A moment for a loop that is waiting on us to read the end from the channel.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.sleep(0.2), 1)
+        self.done.set()
+        # A loop waiting on us reads the end from the channel before we go (bounded: a
+        # frozen reader is told by exit.json instead).
+        deadline = time.monotonic() + 1.0
+        await asyncio.sleep(0)
+        while self.waiting and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0)
         accepting.cancel()
         server.close()
         with contextlib.suppress(OSError):
@@ -278,9 +289,17 @@ def main() -> int:
         signal.signal(sig, lambda *_: None)
     raw = sys.stdin.buffer.read(16 << 20)
     spec = wire.decode(raw.strip())
-    if spec is None or spec.get("version") != wire.VERSION:
+    if spec is None:
         print("autopilot data path: no spec of version", wire.VERSION, "on stdin",
               file=sys.stderr)
+        return 2
+    return run_spec(spec)
+
+
+def run_spec(spec: dict[str, Any]) -> int:
+    """Be the data path of ``spec`` (here, or in a fork of autopilot.datapath.forkserver)."""
+    if spec.get("version") != wire.VERSION:
+        print("autopilot data path: no spec of version", wire.VERSION, file=sys.stderr)
         return 2
     _subreaper()
     return asyncio.run(Shim(spec).run())

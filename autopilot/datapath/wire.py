@@ -73,26 +73,20 @@ def decode(line: bytes) -> dict[str, Any] | None:
 
 
 def write_private_json(path: Path, obj: Any) -> None:
-    """temp (O_EXCL, O_NOFOLLOW, 0600) + fsync + rename: a reader sees all or nothing."""
+    """temp (O_EXCL, O_NOFOLLOW, 0600) + rename: a reader sees all or nothing. No fsync:
+    these files matter only while the machine is up (a data path dies with it, and its
+    attempt is re-run), and a process's crash loses nothing the page cache holds."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(json.dumps(obj, separators=(",", ":")).encode())
-            f.flush()
-            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    with contextlib.suppress(OSError):
-        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
 
 
 def read_private_json(path: Path, cap: int = LINE_CAP) -> dict[str, Any] | None:

@@ -231,7 +231,10 @@ async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Led
     keep_tokens = frozenset(str(dp.meta.get("token")) for _, _, dp in found.reattached)
     keep_groups = frozenset(str(dp.meta.get("group")) for _, _, dp in found.reattached) | {
         f"endpoint-{r}" for r in found.endpoints}
-    keep_pids = frozenset(ev["pid"] for ev in found.endpoints.values())
+    # A forked data path carries its fork server's environment, not its attempt's token:
+    # kept by its pid (its harness tree, by the token it carries).
+    keep_pids = frozenset(ev["pid"] for ev in found.endpoints.values()) | {
+        dp.pid for _, _, dp in found.reattached}
     exited: dict[tuple[str, int], RunOutcome] | None = None
     refused: sweep.Refusals = []
     for cell, pids in await anyio.to_thread.run_sync(
