@@ -58,6 +58,7 @@ class AttemptPath(Protocol):
     spawn_error: str | None
     throttled: int
     failovers: list[dict[str, Any]]
+    unjournaled: bool
 
     @property
     def harness(self) -> ProcIdentity | None: ...

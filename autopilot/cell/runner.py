@@ -369,7 +369,7 @@ class CellRun:
         # The harness is the data path's child: its orphans re-parent there, not here,
         # so its marker is looked for among every process.
         self.tracker = Tracker(ident, self.token, full_scan=True) if ident else None
-        if attached is None:
+        if attached is None or attached.unjournaled:
             cx.emit("cell_started", cell=self.cell.id, attempt=self.attempt, pid=dp.harness_pid,
                     create_time=ident.create_time if ident else None,
                     start_ticks=ident.ticks if ident else None, token=self.token,

@@ -91,6 +91,7 @@ class DataPath:
     spawn_error: str | None = None
     lost: str | None = None  # the data path ended without recording the harness's end
     drain: int | None = None  # a data path of this other version: watched, not talked to
+    unjournaled: bool = False  # re-attached, its harness's start never journaled
     throttled: int = 0  # 429s its gateway saw, read so far
     failovers: list[dict[str, Any]] = field(default_factory=list)  # not yet journaled
     _stream: ByteStream | None = None

@@ -154,6 +154,9 @@ async def reattach_datapaths(preset: Preset, plan: Plan, state_dir: Path, ledger
             continue  # spawned before data paths (an older state dir), or never spawned
         dp = await DataPath.attach(d)
         if dp is not None:
+            # Killed between the intent and the start's record: the start is journaled
+            # on re-attach, so every attempt that ran has its cell_started.
+            dp.unjournaled = cell.pid is None
             found.reattached.append((cell.id, cell.attempts, dp))
             if dp.drain is not None:
                 emit("datapath_version_mismatch", cell=cell.id, attempt=cell.attempts,
@@ -165,7 +168,11 @@ async def reattach_datapaths(preset: Preset, plan: Plan, state_dir: Path, ledger
             lost.add(cell.id)
             continue
         code, meter, _ = rec
-        outcome = ended_outcome(preset, plan.by_id[cell.id], state_dir, cell, code)
+        shim = wire.read_private_json(d / wire.SHIM) or {}
+        meta = shim.get("meta") if isinstance(shim.get("meta"), dict) else {}
+        launched = meta.get("launched") if isinstance(meta, dict) else None
+        outcome = ended_outcome(preset, plan.by_id[cell.id], state_dir, cell, code,
+                                launched if isinstance(launched, int | float) else None)
         found.adopted.append((cell.id, cell.attempts, outcome, meter))
         emit("cell_adopted", cell=cell.id, attempt=cell.attempts,
              why="the harness ended while no supervisor watched; its data path recorded "
@@ -176,11 +183,12 @@ async def reattach_datapaths(preset: Preset, plan: Plan, state_dir: Path, ledger
 
 
 def ended_outcome(preset: Preset, cell: Cell, state_dir: Path, state: CellState,
-                  code: int | None) -> RunOutcome:
+                  code: int | None, launched: float | None = None) -> RunOutcome:
     """The outcome of an attempt whose data path recorded the harness's exit: its code,
-    and whether the completion artifacts are there and this attempt's."""
+    and whether the completion artifacts are there and this attempt's (newer than its
+    launch as the data path recorded it, else as the journal has it)."""
     ctx = cell_context(preset, cell, state.attempts, state_dir)
-    started = parse_iso(state.started_ts)
+    started = launched if launched is not None else parse_iso(state.started_ts)
     complete = True
     for tmpl in preset.harness.completion:
         try:
