@@ -233,11 +233,20 @@ class Backend(abc.ABC):
         ready before the first launch, so no attempt waits on its imports)."""
         import anyio
 
+        failed: EndpointError | None = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._warm)
-            await self._start_replicas()
+            try:
+                await self._start_replicas()
+            except EndpointError as e:  # raised as itself, not in an ExceptionGroup
+                failed = e
+                tg.cancel_scope.cancel()
+        if failed is not None:
+            raise failed
 
     async def _warm(self) -> None:
+        if not self.reattaches:  # attempts run elsewhere (a Ray node forks its own)
+            return
         forks = getattr(self.context().launch, "keywords", {}).get("forks")
         if forks is not None:
             await forks.warm()

@@ -148,7 +148,7 @@ class NodeAgent:
         w = Wiring(preset=p, state_dir=self.state_dir, run_token=self.run_token,
                    port=self.port, redactor=self.redactor, clock=time.monotonic)
         self.cx = cell_context(w, self.keeper, replica=self.replica,
-                               extra_env={LEASE_ENV: self.lease})
+                               extra_env={LEASE_ENV: self.lease}, forks=True)
         return self.where()
 
     def _start_guard(self) -> None:
@@ -226,6 +226,10 @@ class NodeAgent:
             await self.keeper.ep.stop()
             await self.keeper.ep.aclose()
             self.redactor.scrub_file(self.keeper.ep.log_path, cap=SPOOL_CAP)
+        cx = getattr(self, "cx", None)
+        forks = getattr(cx.launch, "keywords", {}).get("forks") if cx is not None else None
+        if forks is not None:  # this node's fork server of data paths
+            await forks.aclose()
         return [f"{cid}#{attempt}" for (cid, attempt), _ in tasks]
 
 
