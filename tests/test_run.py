@@ -120,35 +120,25 @@ def test_kill9_resume_counts_every_cell_once(state_dir: Path, tmp_path: Path) ->
     before = events(state_dir)
     orphans = alive_identities(before)
     assert orphans, "the killed supervisor should have left its cells and endpoint behind"
-    # Freeze the orphaned harnesses (exact pids): left running, one could finish before
-    # the resume starts and be adopted, and whether any is abandoned would be a race.
     ended = {e["cell"] for e in before if e["event"] == "cell_verdict"}
     harness = {e["cell"]: e["pid"] for e in before
                if e["event"] == "cell_started" and e["cell"] not in ended and e.get("pid")}
-    stopped = [psutil.Process(pid) for pid in harness.values() if pid in orphans]
-    for p in stopped:
-        p.send_signal(signal.SIGSTOP)
-    try:
-        r = run_cli(*args)
-    finally:  # the resume should have killed them; if it failed, do not leave them
-        for p in stopped:
-            with contextlib.suppress(psutil.Error):
-                if p.is_running():  # same pid *and* start time: still our process
-                    p.kill()
+    r = run_cli(*args)
     assert r.returncode == 0, r.stderr[-2000:]
     evs = events(state_dir)
     assert_each_cell_once_and_never_rerun(evs, 24)
     after = evs[len(before):]
-    abandoned = {e["cell"]: e for e in after if e["event"] == "cell_abandoned"}
-    adopted = {e["cell"] for e in after if e["event"] == "cell_adopted"}
-    frozen = {c for c, pid in harness.items() if pid in orphans}
-    assert frozen and frozen <= set(abandoned)  # a stopped harness never finished
-    assert set(harness) <= set(abandoned) | adopted  # every running cell accounted for
-    assert all(e["why"] == "supervisor restarted" for e in abandoned.values())
-    for pid in orphans:  # the sweep killed exactly the recorded processes
+    abandoned = {e["cell"] for e in after if e["event"] == "cell_abandoned"}
+    went_on = {e["cell"] for e in after if e["event"] in ("cell_reattached", "cell_adopted")}
+    # Live restore: every attempt running at the kill went on under its data path (re-
+    # attached, or adopted if it ended before the resume), none was abandoned, and the
+    # endpoint the killed supervisor started served the rest of the run.
+    assert harness and set(harness) <= went_on and not set(harness) & abandoned
+    assert sum(e["event"] == "endpoint_spawned" for e in evs) == 1
+    for pid in orphans:  # at the run's end, nothing of either supervisor is left
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
     status = json.loads((state_dir / "status.json").read_text())
-    assert status["phase"] == "COMPLETE" and status["orphans_cleaned"]
+    assert status["phase"] == "COMPLETE"
 
 
 PLANTED = (
