@@ -229,22 +229,12 @@ class Backend(abc.ABC):
         raise EndpointError(f"the {self.kind} backend serves one arm group only")
 
     async def start(self) -> None:
-        """Start every replica at once (and, meanwhile, the fork server of data paths:
-        ready before the first launch, so no attempt waits on its imports)."""
-        import anyio
+        """Start every replica at once."""
+        await self._start_replicas()
 
-        failed: EndpointError | None = None
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._warm)
-            try:
-                await self._start_replicas()
-            except EndpointError as e:  # raised as itself, not in an ExceptionGroup
-                failed = e
-                tg.cancel_scope.cancel()
-        if failed is not None:
-            raise failed
-
-    async def _warm(self) -> None:
+    async def warm(self) -> None:
+        """Start the fork server of data paths (the loop runs this beside the endpoint's
+        load): usually ready before the first launch, which waits for it otherwise."""
         if not self.reattaches:  # attempts run elsewhere (a Ray node forks its own)
             return
         forks = getattr(self.context().launch, "keywords", {}).get("forks")

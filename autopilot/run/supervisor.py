@@ -225,6 +225,7 @@ class Supervisor(Recorder):
             # A 397B load can take half an hour: a stop signal must not wait for it.
             with self.interruptible() as scope:
                 assert self.backend is not None
+                tg.start_soon(self.backend.warm)  # the data paths' fork server, meanwhile
                 await self.backend.start()
         except EndpointError as e:
             self.outcome_reason = f"endpoint failed to start: {e}"
