@@ -287,10 +287,13 @@ class Tracker:
     to init) looks at every process."""
 
     def __init__(self, root: ProcIdentity, token: str | None = None,
-                 full_scan: bool = False) -> None:
+                 full_scan: bool = False, reaper: int | None = None) -> None:
         self.root = root
         self.token = token
         self.full_scan = full_scan
+        # the root's parent when it is a subreaper of its own (the attempt's data path):
+        # orphans re-parent there while it lives, to us once it is gone
+        self.reaper = reaper
         self.seen: set[ProcIdentity] = set()
 
     def remember(self) -> None:
@@ -330,6 +333,9 @@ class Tracker:
             # never another cell's orphans: only adoptees need their environment read.
             scope = (None if self.full_scan or not _subreaper
                      else [pid for pid in direct_children() if pid not in OWNED])
+            if scope is not None and self.reaper is not None:
+                with contextlib.suppress(psutil.Error):
+                    scope += [c.pid for c in psutil.Process(self.reaper).children()]
             for p, _ in _env_holders(TOKEN_ENV, self.token, self.root.create_time, scope):
                 add(p)
         found.pop(os.getpid(), None)

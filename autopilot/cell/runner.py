@@ -366,9 +366,11 @@ class CellRun:
         served_arms = tuple(dp.meta.get("arms") or ()) if attached else cx.keeper.ep.arm_group
         ep = cx.keeper.ep
         ident = _identity(dp)
-        # The harness is the data path's child: its orphans re-parent there, not here,
-        # so its marker is looked for among every process.
-        self.tracker = Tracker(ident, self.token, full_scan=True) if ident else None
+        # The harness is the data path's child: its orphans re-parent there (a subreaper)
+        # while it lives, here once it is gone; a re-attached one's went to init before
+        # this loop was its ancestor, so its marker is looked for among every process.
+        self.tracker = Tracker(ident, self.token, full_scan=attached is not None,
+                               reaper=dp.pid) if ident else None
         if attached is None or attached.unjournaled:
             cx.emit("cell_started", cell=self.cell.id, attempt=self.attempt, pid=dp.harness_pid,
                     create_time=ident.create_time if ident else None,
