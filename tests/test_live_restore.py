@@ -53,6 +53,11 @@ def slow_overlay(tmp: Path, latency: float = 0.8, think: str = "0.3", concurrenc
     return write_overlay(tmp / "slow.json", doc)
 
 
+def demo(state: Path, over: Path, n: int = 1) -> tuple[str, ...]:
+    return ("--preset", "demo", "--target-n", str(n), "--config", str(over),
+            "--state-dir", str(state), "--quiet")
+
+
 def gone(p: subprocess.Popen[bytes]) -> None:
     """The supervisor a test started is not left behind, whatever the test did."""
     if p.poll() is None:
@@ -146,8 +151,7 @@ def test_a_frozen_supervisor_charges_no_cell(tmp_path: Path) -> None:
                         harness={"argv": [*DEMO_ARGV, "--timeout", "2", "--retry-secs",
                                           "2"]})
     state = tmp_path / "state"
-    p = spawn_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
-                  "--state-dir", str(state), "--quiet", log=tmp_path / "run.log")
+    p = spawn_cli(*demo(state, over), log=tmp_path / "run.log")
     try:
         started(state, 2)
         os.kill(p.pid, signal.SIGSTOP)
@@ -175,8 +179,7 @@ def test_a_kill_right_after_a_spawn_charges_nothing_and_leaves_nothing(
     uncharged, and nothing of the killed supervisor is left."""
     over = slow_overlay(tmp_path, latency=0.3, think="0.1", concurrency=2)
     state = tmp_path / "state"
-    args = ("--preset", "demo", "--target-n", "1", "--config", str(over),
-            "--state-dir", str(state), "--quiet")
+    args = demo(state, over)
     p = spawn_cli(*args, log=tmp_path / "run.log")
     try:
         journal = state / "journal.jsonl"
@@ -208,8 +211,7 @@ def test_a_killed_data_path_costs_its_attempt_only_and_no_retry(tmp_path: Path) 
     over = slow_overlay(tmp_path, latency=0.8, think="0.3", concurrency=3,
                         trust={"infra_retries": 0})
     state = tmp_path / "state"
-    p = spawn_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
-                  "--state-dir", str(state), "--quiet", log=tmp_path / "run.log")
+    p = spawn_cli(*demo(state, over), log=tmp_path / "run.log")
     try:
         ev = started(state) and next(e for e in events(state) if e["event"] == "cell_started"
                                      and e.get("datapath_pid"))
@@ -237,8 +239,7 @@ def test_an_adopted_attempt_is_judged_by_the_gateway_evidence(tmp_path: Path) ->
                         endpoint={"replica_env": [
                             {"AUTOPILOT_DEMO_ANSWER_AS": "someone-else-7b"}]})
     state = tmp_path / "state"
-    args = ("--preset", "demo", "--target-n", "1", "--config", str(over),
-            "--state-dir", str(state), "--quiet")
+    args = demo(state, over)
     p = spawn_cli(*args, log=tmp_path / "run.log")
     try:
         started(state, 2)
@@ -271,8 +272,7 @@ def test_a_hand_over_leaves_attempts_and_endpoint_running(tmp_path: Path) -> Non
     to both; nothing is re-run and the model is loaded once."""
     over = slow_overlay(tmp_path, latency=0.8, think="0.3", concurrency=3)
     state = tmp_path / "state"
-    args = ("--preset", "demo", "--target-n", "1", "--config", str(over),
-            "--state-dir", str(state), "--quiet")
+    args = demo(state, over)
     p = spawn_cli(*args, log=tmp_path / "run.log")
     try:
         started(state, 3)
@@ -325,8 +325,7 @@ def test_a_stranger_on_the_channel_is_refused_and_changes_nothing(tmp_path: Path
     port); with the secret, the channel answers."""
     over = slow_overlay(tmp_path, latency=1.5, think="0.5", concurrency=1)
     state = tmp_path / "state"
-    p = spawn_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
-                  "--state-dir", str(state), "--quiet", log=tmp_path / "run.log")
+    p = spawn_cli(*demo(state, over), log=tmp_path / "run.log")
     try:
         ev = started(state) and next(e for e in events(state) if e["event"] == "cell_started")
         d = state / "datapath" / ev["cell"] / "attempt-1"

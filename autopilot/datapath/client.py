@@ -318,13 +318,7 @@ class DataPath:
         its drain): waited for ``wait`` seconds, then killed by its exact identity. Our
         child is reaped; a predecessor's is watched through /proc."""
         if self.proc is not None:
-            with anyio.move_on_after(wait):
-                await self.proc.wait()
-            if self.proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    self.proc.kill()
-                await self.proc.wait()
-            OWNED.discard(self.proc.pid)
+            await end_child(self.proc, wait)
             return
         if self.pid <= 1:
             return
@@ -345,6 +339,17 @@ class DataPath:
     @property
     def identity(self) -> ProcIdentity:
         return ProcIdentity(self.pid, 0.0, self.ticks)
+
+
+async def end_child(proc: Process, wait: float) -> None:
+    """A child of ours that ends by itself: waited for ``wait`` seconds, then killed."""
+    with anyio.move_on_after(wait):
+        await proc.wait()
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+    OWNED.discard(proc.pid)
 
 
 def _env(run_token: str, token: str) -> dict[str, str]:
@@ -464,13 +469,7 @@ class ForkServer:
             self.sock.close()
             self.sock = None
         if self.proc is not None:
-            with anyio.move_on_after(5):
-                await self.proc.wait()
-            if self.proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    self.proc.kill()
-                await self.proc.wait()
-            OWNED.discard(self.proc.pid)
+            await end_child(self.proc, 5.0)
             self.proc = None
 
 

@@ -110,7 +110,9 @@ def read_private_json(path: Path, cap: int = LINE_CAP) -> dict[str, Any] | None:
 
 def proc_ticks(pid: int) -> int | None:
     """A process's start time in clock ticks since boot (/proc/<pid>/stat field 22):
-    with the pid, its identity (autopilot.cell.procs.ProcIdentity)."""
+    with the pid, its identity (autopilot.cell.procs.ProcIdentity). The same reading as
+    procs.start_ticks, kept here because the data path must not import procs (psutil,
+    anyio: a start-up cost per attempt)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
