@@ -34,7 +34,13 @@ def verdict(evs):
 
 
 def test_term_ignoring_double_forked_setsid_tree_is_gone(state_dir: Path, tmp_path: Path) -> None:
-    r, evs = run_one(state_dir, tmp_path, ["{python}", str(ADV / "unkillable_tree.py")])
+    # No progress at all, so idle alone climbs the tiers; stuck_secs is out of the way
+    # (the transcript's clock starts at launch, idle's at the harness's READY line, so a
+    # stuck_secs near probe_secs would race it).
+    r, evs = run_one(state_dir, tmp_path, ["{python}", str(ADV / "unkillable_tree.py")],
+                     watchdog={"poll_secs": 0.2, "warn_secs": 1, "probe_secs": 1.5,
+                               "kill_secs": 2.5, "stuck_secs": 60, "kill_grace_secs": 0.5,
+                               "teardown_grace_secs": 1})
     assert r.returncode == 1
     v = verdict(evs)
     assert (v["verdict"], v["reason"]) == ("INVALID", "stall")

@@ -331,11 +331,16 @@ class Tracker:
         if self.token:
             # Children we spawned ourselves (other cells' roots, graders, the endpoint) are
             # never another cell's orphans: only adoptees need their environment read.
-            scope = (None if self.full_scan or not _subreaper
-                     else [pid for pid in direct_children() if pid not in OWNED])
-            if scope is not None and self.reaper is not None:
-                with contextlib.suppress(psutil.Error):
-                    scope += [c.pid for c in psutil.Process(self.reaper).children()]
+            scope: list[int] | None = None
+            if not self.full_scan and _subreaper:
+                # The reaper's children first, then ours: an orphan the data path drops
+                # as it exits is moved to us before it stops being the data path's, so
+                # read in this order it is in one list or the other, never in neither.
+                scope = []
+                if self.reaper is not None:
+                    with contextlib.suppress(psutil.Error):
+                        scope += [c.pid for c in psutil.Process(self.reaper).children()]
+                scope += [pid for pid in direct_children() if pid not in OWNED]
             for p, _ in _env_holders(TOKEN_ENV, self.token, self.root.create_time, scope):
                 add(p)
         found.pop(os.getpid(), None)
