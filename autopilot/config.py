@@ -38,7 +38,8 @@ PRESETS_ENV = "AUTOPILOT_PRESETS_DIR"
 BUILTIN_PLACEHOLDERS = frozenset({
     "cell", "task", "arm", "mode", "n", "attempt", "port", "host", "base_url", "model",
     "served_model", "output_dir", "state_dir", "python", "grade_file", "scratch_dir",
-    "transcript", "deadline", "endpoint_host", "endpoint_port", "endpoint_base_url"})
+    "transcript", "deadline", "endpoint_host", "endpoint_port", "endpoint_base_url",
+    "api_key"})
 
 Argv = list[str | list[str]]
 
@@ -355,6 +356,12 @@ class Gateway(_Frozen):
     # a 429 is held and retried at the gateway for up to this long (0: the harness sees
     # it); either way the launch throttle backs off
     hold_429_secs: float = Field(default=0, ge=0)
+    # a request body not received in full within this: 408 (a harness that stalls
+    # mid-upload holds a connection, not the gateway)
+    body_timeout_secs: float = Field(default=300, gt=0)
+    # the upstream silent this long mid-request: the request is cut and recorded so
+    # (generous: a long non-streamed generation sends nothing until it is done)
+    upstream_read_secs: float = Field(default=1800, gt=0)
 
 
 class Publish(_Frozen):

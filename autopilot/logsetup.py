@@ -28,6 +28,9 @@ unbind_contextvars = structlog.contextvars.unbind_contextvars
 
 REDACTED = "***"
 _BEARER = re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
+# An attempt's gateway key (autopilot.gateway.proxy.attempt_key), by its shape: one is
+# made per attempt, so no list of secrets could name them all.
+_ATTEMPT_KEY = re.compile(r"sk-autopilot-[0-9a-f]{32}")
 
 
 def encoded_forms(secret: str) -> set[str]:
@@ -62,7 +65,7 @@ class Redactor:
         if isinstance(value, str):
             for s in self.secrets:
                 value = value.replace(s, REDACTED)
-            return _BEARER.sub(r"\1" + REDACTED, value)
+            return _ATTEMPT_KEY.sub(REDACTED, _BEARER.sub(r"\1" + REDACTED, value))
         if isinstance(value, dict):
             return {k: (REDACTED if str(k).lower() == "authorization" else self.scrub(v))
                     for k, v in value.items()}
@@ -97,13 +100,13 @@ class Redactor:
         except FileNotFoundError:
             return False
         cut = cap is not None and size > cap
-        if not self.secrets and not cut:
-            return False
+        # (with no secret listed, still read: an attempt key is found by its shape)
         head = tail_from = size
         if cut:
             assert cap is not None
             head, tail_from = cap // 2, size - cap // 2
         keep = max((len(s) for s in self.secrets), default=1) - 1
+        keep = max(keep, _KEY_LEN - 1)
         changed = cut
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
@@ -133,7 +136,7 @@ class Redactor:
                 break
             left -= len(chunk)
             buf = carry + chunk.decode("utf-8", "surrogateescape")
-            clean = self.scrub(buf) if self.secrets else buf
+            clean = self.scrub(buf)
             changed |= clean != buf
             # The last `keep` characters wait for the next chunk: a secret may go on there.
             flush, carry = (clean[:-keep], clean[-keep:]) if keep and left else (clean, "")
@@ -142,6 +145,7 @@ class Redactor:
         return changed
 
 
+_KEY_LEN = len("sk-autopilot-") + 32
 SCRUB_CHUNK = 1 << 20  # characters redacted at once (a spooled log is streamed)
 SPOOL_CAP = 16 << 20  # bytes of one spooled log kept: its first and last 8 MiB
 

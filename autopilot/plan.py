@@ -110,6 +110,7 @@ def cell_context(
         "endpoint_host": host, "endpoint_port": str(port), "endpoint_base_url": base_url,
         "served_model": preset.model, "state_dir": str(state_dir),
         "python": sys.executable, "deadline": "0",
+        "api_key": "",  # the attempt's gateway key: set for its harness's launch only
     }
     ctx["output_dir"] = render(preset.harness.output_dir, ctx)
     ctx["transcript"] = render(preset.harness.transcript, ctx)

@@ -100,6 +100,12 @@ def here(up: FakeUpstream) -> Any:
     return lambda: [("0", up.origin)]
 
 
+def client(att: Any, **kw: Any) -> httpx.AsyncClient:
+    """The attempt's harness: its listener, its key (as the OpenAI clients send it)."""
+    return httpx.AsyncClient(base_url=f"http://127.0.0.1:{att.port}",
+                             headers={"Authorization": f"Bearer {att.key}"}, **kw)
+
+
 def records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines()]
 
@@ -111,8 +117,8 @@ async def test_requests_carry_the_arm_settings_and_leave_evidence(
     arm = {"max_tokens": 4, "chat_template_kwargs": {"enable_thinking": False}}
     try:
         async with gw.attempt("c1", 1, arm, here(upstream), log) as att, \
-                httpx.AsyncClient(base_url=f"http://127.0.0.1:{att.port}") as c:
-            r = await c.post("/v1/chat/completions", headers={"Authorization": "Bearer x"},
+                client(att) as c:
+            r = await c.post("/v1/chat/completions",
                              json={"model": "fake", "max_tokens": 100,
                                    "messages": [{"role": "user", "content": "hi"}]})
             assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
@@ -126,7 +132,7 @@ async def test_requests_carry_the_arm_settings_and_leave_evidence(
         await gw.close()
     sent = upstream.bodies[0]
     assert sent["max_tokens"] == 4 and sent["chat_template_kwargs"] == {"enable_thinking": False}
-    assert upstream.headers[0]["Authorization"] == "Bearer x"
+    assert "Authorization" not in upstream.headers[0]  # the attempt's key stays here
     assert summary["requests"] == 3 and summary["completion_tokens"] == 4
     assert summary["prompt_tokens"] == 7 and summary["reasoning_tokens"] == 2
     recs = records(log)
@@ -140,8 +146,9 @@ async def test_a_stream_arrives_as_the_same_chunks_as_direct(
         upstream: FakeUpstream, tmp_path: Path) -> None:
     req = {"model": "fake", "stream": True, "max_tokens": 6, "messages": []}
 
-    async def events(base: str) -> list[str]:
-        async with httpx.AsyncClient(base_url=base) as c, \
+    async def events(base: str, key: str = "") -> list[str]:
+        async with httpx.AsyncClient(base_url=base, headers={
+                "Authorization": f"Bearer {key}"} if key else {}) as c, \
                 c.stream("POST", "/v1/chat/completions", json=req) as r:
             assert r.headers["content-type"].startswith("text/event-stream")
             return [line async for line in r.aiter_lines() if line]
@@ -150,7 +157,7 @@ async def test_a_stream_arrives_as_the_same_chunks_as_direct(
     gw = Gateway()
     try:
         async with gw.attempt("c1", 1, {}, here(upstream), tmp_path / "g") as att:
-            through = await events(f"http://127.0.0.1:{att.port}")
+            through = await events(f"http://127.0.0.1:{att.port}", att.key)
             meter = att.meter
     finally:
         await gw.close()
@@ -165,8 +172,7 @@ async def test_a_hostile_upstream_costs_bounded_memory_and_an_error_record(
     log = tmp_path / "g"
     try:
         async with gw.attempt("c1", 1, {}, here(upstream), log) as att, \
-                httpx.AsyncClient(base_url=f"http://127.0.0.1:{att.port}",
-                                  timeout=60) as c:
+                client(att, timeout=60) as c:
             tracemalloc.start()
             got = 0
             async with c.stream("POST", "/v1/chat/completions", json={"model": "big"}) as r:
@@ -198,7 +204,7 @@ async def test_a_body_that_never_ends_is_cut_when_the_attempt_ends(
     gw = Gateway()
     try:
         async with gw.attempt("c1", 1, {}, here(upstream), tmp_path / "g") as att, \
-                httpx.AsyncClient(base_url=f"http://127.0.0.1:{att.port}") as c:
+                client(att) as c:
             async with c.stream("POST", "/v1/chat/completions",
                                 json={"model": "forever"}) as r:
                 seen = 0
@@ -222,7 +228,7 @@ async def test_an_endpoint_that_is_down_is_an_endpoint_error(tmp_path: Path) -> 
     await dead.close()  # the port is closed now: connection refused
     try:
         async with gw.attempt("c1", 1, {}, lambda: [("0", origin)], tmp_path / "g") as att, \
-                httpx.AsyncClient(base_url=f"http://127.0.0.1:{att.port}") as c:
+                client(att) as c:
             r = await c.post("/v1/chat/completions", json={"model": "fake"})
             meter = att.meter
     finally:
@@ -238,7 +244,7 @@ async def test_a_429_burst_is_absorbed_as_throttling(upstream: FakeUpstream,
     gw = Gateway(limits=Limits(hold_429=5), on_throttled=lambda: throttled.append(1))
     try:
         async with gw.attempt("c1", 1, {}, here(upstream), tmp_path / "g") as att, \
-                httpx.AsyncClient(base_url=f"http://127.0.0.1:{att.port}") as c:
+                client(att) as c:
             r = await c.post("/v1/chat/completions", json={"model": "burst"})
             meter = att.meter
     finally:
@@ -252,7 +258,7 @@ async def test_a_429_burst_is_absorbed_as_throttling(upstream: FakeUpstream,
     upstream.burst = 0
     try:
         async with gw.attempt("c1", 2, {}, here(upstream), tmp_path / "h") as att, \
-                httpx.AsyncClient(base_url=f"http://127.0.0.1:{att.port}") as c:
+                client(att) as c:
             r = await c.post("/v1/chat/completions", json={"model": "burst"})
     finally:
         await gw.close()
@@ -328,7 +334,7 @@ async def test_a_dead_replica_costs_a_request_a_second_try_not_the_cell(
     order = [("0", gone), ("1", upstream.origin)]
     try:
         async with gw.attempt("c1", 1, {}, lambda: order, tmp_path / "g") as att, \
-                httpx.AsyncClient(base_url=f"http://127.0.0.1:{att.port}") as c:
+                client(att) as c:
             first = await c.post("/v1/chat/completions", json={"model": "fake"})
             order[0] = ("0", "")  # now its keeper knows: it is skipped at once
             second = await c.post("/v1/chat/completions", json={"model": "fake"})
@@ -349,8 +355,7 @@ def test_a_providers_key_stays_in_the_supervisor_and_429s_are_absorbed(
     from conftest import ROOT, cli_env, events, run_cli
     from provider_fake import FakeProvider
 
-    from autopilot.cell.procs import existing_run_token
-    from autopilot.gateway.proxy import placeholder_key
+    import re
 
     secret = "sk-REAL-provider-key-5e1f"
     # The fake provider demands the real key and throttles every 3rd request for 0.3 s.
@@ -374,11 +379,15 @@ def test_a_providers_key_stays_in_the_supervisor_and_429s_are_absorbed(
     evs = events(state)
     cells = [d for d in (state / "cells").iterdir() if d.is_dir()]
     assert len(cells) == 2
-    token = existing_run_token(state)
-    assert token is not None
+    keys = set()
     for d in cells:
         env = (d / "env.txt").read_text()
-        assert f"FAKE_PROVIDER_KEY={placeholder_key(token)}" in env and secret not in env
+        assert secret not in env and "AUTOPILOT_RUN_TOKEN" in env
+        got = re.findall(r"^FAKE_PROVIDER_KEY=(sk-autopilot-[0-9a-f]{32})$", env, re.M)
+        assert got and f"OPENAI_API_KEY={got[0]}" in env  # one key, both variables
+        keys.add(got[0])
+    assert len(keys) == 2  # one per attempt, not one per run
+    assert not any(k in (state / "autopilot.log").read_text() for k in keys)
     starts = [e for e in evs if e["event"] == "cell_spawning"]
     assert starts and all(secret not in json.dumps(e) for e in evs)
     metered = [e for e in evs if e["event"] == "cell_metered"]
@@ -413,26 +422,45 @@ def test_a_model_that_runs_out_of_time_is_its_fail_in_every_view(tmp_path: Path)
     assert "timed out (1 cells)" in rep
 
 
-async def test_the_provider_key_is_added_only_to_requests_with_the_runs_placeholder(
+async def test_the_provider_key_is_added_only_to_the_attempts_own_allowed_requests(
         upstream: FakeUpstream, tmp_path: Path) -> None:
-    from autopilot.gateway.proxy import placeholder_key
-
     gw = Gateway()
-    gw.auth, gw.expect_key = (lambda: {"Authorization": "Bearer REAL"}), placeholder_key("t")
+    gw.auth = lambda: {"Authorization": "Bearer REAL"}
+    log = tmp_path / "g"
     try:
-        async with gw.attempt("c1", 1, {}, here(upstream), tmp_path / "g") as att, \
+        async with gw.attempt("c1", 1, {}, here(upstream), log, model="fake") as att, \
+                gw.attempt("c2", 1, {}, here(upstream), tmp_path / "h", model="fake") as sib, \
                 httpx.AsyncClient(base_url=f"http://127.0.0.1:{att.port}") as c:
-            stranger = await c.post("/v1/chat/completions", json={"model": "fake"},
+            chat = {"model": "fake", "messages": []}
+            stranger = await c.post("/v1/chat/completions", json=chat,
                                     headers={"Authorization": "Bearer guess"})
-            bare = await c.post("/v1/chat/completions", json={"model": "fake"})
-            ours = await c.post("/v1/chat/completions", json={"model": "fake"},
-                                headers={"Authorization": f"Bearer {placeholder_key('t')}"})
+            bare = await c.post("/v1/chat/completions", json=chat)
+            sibling = await c.post("/v1/chat/completions", json=chat,
+                                   headers={"Authorization": f"Bearer {sib.key}"})
+            mine = {"Authorization": f"Bearer {att.key}"}
+            ours = await c.post("/v1/chat/completions", json=chat, headers=mine)
+            as_x_api_key = await c.post("/v1/chat/completions", json=chat,
+                                        headers={"x-api-key": att.key})
+            files = await c.get("/v1/files", headers=mine)
+            admin = await c.delete("/v1/organization/admin_api_keys/k1", headers=mine)
+            tune = await c.post("/v1/fine_tuning/jobs", json={"model": "fake"}, headers=mine)
+            other = await c.post("/v1/chat/completions", headers=mine,
+                                 json={"model": "gpt-big", "messages": []})
+            meter = att.meter
     finally:
         await gw.close()
-    assert stranger.status_code == bare.status_code == 401
-    assert ours.status_code == 200
-    assert len(upstream.headers) == 1 and upstream.headers[0]["Authorization"] == "Bearer REAL"
-    assert placeholder_key("t") != placeholder_key("u")  # one per run
+    assert stranger.status_code == bare.status_code == sibling.status_code == 401
+    assert ours.status_code == as_x_api_key.status_code == 200
+    assert files.status_code == admin.status_code == tune.status_code == 403
+    assert other.status_code == 403 and "not the arm's model" in other.text
+    assert len(upstream.headers) == 2  # only the two allowed ones went upstream
+    assert all(h["Authorization"] == "Bearer REAL" for h in upstream.headers)
+    assert all("x-api-key" not in {k.lower() for k in h} for h in upstream.headers)
+    # the refused strangers count for nothing; the harness's own refusals are evidence
+    assert meter.unauthorized == 3 and meter.requests == 2 + 4 and meter.refused == 4
+    recs = records(log)
+    assert len(recs) == 6 and sum(1 for r in recs if r.get("status") == 403) == 4
+    assert all(r.get("ended_by") == "gateway" for r in recs if r.get("status") == 403)
 
 
 @pytest.mark.parametrize(("doc", "want"), [

@@ -107,7 +107,7 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
     from autopilot.cell.context import CellContext
     from autopilot.cell.procs import RUN_TOKEN_ENV
     from autopilot.datapath.client import DataPath, ForkServer
-    from autopilot.gateway.proxy import gateway_for, placeholder_key
+    from autopilot.gateway.proxy import KEY_ENV, attempt_key, gateway_for
     from autopilot.logsetup import SPOOL_CAP
     from autopilot.state.diskspace import DiskWatch, floor_bytes
     from autopilot.state.fsguard import run_roots
@@ -115,13 +115,15 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
     port, clock = w.port, w.clock
     roots = run_roots(w.preset, w.state_dir)
     gateway = gateway_for(w.preset, w.redactor.scrub, port.throttled, port.emit,
-                          auth=getattr(keeper.ep, "headers", None), run_token=w.run_token,
+                          auth=getattr(keeper.ep, "headers", None),
                           secrets=tuple(secret_values(w.preset)))
     ep = w.preset.endpoint
-    # Through the gateway a provider's key stays here: the harness gets a placeholder,
-    # the gateway puts the real one on the request upstream.
-    key_env = {ep.api_key_env: placeholder_key(w.run_token)} if gateway is not None and \
-        ep.engine == "provider" and ep.api_key_env else {}
+    # Through the gateway a provider's key stays here: the harness gets its attempt's
+    # key instead (as OPENAI_API_KEY, and under the provider's api_key_env), and the
+    # gateway puts the real one on an allowed request upstream.
+    key_env: tuple[str, ...] = (KEY_ENV,)
+    if ep.engine == "provider" and ep.api_key_env and ep.api_key_env != KEY_ENV:
+        key_env += (ep.api_key_env,)
     disk = w.disk or DiskWatch(roots, floor_bytes(w.preset.run.disk_floor_mb,
                                                w.preset.preflight.min_free_gb), clock)
     return CellContext(
@@ -138,8 +140,10 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
         clear_dir=w.clear_dir, remove_projects=w.remove_projects,
         on_grade_failure=port.grade_failure,
         roots=roots, disk=disk if disk.floor > 0 else None,
-        base_env={**child_env(w.preset, "harness"), RUN_TOKEN_ENV: w.run_token,
-                  **(extra_env or {}), **key_env},
+        base_env={**{k: v for k, v in child_env(w.preset, "harness").items()
+                     if gateway is None or k not in key_env},
+                  RUN_TOKEN_ENV: w.run_token, **(extra_env or {})},
+        new_key=attempt_key, key_env=key_env if gateway is not None else (),
         replica=replica, contain=cgroups.for_run(w.run_token)[0], gateway=gateway,
         # Data paths forked from one server per loop (its imports paid once), where the
         # backend asks for it; else each is a process of its own.

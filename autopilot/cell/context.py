@@ -81,7 +81,8 @@ class Gatekeeper(Protocol):
     attempt's data path needs to run the attempt's own listener."""
 
     def datapath_spec(self, settings: dict[str, Any], upstream: list[tuple[str, str]],
-                      log_path: Path) -> dict[str, Any]: ...
+                      log_path: Path, key: str = "", model: str | None = None
+                      ) -> dict[str, Any]: ...
 
 
 class Served(Protocol):
@@ -137,6 +138,10 @@ class CellContext:
     # starts an attempt's data path (autopilot.datapath.client.DataPath.launch)
     launch: Launch = _no_launch
     run_token: str = ""  # the run's marker, carried by the data path too
+    # a fresh attempt key (autopilot.gateway.proxy.attempt_key), and the variables of
+    # the harness's environment it goes into
+    new_key: Callable[[], str] = lambda: ""
+    key_env: tuple[str, ...] = ()
     # the loop hands over to a successor: running attempts are left to their data paths
     handing_over: Callable[[], bool] = lambda: False
     # a 429 the attempt's gateway saw (the loop launches fewer cells at once)

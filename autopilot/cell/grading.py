@@ -27,6 +27,7 @@ from autopilot.cell.procs import (
     RUN_TOKEN_ENV,
     Tracker,
     child_exited,
+    grade_marker,
     identify,
     kill_tree,
     spawn,
@@ -207,11 +208,12 @@ async def grade_outputs(
     extract = None
     if g.extract:
         extract = (Path(render(g.extract.archive, ctx)), Path(render(g.extract.into, ctx)))
-    # The grader's own inheritance (its pass_env, not the harness's), plus the run's
-    # marker so a sweep can still recognise it.
+    # The grader's own inheritance (its pass_env, not the harness's), plus a marker a
+    # sweep recognises: not the run token itself, nor any gateway key (a grader is not
+    # the harness, and must not be able to spend through a cell's gateway).
     env = child_env(p, "grader")
     if base_env is not None and RUN_TOKEN_ENV in base_env:
-        env[RUN_TOKEN_ENV] = base_env[RUN_TOKEN_ENV]
+        env[RUN_TOKEN_ENV] = grade_marker(base_env[RUN_TOKEN_ENV])
     env["AUTOPILOT_CELL_ID"] = ctx["cell"]
     env["AUTOPILOT_CELL_ATTEMPT"] = ctx["attempt"]
     argv = render_argv(grader_argv(p, ctx["task"]), ctx)

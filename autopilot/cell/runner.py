@@ -277,11 +277,18 @@ class CellRun:
             path = urlsplit(cx.keeper.ep.api_base).path
             self.ctx.update(port=str(port), host="127.0.0.1",
                             base_url=f"http://127.0.0.1:{port}{path}")
+        key = cx.new_key() if gw is not None else ""
+        # The attempt's own key: the harness's API key (the clients' usual variable, a
+        # provider's api_key_env, {api_key} in its env); the gateway admits only it.
+        self.ctx["api_key"] = key
         argv = render_argv(self.p.harness.argv, self.ctx)
         cwd = render(self.p.harness.cwd, self.ctx) if self.p.harness.cwd else None
         deadline_epoch = time.time() + (limits.deadline - start_mono)
         env = self._env(deadline_epoch)
-        self.ctx.update(direct)  # the grader, after, gets the endpoint's own address
+        if key:
+            env.update(dict.fromkeys(cx.key_env, key))
+        # the grader, after, gets the endpoint's own address and no key
+        self.ctx.update(direct, api_key="")
         with open_append(self.spool) as spool:
             spool.write(f"--- attempt {self.attempt} argv: {cx.redact(str(argv))}\n".encode())
         self.launched = time.time()
@@ -303,7 +310,8 @@ class CellRun:
             log_path = (cx.state_dir / "gateway" / self.cell.id
                         / f"attempt-{self.attempt}.jsonl")
             spec["gateway"] = gw.datapath_spec(self.p.arm(self.cell.arm).request,
-                                               self._upstreams(), log_path)
+                                               self._upstreams(), log_path, key=key,
+                                               model=self.ctx["model"])
         try:
             dp = await cx.launch(cx.state_dir, self.cell.id, self.attempt, spec,
                                  listen=listen, run_token=cx.run_token, token=self.token)
@@ -547,7 +555,7 @@ class CellRun:
                 c = replace(c, launched=self.launched or time.time())
             m = self.meter
             if m is not None:
-                c = unmetered(c, m.requests, self.p.gateway.require_metering)
+                c = unmetered(c, m.requests, self.p.gateway.require_metering, m.unmetered)
                 if self.p.endpoint.engine in SERVED_BY_US:  # a provider may add a version
                     c = served_as(c, m.models, self.ctx["served_model"])
                 c = count_by_evidence(c, outcome, Evidence(

@@ -186,14 +186,21 @@ def _classify(
                           streak=rule.streak)
 
 
-def unmetered(c: Classification, requests: int, required: bool) -> Classification:
+def unmetered(c: Classification, requests: int, required: bool,
+              unread: int = 0) -> Classification:
     """Under ``gateway.require_metering``, a verdict whose harness sent no request
     through the gateway rests on evidence we did not see (a harness with the endpoint's
-    port hard-coded, a cached answer): INVALID(unmetered), a harness break."""
+    port hard-coded, a cached answer), and one with ``unread`` responses the gateway
+    could not meter (encoded, too large, cut, of another shape) rests on spend nobody
+    knows: INVALID(unmetered), a harness break."""
     if required and requests == 0 and c.verdict in ("PASS", "FAIL"):
         return _invalid("unmetered", f"{c.label()} from outputs of a harness that sent no "
                         "request through the gateway (gateway.require_metering)",
                         launched=c.launched)
+    if required and unread > 0 and c.verdict in ("PASS", "FAIL"):
+        return _invalid("unmetered", f"{c.label()} with {unread} response(s) the gateway "
+                        "could not meter (see the attempt's gateway log: unmetered; "
+                        "gateway.require_metering)", launched=c.launched)
     return c
 
 

@@ -38,7 +38,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from autopilot.datapath import wire
+from autopilot.datapath import callers, wire
 
 DRAIN_SECS = 2.0  # how long requests still open when the harness ends may finish
 _PR_SET_CHILD_SUBREAPER = 36
@@ -251,12 +251,22 @@ class Shim:
         auth = gw.get("auth")
         if isinstance(auth, dict):
             headers = {str(k): str(v) for k, v in auth.items()}
-            g.auth, g.expect_key = (lambda: headers), str(gw.get("expect_key", ""))
+            g.auth = lambda: headers
         sock = socket.socket(fileno=int(gw["fd"]))
         sock.setblocking(False)
+        local = sock.getsockname()[:2]
+        me = os.getpid()
+
+        def caller(peer: tuple[str, int]) -> bool:
+            # A keyless request: admitted only from a connection our own tree opened.
+            return callers.opened_by_tree(peer, local, me)
+
+        model = gw.get("model")
         return _closing(g, g.attempt(self.spec["cell"], int(self.spec["attempt"]),
                                      gw.get("settings") or {}, lambda: self.upstream,
-                                     Path(gw["log_path"]), sock=sock))
+                                     Path(gw["log_path"]), sock=sock,
+                                     key=str(gw.get("key") or "") or None, caller=caller,
+                                     model=model if isinstance(model, str) else None))
 
     def _tell(self, msg: dict[str, Any]) -> None:
         """One line to the loop that started us, if it is still there."""

@@ -111,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     base = a.base_url.rstrip("/") or f"http://{a.host}:{a.port}/v1"
     url = f"{base}/chat/completions"
-    key = os.environ.get(a.api_key_env, "") if a.api_key_env else ""
+    # Like the OpenAI clients: the key from $OPENAI_API_KEY (the autopilot puts the
+    # attempt's gateway key there), or from the variable --api-key-env names.
+    key = (os.environ.get(a.api_key_env, "") if a.api_key_env else "") \
+        or os.environ.get("OPENAI_API_KEY", "")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     _write(out / "receipt.json", {
         "cell": a.cell, "model": a.model, "api_url": url, "temperature": a.temperature,

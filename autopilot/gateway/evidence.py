@@ -23,10 +23,14 @@ if TYPE_CHECKING:  # the attempt's data path runs this module: it must not load 
 
 # Routes whose JSON body is a generation request: the arm's settings go into these.
 MODEL_ROUTES = ("/chat/completions", "/completions")
+# Routes a model is used (and paid for) through: each response's usage is read, and one
+# the gateway cannot read is marked unmetered. The only routes a provider's key reaches.
+METERED_ROUTES = (*MODEL_ROUTES, "/responses", "/embeddings")
 LINE_CAP = 1 << 20  # one SSE line we still parse; a longer one is passed, not parsed
+STREAM_DEPTH = 64  # JSON nesting read in one stream event
 
 ErrorKind = Literal["endpoint_error", "throttled", "context_overflow", "request_error",
-                    "client_gone"]
+                    "client_closed"]
 
 # How llama-server, vLLM and hosted providers word "the prompt does not fit".
 _CONTEXT = re.compile(
@@ -38,6 +42,41 @@ _CONTEXT = re.compile(
 
 def is_model_route(method: str, path: str) -> bool:
     return method == "POST" and path.rstrip("/").endswith(MODEL_ROUTES)
+
+
+def is_provider_route(method: str, path: str) -> bool:
+    """A route a model is used through (METERED_ROUTES), by POST: what a provider's key
+    may be attached to. ``..`` and ``//`` are never such a route."""
+    p = path.rstrip("/")
+    return (method == "POST" and p.endswith(METERED_ROUTES) and "//" not in p
+            and "/../" not in p + "/" and "%" not in p)
+
+
+def loads_bounded(data: bytes | str, max_depth: int) -> Any:
+    """JSON from untrusted bytes, or None: invalid (UTF-8 included), or nested deeper
+    than ``max_depth``. The C parser guards its own recursion (RecursionError, caught
+    here); the depth is then checked without recursion, looking at containers only."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    return None if _deeper_than(doc, max_depth) else doc
+
+
+def _deeper_than(doc: Any, limit: int) -> bool:
+    stack = [(doc, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
 
 
 def merge(body: Any, settings: Mapping[str, Any]) -> Any:
@@ -91,9 +130,11 @@ def usage_of(doc: Any) -> Usage | None:
     if not isinstance(doc, dict) or not isinstance(doc.get("usage"), dict):
         return None
     u = doc["usage"]
-    prompt, bad_p = _count(u.get("prompt_tokens"))
-    completion, bad_c = _count(u.get("completion_tokens"))
-    details = u.get("completion_tokens_details")
+    # Chat and completions say prompt/completion_tokens; the Responses API input/output.
+    responses = "prompt_tokens" not in u and ("input_tokens" in u or "output_tokens" in u)
+    prompt, bad_p = _count(u.get("input_tokens" if responses else "prompt_tokens"))
+    completion, bad_c = _count(u.get("output_tokens" if responses else "completion_tokens"))
+    details = u.get("output_tokens_details" if responses else "completion_tokens_details")
     reasoning, bad_r = _count(details.get("reasoning_tokens")
                               if isinstance(details, dict) else None)
     return Usage(prompt, completion, reasoning, bad_p or bad_c or bad_r)
@@ -163,9 +204,8 @@ class StreamScan:
         payload = line[5:].strip()
         if payload == b"[DONE]":
             return
-        try:
-            doc = json.loads(payload)
-        except ValueError:
+        doc = loads_bounded(payload, STREAM_DEPTH)
+        if doc is None:
             return
         if _has_content(doc):
             self.chunks += 1
@@ -194,6 +234,9 @@ class Meter:
     first_error: str | None = None  # the first request's error kind ("" when it was fine)
     last_error: str | None = None
     models: dict[str, int] = field(default_factory=dict)  # who the responses say answered
+    unmetered: int = 0  # answered requests whose spend the gateway could not read
+    unauthorized: int = 0  # requests refused for not carrying the attempt's key (401)
+    refused: int = 0  # the attempt's own requests refused for their route or model (403)
 
     def answered_as(self, model: str | None) -> None:
         if model is not None and (model in self.models or len(self.models) < 8):
@@ -222,7 +265,8 @@ class Meter:
                 "reasoning_tokens": self.reasoning_tokens, "estimated": self.estimated,
                 "malformed_usage": self.malformed_usage, "failovers": self.failovers,
                 "first_error": self.first_error or None, "last_error": self.last_error,
-                "models": dict(self.models)}
+                "models": dict(self.models), "unmetered": self.unmetered,
+                "unauthorized": self.unauthorized, "refused": self.refused}
 
 
 def mode_line(preset: Preset) -> str:
@@ -237,11 +281,12 @@ def mode_line(preset: Preset) -> str:
     arms = [a.label for a in preset.arms if a.request]
     key, name = "", str(getattr(preset.endpoint, "api_key_env", "") or "")
     if engine == "provider" and name:
-        key = f"; ${name} stays here, the harness gets a placeholder"
+        key = f"; ${name} stays here, the harness gets its attempt's key"
     return ("gateway: a 127.0.0.1 listener per attempt; {port}/{host}/{base_url} name it, "
             "{endpoint_port}/{endpoint_base_url} the endpoint; request settings from "
             + (", ".join(arms) if arms else "no arm") + key)
 
 
-__all__ = ["MODEL_ROUTES", "ErrorKind", "Meter", "StreamScan", "Usage", "error_kind",
-           "finish_of", "is_model_route", "merge", "mode_line", "model_of", "usage_of"]
+__all__ = ["METERED_ROUTES", "MODEL_ROUTES", "ErrorKind", "Meter", "StreamScan", "Usage",
+           "error_kind", "finish_of", "is_model_route", "is_provider_route", "loads_bounded",
+           "merge", "mode_line", "model_of", "usage_of"]

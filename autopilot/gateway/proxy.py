@@ -1,29 +1,44 @@
 """The model gateway: every request a cell's harness makes to the model passes here.
 
-One listener per attempt, on 127.0.0.1 and a port of its own, so the gateway knows
-which cell sent each request without trusting anything the harness says. Each request
-is forwarded to the replica the cell runs against (asked at request time: a restarted
-endpoint may have a new port), with the arm's ``request`` settings deep-merged into
-generation requests (autopilot.gateway.evidence). Responses pass through chunk by chunk
-(server-sent events included), while the gateway reads what they say: usage, finish
-reason, errors. One JSON line per request goes to the attempt's ``gateway.jsonl``
-(bounded), and the attempt's totals (``Meter``) go into the journal with its verdict.
+One listener per attempt, on 127.0.0.1 and a port of its own, run in the attempt's data
+path (autopilot.datapath.shim). Only that attempt's harness may use it: a request must
+carry the attempt's key (a fresh 128-bit secret the harness gets as its API key), or
+come over a connection a process of the attempt's own tree opened (``caller``: for a
+harness that sends no key, as the origin benchmark's does). Anything else is answered
+401 before a byte of its body is read, and counts for nothing: not a request, not
+progress, not spend.
 
-Built on aiohttp (server and client), already in the tree for the dashboard. The
-client never decompresses (``Accept-Encoding`` is dropped upstream, so bodies arrive
-as the endpoint wrote them) and holds at most ``parse_cap`` bytes of a body to read its
-usage; the rest streams through. A body that never ends is the harness's to wait on
-and the watchdog's to judge; closing the attempt cancels whatever is still in flight.
+Each admitted request is forwarded to the replica the cell runs against (asked at
+request time: a restarted endpoint may have a new port), with the arm's ``request``
+settings deep-merged into generation requests (autopilot.gateway.evidence). Where a
+provider's key is attached upstream, only the routes a model is used through, for the
+arm's model, reach it (403 otherwise). Responses pass through chunk by chunk
+(server-sent events included), while the gateway reads what they say: usage, finish
+reason, errors. A response it cannot read (encoded, too large, undecodable, of another
+shape) is marked ``unmetered`` on its record and counted as such, never as 0 tokens. One
+JSON line per request goes to the attempt's ``gateway.jsonl`` (bounded), saying which
+side ended it, and the attempt's totals (``Meter``) go into the journal with its verdict.
+
+Built on aiohttp (server and client). Upstream is asked for identity encoding and the
+client never decompresses; a request body is read only after the caller is known,
+within ``max_request`` bytes and ``body_secs``, and forwarded as received unless the
+arm's settings change it; JSON is parsed with a depth bound. A body that never ends is
+the harness's to wait on and the watchdog's to judge; closing the attempt cancels
+whatever is still in flight (recorded as cut).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
+import email.utils
+import hmac
 import json
+import math
+import secrets
 import socket
 import time
+import zlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -44,6 +59,8 @@ from autopilot.gateway.evidence import (
     error_kind,
     finish_of,
     is_model_route,
+    is_provider_route,
+    loads_bounded,
     merge,
     model_of,
     usage_of,
@@ -53,11 +70,28 @@ from autopilot.state.statedir import open_append
 if TYPE_CHECKING:  # the attempt's data path runs this module: it must not load config
     from autopilot.config import Preset
 
-# Hop-by-hop headers (RFC 9110 7.6.1) and the ones the gateway re-makes.
+# Hop-by-hop headers (RFC 9110 7.6.1) and the ones the gateway re-makes; a header a
+# ``Connection:`` line names is hop-by-hop too.
 _HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
                   "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length",
                   "accept-encoding"})
+# Where a harness may put its key: OpenAI's SDKs (Authorization: Bearer), Anthropic's
+# (x-api-key), Azure's (api-key). Never forwarded upstream.
+KEY_HEADERS = ("authorization", "x-api-key", "api-key")
 ERROR_BODY = 2000  # characters of an error body kept in the record (redacted)
+
+# What a harness holds as its API key: one per attempt, shaped like a key (some SDKs
+# refuse a value that is not), and recognisable, so every log redacts it by its shape
+# (autopilot.logsetup).
+KEY_PREFIX = "sk-autopilot-"
+# The variable the OpenAI clients read their key from: the harness gets its attempt's
+# key there (and under a provider's ``api_key_env``, and as ``{api_key}``).
+KEY_ENV = "OPENAI_API_KEY"
+
+
+def attempt_key() -> str:
+    """A fresh attempt key: 128 random bits, derived from nothing any process sees."""
+    return KEY_PREFIX + secrets.token_hex(16)
 
 
 @dataclass(frozen=True)
@@ -66,11 +100,14 @@ class Limits:
     parse_cap: int = 8 << 20  # bytes of a JSON response held to read its usage
     max_records: int = 5000  # request lines per attempt's gateway.jsonl
     hold_429: float = 0.0  # seconds a throttled request may be held and retried here
+    body_secs: float = 300.0  # a request body not received within this: 408
+    upstream_read_secs: float = 1800.0  # the upstream silent this long: the request is cut
+    max_depth: int = 64  # JSON nesting read (a request's body, a response's)
 
 
 @dataclass
 class Attempt:
-    """One attempt's listener: its address, its meter, its request log."""
+    """One attempt's listener: its address, its key, its meter, its request log."""
     cell: str
     attempt: int
     settings: Mapping[str, Any]
@@ -78,12 +115,18 @@ class Attempt:
     # replica first (sticky: its prompt cache), then the live ones that may serve it.
     upstream: Callable[[], list[tuple[str, str]]]
     log_path: Path
+    key: str = ""
+    # (peer host, peer port) -> the connection is one a process of the attempt opened
+    caller: Callable[[tuple[str, int]], bool] | None = None
+    model: str | None = None  # the arm's model: the only one a provider key is used for
     max_records: int = 5000
     port: int = 0
     meter: Meter = field(default_factory=Meter)
     records: int = 0
     dropped: int = 0
+    closing: bool = False  # the attempt is ending: what is still open is cut by us
     _log: IO[bytes] | None = None
+    _callers: dict[tuple[str, int], int] = field(default_factory=dict)
 
     def write(self, record: dict[str, Any]) -> None:
         if self._log is None:
@@ -95,17 +138,30 @@ class Attempt:
         self._log.write((json.dumps(record, separators=(",", ":")) + "\n").encode())
         self._log.flush()
 
-
-# What a harness holds instead of a hosted provider's key (the gateway adds the real
-# one upstream); shaped like a key, since some SDKs refuse a value that is not.
-PLACEHOLDER_PREFIX = "sk-autopilot-gateway-"
-
-
-def placeholder_key(run_token: str) -> str:
-    """The run's placeholder: only its harnesses have it (like the run marker), and the
-    gateway adds the provider's key only to a request that carries it — another local
-    process cannot spend the key through a gateway port it found."""
-    return PLACEHOLDER_PREFIX + hashlib.sha256(f"gateway:{run_token}".encode()).hexdigest()[:32]
+    def admits(self, req: web.Request) -> bool:
+        """The caller is this attempt's harness: it holds the key, or (for a harness
+        that sends none) its connection is one the attempt's own processes opened. Only
+        headers and the socket are looked at: the body is not read yet."""
+        for name in KEY_HEADERS:
+            for value in req.headers.getall(name, ()):
+                given = value[7:] if value[:7].lower() == "bearer " else value
+                if self.key and hmac.compare_digest(given.strip().encode(), self.key.encode()):
+                    return True
+        if self.caller is None or req.transport is None:
+            return False
+        peer = req.transport.get_extra_info("peername")
+        if not isinstance(peer, tuple) or len(peer) < 2:
+            return False
+        where = (str(peer[0]), int(peer[1]))
+        conn = id(req.transport)
+        if self._callers.get(where) == conn:  # a kept-alive connection already known
+            return True
+        if not self.caller(where):
+            return False
+        if len(self._callers) > 1024:
+            self._callers.clear()
+        self._callers[where] = conn
+        return True
 
 
 class Gateway:
@@ -123,27 +179,29 @@ class Gateway:
         # why), journaled by the loop as request_failover
         self.on_failover = on_failover
         # the upstream's own credentials (a provider's Authorization), put on every
-        # request in place of whatever the harness sent
+        # admitted request of an allowed route
         self.auth: Callable[[], dict[str, str]] | None = None
-        self.expect_key = ""  # with ``auth``: the bearer a request must carry
         self.secrets: tuple[str, ...] = ()  # what a data path's records redact
         self._session: ClientSession | None = None
 
     def datapath_spec(self, settings: Mapping[str, Any], upstream: list[tuple[str, str]],
-                      log_path: Path) -> dict[str, Any]:
+                      log_path: Path, key: str = "", model: str | None = None
+                      ) -> dict[str, Any]:
         """What an attempt's data path needs to run its listener with this gateway's
         settings (autopilot.datapath.shim). It travels on the data path's stdin only:
-        the provider's headers are never written to a file."""
+        the provider's headers and the attempt's key are never written to a file."""
         return {"settings": dict(settings), "upstream": [list(u) for u in upstream],
                 "log_path": str(log_path), "limits": asdict(self.limits),
                 "auth": self.auth() if self.auth is not None else None,
-                "expect_key": self.expect_key, "secrets": list(self.secrets)}
+                "key": key, "model": model, "secrets": list(self.secrets)}
 
     def _client(self) -> ClientSession:
         if self._session is None or self._session.closed:
-            # No total timeout: a long generation is the watchdog's to judge, not ours.
+            # No total timeout: a long generation is the watchdog's to judge. An upstream
+            # silent for upstream_read_secs is cut (a socket nobody will ever write to).
             self._session = ClientSession(
-                timeout=ClientTimeout(total=None, sock_connect=10),
+                timeout=ClientTimeout(total=None, sock_connect=10,
+                                      sock_read=self.limits.upstream_read_secs or None),
                 connector=TCPConnector(limit=0, force_close=False),
                 auto_decompress=False)
         return self._session
@@ -156,11 +214,15 @@ class Gateway:
     @contextlib.asynccontextmanager
     async def attempt(self, cell: str, attempt: int, settings: Mapping[str, Any],
                       upstream: Callable[[], list[tuple[str, str]]],
-                      log_path: Path, sock: socket.socket | None = None
-                      ) -> AsyncIterator[Attempt]:
+                      log_path: Path, sock: socket.socket | None = None, *,
+                      key: str | None = None,
+                      caller: Callable[[tuple[str, int]], bool] | None = None,
+                      model: str | None = None) -> AsyncIterator[Attempt]:
         """Listen for one attempt's requests until the block ends (on ``sock``, a
-        listening socket the loop bound and handed over, else on a fresh port)."""
+        listening socket the loop bound and handed over, else on a fresh port). ``key``:
+        the attempt's key (a fresh one when None: ``Attempt.key``)."""
         att = Attempt(cell, attempt, settings, upstream, log_path,
+                      key=key or attempt_key(), caller=caller, model=model,
                       max_records=self.limits.max_records)
 
         async def handle(req: web.Request) -> web.StreamResponse:
@@ -168,8 +230,12 @@ class Gateway:
 
         app = web.Application(client_max_size=self.limits.max_request)
         app.router.add_route("*", "/{tail:.*}", handle)
+        # A harness that hangs up cancels its request (and so the upstream's work); an
+        # unread body is never drained (lingering), it is dropped with its connection;
+        # a request body is forwarded as it came (no decompression here).
         runner = web.AppRunner(app, handle_signals=False, access_log=None,
-                               shutdown_timeout=0.5)
+                               shutdown_timeout=0.5, handler_cancellation=True,
+                               lingering_time=0, auto_decompress=False)
         await runner.setup()
         log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -182,15 +248,28 @@ class Gateway:
                 try:
                     yield att
                 finally:
+                    att.closing = True
+                    await runner.cleanup()  # what is still open is cut, and written
                     att._log = None
                     if att.dropped:
                         with contextlib.suppress(OSError):
                             f.write((json.dumps({"dropped": att.dropped}) + "\n").encode())
         finally:
+            att.closing = True
             await runner.cleanup()
 
     async def _handle(self, att: Attempt, req: web.Request) -> web.StreamResponse:
         m = att.meter
+        if not att.admits(req):
+            # Before a byte of the body: not this attempt's harness. Nothing of it counts
+            # (not progress, not spend, not a record); its connection is closed.
+            m.unauthorized += 1
+            resp = web.json_response({"error": {
+                "message": "the autopilot gateway serves one attempt's harness: send its "
+                           f"key ({KEY_ENV}) as the API key", "type": "unauthorized"}},
+                status=401)
+            resp.force_close()
+            return resp
         m.requests += 1
         first = m.requests == 1
         m.in_flight += 1
@@ -201,66 +280,94 @@ class Gateway:
         try:
             return await self._forward(att, req, rec, t0)
         except asyncio.CancelledError:
-            # The attempt ended (its harness gone, its data path closing) with this
-            # request still open: written as cut, never lost.
-            rec["cut"] = "attempt ended"
+            if att.closing:
+                # The attempt ended (its harness gone, its data path closing) with this
+                # request still open: written as cut, never lost.
+                rec.update(cut="attempt ended", ended_by="attempt")
+            else:  # the harness hung up: its request (and the upstream's work) ends
+                m.error("client_closed", "the harness closed its connection")
+                rec.update(error="client_closed", ended_by="harness")
             raise
         finally:
             m.in_flight -= 1
             m.progress += 1
             if first:
                 m.first_error = str(rec.get("error") or "")
+            if rec.get("unmetered"):
+                m.unmetered += 1
             rec["latency_ms"] = round((time.perf_counter() - t0) * 1000, 2)
             with contextlib.suppress(OSError):
                 att.write(rec)
 
+    def _refuse(self, att: Attempt, rec: dict[str, Any], status: int, kind: str,
+                why: str) -> web.Response:
+        att.meter.error(kind, why)
+        rec.update(status=status, error=kind, refused=why[:200], ended_by="gateway")
+        if status == 403:
+            att.meter.refused += 1
+        return web.json_response({"error": {"message": f"autopilot gateway: {why}"}},
+                                 status=status)
+
     async def _forward(self, att: Attempt, req: web.Request, rec: dict[str, Any],
                        t0: float) -> web.StreamResponse:
         m = att.meter
+        lim = self.limits
         try:
-            body = await req.read()
+            body = await asyncio.wait_for(req.read(), lim.body_secs or None)
         except web.HTTPRequestEntityTooLarge:
-            m.error("request_error", "request body over the gateway's limit")
-            rec.update(status=413, error="request_error")
-            return web.json_response({"error": {"message": "request body too large for "
-                                                "the autopilot gateway"}}, status=413)
+            return self._refuse(att, rec, 413, "request_error",
+                                "request body over the gateway's limit")
+        except TimeoutError:
+            return self._refuse(att, rec, 408, "request_error",
+                                f"request body not received within {lim.body_secs:g}s")
+        generation = is_model_route(req.method, req.path)
+        metered = generation or is_provider_route(req.method, req.path)
+        encoding = req.headers.get("Content-Encoding", "identity").strip().lower()
         stream = False
-        if is_model_route(req.method, req.path):
-            try:
-                doc = json.loads(body) if body else None
-            except ValueError:
-                doc = None
-            if isinstance(doc, dict):
-                if att.settings:
-                    doc = merge(doc, att.settings)
-                    body = json.dumps(doc).encode()
-                    rec["applied"] = att.settings
+        doc: Any = None
+        parsed = False
+        if metered and body:
+            raw = _inflate(body, encoding, lim.max_request)
+            if raw is not None:
+                doc = loads_bounded(raw, lim.max_depth)
+                parsed = isinstance(doc, dict)
+            if parsed:
                 stream = doc.get("stream") is True
                 rec["stream"] = stream
                 if isinstance(doc.get("model"), str):
                     rec["model"] = doc["model"][:120]
-        headers = {k: v for k, v in req.headers.items() if k.lower() not in _HOP}
+        out_headers = _forwardable(req.headers)
         if self.auth is not None:
-            if req.headers.get("Authorization", "") != f"Bearer {self.expect_key}":
-                m.error("request_error", "a request without this run's placeholder key")
-                rec.update(status=401, error="request_error")
-                return web.json_response({"error": {"message": "the autopilot gateway "
-                                                    "needs this run's placeholder key"}},
-                                         status=401)
-            headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
-            headers.update(self.auth())
+            # A provider's key: only a generation or embedding route, only the arm's model.
+            why = _provider_refusal(req.method, req.path, doc if parsed else None, att.model)
+            if why is not None:
+                return self._refuse(att, rec, 403, "request_error", why)
+            out_headers.update(self.auth())
+        if generation and att.settings:
+            if not parsed:
+                # The arm's settings are the experiment: a body they cannot go into is not
+                # sent without them.
+                return self._refuse(att, rec, 400, "request_error",
+                                    "a generation request whose body is not a JSON object "
+                                    "the gateway can read (the arm's settings go into it)")
+            doc = merge(doc, att.settings)
+            body = json.dumps(doc).encode()
+            out_headers = {k: v for k, v in out_headers.items()
+                           if k.lower() != "content-encoding"}
+            rec["applied"] = att.settings
+        out_headers["Accept-Encoding"] = "identity"
         resp: web.StreamResponse | None = None
-        held_until = time.monotonic() + self.limits.hold_429
+        held_until = time.monotonic() + lim.hold_429
         try:
             while True:
-                up = await self._send(att, req, body, headers, rec)
+                up = await self._send(att, req, body, out_headers, rec)
                 if up.status != 429:
                     break
                 # Throttled: the loop launches fewer cells at once; within the preset's
                 # bound the request is held and retried here, unseen by the harness.
                 self.on_throttled()
-                wait = _retry_after(up.headers.get("Retry-After"))
-                if time.monotonic() + wait > held_until:
+                wait = retry_after(up.headers.get("Retry-After"))
+                if lim.hold_429 <= 0 or wait is None or time.monotonic() + wait > held_until:
                     break
                 m.error("throttled", "HTTP 429 (held and retried by the gateway)")
                 rec["held_429"] = rec.get("held_429", 0) + 1
@@ -271,16 +378,25 @@ class Gateway:
                 if up.status == 429 and up.headers.get("Retry-After"):
                     rec["retry_after"] = up.headers["Retry-After"][:40]
                 resp = web.StreamResponse(status=up.status, reason=up.reason)
+                hop = _HOP | _named_in_connection(up.headers)
                 for k, v in up.headers.items():
-                    if k.lower() not in _HOP:
+                    if k.lower() not in hop:
                         resp.headers.add(k, v)
                 if up.content_length is not None:
                     resp.content_length = up.content_length
-                await resp.prepare(req)
-                scan = StreamScan() if stream and up.status < 400 else None
+                try:
+                    await resp.prepare(req)
+                except (ConnectionError, RuntimeError):
+                    m.error("client_closed", "the harness closed its connection")
+                    rec.update(error="client_closed", ended_by="harness")
+                    return resp
+                sse = "text/event-stream" in up.headers.get("Content-Type", "").lower()
+                up_encoding = up.headers.get("Content-Encoding", "identity").strip().lower()
+                scan = StreamScan() if (stream or sse) and up.status < 400 else None
                 held: list[bytes] = []
                 held_n = 0
                 first = True
+                gone = False
                 async for chunk in up.content.iter_any():
                     if first:
                         rec["ttfb_ms"] = round((time.perf_counter() - t0) * 1000, 2)
@@ -289,7 +405,7 @@ class Gateway:
                     m.progress += 1
                     if scan is not None:
                         scan.feed(chunk)
-                    elif held_n <= self.limits.parse_cap:
+                    elif held_n <= lim.parse_cap:
                         held.append(chunk)
                         held_n += len(chunk)
                     try:
@@ -297,27 +413,39 @@ class Gateway:
                     except (ConnectionError, RuntimeError):
                         gone = True
                         break
-                else:
-                    gone = False
+                if not gone:
                     await resp.write_eof()
                 m.answered += 1
+                rec["ended_by"] = "harness" if gone else "complete"
                 if gone:
                     # The harness stopped reading (an HTTP client that raises on a 4xx
                     # may close before the body): what the endpoint said still counts.
-                    rec["client_gone"] = True
+                    rec["client_closed"] = True
                     if up.status < 400:
-                        m.error("client_gone", "the harness closed its connection "
+                        m.error("client_closed", "the harness closed its connection "
                                 "mid-response")
-                        rec["error"] = "client_gone"
+                        rec["error"] = "client_closed"
+                        if metered:
+                            rec["unmetered"] = "the harness hung up before the response ended"
                         return resp
-                self._account(att, rec, up.status, scan, held, held_n)
+                self._account(att, rec, up.status, scan, held, held_n, metered,
+                              up_encoding)
                 return resp
         except (ClientError, TimeoutError, OSError) as e:
             why = f"{type(e).__name__}: {e}"[:300]
-            m.error("endpoint_error", why)
-            rec.update(error="endpoint_error", detail=self.redact(why))
             if resp is not None and resp.prepared:
-                return resp  # cut mid-body: the harness sees the stream end
+                # Cut mid-body by the endpoint (or its silence): the harness must see a
+                # cut, not a clean end, so its connection is dropped, not finished.
+                m.error("endpoint_error", why)
+                rec.update(error="endpoint_error", detail=self.redact(why), cut="endpoint",
+                           ended_by="endpoint")
+                if metered:
+                    rec["unmetered"] = "the response was cut before it ended"
+                if req.transport is not None:
+                    req.transport.abort()
+                return resp
+            m.error("endpoint_error", why)
+            rec.update(error="endpoint_error", detail=self.redact(why), ended_by="endpoint")
             return web.json_response({"error": {"message": "the model endpoint did not "
                                                 "answer (autopilot gateway): " + why}},
                                      status=502)
@@ -326,7 +454,7 @@ class Gateway:
                     headers: dict[str, str], rec: dict[str, Any]) -> Any:
         """Send to the first replica that takes the connection, the cell's own first (an
         empty origin: known to be down): a replica that died costs this request a try
-        elsewhere, not the cell its conversation."""
+        elsewhere, not the cell its conversation. Never once the response has begun."""
         candidates = att.upstream()
         home = candidates[0][0] if candidates else "?"
         live = [(r, o) for r, o in candidates if o]
@@ -336,7 +464,7 @@ class Gateway:
             try:
                 up = await self._client().request(
                     req.method, origin.rstrip("/") + req.path_qs, data=body, headers=headers,
-                    allow_redirects=False)
+                    allow_redirects=False, skip_auto_headers=("User-Agent",))
             except (ClientConnectionError, OSError) as e:
                 if i == len(live) - 1:
                     raise
@@ -357,28 +485,46 @@ class Gateway:
             self.on_failover(att.cell, att.attempt, frm, to, why)
 
     def _account(self, att: Attempt, rec: dict[str, Any], status: int,
-                 scan: StreamScan | None, held: list[bytes], held_n: int) -> None:
+                 scan: StreamScan | None, held: list[bytes], held_n: int,
+                 metered: bool, encoding: str) -> None:
         m = att.meter
-        if scan is not None:
+        lim = self.limits
+        unmetered: str | None = None
+        doc: Any = None
+        if encoding not in ("", "identity"):
+            # asked for identity; an endpoint that encodes anyway is not read as 0 tokens
+            unmetered = f"response encoded as {encoding[:20]!r}"
+            usage, finish, estimate, model = None, None, 0, None
+            if scan is not None:
+                scan = None
+        elif scan is not None:
             rec["chunks"] = scan.chunks
             usage, finish, estimate = scan.usage, scan.finish, scan.chunks
             model = scan.model
-            doc = None
+            if usage is None and not scan.chunks:
+                unmetered = "a stream with no usage and no content the gateway could read"
         else:
-            doc = None
-            if held_n <= self.limits.parse_cap:
-                with contextlib.suppress(ValueError, UnicodeDecodeError):
-                    doc = json.loads(b"".join(held))
+            if held_n <= lim.parse_cap:
+                doc = loads_bounded(b"".join(held), lim.max_depth)
+                if doc is None and status < 400:
+                    unmetered = "a response that is not JSON the gateway can read"
             elif status < 400:
-                rec["unparsed"] = f"body over {self.limits.parse_cap} bytes"
+                rec["unparsed"] = f"body over {lim.parse_cap} bytes"
+                unmetered = f"a response over {lim.parse_cap} bytes"
             usage, finish, estimate = usage_of(doc), finish_of(doc), 0
             model = model_of(doc)
+            if unmetered is None and usage is None and status < 400:
+                unmetered = "a response without usage"
         kind = error_kind(status, _text(doc, held) if status >= 400 else "")
         if kind is not None:
             m.error(kind, f"HTTP {status}")
             rec["error"] = kind
             rec["body"] = self.redact(_text(doc, held))[:ERROR_BODY]
             return
+        if usage is not None and usage.malformed and unmetered is None:
+            unmetered = "usage of the wrong shape"
+        if metered and unmetered is not None:
+            rec["unmetered"] = unmetered
         m.count(usage, estimate)
         m.answered_as(model)
         if model is not None:
@@ -396,7 +542,7 @@ class Gateway:
 
 def gateway_for(preset: Preset, redact: Callable[[str], str], on_throttled: Callable[[], None],
                 emit: Callable[..., Any], auth: Callable[[], dict[str, str]] | None = None,
-                run_token: str = "", secrets: tuple[str, ...] = ()) -> Gateway | None:
+                secrets: tuple[str, ...] = ()) -> Gateway | None:
     """The gateway a preset asks for (None: harnesses talk to the endpoint directly)."""
     from autopilot.config import GATEWAY_ENGINES
 
@@ -404,24 +550,84 @@ def gateway_for(preset: Preset, redact: Callable[[str], str], on_throttled: Call
     if not g.enabled or preset.endpoint.engine not in GATEWAY_ENGINES:
         return None
     gw = Gateway(redact, Limits(max_request=int(g.max_request_mb * 2**20),
-                                max_records=g.max_records, hold_429=g.hold_429_secs),
+                                max_records=g.max_records, hold_429=g.hold_429_secs,
+                                body_secs=g.body_timeout_secs,
+                                upstream_read_secs=g.upstream_read_secs),
                  on_throttled=on_throttled,
                  on_failover=lambda cell, attempt, frm, to, why: emit(
                      "request_failover", cell=cell, attempt=attempt, replica=frm, to=to,
                      why=why))
     if preset.endpoint.engine == "provider":
-        gw.auth, gw.expect_key = auth, placeholder_key(run_token)
+        gw.auth = auth
     gw.secrets = secrets
     return gw
 
 
-def _retry_after(value: str | None) -> float:
-    """Seconds a 429 asks to wait (delta-seconds; a date or garbage: one second),
-    bounded to a minute."""
+MAX_HOLD = 60.0  # seconds one Retry-After may ask for and still be held here
+
+
+def retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds a 429 asks to wait: delta-seconds (a finite, non-negative number) or an
+    HTTP date, within MAX_HOLD; None for anything else (NaN, infinity, a negative, a
+    date an hour off, garbage, no header): such a 429 is not held, the harness sees it."""
+    if not value:
+        return None
+    v = value.strip()[:64]
     try:
-        return min(max(float(value or 1), 0.0), 60.0)
+        secs = float(v)
     except ValueError:
-        return 1.0
+        try:
+            when = email.utils.parsedate_to_datetime(v)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+        if when.tzinfo is None:
+            return None
+        secs = max(when.timestamp() - (time.time() if now is None else now), 0.0)
+    if not math.isfinite(secs) or secs < 0 or secs > MAX_HOLD:
+        return None
+    return secs
+
+
+def _named_in_connection(headers: Any) -> frozenset[str]:
+    """Header names a ``Connection:`` line lists: hop-by-hop, never forwarded."""
+    names: set[str] = set()
+    for line in headers.getall("Connection", ()):
+        names.update(t.strip().lower() for t in line.split(",") if t.strip())
+    return frozenset(names)
+
+
+def _forwardable(headers: Any) -> dict[str, str]:
+    """A request's headers as they go upstream: no hop-by-hop one, no key of ours."""
+    drop = _HOP | _named_in_connection(headers) | frozenset(KEY_HEADERS)
+    return {k: v for k, v in headers.items() if k.lower() not in drop}
+
+
+def _provider_refusal(method: str, path: str, doc: Any, model: str | None) -> str | None:
+    """Why a request may not go upstream with a provider's key, or None."""
+    if not is_provider_route(method, path):
+        return (f"{method} {path[:80]} is not a route this run's key is used for "
+                "(POST chat/completions, completions, responses, embeddings)")
+    if not isinstance(doc, dict):
+        return "a request body the gateway cannot read: its model is not known"
+    asked = doc.get("model")
+    if model and asked != model:
+        return f"model {str(asked)[:80]!r} is not the arm's model {model!r}"
+    return None
+
+
+def _inflate(body: bytes, encoding: str, cap: int) -> bytes | None:
+    """A request body as JSON bytes for reading (gzip or deflate inflated within
+    ``cap``: a bomb is not inflated past it); None when it cannot be read."""
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in ("gzip", "deflate", "x-gzip"):
+        return None
+    d = zlib.decompressobj(wbits=47)  # gzip or zlib, told by its header
+    try:
+        out = d.decompress(body, cap + 1)
+    except zlib.error:
+        return None
+    return None if len(out) > cap or d.unconsumed_tail else out
 
 
 def _text(doc: Any, held: list[bytes]) -> str:
@@ -430,5 +636,5 @@ def _text(doc: Any, held: list[bytes]) -> str:
     return b"".join(held)[:ERROR_BODY * 2].decode("utf-8", "replace")
 
 
-__all__ = ["PLACEHOLDER_PREFIX", "Attempt", "Gateway", "Limits", "gateway_for",
-           "placeholder_key"]
+__all__ = ["KEY_ENV", "KEY_PREFIX", "Attempt", "Gateway", "Limits", "attempt_key",
+           "gateway_for", "retry_after"]

@@ -126,7 +126,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logs = args.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    key = os.environ.get(args.api_key_env, "") if args.api_key_env else ""
+    # the attempt's gateway key (OPENAI_API_KEY, as the autopilot sets it), or the
+    # variable the preset names
+    key = (os.environ.get(args.api_key_env, "") if args.api_key_env else "") \
+        or os.environ.get("OPENAI_API_KEY", "")
     # Inspect's data and cache dirs (traces, its response cache, sandbox compose files)
     # in the cell's own dir: a replicate never reads another's cached answer, and the
     # hardened service (ProtectHome=yes, a read-only system) has no writable home.

@@ -214,6 +214,9 @@ class Recorder:
                 extra["self_reported"] = [reported.prompt, reported.completion]
             if m and m.get("attempt") == attempt:  # what the gateway saw, with the verdict
                 extra["gateway"] = {"requests": m.get("requests"), "errors": m.get("errors")}
+                u = m.get("unmetered")
+                if type(u) is int and u > 0:  # spend of unknown size: the budget's concern
+                    extra["unmetered"] = u
         self.emit("cell_verdict", cell=cid, attempt=attempt, verdict=c.verdict, reason=c.reason,
                   word=c.word, caveat=c.caveat, teardown_masked=c.teardown_masked,
                   detail=c.detail, **extra)

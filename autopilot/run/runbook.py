@@ -209,10 +209,13 @@ def budget_tick(policy: Policy, rules: Rules, ledger: Ledger) -> Decision:
     """Before a launch and after a verdict: stop launching once the budget is spent."""
     if policy.paused or (rules.budget_tokens is None and rules.budget_usd is None):
         return policy, []
-    why = budget.reached(rules.budget_tokens, rules.budget_usd, ledger.spend, rules.rate)
+    why = budget.reached(rules.budget_tokens, rules.budget_usd, ledger.spend, rules.rate,
+                         ledger.unmetered)
     if not why:
         return policy, []
-    paused = f"{why}; launching stopped (raise [budget] to go on)"
+    paused = (f"{why}; launching stopped (fail closed: look for \"unmetered\" in the "
+              "cells' gateway logs)" if why.startswith("budget unprovable")
+              else f"{why}; launching stopped (raise [budget] to go on)")
     return replace(policy, paused=paused), [Emit("launching_paused", {"why": paused}),
                                             Milestone("budget_reached", {"why": why})]
 

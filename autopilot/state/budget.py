@@ -110,8 +110,14 @@ def of_events(events: Iterable[dict[str, Any]]) -> Spend:
 
 
 def reached(tokens: int | None, usd: float | None, spend: Spend,
-            rate: tuple[float, float] | None) -> str | None:
-    """Why the budget is reached, or None."""
+            rate: tuple[float, float] | None, unmetered: int = 0) -> str | None:
+    """Why the budget is reached (or can no longer be shown not to be), or None.
+    ``unmetered``: responses whose spend the gateway could not read. Their size is
+    unknown, never 0, so a run with any cannot prove it is under its cap: it fails
+    closed."""
+    if (tokens is not None or usd is not None) and unmetered > 0:
+        return (f"budget unprovable: {unmetered} response(s) the gateway could not meter "
+                f"(spend unknown, not 0; metered so far {spend.tokens} tokens)")
     if tokens is not None and spend.tokens >= tokens:
         return f"budget reached: {spend.tokens} tokens of {tokens}"
     if usd is not None:

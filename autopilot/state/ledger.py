@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from autopilot.plan import Cell, Plan
-from autopilot.state.budget import COST_BASES, METERED, Spend, of_events
+from autopilot.state.budget import COST_BASES, MAX_COUNT, METERED, Spend, of_events
 
 # INVALID reasons that spend no retry: a throttling provider, a full disk, the death of
 # the attempt's data path (the cell is re-run once the infrastructure is back; none of
@@ -89,6 +89,8 @@ class Ledger:
         self.kills: Counter[str] = Counter()
         self.notify_failures = 0
         self.spend = Spend()  # tokens used by every attempt (journaled with its verdict)
+        # responses the gateway answered but could not meter: spend of unknown size
+        self.unmetered = 0
         self.failovers = 0  # requests the gateway sent to another replica than the cell's
 
     def _cell(self, cid: str) -> CellState | None:
@@ -104,6 +106,9 @@ class Ledger:
             self.notify_failures += 1
         elif kind == "cell_verdict" and ev.get("cell") in self.cells:
             self.spend = self.spend + of_events([ev])
+            u = ev.get("unmetered")
+            if type(u) is int and 0 < u <= MAX_COUNT and not ev.get("regrade"):
+                self.unmetered += u
         if kind == "endpoint_restart":
             self.endpoint_restarts += 1
             return
