@@ -7,12 +7,17 @@ JSON with ``usage`` or, with ``"stream": true``, server-sent events of
 hostile answers are chosen by the request's ``model``: ``big`` (100 MB body),
 ``forever`` (a body that never ends), ``badjson``, ``hugeusage`` (a 401-digit and a
 negative count), ``throttle`` (429 + Retry-After), ``burst`` (two 429s, then an
-answer), ``overflow``.
+answer), ``overflow``; and those of issue #33, each a misbehaviour seen in the wild: ``gzip``
+(a gzipped body whatever Accept-Encoding said), ``deep`` (JSON nested 5000 deep),
+``badutf8``, ``nousage``, ``sse`` (an event stream though no stream was asked for),
+``nanretry`` (429 with ``Retry-After: nan``), ``cut`` (a stream dropped after its first
+event), ``slow`` (nothing for 30 s). The raw request bodies are kept in ``raw``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 from typing import Any
 
@@ -26,6 +31,7 @@ class FakeUpstream:
     def __init__(self) -> None:
         self.bodies: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
+        self.raw: list[bytes] = []
         self.runner: web.AppRunner | None = None
         self.port = 0
         self.burst = 0
@@ -39,7 +45,9 @@ class FakeUpstream:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
-        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
+        # like uvicorn (vLLM) and llama-server: a request body is not decompressed
+        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2,
+                                    auto_decompress=False)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()
@@ -56,7 +64,10 @@ class FakeUpstream:
         return web.json_response({"object": "list", "data": [{"id": "fake", "object": "model"}]})
 
     async def chat(self, req: web.Request) -> web.StreamResponse:
-        body = await req.json()
+        raw = await req.read()
+        self.raw.append(raw)
+        text = gzip.decompress(raw) if req.headers.get("Content-Encoding") == "gzip" else raw
+        body = json.loads(text)
         self.bodies.append(body)
         self.headers.append(dict(req.headers))
         model = body.get("model")
@@ -75,6 +86,38 @@ class FakeUpstream:
             while True:
                 await resp.write(b"data: {}\n\n")
                 await asyncio.sleep(0.02)
+        if model == "gzip":
+            doc = {"object": "chat.completion", "model": model, "choices": [],
+                   "usage": {"prompt_tokens": 900, "completion_tokens": 900}}
+            return web.Response(body=gzip.compress(json.dumps(doc).encode()), headers={
+                "Content-Type": "application/json", "Content-Encoding": "gzip"})
+        if model == "deep":
+            return web.Response(text="[" * 5000 + "]" * 5000, content_type="application/json")
+        if model == "badutf8":
+            return web.Response(body=b'{"usage": {"prompt_tokens": 5, "completion_tokens": '
+                                b'5}, "x": "\xff"}', content_type="application/json")
+        if model == "nousage":
+            return web.json_response({"object": "chat.completion", "choices": []})
+        if model == "sse":
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(req)
+            await resp.write(_sse({"choices": [{"delta": {"content": "a"}}],
+                                   "usage": {"prompt_tokens": 3, "completion_tokens": 1}}))
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
+        if model == "nanretry":
+            return web.json_response({"error": {"message": "rate limited"}}, status=429,
+                                     headers={"Retry-After": "nan"})
+        if model == "cut":
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(req)
+            await resp.write(_sse({"choices": [{"delta": {"content": "a"}}]}))
+            await resp.drain()
+            assert req.transport is not None
+            req.transport.abort()
+            return resp
+        if model == "slow":
+            await asyncio.sleep(30)
         if model == "badjson":
             return web.Response(text="{not json", content_type="application/json")
         if model == "hugeusage":

@@ -79,6 +79,7 @@ _HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-autho
 # (x-api-key), Azure's (api-key). Never forwarded upstream.
 KEY_HEADERS = ("authorization", "x-api-key", "api-key")
 ERROR_BODY = 2000  # characters of an error body kept in the record (redacted)
+ERROR_READ = 64 << 10  # bytes of an error response read before the harness is answered
 
 # What a harness holds as its API key: one per attempt, shaped like a key (some SDKs
 # refuse a value that is not), and recognisable, so every log redacts it by its shape
@@ -280,13 +281,18 @@ class Gateway:
         try:
             return await self._forward(att, req, rec, t0)
         except asyncio.CancelledError:
+            accounted = rec.pop("accounted", False)  # an endpoint's error, already counted
             if att.closing:
                 # The attempt ended (its harness gone, its data path closing) with this
                 # request still open: written as cut, never lost.
                 rec.update(cut="attempt ended", ended_by="attempt")
+            elif accounted:
+                rec.update(client_closed=True, ended_by="harness")
             else:  # the harness hung up: its request (and the upstream's work) ends
                 m.error("client_closed", "the harness closed its connection")
                 rec.update(error="client_closed", ended_by="harness")
+                if rec.get("status", 200) < 400 and is_provider_route(req.method, req.path):
+                    rec["unmetered"] = "the harness hung up before the response ended"
             raise
         finally:
             m.in_flight -= 1
@@ -384,12 +390,6 @@ class Gateway:
                         resp.headers.add(k, v)
                 if up.content_length is not None:
                     resp.content_length = up.content_length
-                try:
-                    await resp.prepare(req)
-                except (ConnectionError, RuntimeError):
-                    m.error("client_closed", "the harness closed its connection")
-                    rec.update(error="client_closed", ended_by="harness")
-                    return resp
                 sse = "text/event-stream" in up.headers.get("Content-Type", "").lower()
                 up_encoding = up.headers.get("Content-Encoding", "identity").strip().lower()
                 scan = StreamScan() if (stream or sse) and up.status < 400 else None
@@ -397,6 +397,33 @@ class Gateway:
                 held_n = 0
                 first = True
                 gone = False
+                if up.status >= 400:
+                    # An error's words are read, and counted, before the harness is
+                    # answered: a client that hangs up on a 4xx (urllib raises on the
+                    # status) must not take the endpoint's evidence with it.
+                    while held_n < ERROR_READ:
+                        chunk = await up.content.read(ERROR_READ - held_n)
+                        if not chunk:
+                            break
+                        held.append(chunk)
+                        held_n += len(chunk)
+                    rec["ttfb_ms"] = round((time.perf_counter() - t0) * 1000, 2)
+                    first = False
+                    m.bytes_in += held_n
+                    m.answered += 1
+                    self._account(att, rec, up.status, None, held, held_n, metered,
+                                  up_encoding)
+                    rec["accounted"] = True
+                try:
+                    await resp.prepare(req)
+                    for chunk in held if up.status >= 400 else ():
+                        await resp.write(chunk)
+                except (ConnectionError, RuntimeError):
+                    if not rec.pop("accounted", False):
+                        m.error("client_closed", "the harness closed its connection")
+                        rec["error"] = "client_closed"
+                    rec.update(client_closed=True, ended_by="harness")
+                    return resp
                 async for chunk in up.content.iter_any():
                     if first:
                         rec["ttfb_ms"] = round((time.perf_counter() - t0) * 1000, 2)
@@ -405,7 +432,7 @@ class Gateway:
                     m.progress += 1
                     if scan is not None:
                         scan.feed(chunk)
-                    elif held_n <= lim.parse_cap:
+                    elif held_n <= lim.parse_cap and "accounted" not in rec:
                         held.append(chunk)
                         held_n += len(chunk)
                     try:
@@ -415,8 +442,12 @@ class Gateway:
                         break
                 if not gone:
                     await resp.write_eof()
-                m.answered += 1
                 rec["ended_by"] = "harness" if gone else "complete"
+                if rec.pop("accounted", False):  # an error, counted before it was sent
+                    if gone:
+                        rec["client_closed"] = True
+                    return resp
+                m.answered += 1
                 if gone:
                     # The harness stopped reading (an HTTP client that raises on a 4xx
                     # may close before the body): what the endpoint said still counts.

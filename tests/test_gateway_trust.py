@@ -1,0 +1,478 @@
+"""The gateway trusts no one (issue #33): only its own attempt's harness may use a
+listener, a provider key reaches only the routes it is for, a response the gateway
+cannot meter is never counted as 0, and every input is bounded. Real HTTP on 127.0.0.1:
+the upstream is a FAKE shaped from the OpenAI protocol and from misbehaviour seen in
+the wild (tests/gateway_fake.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+from gateway_fake import FakeUpstream
+
+from autopilot.gateway.evidence import is_provider_route, loads_bounded
+from autopilot.gateway.proxy import Gateway, Limits, attempt_key, retry_after
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[FakeUpstream]:
+    up = FakeUpstream()
+    await up.start()
+    try:
+        yield up
+    finally:
+        await up.close()
+
+
+def here(up: FakeUpstream) -> Any:
+    return lambda: [("0", up.origin)]
+
+
+def client(att: Any, **kw: Any) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=f"http://127.0.0.1:{att.port}",
+                             headers={"Authorization": f"Bearer {att.key}"}, **kw)
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+# ---------------------------------------------------------------------- the rules
+
+
+def test_an_attempt_key_is_fresh_random_and_redacted_by_its_shape() -> None:
+    from autopilot.logsetup import Redactor
+
+    a, b = attempt_key(), attempt_key()
+    assert a != b and len(a) == len("sk-autopilot-") + 32
+    assert a not in Redactor().scrub(f"my key is {a}!")
+
+
+@pytest.mark.parametrize(("value", "want"), [
+    ("2", 2.0), ("0", 0.0), ("1.5", 1.5),
+    ("nan", None), ("inf", None), ("-1", None), ("1e308", None), ("61", None),
+    ("soon", None), ("", None), (None, None),
+    ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0),  # a date in the past: now
+])
+def test_retry_after_is_finite_non_negative_and_bounded(value: str | None,
+                                                        want: float | None) -> None:
+    assert retry_after(value) == want
+
+
+def test_an_http_date_retry_after_is_the_seconds_until_it() -> None:
+    import email.utils
+
+    now = 1_800_000_000.0
+    date = email.utils.formatdate(now + 5, usegmt=True)
+    assert retry_after(date, now=now) == pytest.approx(5.0)
+    assert retry_after(email.utils.formatdate(now + 3600, usegmt=True), now=now) is None
+
+
+def test_json_is_read_with_a_depth_bound_and_never_raises() -> None:
+    assert loads_bounded(b"[" * 100_000 + b"]" * 100_000, 64) is None  # RecursionError caught
+    assert loads_bounded(b"[" * 65 + b"]" * 65, 64) is None
+    assert loads_bounded(b"[" * 64 + b"]" * 64, 64) is not None
+    assert loads_bounded(b'{"a": "\xff"}', 64) is None  # invalid UTF-8
+    assert loads_bounded(b'{"s": "[[[[[[[[[["}', 2) == {"s": "[[[[[[[[[["}  # in a string
+
+
+@pytest.mark.parametrize(("method", "path", "ok"), [
+    ("POST", "/v1/chat/completions", True), ("POST", "/v1/completions", True),
+    ("POST", "/v1/responses", True), ("POST", "/v1/embeddings", True),
+    ("GET", "/v1/chat/completions", False), ("GET", "/v1/files", False),
+    ("DELETE", "/v1/organization/admin_api_keys/k", False),
+    ("POST", "/v1/fine_tuning/jobs", False),
+    ("POST", "/v1/files/../chat/completions", False),
+    ("POST", "//evil/v1/chat/completions", False),
+    ("POST", "/v1/x%2F..%2Fchat/completions", False),
+])
+def test_a_provider_key_reaches_only_generation_and_embedding_routes(
+        method: str, path: str, ok: bool) -> None:
+    assert is_provider_route(method, path) is ok
+
+
+def test_unmetered_responses_make_a_budget_unprovable_and_require_metering_invalid() -> None:
+    from autopilot.cell.validity import Classification, unmetered
+    from autopilot.state.budget import Spend, reached
+
+    assert reached(1000, None, Spend(10, 10), None) is None
+    why = reached(1000, None, Spend(10, 10), None, unmetered=3)
+    assert why is not None and why.startswith("budget unprovable: 3 response(s)")
+    assert reached(None, None, Spend(), None, unmetered=3) is None  # no budget to prove
+    c = Classification("PASS", word="PASS")
+    assert unmetered(c, 4, required=False, unread=2) == c
+    got = unmetered(c, 4, required=True, unread=2)
+    assert (got.verdict, got.reason) == ("INVALID", "unmetered")
+    assert unmetered(c, 4, required=True, unread=0) == c
+
+
+# ---------------------------------------------------------------------- who may call
+
+
+async def test_a_request_without_the_key_is_refused_before_its_body_and_counts_nothing(
+        upstream: FakeUpstream, tmp_path: Path) -> None:
+    """A caller that claims a 60 MB body and sends none of it gets its 401 at once (the
+    body is never waited for), its connection closed; nothing of it is a request, a
+    record, progress or spend."""
+    gw = Gateway()
+    log = tmp_path / "g"
+    try:
+        async with gw.attempt("c1", 1, {}, here(upstream), log) as att:
+            before = att.meter.progress
+            reader, writer = await asyncio.open_connection("127.0.0.1", att.port)
+            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Type: application/json\r\n"
+                         b"Content-Length: 62914560\r\n\r\n{\"model\":")
+            await writer.drain()
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+            rest = await asyncio.wait_for(reader.read(), 30)  # EOF: closed by the gateway
+            writer.close()
+            meter = att.meter
+            assert meter.progress == before
+    finally:
+        await gw.close()
+    assert head.startswith(b"HTTP/1.1 401") and b"attempt" in rest
+    assert (meter.requests, meter.unauthorized, meter.answered) == (0, 1, 0)
+    assert upstream.bodies == [] and records(log) == []
+
+
+async def test_a_flood_of_keyless_requests_keeps_memory_flat_and_the_harness_served(
+        upstream: FakeUpstream, tmp_path: Path) -> None:
+    """1000 unauthenticated requests each claiming 60 MB (and sending 64 KB of it) cost
+    the process holding the listener a bounded amount of memory, and the attempt's own
+    requests are answered throughout."""
+    gw = Gateway()
+    me = psutil.Process()
+    try:
+        async with gw.attempt("c1", 1, {}, here(upstream), tmp_path / "g") as att, \
+                client(att) as c:
+            rss0 = me.memory_info().rss
+            junk = b"x" * 65536
+
+            async def knock() -> bytes:
+                reader, writer = await asyncio.open_connection("127.0.0.1", att.port)
+                writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                             b"Content-Length: 62914560\r\n\r\n" + junk)
+                with __import__("contextlib").suppress(ConnectionError):
+                    await writer.drain()
+                line = await reader.readline()
+                writer.close()
+                return line
+
+            peak = rss0
+            for _ in range(20):
+                got = await asyncio.gather(*(knock() for _ in range(50)))
+                assert all(g.startswith(b"HTTP/1.1 401") for g in got)
+                r = await c.post("/v1/chat/completions", json={"model": "m", "messages": []})
+                assert r.status_code == 200
+                peak = max(peak, me.memory_info().rss)
+            meter = att.meter
+    finally:
+        await gw.close()
+    assert meter.unauthorized == 1000 and meter.requests == 20
+    assert peak - rss0 < 100 << 20, f"RSS grew {(peak - rss0) >> 20} MB"
+
+
+def _connect_and_hold(port: int, ready: Path) -> subprocess.Popen[bytes]:
+    code = ("import socket,sys,time;s=socket.create_connection(('127.0.0.1',%d));"
+            "open(sys.argv[1],'w').write(str(s.getsockname()[1]));"
+            "sys.stdin.read()" % port)
+    return subprocess.Popen([sys.executable, "-c", code, str(ready)], stdin=subprocess.PIPE)
+
+
+async def test_a_connection_is_known_by_the_process_tree_that_opened_it(
+        tmp_path: Path) -> None:
+    """The keyless path (a harness that sends no key): the socket on the other end of a
+    connection is found and its holder must descend from the data path."""
+    from autopilot.datapath.callers import opened_by_tree
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    port = srv.getsockname()[1]
+    ready = tmp_path / "port"
+    child = _connect_and_hold(port, ready)
+    other = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    try:
+        conn, peer = srv.accept()
+        for _ in range(200):
+            if ready.exists() and ready.read_text():
+                break
+            await asyncio.sleep(0.01)
+        assert int(ready.read_text()) == peer[1]
+        local = ("127.0.0.1", port)
+        assert opened_by_tree(peer, local, os.getpid())  # our child opened it
+        assert not opened_by_tree(peer, local, other.pid)  # not a descendant of that one
+        assert not opened_by_tree(("127.0.0.1", 1), local, os.getpid())  # no such socket
+        conn.close()
+    finally:
+        for p in (child, other):
+            p.kill()
+            p.wait()
+        srv.close()
+
+
+async def test_a_keyless_caller_outside_the_tree_is_refused_as_nobody_too(
+        upstream: FakeUpstream, tmp_path: Path) -> None:
+    """A local user's process (``nobody``, via setpriv) and one of ours outside the
+    attempt's tree get 401 on a listener whose caller check is the tree's."""
+    from autopilot.datapath.callers import opened_by_tree
+
+    gw = Gateway()
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                              stdin=subprocess.PIPE)
+    try:
+        async with gw.attempt("c1", 1, {}, here(upstream), tmp_path / "g",
+                              caller=lambda peer: opened_by_tree(
+                                  peer, ("127.0.0.1", att_port[0]), holder.pid)) as att:
+            att_port = [att.port]
+            code = ("import urllib.request,sys;"
+                    "r=urllib.request.Request('http://127.0.0.1:%d/v1/models');"
+                    "\ntry: print(urllib.request.urlopen(r).status)"
+                    "\nexcept Exception as e: print(getattr(e,'code',e))" % att.port)
+            ours = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", code],
+                                           capture_output=True, text=True, timeout=60)
+            argv = [sys.executable, "-c", code]
+            if os.geteuid() == 0 and os.path.exists("/usr/bin/setpriv"):
+                argv = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                        *argv]
+            nobody = await asyncio.to_thread(subprocess.run, argv, capture_output=True,
+                                             text=True, timeout=60)
+            meter = att.meter
+    finally:
+        holder.kill()
+        holder.wait()
+        await gw.close()
+    assert ours.stdout.strip() == "401", ours.stderr
+    assert nobody.stdout.strip() == "401", nobody.stderr
+    assert meter.unauthorized == 2 and meter.requests == 0
+
+
+# ---------------------------------------------------------------------- never a silent 0
+
+
+@pytest.mark.parametrize(("model", "why"), [
+    ("gzip", "encoded"), ("deep", "not JSON"), ("badutf8", "not JSON"),
+    ("nousage", "without usage"),
+])
+async def test_a_response_the_gateway_cannot_meter_is_marked_unmetered_never_zero(
+        upstream: FakeUpstream, tmp_path: Path, model: str, why: str) -> None:
+    gw = Gateway()
+    log = tmp_path / "g"
+    try:
+        async with gw.attempt("c1", 1, {}, here(upstream), log) as att, client(att) as c:
+            r = await c.post("/v1/chat/completions", json={"model": model, "messages": []})
+            assert r.status_code == 200
+            meter = att.meter
+    finally:
+        await gw.close()
+    assert upstream.headers[0]["Accept-Encoding"] == "identity"  # asked for plain bytes
+    rec = records(log)[0]
+    assert why in rec["unmetered"] and "completion_tokens" not in rec
+    assert meter.unmetered == 1 and meter.summary()["unmetered"] == 1
+
+
+async def test_a_body_over_the_parse_cap_is_unmetered(upstream: FakeUpstream,
+                                                      tmp_path: Path) -> None:
+    gw = Gateway(limits=Limits(parse_cap=1 << 20))
+    try:
+        async with gw.attempt("c1", 1, {}, here(upstream), tmp_path / "g") as att, \
+                client(att, timeout=60) as c:
+            async with c.stream("POST", "/v1/chat/completions", json={"model": "big"}) as r:
+                async for _ in r.aiter_raw():
+                    pass
+            meter = att.meter
+    finally:
+        await gw.close()
+    assert meter.unmetered == 1 and "over" in records(tmp_path / "g")[0]["unmetered"]
+
+
+async def test_an_event_stream_nobody_asked_for_is_still_read(upstream: FakeUpstream,
+                                                              tmp_path: Path) -> None:
+    """``"stream": 1`` (not true) answered as a stream: read as the stream it is."""
+    gw = Gateway()
+    try:
+        async with gw.attempt("c1", 1, {}, here(upstream), tmp_path / "g") as att, \
+                client(att) as c:
+            r = await c.post("/v1/chat/completions",
+                             json={"model": "sse", "stream": 1, "messages": []})
+            assert r.status_code == 200
+            meter = att.meter
+    finally:
+        await gw.close()
+    assert (meter.prompt_tokens, meter.completion_tokens, meter.unmetered) == (3, 1, 0)
+
+
+# ---------------------------------------------------------------------- bounded
+
+
+async def test_retry_after_nan_is_not_held_and_never_wedges(upstream: FakeUpstream,
+                                                            tmp_path: Path) -> None:
+    for hold in (0.0, 10.0):
+        gw = Gateway(limits=Limits(hold_429=hold))
+        try:
+            async with gw.attempt("c1", 1, {}, here(upstream), tmp_path / f"g{hold}") as att, \
+                    client(att) as c:
+                r = await asyncio.wait_for(c.post("/v1/chat/completions",
+                                                  json={"model": "nanretry"}), 30)
+                assert r.status_code == 429  # the harness sees it, at once
+                assert "held_429" not in records(tmp_path / f"g{hold}")[0]
+        finally:
+            await gw.close()
+
+
+async def test_a_deep_request_body_is_refused_not_a_traceback(upstream: FakeUpstream,
+                                                              tmp_path: Path) -> None:
+    gw = Gateway()
+    deep = b'{"model": "m", "x": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"
+    try:
+        async with gw.attempt("c1", 1, {"max_tokens": 4}, here(upstream), tmp_path / "g") \
+                as att, client(att) as c:
+            r = await c.post("/v1/chat/completions", content=deep,
+                             headers={"Content-Type": "application/json"})
+            ok = await c.post("/v1/chat/completions", json={"model": "m", "messages": []})
+    finally:
+        await gw.close()
+    assert r.status_code == 400 and "arm's settings" in r.text
+    assert ok.status_code == 200 and upstream.bodies[-1]["max_tokens"] == 4
+
+
+async def test_a_request_body_that_never_arrives_is_timed_out(upstream: FakeUpstream,
+                                                              tmp_path: Path) -> None:
+    gw = Gateway(limits=Limits(body_secs=0.5))
+    try:
+        async with gw.attempt("c1", 1, {}, here(upstream), tmp_path / "g") as att:
+            reader, writer = await asyncio.open_connection("127.0.0.1", att.port)
+            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                         b"Authorization: Bearer " + att.key.encode() +
+                         b"\r\nContent-Length: 1000\r\n\r\n{")
+            await writer.drain()
+            head = await asyncio.wait_for(reader.readline(), 30)
+            writer.close()
+    finally:
+        await gw.close()
+    assert head.startswith(b"HTTP/1.1 408")
+    assert records(tmp_path / "g")[0]["ended_by"] == "gateway"
+
+
+async def test_headers_a_connection_line_names_are_not_forwarded(upstream: FakeUpstream,
+                                                                 tmp_path: Path) -> None:
+    gw = Gateway()
+    try:
+        async with gw.attempt("c1", 1, {}, here(upstream), tmp_path / "g") as att, \
+                client(att) as c:
+            await c.post("/v1/chat/completions", json={"model": "m", "messages": []},
+                         headers={"Connection": "keep-alive, X-Hop-Secret",
+                                  "X-Hop-Secret": "1", "X-Kept": "2"})
+    finally:
+        await gw.close()
+    sent = {k.lower() for k in upstream.headers[0]}
+    assert "x-hop-secret" not in sent and "x-kept" in sent and "authorization" not in sent
+
+
+async def test_a_gzip_request_body_is_forwarded_as_received_or_merged_as_identity(
+        upstream: FakeUpstream, tmp_path: Path) -> None:
+    body = gzip.compress(json.dumps({"model": "m", "messages": [], "max_tokens": 9}).encode())
+    hdrs = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    gw = Gateway()
+    try:
+        async with gw.attempt("c1", 1, {}, here(upstream), tmp_path / "g") as att, \
+                client(att) as c:
+            plain = await c.post("/v1/chat/completions", content=body, headers=hdrs)
+        async with gw.attempt("c1", 2, {"max_tokens": 4}, here(upstream), tmp_path / "h") \
+                as att, client(att) as c:
+            merged = await c.post("/v1/chat/completions", content=body, headers=hdrs)
+    finally:
+        await gw.close()
+    assert plain.status_code == merged.status_code == 200
+    assert upstream.raw[0] == body and upstream.headers[0]["Content-Encoding"] == "gzip"
+    assert "Content-Encoding" not in upstream.headers[1]
+    assert json.loads(upstream.raw[1])["max_tokens"] == 4
+
+
+# ---------------------------------------------------------------------- complete evidence
+
+
+async def test_a_harness_hang_up_is_client_closed_and_ends_the_upstream_wait(
+        upstream: FakeUpstream, tmp_path: Path) -> None:
+    gw = Gateway()
+    log = tmp_path / "g"
+    try:
+        async with gw.attempt("c1", 1, {}, here(upstream), log) as att:
+            async with client(att) as c:
+                task = asyncio.ensure_future(c.post("/v1/chat/completions",
+                                                    json={"model": "slow"}))
+                for _ in range(500):
+                    if upstream.bodies:
+                        break
+                    await asyncio.sleep(0.01)
+                task.cancel()  # the harness gives up and closes its connection
+                with __import__("contextlib").suppress(asyncio.CancelledError):
+                    await task
+            for _ in range(500):
+                if records(log) if log.exists() else []:
+                    break
+                await asyncio.sleep(0.01)
+            meter = att.meter
+    finally:
+        await gw.close()
+    rec = records(log)[0]
+    assert (rec["error"], rec["ended_by"]) == ("client_closed", "harness")
+    assert meter.errors == {"client_closed": 1} and meter.in_flight == 0
+
+
+async def test_a_stream_cut_after_its_headers_is_a_cut_the_harness_sees(
+        upstream: FakeUpstream, tmp_path: Path) -> None:
+    gw = Gateway()
+    log = tmp_path / "g"
+    try:
+        async with gw.attempt("c1", 1, {}, here(upstream), log) as att, client(att) as c:
+            with pytest.raises(httpx.HTTPError):  # not a clean end of the stream
+                async with c.stream("POST", "/v1/chat/completions",
+                                    json={"model": "cut", "stream": True}) as r:
+                    async for _ in r.aiter_raw():
+                        pass
+            meter = att.meter
+    finally:
+        await gw.close()
+    rec = records(log)[0]
+    assert (rec["cut"], rec["ended_by"], rec["error"]) == ("endpoint", "endpoint",
+                                                           "endpoint_error")
+    assert "cut" in rec["unmetered"] and meter.unmetered == 1
+
+
+async def test_a_request_open_when_the_attempt_ends_is_written_as_cut_by_the_attempt(
+        upstream: FakeUpstream, tmp_path: Path) -> None:
+    gw = Gateway()
+    log = tmp_path / "g"
+    c = None
+    try:
+        async with gw.attempt("c1", 1, {}, here(upstream), log) as att:
+            c = client(att)
+            task = asyncio.ensure_future(c.post("/v1/chat/completions", json={"model": "slow"}))
+            for _ in range(500):
+                if upstream.bodies:
+                    break
+                await asyncio.sleep(0.01)
+    finally:
+        await gw.close()
+        if c is not None:
+            task.cancel()
+            with __import__("contextlib").suppress(BaseException):
+                await task
+            await c.aclose()
+    rec = records(log)[0]
+    assert (rec["cut"], rec["ended_by"]) == ("attempt ended", "attempt")
