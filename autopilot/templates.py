@@ -103,6 +103,11 @@ def check_templates(p: Preset) -> None:
                     names = placeholders(template)
                 except ValueError as e:
                     raise TemplateError(path, str(e)) from None
+                if "api_key" in names and not path.startswith("harness.env"):
+                    # An argv is readable by every local user (ps, /proc/<pid>/cmdline);
+                    # the harness's environment is not.
+                    raise TemplateError(path, "{api_key} (the attempt's gateway key) may "
+                                        "only be used in [harness] env, not here")
                 unknown = [n for n in names if n not in known]
                 if unknown and not optional:
                     raise TemplateError(

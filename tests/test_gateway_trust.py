@@ -476,3 +476,80 @@ async def test_a_request_open_when_the_attempt_ends_is_written_as_cut_by_the_att
             await c.aclose()
     rec = records(log)[0]
     assert (rec["cut"], rec["ended_by"]) == ("attempt ended", "attempt")
+
+
+# ---------------------------------------------------------------------- whole runs
+
+
+def test_gzipped_spend_is_never_zero_a_budgeted_run_stops_unprovable(tmp_path: Path) -> None:
+    """The issue's run: an endpoint that gzips every answer (the harness's client
+    decodes it, so the cells pass). Metered as 0 this ran 24 cells past a 300-token
+    budget; now the first verdict's unmetered responses stop the launching."""
+    from conftest import events, run_cli, write_overlay
+
+    state = tmp_path / "state"
+    over = write_overlay(tmp_path / "o.json", {
+        "vars": {"think_secs": "0"}, "run": {"concurrency": 1}, "budget": {"tokens": 300},
+        "endpoint": {"replica_env": [{"AUTOPILOT_DEMO_GZIP": "1"}]}})
+    r = run_cli("--preset", "demo", "--target-n", "2", "--config", str(over),
+                "--state-dir", str(state), "--quiet")
+    assert r.returncode == 1, r.stdout + r.stderr[-2000:]
+    assert "budget unprovable" in r.stdout.strip().splitlines()[-1]
+    evs = events(state)
+    verdicts = [e for e in evs if e["event"] == "cell_verdict"]
+    assert verdicts and all(v["unmetered"] >= 1 for v in verdicts)
+    assert len(verdicts) < 24  # it stopped launching
+    assert any(e["event"] == "launching_paused" and "unprovable" in e["why"] for e in evs)
+    cell = verdicts[0]["cell"]
+    recs = records(next((state / "gateway" / cell).glob("attempt-*.jsonl")))
+    assert any("encoded as 'gzip'" in str(x.get("unmetered")) for x in recs)
+
+
+def test_the_harness_gets_its_key_and_the_grader_neither_key_nor_run_token(
+        tmp_path: Path) -> None:
+    from conftest import ROOT, events, run_cli, write_overlay
+
+    from autopilot.cell.procs import existing_run_token
+
+    state = tmp_path / "state"
+    import tomllib
+
+    demo = tomllib.loads((ROOT / "presets" / "demo.toml").read_text())
+    dump = 'env > "$1/$2-env.txt"; shift 2; exec "$@"'
+    over = write_overlay(tmp_path / "o.json", {
+        "tasks": [{"id": "p1_bugfix"}], "arms": [{"label": "demo-nothink", "mode": "nothink"}],
+        "vars": {"think_secs": "0"},
+        "harness": {"argv": ["/bin/sh", "-c", dump, "sh", "{output_dir}", "harness",
+                             *demo["harness"]["argv"]], "env": {"MY_KEY": "{api_key}"}},
+        "grader": {"argv": ["/bin/sh", "-c", dump, "sh", "{output_dir}", "grader",
+                            *demo["grader"]["argv"]]}})
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                "--state-dir", str(state), "--quiet")
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    v = next(e for e in events(state) if e["event"] == "cell_verdict")
+    assert v["verdict"] in ("PASS", "FAIL")
+    out = state / "cells" / v["cell"]
+    harness = dict(line.split("=", 1) for line in (out / "harness-env.txt").read_text()
+                   .splitlines() if "=" in line)
+    grader = (out / "grader-env.txt").read_text()
+    token = existing_run_token(state)
+    assert token and harness["AUTOPILOT_RUN_TOKEN"] == token
+    assert harness["OPENAI_API_KEY"].startswith("sk-autopilot-")
+    assert harness["MY_KEY"] == harness["OPENAI_API_KEY"]
+    assert token not in grader and "sk-autopilot-" not in grader
+    assert "AUTOPILOT_RUN_TOKEN=g" in grader  # a marker a sweep knows, not the token
+    m = next(e for e in events(state) if e["event"] == "cell_metered")
+    assert m["requests"] >= 1 and m["unauthorized"] == 0  # the demo harness sent its key
+    assert harness["OPENAI_API_KEY"] not in (state / "autopilot.log").read_text()
+
+
+def test_the_attempt_key_in_an_argv_is_a_config_error(tmp_path: Path) -> None:
+    from conftest import run_cli, write_overlay
+
+    over = write_overlay(tmp_path / "o.json", {
+        "harness": {"argv": ["{python}", "-c", "pass", "--key", "{api_key}"]}})
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                "--state-dir", str(tmp_path / "s"), "--dry-run")
+    assert r.returncode == 2
+    assert "harness.argv" in r.stderr and "{api_key}" in r.stderr
+    assert not (tmp_path / "s").exists()

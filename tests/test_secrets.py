@@ -16,9 +16,11 @@ from autopilot.run.notify import target_label
 SECRET = "sk-test-51f0c2a9e7d84b6b"
 NTFY = "ntfy://bench-topic-private-31337"
 
-# A harness that records its environment and prints one variable, then is the demo one.
+# A harness that records its environment's names (each with whether its value is an
+# attempt's gateway key) and prints one variable, then is the demo one.
 WRAP = ("import json, os, sys; out = sys.argv[1]; os.makedirs(out, exist_ok=True); "
-        "json.dump(sorted(os.environ), open(os.path.join(out, 'env.json'), 'w')); "
+        "json.dump(dict((k, v.startswith('sk-autopilot-')) for k, v in os.environ.items()), "
+        "open(os.path.join(out, 'env.json'), 'w')); "
         "print('key is', os.environ.get('MY_PROVIDER_KEY', 'absent'), flush=True); "
         "os.execv(sys.executable, [sys.executable, '-m', 'autopilot.demo.harness', "
         "*sys.argv[2:]])")
@@ -43,9 +45,11 @@ def test_children_do_not_inherit_secrets_unless_passed(state_dir: Path,
                                                        tmp_path: Path) -> None:
     run_with(state_dir, tmp_path, {})
     names = json.loads((state_dir / "cells/p1_bugfix_demo-nothink_v1/env.json").read_text())
-    for withheld in ("OPENAI_API_KEY", "MY_PROVIDER_KEY", "AUTOPILOT_NOTIFY_URLS", "HF_TOKEN",
+    for withheld in ("MY_PROVIDER_KEY", "AUTOPILOT_NOTIFY_URLS", "HF_TOKEN",
                      "DATABASE_URL"):  # an allow-list: a name that hides its credential too
         assert withheld not in names
+    # OPENAI_API_KEY is the attempt's gateway key, never the supervisor's own
+    assert names["OPENAI_API_KEY"] is True
     assert {"PATH", "AUTOPILOT_CELL_ID", "AUTOPILOT_RUN_TOKEN"} <= set(names)
     log = (state_dir / "logs/p1_bugfix_demo-nothink_v1.launcher.log").read_text()
     assert "key is absent" in log
@@ -55,7 +59,7 @@ def test_a_secret_the_harness_prints_is_redacted_everywhere(state_dir: Path,
                                                             tmp_path: Path) -> None:
     run_with(state_dir, tmp_path, {"pass_env": ["MY_PROVIDER_KEY"]})
     names = json.loads((state_dir / "cells/p1_bugfix_demo-nothink_v1/env.json").read_text())
-    assert "MY_PROVIDER_KEY" in names and "OPENAI_API_KEY" not in names
+    assert "MY_PROVIDER_KEY" in names and names["OPENAI_API_KEY"] is True
     log = (state_dir / "logs/p1_bugfix_demo-nothink_v1.launcher.log").read_text()
     assert "key is ***" in log
     leaks = [str(p) for p in state_dir.rglob("*") if p.is_file()

@@ -69,6 +69,12 @@ def make_handler(args: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
             data = json.dumps(body).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
+            if args.gzip and self.path.rstrip("/").endswith("/completions"):
+                # fault knob: gzip whatever Accept-Encoding said (a misconfigured proxy)
+                import gzip
+
+                data = gzip.compress(data)
+                self.send_header("Content-Encoding", "gzip")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -234,6 +240,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--never-ready", action="store_true")
     # fault knob: list --model but answer as another (a router serving the wrong model)
     ap.add_argument("--answer-as", default=os.environ.get("AUTOPILOT_DEMO_ANSWER_AS", ""))
+    ap.add_argument("--gzip", action="store_true",
+                    default=bool(os.environ.get("AUTOPILOT_DEMO_GZIP")),
+                    help="fault knob: gzip every completion, whatever Accept-Encoding said")
     ap.add_argument("--parallel", type=int, default=4, help="slots shown by /slots")
     ap.add_argument("--max-model-len", type=int, default=0,
                     help="refuse prompt + max_tokens above this, as vLLM does (0: never)")

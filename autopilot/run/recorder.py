@@ -206,17 +206,18 @@ class Recorder:
             reported = budget.of_summary(summary)
             m = self.ledger.cells[cid].metered
             metered = budget.of_metered(m) if m and m.get("attempt") == attempt else None
+            u = m.get("unmetered") if m and m.get("attempt") == attempt else None
+            unread = u if type(u) is int and u > 0 else 0
             spent, basis = budget.cost_basis(metered, reported, self.preset.gateway.tolerance,
-                                             budget.reported_fields(summary))
+                                             budget.reported_fields(summary), unread)
             extra["spend"] = [spent.prompt, spent.completion]
             extra["cost_basis"] = basis
             if metered is not None and basis != "metered":
                 extra["self_reported"] = [reported.prompt, reported.completion]
             if m and m.get("attempt") == attempt:  # what the gateway saw, with the verdict
                 extra["gateway"] = {"requests": m.get("requests"), "errors": m.get("errors")}
-                u = m.get("unmetered")
-                if type(u) is int and u > 0:  # spend of unknown size: the budget's concern
-                    extra["unmetered"] = u
+                if unread:  # spend of unknown size: the budget's concern
+                    extra["unmetered"] = unread
         self.emit("cell_verdict", cell=cid, attempt=attempt, verdict=c.verdict, reason=c.reason,
                   word=c.word, caveat=c.caveat, teardown_masked=c.teardown_masked,
                   detail=c.detail, **extra)

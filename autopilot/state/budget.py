@@ -64,14 +64,21 @@ METERED = frozenset({"metered", "self_reported_mismatch"})
 
 
 def cost_basis(metered: Spend | None, reported: Spend, tolerance: float,
-               fields: tuple[str, ...] = ("prompt", "completion")) -> tuple[Spend, str]:
+               fields: tuple[str, ...] = ("prompt", "completion"),
+               unmetered: int = 0) -> tuple[Spend, str]:
     """What an attempt spent, and on whose word. The gateway's count (``metered``) wins
     where there is one; the harness's own summary is kept beside it, and a disagreement
     beyond ``tolerance`` (a share of the larger count) in a field the harness reported
     (``fields``) is flagged — a kernel that under-reports its cost, a CLI that records 0
-    billed tokens. Without the gateway the harness's word is all there is."""
+    billed tokens. Without the gateway the harness's word is all there is. With
+    ``unmetered`` responses the gateway's count is only a floor: each field is the larger
+    of the two words (the run's budget treats the rest as unknown)."""
     if metered is None:
         return reported, "self_reported"
+    if unmetered:
+        floor = Spend(max(metered.prompt, reported.prompt),
+                      max(metered.completion, reported.completion))
+        return floor, "self_reported_mismatch" if floor != metered else "metered"
     for f in fields:
         m, r = getattr(metered, f), getattr(reported, f)
         if abs(m - r) > tolerance * max(m, r, 1):

@@ -150,7 +150,8 @@ class Ledger:
             cell.pid = cell.create_time = None
         elif kind == "cell_metered":
             cell.metered = {k: ev.get(k) for k in ("attempt", "requests", "prompt_tokens",
-                                                   "completion_tokens", "errors")}
+                                                   "completion_tokens", "errors",
+                                                   "unmetered")}
         elif kind == "cell_quarantined":
             cell.status = "quarantined"
             cell.pid = cell.create_time = None
