@@ -219,6 +219,9 @@ class Grader(_Frozen):
     on_unavailable: Literal["refuse", "record"] = "refuse"
     extract: Extract | None = None
     verdicts: dict[str, VerdictRule] = Field(default_factory=lambda: dict(DEFAULT_VERDICTS))
+    # model-graded scoring: the grader gets a gateway listener of its own ({base_url},
+    # a key of its own as OPENAI_API_KEY), metered as grading, apart from the cell's spend
+    model_access: bool = False
 
     @field_validator("verdicts", mode="before")
     @classmethod

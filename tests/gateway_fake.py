@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import zlib
 from typing import Any
 
 from aiohttp import web
@@ -66,8 +67,12 @@ class FakeUpstream:
     async def chat(self, req: web.Request) -> web.StreamResponse:
         raw = await req.read()
         self.raw.append(raw)
-        text = gzip.decompress(raw) if req.headers.get("Content-Encoding") == "gzip" else raw
-        body = json.loads(text)
+        if req.headers.get("Content-Encoding") == "gzip":  # inflated within 1 MB, as a
+            raw = zlib.decompressobj(wbits=31).decompress(raw, 1 << 20)  # server would
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return web.json_response({"error": {"message": "bad json"}}, status=400)
         self.bodies.append(body)
         self.headers.append(dict(req.headers))
         model = body.get("model")

@@ -553,3 +553,119 @@ def test_the_attempt_key_in_an_argv_is_a_config_error(tmp_path: Path) -> None:
     assert r.returncode == 2
     assert "harness.argv" in r.stderr and "{api_key}" in r.stderr
     assert not (tmp_path / "s").exists()
+
+
+def test_a_model_graded_grader_gets_its_own_metered_credential(tmp_path: Path) -> None:
+    """``[grader] model_access``: the grader reaches the model through a listener of the
+    grading's own, with a key of its own (the harness's key is dead by then), and what
+    it spends is journaled as grading, on its own line."""
+    from conftest import ROOT, events, run_cli, write_overlay
+
+    import tomllib
+
+    demo = tomllib.loads((ROOT / "presets" / "demo.toml").read_text())
+    judge = ("import json, os, sys, urllib.request\n"
+             "req = urllib.request.Request(sys.argv[1] + '/chat/completions', data=json.dumps("
+             "{'model': sys.argv[2], 'messages': [{'role': 'user', 'content': 'grade'}]})"
+             ".encode(), headers={'Authorization': 'Bearer ' + os.environ['OPENAI_API_KEY'],"
+             " 'Content-Type': 'application/json'})\n"
+             "assert urllib.request.urlopen(req, timeout=30).status == 200\n"
+             "os.execv(sys.executable, [sys.executable, *sys.argv[3:]])\n")
+    state = tmp_path / "state"
+    (tmp_path / "judge.py").write_text(judge)
+    over = write_overlay(tmp_path / "o.json", {
+        "tasks": [{"id": "p1_bugfix"}], "arms": [{"label": "demo-nothink", "mode": "nothink"}],
+        "vars": {"think_secs": "0"}, "trust": {"infra_retries": 0},
+        "grader": {"model_access": True,
+                   "argv": ["{python}", str(tmp_path / "judge.py"), "{base_url}", "{model}",
+                            *demo["grader"]["argv"][1:]]}})
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                "--state-dir", str(state), "--quiet")
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    evs = events(state)
+    v = next(e for e in evs if e["event"] == "cell_verdict")
+    assert v["verdict"] in ("PASS", "FAIL"), v
+    graded = [e for e in evs if e["event"] == "cell_grade_metered"]
+    assert len(graded) == 1 and graded[0]["requests"] == 1 and graded[0]["unauthorized"] == 0
+    assert graded[0]["completion_tokens"] > 0
+    cell = next(e for e in evs if e["event"] == "cell_metered")
+    assert cell["requests"] >= 1  # the harness's, apart from the grading's
+    assert (state / "gateway" / v["cell"] / "grade-1.jsonl").exists()
+    spend = json.loads((state / "status.json").read_text())["spend"]
+    assert spend["grading"]["completion_tokens"] == graded[0]["completion_tokens"]
+
+
+# ---------------------------------------------------------------------- what held
+
+
+async def _raw(port: int, data: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(data)
+    await writer.drain()
+    try:
+        return await asyncio.wait_for(reader.read(4096), 30)
+    finally:
+        writer.close()
+
+
+async def test_no_request_line_or_header_reaches_another_host(upstream: FakeUpstream,
+                                                              tmp_path: Path) -> None:
+    evil = FakeUpstream()
+    await evil.start()
+    gw = Gateway()
+    e = f"127.0.0.1:{evil.port}"
+    try:
+        async with gw.attempt("c1", 1, {}, here(upstream), tmp_path / "g") as att:
+            auth = f"Authorization: Bearer {att.key}\r\n".encode()
+            chat = b'{"model": "m", "messages": []}'
+            for line in (f"POST http://{e}/v1/chat/completions HTTP/1.1",
+                         f"POST //{e}/v1/chat/completions HTTP/1.1",
+                         f"POST /%40{e}/v1/chat/completions HTTP/1.1",
+                         f"POST /v1/../../{e}/v1/chat/completions HTTP/1.1",
+                         f"CONNECT {e} HTTP/1.1"):
+                await _raw(att.port, line.encode() + f"\r\nHost: {e}\r\n".encode() + auth
+                           + f"Content-Length: {len(chat)}\r\n\r\n".encode() + chat)
+    finally:
+        await gw.close()
+        await evil.close()
+    assert evil.bodies == [] and evil.headers == []
+
+
+@pytest.mark.parametrize("bad", [
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-A: 1\r\nX-B: a\rb\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n{}",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+    b"Content-Length: 3\r\n\r\n{}",
+    b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n",
+])
+async def test_malformed_http_is_400_and_forwards_nothing(upstream: FakeUpstream,
+                                                          tmp_path: Path, bad: bytes) -> None:
+    gw = Gateway()
+    try:
+        async with gw.attempt("c1", 1, {}, here(upstream), tmp_path / "g") as att:
+            got = await _raw(att.port, bad)
+    finally:
+        await gw.close()
+    assert got.startswith(b"HTTP/1.") and got.split(b" ", 2)[1] in (b"400", b"431"), got[:80]
+    assert upstream.bodies == []
+
+
+async def test_an_oversized_body_is_413_and_a_gzip_bomb_passes_uninflated(
+        upstream: FakeUpstream, tmp_path: Path) -> None:
+    import zlib
+
+    gw = Gateway(limits=Limits(max_request=8 << 20))
+    comp = zlib.compressobj(9, zlib.DEFLATED, 31)
+    bomb = comp.compress(b"\0" * (256 << 20)) + comp.flush()  # 256 MB inflated, ~250 KB
+    try:
+        async with gw.attempt("c1", 1, {}, here(upstream), tmp_path / "g") as att, \
+                client(att, timeout=60) as c:
+            big = await c.post("/v1/chat/completions", content=b" " * (9 << 20))
+            through = await c.post("/v1/chat/completions", content=bomb, headers={
+                "Content-Type": "application/json", "Content-Encoding": "gzip"})
+    finally:
+        await gw.close()
+    assert big.status_code == 413
+    assert upstream.raw == [bomb]  # forwarded as received, never inflated here
+    assert through.status_code == 400  # the fake's own refusal of what it inflated

@@ -5,6 +5,7 @@ attempt's data path). cell/ imports none of those parts; a backend wires them in
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -83,6 +84,10 @@ class Gatekeeper(Protocol):
     def datapath_spec(self, settings: dict[str, Any], upstream: list[tuple[str, str]],
                       log_path: Path, key: str = "", model: str | None = None
                       ) -> dict[str, Any]: ...
+
+    def grading(self, cell: str, attempt: int, upstream: Callable[[], list[tuple[str, str]]],
+                log_path: Path, model: str | None = None
+                ) -> contextlib.AbstractAsyncContextManager[Any]: ...
 
 
 class Served(Protocol):

@@ -197,6 +197,7 @@ async def grade_outputs(
     p: Preset, ctx: Mapping[str, str], outcome: RunOutcome, grade_log: Path,
     checks: Checks, base_env: Mapping[str, str] | None = None,
     on_retry: OnGradeRetry | None = None, contain: Containment | None = None,
+    extra_env: Mapping[str, str] | None = None,
 ) -> Classification:
     """Run the task's grader on a finished attempt's outputs and classify. A failure of
     grading alone (crash, timeout, malformed grade, GRADER_FAILED) re-runs the grader on
@@ -214,6 +215,7 @@ async def grade_outputs(
     env = child_env(p, "grader")
     if base_env is not None and RUN_TOKEN_ENV in base_env:
         env[RUN_TOKEN_ENV] = grade_marker(base_env[RUN_TOKEN_ENV])
+    env.update(extra_env or {})  # model-graded scoring: the grading listener's own key
     env["AUTOPILOT_CELL_ID"] = ctx["cell"]
     env["AUTOPILOT_CELL_ATTEMPT"] = ctx["attempt"]
     argv = render_argv(grader_argv(p, ctx["task"]), ctx)
@@ -242,7 +244,7 @@ async def grade_outputs(
 async def judge_cell(
     p: Preset, ctx: Mapping[str, str], outcome: RunOutcome, grade_log: Path,
     base_env: Mapping[str, str] | None = None, on_retry: OnGradeRetry | None = None,
-    contain: Containment | None = None,
+    contain: Containment | None = None, extra_env: Mapping[str, str] | None = None,
 ) -> Classification:
     """Gather evidence for a finished attempt, run the grader when it can count, classify."""
     checks = read_checks(p, ctx) if outcome.completion else Checks()
@@ -250,5 +252,5 @@ async def judge_cell(
         checks.tokens_checked and not (checks.tokens and checks.tokens > 0))
     if outcome.completion and not untrusted:
         return await grade_outputs(p, ctx, outcome, grade_log, checks, base_env, on_retry,
-                                   contain)
+                                   contain, extra_env)
     return classify(outcome, None, p.grader.verdicts, checks, p.grader.verdict_field)

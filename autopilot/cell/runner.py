@@ -16,6 +16,7 @@ import json
 import socket
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -533,6 +534,31 @@ class CellRun:
         await dp.close()
         await dp.reap()
 
+    @contextlib.asynccontextmanager
+    async def _grading_path(self) -> AsyncIterator[tuple[dict[str, str], dict[str, str]]]:
+        """The grader's context and extra environment. With ``[grader] model_access``
+        (model-graded scoring) and a gateway: a listener of the grading's own for as
+        long as it runs ({base_url}, a key of its own), journaled as cell_grade_metered;
+        else the endpoint's own address and no key."""
+        cx = self.cx
+        gw = cx.gateway
+        if not (self.p.grader.model_access and gw is not None
+                and self.ctx.get("endpoint_base_url")):
+            yield self.ctx, {}
+            return
+        log_path = cx.state_dir / "gateway" / self.cell.id / f"grade-{self.attempt}.jsonl"
+        async with gw.grading(self.cell.id, self.attempt, self._upstreams, log_path,
+                              model=self.ctx["model"]) as g:
+            path = urlsplit(cx.keeper.ep.api_base).path
+            ctx = {**self.ctx, "port": str(g.port), "host": "127.0.0.1",
+                   "base_url": f"http://127.0.0.1:{g.port}{path}"}
+            try:
+                yield ctx, dict.fromkeys(cx.key_env, g.key)
+            finally:
+                if g.meter.requests or g.meter.unauthorized:
+                    cx.emit("cell_grade_metered", cell=self.cell.id, attempt=self.attempt,
+                            **g.meter.summary())
+
     async def judge(self, outcome: RunOutcome) -> Classification:
         """Checks, grader and classification of a finished attempt."""
 
@@ -543,9 +569,10 @@ class CellRun:
                 self.cx.on_grade_failure(self.cell.id, c)
 
         try:
-            c = await judge_cell(self.p, self.ctx, outcome, self.grade_log,
-                                 base_env=self.cx.base_env, on_retry=retry,
-                                 contain=self.cx.contain)
+            async with self._grading_path() as (ctx, extra_env):
+                c = await judge_cell(self.p, ctx, outcome, self.grade_log,
+                                     base_env=self.cx.base_env, on_retry=retry,
+                                     contain=self.cx.contain, extra_env=extra_env)
             if c.reason in ("harness_crash", "missing_output"):
                 # Why it broke is in its own output: the last lines go with the verdict.
                 tail = await anyio.to_thread.run_sync(log_tail, self.spool, 3)

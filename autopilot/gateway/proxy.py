@@ -259,6 +259,16 @@ class Gateway:
             att.closing = True
             await runner.cleanup()
 
+    @contextlib.asynccontextmanager
+    async def grading(self, cell: str, attempt: int,
+                      upstream: Callable[[], list[tuple[str, str]]], log_path: Path,
+                      model: str | None = None) -> AsyncIterator[Attempt]:
+        """A grader's own listener (model-graded scoring), run here in the loop for the
+        grading's length: a key of its own, no arm settings (grading is not the
+        experiment), the same checks and bounds, its meter the grading's."""
+        async with self.attempt(cell, attempt, {}, upstream, log_path, model=model) as att:
+            yield att
+
     async def _handle(self, att: Attempt, req: web.Request) -> web.StreamResponse:
         m = att.meter
         if not att.admits(req):

@@ -209,8 +209,8 @@ def budget_tick(policy: Policy, rules: Rules, ledger: Ledger) -> Decision:
     """Before a launch and after a verdict: stop launching once the budget is spent."""
     if policy.paused or (rules.budget_tokens is None and rules.budget_usd is None):
         return policy, []
-    why = budget.reached(rules.budget_tokens, rules.budget_usd, ledger.spend, rules.rate,
-                         ledger.unmetered)
+    why = budget.reached(rules.budget_tokens, rules.budget_usd,
+                         ledger.spend + ledger.grading, rules.rate, ledger.unmetered)
     if not why:
         return policy, []
     paused = (f"{why}; launching stopped (fail closed: look for \"unmetered\" in the "

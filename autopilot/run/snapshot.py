@@ -82,7 +82,11 @@ def build(v: RunView, light: bool = False) -> dict[str, Any]:
         "publish": v.publish,
         "spend": {"prompt_tokens": led.spend.prompt,
                   "completion_tokens": led.spend.completion,
-                  "usd": led.spend.usd(preset.rate_card.get(preset.model))},
+                  "usd": led.spend.usd(preset.rate_card.get(preset.model)),
+                  **({"grading": {"prompt_tokens": led.grading.prompt,
+                                  "completion_tokens": led.grading.completion}}
+                     if led.grading.tokens else {}),
+                  **({"unmetered": led.unmetered} if led.unmetered else {})},
         "throttle": {"limit": v.throttle.limit, "ceiling": v.throttle.ceiling,
                      "throttled": v.throttle.throttled},
         "disk": v.disk,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from autopilot.plan import Cell, Plan
-from autopilot.state.budget import COST_BASES, MAX_COUNT, METERED, Spend, of_events
+from autopilot.state.budget import COST_BASES, MAX_COUNT, METERED, Spend, of_events, of_metered
 
 # INVALID reasons that spend no retry: a throttling provider, a full disk, the death of
 # the attempt's data path (the cell is re-run once the infrastructure is back; none of
@@ -91,6 +91,9 @@ class Ledger:
         self.spend = Spend()  # tokens used by every attempt (journaled with its verdict)
         # responses the gateway answered but could not meter: spend of unknown size
         self.unmetered = 0
+        # what graders spent through their own listener (model-graded scoring), on its
+        # own line: not any cell's spend, but the run's (budgets count it)
+        self.grading = Spend()
         self.failovers = 0  # requests the gateway sent to another replica than the cell's
 
     def _cell(self, cid: str) -> CellState | None:
@@ -109,6 +112,14 @@ class Ledger:
             u = ev.get("unmetered")
             if type(u) is int and 0 < u <= MAX_COUNT and not ev.get("regrade"):
                 self.unmetered += u
+        if kind == "cell_grade_metered":
+            g = of_metered(ev)
+            if g is not None:
+                self.grading = self.grading + g
+            u = ev.get("unmetered")
+            if type(u) is int and 0 < u <= MAX_COUNT:
+                self.unmetered += u
+            return
         if kind == "endpoint_restart":
             self.endpoint_restarts += 1
             return
