@@ -222,6 +222,8 @@ async def test_a_connection_is_known_by_the_process_tree_that_opened_it(
         for p in (child, other):
             p.kill()
             p.wait()
+            assert p.stdin is not None
+            p.stdin.close()
         srv.close()
 
 
@@ -255,6 +257,8 @@ async def test_a_keyless_caller_outside_the_tree_is_refused_as_nobody_too(
     finally:
         holder.kill()
         holder.wait()
+        assert holder.stdin is not None
+        holder.stdin.close()
         await gw.close()
     assert ours.stdout.strip() == "401", ours.stderr
     assert nobody.stdout.strip() == "401", nobody.stderr

@@ -60,6 +60,10 @@ def loads_bounded(data: bytes | str, max_depth: int) -> Any:
         doc = json.loads(data)
     except (ValueError, RecursionError):
         return None
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogatepass")
+    if data.count(b"[") + data.count(b"{") <= max_depth:
+        return doc  # fewer brackets than the bound (counted in C): cannot nest deeper
     return None if _deeper_than(doc, max_depth) else doc
 
 

@@ -329,7 +329,8 @@ class Gateway:
         m = att.meter
         lim = self.limits
         try:
-            body = await asyncio.wait_for(req.read(), lim.body_secs or None)
+            async with asyncio.timeout(lim.body_secs or None):  # no task of its own
+                body = await req.read()
         except web.HTTPRequestEntityTooLarge:
             return self._refuse(att, rec, 413, "request_error",
                                 "request body over the gateway's limit")
