@@ -496,6 +496,22 @@ class Preset(_Frozen):
                     "labels key the run and must differ (e.g. in their mode)"
                 )
             labels[key] = a
+        # A cell's id is "{task}_{arm}_v{n}", and ids and labels may hold "_": two
+        # (task, arm) pairs joined the same way would be one cell (one pair never run,
+        # the other counted twice). The "_v{n}" suffix cannot collide (digits follow the
+        # last "_v"), so refusing equal joins makes ids injective, and every existing
+        # state dir keeps its ids.
+        joined: dict[str, tuple[str, str]] = {}
+        for t in self.tasks:
+            for a in self.arms:
+                key = f"{t.id}_{a.label}".lower()
+                if key in joined:
+                    ot, oa = joined[key]
+                    raise ValueError(
+                        f"task {ot!r} with arm {oa!r} and task {t.id!r} with arm "
+                        f"{a.label!r} make the same cell ids ({t.id}_{a.label}_v1): rename "
+                        "a task or an arm")
+                joined[key] = (t.id, a.label)
         if self.baseline and self.baseline.arm not in {a.label for a in self.arms}:
             raise ValueError(f"baseline.arm {self.baseline.arm!r} is not an arm of this preset")
         r = self.endpoint.replicas

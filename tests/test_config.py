@@ -87,6 +87,12 @@ def test_optional_argv_group_drops_when_unset() -> None:
         (minimal(arms='[[arms]]\nlabel = "x-think"\nmode = "think"\n'
                       '[[arms]]\nlabel = "x-think"\nmode = "think"\n'), "collide"),
         (minimal(arms='[[arms]]\nlabel = "x"\nmode = "think"\n'), "does not encode its mode"),
+        # issue #34: tasks "a_b" and "a" x arms "c-plain" and "b_c-plain" were 3 cells
+        (minimal(arms='[[arms]]\nlabel = "c-plain"\nmode = "plain"\n'
+                      '[[arms]]\nlabel = "b_c-plain"\nmode = "plain"\n')
+         .replace('id = "t1"', 'id = "a_b"').replace('id = "t2"', 'id = "a"'),
+         "task 'a_b' with arm 'c-plain' and task 'a' with arm 'b_c-plain' make the same "
+         "cell ids"),
         (minimal(arms='[[arms]]\nlabel = "x-nothink"\nmode = "think"\n'),
          "does not encode its mode"),
         (minimal('[watchdog]\nwarn_secs = 500\n'), "warn_secs <= probe_secs <= kill_secs"),

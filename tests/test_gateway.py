@@ -352,10 +352,10 @@ async def test_a_dead_replica_costs_a_request_a_second_try_not_the_cell(
 
 def test_a_providers_key_stays_in_the_supervisor_and_429s_are_absorbed(
         tmp_path: Path) -> None:
+    import re
+
     from conftest import ROOT, cli_env, events, run_cli
     from provider_fake import FakeProvider
-
-    import re
 
     secret = "sk-REAL-provider-key-5e1f"
     # The fake provider demands the real key and throttles every 3rd request for 0.3 s.

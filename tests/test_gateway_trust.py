@@ -186,9 +186,9 @@ async def test_a_flood_of_keyless_requests_keeps_memory_flat_and_the_harness_ser
 
 
 def _connect_and_hold(port: int, ready: Path) -> subprocess.Popen[bytes]:
-    code = ("import socket,sys,time;s=socket.create_connection(('127.0.0.1',%d));"
+    code = (f"import socket,sys,time;s=socket.create_connection(('127.0.0.1',{port}));"
             "open(sys.argv[1],'w').write(str(s.getsockname()[1]));"
-            "sys.stdin.read()" % port)
+            "sys.stdin.read()")
     return subprocess.Popen([sys.executable, "-c", code, str(ready)], stdin=subprocess.PIPE)
 
 
@@ -242,9 +242,9 @@ async def test_a_keyless_caller_outside_the_tree_is_refused_as_nobody_too(
                                   peer, ("127.0.0.1", att_port[0]), holder.pid)) as att:
             att_port = [att.port]
             code = ("import urllib.request,sys;"
-                    "r=urllib.request.Request('http://127.0.0.1:%d/v1/models');"
+                    f"r=urllib.request.Request('http://127.0.0.1:{att.port}/v1/models');"
                     "\ntry: print(urllib.request.urlopen(r).status)"
-                    "\nexcept Exception as e: print(getattr(e,'code',e))" % att.port)
+                    "\nexcept Exception as e: print(getattr(e,'code',e))")
             ours = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", code],
                                            capture_output=True, text=True, timeout=60)
             argv = [sys.executable, "-c", code]
@@ -563,9 +563,9 @@ def test_a_model_graded_grader_gets_its_own_metered_credential(tmp_path: Path) -
     """``[grader] model_access``: the grader reaches the model through a listener of the
     grading's own, with a key of its own (the harness's key is dead by then), and what
     it spends is journaled as grading, on its own line."""
-    from conftest import ROOT, events, run_cli, write_overlay
-
     import tomllib
+
+    from conftest import ROOT, events, run_cli, write_overlay
 
     demo = tomllib.loads((ROOT / "presets" / "demo.toml").read_text())
     judge = ("import json, os, sys, urllib.request\n"

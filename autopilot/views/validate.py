@@ -154,7 +154,9 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
             c = grader_unavailable(missing)
         seen = evidence_of(metered.get(cell.id))
         if seen is not None:  # as the run judged it: the gateway's evidence counts too
-            c = unmetered(c, seen.requests, preset.gateway.require_metering)
+            u = (metered.get(cell.id) or {}).get("unmetered")
+            c = unmetered(c, seen.requests, preset.gateway.require_metering,
+                          u if type(u) is int and u > 0 else 0)
             c = count_by_evidence(c, outcome, seen, preset.trust.count)
         result.cells.append(CellCheck(cell.id, c.verdict, c.reason or "", c.detail,
                                       c.caveat))
