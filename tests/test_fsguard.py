@@ -55,6 +55,36 @@ def test_inside_a_root_is_removed_and_a_symlink_out_is_not_followed(run) -> None
     assert victim.is_dir()
 
 
+def test_a_3000_level_tree_with_symlink_loops_is_removed_without_recursion(run) -> None:
+    """A model's commands can build a tree deeper than Python's recursion limit, PATH_MAX
+    and the fd limit, with symlinks back up at every level (issue #34: rmtree raised
+    RecursionError and the cell was wedged for good). Built by descriptor, as it must be."""
+    import os
+
+    state, root, tmp = run
+    victim = tmp / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("x")
+    top = root / "cell_v1"
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(3000):
+            os.mkdir("d", dir_fd=fd)
+            os.symlink("..", "loop", dir_fd=fd)
+            os.symlink(str(victim), "out", dir_fd=fd)
+            f = os.open("f", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd)
+            os.close(f)
+            down = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = down
+    finally:
+        os.close(fd)
+    assert remove_tree(top, (state, root), state)
+    assert not os.path.lexists(top)
+    assert (victim / "keep").read_text() == "x"  # never followed out
+
+
 def test_roots_come_from_the_static_part_of_the_templates(tmp_path: Path,
                                                           monkeypatch) -> None:
     monkeypatch.setenv("BENCH_DIR", "/srv/mmbt")

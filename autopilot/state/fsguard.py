@@ -24,7 +24,6 @@ import os
 import shutil
 import stat
 import string
-import sys
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
@@ -174,20 +173,93 @@ def remove_tree(path: Path | str, roots: Iterable[Path], state_dir: Path) -> boo
         # opened (rmtree opens its argument, and opening a FIFO blocks for good).
         p.unlink(missing_ok=True)
         return True
-    failed: list[str] = []
-
-    def note(_fn: object, where: str, exc: object) -> None:
-        # onerror passes sys.exc_info(), onexc (3.12+) the exception itself
-        e = exc[1] if isinstance(exc, tuple) else exc
-        failed.append(f"{where}: {getattr(e, 'strerror', None) or e}")
-
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(p, onexc=note)
-    else:
-        shutil.rmtree(p, onerror=note)
+    failed = _remove_dir(p)
     if failed or os.path.lexists(p):
         raise NotRemoved(p, f"{len(failed)} entries left, first {failed[0] if failed else p}")
     return True
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _remove_dir(top: Path) -> list[str]:
+    """Remove the tree at ``top`` without recursion and with one directory open at a
+    time: a harness's 3000-level tree (or one deeper than PATH_MAX, or than the fd
+    limit) is removed like a flat one. Every step is relative to a directory descriptor
+    (``unlinkat``/``openat``) and never follows a symlink; the way back up is checked
+    against the device and inode seen on the way down, so a directory moved meanwhile
+    stops the removal there instead of taking it elsewhere. Returns what was left."""
+    failed: list[str] = []
+    skip: set[tuple[int, int]] = set()  # entries that would not go: not tried again
+    try:
+        cur = os.open(top, _DIR_FLAGS)
+    except OSError as err:
+        return [f"{top}: {err.strerror}"]
+    path: list[tuple[int, int, str]] = []  # (dev, ino) of each parent, and our name in it
+    try:
+        while True:
+            sub = None
+            with os.scandir(cur) as it:
+                entries = list(it)
+            for ent in entries:
+                try:
+                    st = ent.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if (st.st_dev, st.st_ino) in skip:
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    sub = sub or ent.name
+                    continue
+                try:
+                    os.unlink(ent.name, dir_fd=cur)
+                except FileNotFoundError:
+                    pass
+                except OSError as err:
+                    skip.add((st.st_dev, st.st_ino))
+                    failed.append(f"{'/'.join([str(top), *(n for *_, n in path), ent.name])}: "
+                                  f"{err.strerror}")
+            if sub is not None:
+                try:
+                    down = os.open(sub, _DIR_FLAGS, dir_fd=cur)
+                except OSError as err:
+                    st = os.stat(sub, dir_fd=cur, follow_symlinks=False)
+                    skip.add((st.st_dev, st.st_ino))
+                    failed.append(f"{sub}: {err.strerror}")
+                    continue
+                here = os.fstat(cur)
+                path.append((here.st_dev, here.st_ino, sub))
+                os.close(cur)
+                cur = down
+                continue
+            if not path:  # the top is empty (or holds only what would not go)
+                break
+            dev, ino, name = path.pop()
+            up = os.open("..", _DIR_FLAGS, dir_fd=cur)
+            st = os.fstat(up)
+            mine = os.fstat(cur)
+            os.close(cur)
+            cur = up
+            if (st.st_dev, st.st_ino) != (dev, ino):
+                failed.append(f"{name}: its parent was moved during the removal")
+                break
+            try:
+                os.rmdir(name, dir_fd=cur)
+            except FileNotFoundError:
+                pass
+            except OSError as err:
+                skip.add((mine.st_dev, mine.st_ino))
+                failed.append(f"{name}: {err.strerror}")
+    finally:
+        os.close(cur)
+    if not failed:
+        try:
+            os.rmdir(top)
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            failed.append(f"{top}: {err.strerror}")
+    return failed
 
 
 Clear = Callable[[str], Awaitable[str | None]]  # empties a dir another way; None: done
