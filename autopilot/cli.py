@@ -166,8 +166,12 @@ def _trusted_preset_args(sp: argparse.ArgumentParser) -> None:
 
 def _state_dir(args: argparse.Namespace) -> Path:
     """``--state-dir`` given after a verb, before it, ``$AUTOPILOT_STATE_DIR``, or the default."""
+    from autopilot.state.statedir import settled
+
     chosen = getattr(args, "sub_state_dir", None) or args.state_dir
-    return Path(chosen or default_state_dir()).absolute()
+    # resolved once, link by link (a symlink of another user's is refused): every later
+    # open goes through a path without a symlink, so a swap after the check is nothing
+    return settled(Path(chosen or default_state_dir()).absolute())
 
 
 def cmd_presets() -> int:

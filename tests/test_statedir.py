@@ -97,6 +97,41 @@ def test_a_state_dir_of_another_user_is_refused(state_dir: Path) -> None:
     assert os.listdir(state_dir) == []
 
 
+def test_a_state_dir_path_through_another_users_symlink_is_refused(tmp_path: Path) -> None:
+    """Issue #34: another user's symlink as the state dir passed the check (only its
+    target was checked), and root wrote the whole run into the root-only directory it
+    pointed at."""
+    victim = tmp_path / "root-only"
+    victim.mkdir(mode=0o700)
+    (victim / "status.json").write_text("precious\n")
+    link = tmp_path / "planted"
+    link.symlink_to(victim)
+    os.chown(link, NOBODY, NOBODY, follow_symlinks=False)
+    r = run_cli(*DEMO1, "--state-dir", str(link))
+    assert r.returncode == 2, r.stderr
+    assert "is a symlink owned by nobody" in r.stderr and len(r.stderr.splitlines()) == 1
+    assert sorted(os.listdir(victim)) == ["status.json"]
+    assert (victim / "status.json").read_text() == "precious\n"
+
+
+def test_a_looping_state_dir_path_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    r = run_cli(*DEMO1, "--state-dir", str(tmp_path / "a" / "state"))
+    assert r.returncode == 2 and "symlink loop" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+def test_our_own_symlink_is_followed_once_and_the_run_lives_at_its_target(
+        tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (tmp_path / "mine").symlink_to(real)
+    r = run_cli(*DEMO1, "--state-dir", str(tmp_path / "mine" / "state"))
+    assert r.returncode == 0, r.stderr
+    assert (real / "state" / "journal.jsonl").exists()
+
+
 @pytest.mark.parametrize("name", ["autopilot.lock", "autopilot.log", "journal.jsonl",
                                   "logs/p1_bugfix_demo-nothink_v1.launcher.log"])
 def test_a_symlinked_state_file_is_refused_and_its_target_untouched(

@@ -65,6 +65,53 @@ def _check_entry(path: Path) -> None:
                             "owned by you or root and not writable by group or other")
 
 
+MAX_LINKS = 40  # symlinks followed in one state dir path (the kernel's own bound)
+
+
+def settled(state_dir: Path) -> Path:
+    """The state dir's path with every symlink in it resolved, checked link by link: a
+    symlink another user owns is refused (as OpenSSH's StrictModes refuses a path
+    another user could change: they could point it at any directory of ours), and a
+    looping path is a one-line error. The result has no symlink left, so a link swapped
+    after this check changes nothing: every later open goes through the result."""
+    given = Path(os.path.abspath(state_dir))
+    todo = list(given.parts[1:])
+    cur = Path("/")
+    hops = 0
+    while todo:
+        name = todo.pop(0)
+        if name in ("", "."):
+            continue
+        if name == "..":
+            cur = cur.parent
+            continue
+        nxt = cur / name
+        try:
+            st = os.lstat(nxt)
+        except FileNotFoundError:
+            return Path(nxt, *todo)  # the rest is made by us, later
+        except OSError as e:
+            raise StateDirError(f"state dir {given}: {nxt}: {e.strerror}") from None
+        if not stat.S_ISLNK(st.st_mode):
+            cur = nxt
+            continue
+        hops += 1
+        if hops > MAX_LINKS:
+            raise StateDirError(f"state dir {given}: more than {MAX_LINKS} symlinks "
+                                "(a symlink loop)")
+        if not _trusted_uid(st.st_uid):
+            raise StateDirError(f"state dir {given}: {nxt} is a symlink owned by "
+                                f"{_owner(st.st_uid)}, who could point it anywhere; use "
+                                "the path it names, or another --state-dir")
+        target = Path(os.readlink(nxt))
+        if target.is_absolute():
+            cur = Path("/")
+            todo = list(target.parts[1:]) + todo
+        else:
+            todo = list(target.parts) + todo
+    return cur
+
+
 def check_trusted(state_dir: Path) -> None:
     """Raise StateDirError unless ``state_dir`` (if it exists) and what the autopilot
     keeps in it can be trusted; see the module doc. Reads only."""
