@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from conftest import ROOT, cli_env
 
@@ -475,3 +476,83 @@ def test_an_attempt_killed_before_its_start_was_journaled_is_adopted_as_itself(
     (out / "summary.json").write_text('{"total_completion_tokens": 3}')  # finished work
     outcome = finished_outcome(preset, cell, state, st, {}, killed=False)
     assert outcome is not None and outcome.completion  # adopted as attempt 2, not re-run
+
+
+MOVER = r'''
+import os, sys
+out, who = sys.argv[1], sys.argv[2]
+os.makedirs(out, exist_ok=True)
+group = next(l[3:].strip() for l in open("/proc/self/cgroup") if l.startswith("0::"))
+mount = next(l.split()[4] for l in open("/proc/self/mountinfo")
+             if l.split(" - ")[1].split()[0] == "cgroup2")
+if who == "supervisor":  # walk up to the autopilot itself
+    pid = os.getppid()
+    while b"autopilot.cli" not in open(f"/proc/{pid}/cmdline", "rb").read():
+        pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+else:
+    pid = int(who)
+with open(mount + group + "/cgroup.procs", "w") as f:
+    f.write(str(pid))
+open(os.path.join(out, "summary.json"), "w").write('{"total_completion_tokens": 3}')
+'''
+
+
+def mover_run(tmp_path: Path, who: str) -> tuple[Path, Any]:
+    from conftest import events, run_cli, write_overlay
+
+    (tmp_path / "mover.py").write_text(MOVER)
+    over = write_overlay(tmp_path / "o.json", {
+        "tasks": [{"id": "p1_bugfix"}], "arms": [{"label": "demo-nothink", "mode": "nothink"}],
+        "harness": {"argv": ["{python}", str(tmp_path / "mover.py"), "{output_dir}", who]},
+        "grader": {"argv": PASS_GRADER}, "trust": {"arm_checks": []}, "baseline": None})
+    state = tmp_path / "state"
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                "--state-dir", str(state), "--quiet", timeout=120)
+    return state, (r, events(state))
+
+
+def _needs_cgroups() -> None:
+    import os
+
+    import pytest
+
+    from autopilot.cell import cgroups
+
+    if os.geteuid() != 0 or cgroups.cgroup2_mount() is None:
+        pytest.skip("needs root and a cgroup v2 hierarchy (tools/test runs as root)")
+
+
+def test_a_process_moved_into_a_cells_group_survives_the_cell_and_is_journaled(
+        tmp_path: Path) -> None:
+    """Issue #34: the end of a cell killed whatever was in its group. A harness that
+    moves an unrelated process in (here one of the test's, started long before) no
+    longer gets it killed: it is spared and journaled."""
+    import subprocess
+
+    _needs_cgroups()
+    victim = subprocess.Popen(["/bin/sleep", "300"])
+    try:
+        _, (r, evs) = mover_run(tmp_path, str(victim.pid))
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert victim.poll() is None  # alive
+        spared = [e for e in evs if e["event"] == "foreign_in_cell_group"]
+        assert spared and spared[0]["pid"] == victim.pid
+        assert "older than the group" in spared[0]["why"]
+        v = next(e for e in evs if e["event"] == "cell_verdict")
+        assert v["verdict"] == "PASS"
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_a_harness_that_moves_the_supervisor_into_its_group_does_not_kill_it(
+        tmp_path: Path) -> None:
+    """Moved into a cell's group, the supervisor used to kill itself at the cell's end
+    (rc 137, the endpoint left running). It is never signalled (nor frozen), moves
+    itself back out, and the run completes."""
+    _needs_cgroups()
+    _, (r, evs) = mover_run(tmp_path, "supervisor")
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    spared = [e for e in evs if e["event"] == "foreign_in_cell_group"]
+    assert spared and "supervisor" in spared[0]["why"]
+    assert any(e["event"] == "run_finished" and e["outcome"] == "COMPLETE" for e in evs)

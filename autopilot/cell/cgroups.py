@@ -112,25 +112,67 @@ class Containment:
         except (OSError, ValueError):
             return []
 
-    def kill(self, group: Path, timeout: float = 5.0) -> list[int]:
-        """End every process of ``group`` and remove it; the pids it held."""
+    def kill(self, group: Path, timeout: float = 5.0,
+             spared: list[dict[str, Any]] | None = None) -> list[int]:
+        """End every process of ``group`` that is the group's own and remove it; the
+        pids it ended. A member that is not (``foreign``: moved in by a harness, since a
+        group's members may write its ``cgroup.procs``) is never signalled: it is left
+        where it is and added to ``spared`` ({group, pid, why}) for the caller to
+        journal (foreign_in_cell_group)."""
         pids = self.members(group)
-        if pids:
-            try:
-                (group / "cgroup.kill").write_text("1")
-            except OSError:  # a kernel before 5.14: SIGKILL each member until empty
-                for pid in pids:
+        if not pids:
+            with contextlib.suppress(OSError):
+                group.rmdir()
+            return []
+        strangers: dict[int, str] = {}
+        ours = pids
+        mine = _ancestors()
+        if mine & set(pids):
+            # A harness moved us (or an ancestor of ours) in: never frozen, never
+            # signalled; we move ourselves back out to the group we started in.
+            if spared is not None:
+                spared.extend({"group": group.name, "pid": pid,
+                               "why": "the supervisor (or an ancestor of it)"}
+                              for pid in sorted(mine & set(pids)))
+            _write(self.base.parent / "cgroup.procs", str(os.getpid()))
+        # Frozen first: nothing in the group forks or moves anyone in while we look
+        # (unless that would freeze us).
+        frozen = not (mine & set(self.members(group))) and _write(group / "cgroup.freeze",
+                                                                  "1")
+        try:
+            if frozen:
+                _wait_frozen(group, min(timeout, 2.0))
+            pids = self.members(group)
+            strangers = {pid: why for pid in pids if (why := foreign(pid, group))}
+            moved_in = set(strangers) & mine  # already said above
+            strangers.update(dict.fromkeys(moved_in, "the supervisor"))
+            if strangers and spared is not None:
+                spared.extend({"group": group.name, "pid": pid, "why": why}
+                              for pid, why in strangers.items() if pid not in moved_in)
+            ours = [pid for pid in pids if pid not in strangers]
+            if not strangers and _write(group / "cgroup.kill", "1"):
+                pass  # the kernel ends the whole group at once
+            else:  # a stranger inside (or a kernel before 5.14): ours, one by one
+                for pid in ours:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(pid, signal.SIGKILL)
-            deadline = time.monotonic() + timeout
-            while self.populated(group) and time.monotonic() < deadline:
-                for pid in self.members(group):  # what forked before the kill landed
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(pid, signal.SIGKILL)
-                time.sleep(0.01)
+        finally:
+            if frozen:
+                _write(group / "cgroup.freeze", "0")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            left = [pid for pid in self.members(group) if pid not in strangers]
+            if not left:
+                break
+            for pid in left:  # what forked before the kill landed
+                if foreign(pid, group):
+                    continue
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.01)
         with contextlib.suppress(OSError):
             group.rmdir()
-        return pids
+        return ours
 
     @staticmethod
     def populated(group: Path) -> bool:
@@ -151,9 +193,11 @@ class Containment:
                 continue
             if group.name in keep:
                 continue
-            pids = self.kill(group, timeout)
-            if pids:
-                found.append({"group": group.name, "pids": pids})
+            spared: list[dict[str, Any]] = []
+            pids = self.kill(group, timeout, spared)
+            if pids or spared:
+                found.append({"group": group.name, "pids": pids,
+                              **({"foreign": spared} if spared else {})})
         return found
 
     def close(self) -> None:
@@ -163,6 +207,96 @@ class Containment:
                 if group.is_dir() and not self.populated(group):
                     group.rmdir()
             self.base.rmdir()
+
+
+def _write(path: Path, value: str) -> bool:
+    try:
+        path.write_text(value)
+        return True
+    except OSError:
+        return False
+
+
+def _wait_frozen(group: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if "frozen 1" in (group / "cgroup.events").read_text():
+                return
+        except OSError:
+            return
+        time.sleep(0.002)
+
+
+def _group_cell(group: Path) -> str | None:
+    """The cell a group is for (``cell-<cell>-a<k>``, ``grade-<cell>-a<k>``), or None
+    (an endpoint's)."""
+    name = group.name
+    for kind in ("cell-", "grade-"):
+        if name.startswith(kind):
+            head, _, k = name[len(kind):].rpartition("-a")
+            return head if head and k.isdigit() else None
+    return None
+
+
+def _ancestors() -> set[int]:
+    out: set[int] = set()
+    pid = os.getpid()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return out
+
+
+_MARKERS = ("AUTOPILOT_CELL_ID", "AUTOPILOT_RUN_TOKEN", "AUTOPILOT_DATAPATH")
+
+
+def foreign(pid: int, group: Path) -> str | None:
+    """Why ``pid``, found in ``group``, is not the group's own (None: it is). Its own:
+    started after the group was made, by this user, and either carrying the group's
+    cell or no marker of ours at all (a descendant that cleared its environment). Not:
+    the supervisor or an ancestor of it, another user's process, one older than the
+    group (nothing born before it can be the attempt's), another cell's or the
+    endpoint's process, a data path."""
+    import psutil
+
+    if pid in _ancestors():
+        return "the supervisor (or an ancestor of it)"
+    try:
+        p = psutil.Process(pid)
+        uid = p.uids().real
+        started = p.create_time()
+    except psutil.Error:
+        return None  # gone
+    if uid != os.geteuid():
+        return f"a process of uid {uid}"
+    try:
+        made = group.stat().st_ctime
+    except OSError:
+        made = 0.0
+    # A start time is the boot time (whole seconds in /proc/stat) plus ticks: up to a
+    # second early. Generous, since what this rules out is days old (an sshd moved in).
+    if started + 1.5 < made:
+        return "a process older than the group"
+    try:
+        env = p.environ()
+    except psutil.Error:
+        return "a process whose environment cannot be read"
+    cell = _group_cell(group)
+    mine = env.get("AUTOPILOT_CELL_ID")
+    if env.get("AUTOPILOT_DATAPATH"):
+        return "a data path"
+    if cell is None:  # an endpoint's group: a cell's process is never its own
+        return "a cell's process" if mine is not None else None
+    if mine is not None:
+        return None if mine == cell else f"cell {mine[:80]}'s process"
+    if any(k in env for k in _MARKERS):
+        return "a process of the run that is no cell's (the endpoint, the supervisor's)"
+    return None
 
 
 def mode_line() -> str:

@@ -177,9 +177,14 @@ class CellRun:
         """Kill what is left in the attempt's cgroup (a child that cleared its
         environment and double-forked is still in it) and remove the group."""
         if self.group is not None and self.cx.contain is not None:
-            pids = await anyio.to_thread.run_sync(self.cx.contain.kill, self.group)
+            spared: list[dict[str, Any]] = []
+            pids = await anyio.to_thread.run_sync(self.cx.contain.kill, self.group, 5.0,
+                                                  spared)
             if pids:
                 log.info("cell_group_killed", pids=pids)
+            for f in spared:  # moved into the cell's group by someone: never signalled
+                self.cx.emit("foreign_in_cell_group", cell=self.cell.id,
+                             attempt=self.attempt, **f)
             self.group = None
 
     async def _kill(self, grace: float) -> list[int]:

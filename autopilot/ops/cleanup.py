@@ -54,8 +54,12 @@ async def cleanup(preset: Preset, plan: Plan, state_dir: Path, *, endpoint: bool
         swept = await anyio.to_thread.run_sync(
             partial(contain.sweep, endpoint=endpoint)) if contain else []
         for group in swept:
-            removed.append(f"processes {' '.join(map(str, group['pids']))} (cgroup "
-                           f"{group['group']})")
+            if group["pids"]:
+                removed.append(f"processes {' '.join(map(str, group['pids']))} (cgroup "
+                               f"{group['group']})")
+            for f in group.get("foreign", ()):  # never signalled: not the run's
+                removed.append(f"spared process {f['pid']} in cgroup {group['group']} "
+                               f"({f['why']})")
     if needs_docker(preset):
         from autopilot.cell.sandbox import Docker
 

@@ -286,6 +286,10 @@ async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Led
     if contain is not None:
         for group in await anyio.to_thread.run_sync(
                 lambda: contain.sweep(keep=keep_groups)):
+            for f in group.get("foreign", ()):
+                emit("foreign_in_cell_group", cell=None, **f)
+            if not group["pids"]:
+                continue
             found.cleaned.append({"cgroup": group["group"], "pids": group["pids"]})
             emit("orphan_killed", cell=None, group=group["group"], pids=group["pids"],
                  why="left in the run's cgroup by a predecessor")
