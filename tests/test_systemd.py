@@ -121,3 +121,9 @@ def test_unit_file_is_hardened(tmp_path: Path) -> None:
     for needle in ("User=bench-autopilot", "UMask=0077", "StateDirectoryMode=0700",
                    "CapabilityBoundingSet=\n", "PrivateTmp=yes"):
         assert needle in unit
+    # Delegate=yes only helps if the delegated subtree is writable: ProtectControlGroups=yes
+    # would mount it read-only for the service (issue #34).
+    settings = dict(line.split("=", 1) for line in unit.splitlines()
+                    if "=" in line and not line.startswith("#"))
+    assert settings["Delegate"] == "yes" and settings["ProtectControlGroups"] == "no"
+    assert "ProtectControlGroups" in out  # systemd-analyze read it (and scores it)
