@@ -183,6 +183,20 @@ class Harness(_Frozen):
     # The most a request of the harness may ask for, prompt + max_tokens (0: unknown):
     # preflight refuses an endpoint that cannot serve it (vLLM's max_model_len).
     max_context: int = Field(default=0, ge=0)
+    # Who a harness (and its grader) runs as. "same": the supervisor's user (a harness
+    # can then read the run's token and rewrite its journal). "cell": with the
+    # supervisor as root, an unprivileged uid of its own per live cell, from ``uids``
+    # (inclusive; gid = uid): it can touch nothing of the run but its own output dir.
+    user: Literal["same", "cell"] = "same"
+    uids: tuple[int, int] = (61184, 65519)  # systemd's DynamicUser= range
+
+    @field_validator("uids")
+    @classmethod
+    def _uids(cls, v: tuple[int, int]) -> tuple[int, int]:
+        lo, hi = v
+        if not 1000 <= lo <= hi < 2**31 - 1:
+            raise ValueError("expected [first, last] with 1000 <= first <= last")
+        return v
 
     @field_validator("argv")
     @classmethod

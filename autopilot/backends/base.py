@@ -102,7 +102,7 @@ class Wiring:
 def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
                  extra_env: dict[str, str] | None = None, forks: bool = False) -> CellContext:
     """The one builder of what a cell run needs (here, and in a Ray node's actor)."""
-    from autopilot.cell import cgroups
+    from autopilot.cell import cgroups, users
     from autopilot.cell.childenv import child_env, secret_values
     from autopilot.cell.context import CellContext
     from autopilot.cell.procs import RUN_TOKEN_ENV
@@ -144,6 +144,8 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
                      if gateway is None or k not in key_env},
                   RUN_TOKEN_ENV: w.run_token, **(extra_env or {})},
         new_key=attempt_key, key_env=key_env if gateway is not None else (),
+        users=users.pool_for(*w.preset.harness.uids) if w.preset.harness.user == "cell"
+        else None,
         replica=replica, contain=cgroups.for_run(w.run_token)[0], gateway=gateway,
         # Data paths forked from one server per loop (its imports paid once), where the
         # backend asks for it; else each is a process of its own.

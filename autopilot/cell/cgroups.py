@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -228,15 +229,13 @@ def _wait_frozen(group: Path, timeout: float) -> None:
         time.sleep(0.002)
 
 
-def _group_cell(group: Path) -> str | None:
-    """The cell a group is for (``cell-<cell>-a<k>``, ``grade-<cell>-a<k>``), or None
-    (an endpoint's)."""
-    name = group.name
-    for kind in ("cell-", "grade-"):
-        if name.startswith(kind):
-            head, _, k = name[len(kind):].rpartition("-a")
-            return head if head and k.isdigit() else None
-    return None
+def _group_cell(group: Path) -> tuple[str | None, int | None]:
+    """The cell a group is for (``cell-<cell>-a<k>[-u<uid>]``, ``grade-…``) and the uid
+    its processes run as; (None, None) for an endpoint's."""
+    m = _GROUP.fullmatch(group.name)
+    if m is None:
+        return None, None
+    return m.group(1), int(m.group(2)) if m.group(2) else None
 
 
 def _ancestors() -> set[int]:
@@ -272,7 +271,8 @@ def foreign(pid: int, group: Path) -> str | None:
         started = p.create_time()
     except psutil.Error:
         return None  # gone
-    if uid != os.geteuid():
+    cell, cell_uid = _group_cell(group)
+    if uid != os.geteuid() and uid != cell_uid:
         return f"a process of uid {uid}"
     try:
         made = group.stat().st_ctime
@@ -282,11 +282,12 @@ def foreign(pid: int, group: Path) -> str | None:
     # second early. Generous, since what this rules out is days old (an sshd moved in).
     if started + 1.5 < made:
         return "a process older than the group"
+    if cell_uid is not None and uid == cell_uid:
+        return None  # the cell's own uid is no one else's (autopilot.cell.users)
     try:
         env = p.environ()
     except psutil.Error:
         return "a process whose environment cannot be read"
-    cell = _group_cell(group)
     mine = env.get("AUTOPILOT_CELL_ID")
     if env.get("AUTOPILOT_DATAPATH"):
         return "a data path"
@@ -322,5 +323,10 @@ def for_run(token: str) -> tuple[Containment | None, str]:
     return _CACHE[token]
 
 
-def group_name(kind: str, cell: str, attempt: int) -> str:
-    return f"{kind}-{cell}-a{attempt}"
+def group_name(kind: str, cell: str, attempt: int, uid: int | None = None) -> str:
+    """``<kind>-<cell>-a<k>``, and ``-u<uid>`` for a cell with a user of its own: its
+    processes run as that uid, so that uid is the group's own (see ``foreign``)."""
+    return f"{kind}-{cell}-a{attempt}" + (f"-u{uid}" if uid is not None else "")
+
+
+_GROUP = re.compile(r"(?:cell|grade)-(.+)-a\d+(?:-u(\d+))?")

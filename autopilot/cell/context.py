@@ -147,6 +147,8 @@ class CellContext:
     # the harness's environment it goes into
     new_key: Callable[[], str] = lambda: ""
     key_env: tuple[str, ...] = ()
+    # [harness] user = "cell": the uids live cells run as (autopilot.cell.users.UidPool)
+    users: Any = None
     # the loop hands over to a successor: running attempts are left to their data paths
     handing_over: Callable[[], bool] = lambda: False
     # a 429 the attempt's gateway saw (the loop launches fewer cells at once)

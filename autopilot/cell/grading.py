@@ -32,6 +32,7 @@ from autopilot.cell.procs import (
     kill_tree,
     spawn,
 )
+from autopilot.cell.users import as_user
 from autopilot.cell.validity import (
     Checks,
     Classification,
@@ -71,6 +72,7 @@ async def run_grader(
     state_dir: Path,
     extract: tuple[Path, Path] | None = None,
     contain: tuple[Containment, str] | None = None,
+    user: int | None = None,
 ) -> GradeOutcome:
     """Run one grader. ``extract`` (archive, into) unpacks into a scratch dir first and
     removes it after; ``roots`` / ``state_dir`` bound where that may happen (fsguard);
@@ -93,6 +95,8 @@ async def run_grader(
         except UnsafePath as e:
             return GradeOutcome(False, f"grade file refused: {e}")
         group = contain[0].group(contain[1]) if contain is not None else None
+        if user is not None:  # the cell's own uid (autopilot.cell.users), after its group
+            argv = as_user(argv, user)
         with open_append(log_path) as log:
             try:
                 proc = await spawn(
@@ -197,7 +201,7 @@ async def grade_outputs(
     p: Preset, ctx: Mapping[str, str], outcome: RunOutcome, grade_log: Path,
     checks: Checks, base_env: Mapping[str, str] | None = None,
     on_retry: OnGradeRetry | None = None, contain: Containment | None = None,
-    extra_env: Mapping[str, str] | None = None,
+    extra_env: Mapping[str, str] | None = None, user: int | None = None,
 ) -> Classification:
     """Run the task's grader on a finished attempt's outputs and classify. A failure of
     grading alone (crash, timeout, malformed grade, GRADER_FAILED) re-runs the grader on
@@ -229,8 +233,8 @@ async def grade_outputs(
             argv, cwd=_grader_cwd(p, ctx), env=env, timeout=g.timeout_secs,
             grade_file=Path(ctx["grade_file"]), log_path=grade_log, extract=extract,
             roots=roots, state_dir=state_dir,
-            contain=(contain, group_name("grade", ctx["cell"], int(ctx["attempt"])))
-            if contain is not None else None,
+            contain=(contain, group_name("grade", ctx["cell"], int(ctx["attempt"]), user))
+            if contain is not None else None, user=user,
         )
         c = replace(classify(outcome, grade, g.verdicts, checks, g.verdict_field),
                     launched=launched)
@@ -245,6 +249,7 @@ async def judge_cell(
     p: Preset, ctx: Mapping[str, str], outcome: RunOutcome, grade_log: Path,
     base_env: Mapping[str, str] | None = None, on_retry: OnGradeRetry | None = None,
     contain: Containment | None = None, extra_env: Mapping[str, str] | None = None,
+    user: int | None = None,
 ) -> Classification:
     """Gather evidence for a finished attempt, run the grader when it can count, classify."""
     checks = read_checks(p, ctx) if outcome.completion else Checks()
@@ -252,5 +257,5 @@ async def judge_cell(
         checks.tokens_checked and not (checks.tokens and checks.tokens > 0))
     if outcome.completion and not untrusted:
         return await grade_outputs(p, ctx, outcome, grade_log, checks, base_env, on_retry,
-                                   contain, extra_env)
+                                   contain, extra_env, user)
     return classify(outcome, None, p.grader.verdicts, checks, p.grader.verdict_field)

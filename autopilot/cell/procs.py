@@ -298,10 +298,13 @@ class Tracker:
     to init) looks at every process."""
 
     def __init__(self, root: ProcIdentity, token: str | None = None,
-                 full_scan: bool = False, reaper: int | None = None) -> None:
+                 full_scan: bool = False, reaper: int | None = None,
+                 uid: int | None = None) -> None:
         self.root = root
         self.token = token
         self.full_scan = full_scan
+        # the cell's own uid (autopilot.cell.users): every process of it is the cell's
+        self.uid = uid
         # the root's parent when it is a subreaper of its own (the attempt's data path):
         # orphans re-parent there while it lives, to us once it is gone
         self.reaper = reaper
@@ -354,6 +357,12 @@ class Tracker:
                 scope += [pid for pid in direct_children() if pid not in OWNED]
             for p, _ in _env_holders(TOKEN_ENV, self.token, self.root.create_time, scope):
                 add(p)
+        if self.uid is not None:
+            from autopilot.cell.users import processes_of
+
+            for p in processes_of(self.uid):
+                if _alive(p):
+                    found[p.pid] = p
         found.pop(os.getpid(), None)
         return found
 

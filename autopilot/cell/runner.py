@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
+import stat
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -38,6 +40,7 @@ from autopilot.cell.context import (
 from autopilot.cell.grading import judge_cell
 from autopilot.cell.procs import TOKEN_ENV, ProcIdentity, Tracker, identify, kill_tree
 from autopilot.cell.substance import SubstanceState, check_substance
+from autopilot.cell.users import as_user
 from autopilot.cell.validity import (
     Classification,
     Evidence,
@@ -104,6 +107,7 @@ class CellRun:
         self.token = uuid.uuid4().hex
         self.tracker: Tracker | None = None
         self.group: Path | None = None  # the attempt's cgroup, where there is one
+        self.uid: int | None = None  # the cell's own user ([harness] user = "cell")
         self.abandoned = False
         # When the harness was spawned, wall clock: comparable across the nodes of a
         # cluster (the harness-break streak is ordered by it; an order, not a duration).
@@ -198,9 +202,13 @@ class CellRun:
         """Run the harness to its end (or watch ``attached``, an attempt a predecessor
         started, to its end); None when abandoned by a shutdown or handed over."""
         bind_contextvars(cell=self.cell.id, attempt=self.attempt)
+        outcome: RunOutcome | None = None
         try:
-            return await self._execute(attached)
+            outcome = await self._execute(attached)
+            return outcome
         finally:
+            if outcome is None:
+                self._release_user()  # no grading to come (a handed-over one keeps it)
             unbind_contextvars("cell", "attempt")
             if not self.detached:  # handed over: the harness and its sandbox go on
                 if self.sandbox and self.cx.remove_sandbox is not None:
@@ -260,12 +268,43 @@ class CellRun:
         if moved:
             log.info("attempt_moved_aside", to=str(moved))
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        if cx.users is not None:
+            try:
+                self.uid = cx.users.take(self.cell.id)
+            except LookupError as e:
+                return self._refused(str(e), 126)
+            await anyio.to_thread.run_sync(self._own_dirs, self.uid)
         # A sandbox already under this attempt's name is stale (a killed predecessor's
         # harness whose `docker run` landed after the start-up sweep): left there, it
         # would make this attempt fail on a name conflict and cost it a retry.
         if self.sandbox and cx.remove_sandbox and await cx.remove_sandbox(self.sandbox):
             log.info("stale_sandbox_removed", container=self.sandbox)
         return None
+
+    def _own_dirs(self, uid: int) -> None:
+        """The cell's output dir is its user's (0700); the way to it through the state
+        dir may be passed (o+x) but not read or written: the journal, run.token, every
+        log and secret stay 0600 root's."""
+        os.chown(self.output_dir, uid, uid)
+        os.chmod(self.output_dir, 0o700)
+        sd = self.cx.state_dir.resolve()
+        try:
+            rel = self.output_dir.resolve().relative_to(sd)
+        except ValueError:
+            return  # outside the state dir: the preset's own dirs, as it made them
+        d = sd
+        for part in ("", *rel.parts[:-1]):
+            d = d / part if part else d
+            mode = stat.S_IMODE(d.stat().st_mode)
+            want = (mode & ~0o066) | 0o011
+            if mode != want:
+                # search only (x): to pass through to its own dir; never list or write
+                os.chmod(d, want)
+
+    def _release_user(self) -> None:
+        if self.uid is not None and self.cx.users is not None and not self.detached:
+            self.cx.users.give(self.uid)
+            self.uid = None
 
     async def _launch(self, start_mono: float, limits: Limits) -> AttemptPath | RunOutcome:
         """The attempt's data path, with its gateway listener bound here first (so the
@@ -293,23 +332,27 @@ class CellRun:
         env = self._env(deadline_epoch)
         if key:
             env.update(dict.fromkeys(cx.key_env, key))
+        if self.uid is not None:
+            env["HOME"] = str(self.output_dir)  # its own; the supervisor's is not its
         # the grader, after, gets the endpoint's own address and no key
         self.ctx.update(direct, api_key="")
         with open_append(self.spool) as spool:
             spool.write(f"--- attempt {self.attempt} argv: {cx.redact(str(argv))}\n".encode())
         self.launched = time.time()
-        run_argv = argv
+        run_argv = argv if self.uid is None else as_user(argv, self.uid)
         if cx.contain is not None:
-            self.group = cx.contain.group(group_name("cell", self.cell.id, self.attempt))
-            run_argv = cx.contain.wrap(argv, self.group)
+            self.group = cx.contain.group(group_name("cell", self.cell.id, self.attempt,
+                                                     self.uid))
+            run_argv = cx.contain.wrap(run_argv, self.group)
         # The intent, on disk before the spawn: a supervisor killed between the two
         # leaves a successor that knows this attempt (its number, marker and group), so
         # it is re-attached or abandoned as this attempt, never charged.
         cx.emit("cell_spawning", cell=self.cell.id, attempt=self.attempt, token=self.token,
-                group=self.group.name if self.group else None)
+                group=self.group.name if self.group else None, uid=self.uid)
         spec: dict[str, Any] = {
             "harness": {"argv": run_argv, "cwd": cwd, "env": env, "spool": str(self.spool)},
             "meta": {"token": self.token, "group": self.group.name if self.group else None,
+                     "uid": self.uid,
                      "replica": cx.replica, "deadline": deadline_epoch,
                      "launched": self.launched, "arms": list(cx.keeper.ep.arm_group)}}
         if gw is not None:
@@ -338,6 +381,11 @@ class CellRun:
         self.token = str(meta.get("token") or self.token)
         if isinstance(meta.get("group"), str) and self.cx.contain is not None:
             self.group = self.cx.contain.base / meta["group"]
+        uid = meta.get("uid")
+        if type(uid) is int and self.cx.users is not None \
+                and self.cx.users.first <= uid <= self.cx.users.last:
+            self.uid = uid
+            self.cx.users.hold(uid, self.cell.id)
         launched = meta.get("launched")
         self.launched = float(launched) if isinstance(launched, int | float) else None
         start_mono = self.cx.clock()
@@ -384,7 +432,7 @@ class CellRun:
         # while it lives, here once it is gone; a re-attached one's went to init before
         # this loop was its ancestor, so its marker is looked for among every process.
         self.tracker = Tracker(ident, self.token, full_scan=attached is not None,
-                               reaper=dp.pid) if ident else None
+                               reaper=dp.pid, uid=self.uid) if ident else None
         if attached is None or attached.unjournaled:
             cx.emit("cell_started", cell=self.cell.id, attempt=self.attempt, pid=dp.harness_pid,
                     create_time=ident.create_time if ident else None,
@@ -577,7 +625,8 @@ class CellRun:
             async with self._grading_path() as (ctx, extra_env):
                 c = await judge_cell(self.p, ctx, outcome, self.grade_log,
                                      base_env=self.cx.base_env, on_retry=retry,
-                                     contain=self.cx.contain, extra_env=extra_env)
+                                     contain=self.cx.contain, extra_env=extra_env,
+                                     user=self.uid)
             if c.reason in ("harness_crash", "missing_output"):
                 # Why it broke is in its own output: the last lines go with the verdict.
                 tail = await anyio.to_thread.run_sync(log_tail, self.spool, 3)
@@ -598,6 +647,13 @@ class CellRun:
             with anyio.CancelScope(shield=True):
                 await self._clean_scratch()
                 await anyio.to_thread.run_sync(self.cx.scrub_file, self.grade_log)
+                if self.uid is not None and self.tracker is not None:
+                    # the grader ran as the cell's uid too: whatever of it is left dies
+                    # before the uid is free for another cell
+                    left = await self._kill(0.5)
+                    if left:
+                        log.info("cell_leftovers_killed", pids=left)
+                self._release_user()
 
     async def run(self) -> Classification | None:
         """Execute then judge (per-cell grading)."""

@@ -1,0 +1,151 @@
+"""A user per cell (issue #34, ``[harness] user = "cell"``): with the supervisor as root,
+each cell's harness and grader run as a uid of their own, reach their own output dir and
+nothing else of the run, and every process of that uid ends with the cell. Real uids,
+real setpriv, real cgroups (tools/test runs as root); the harness is /bin/sh, since the
+interpreter of this checkout may live where another uid cannot go."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import cli_env, events, run_cli, write_overlay
+
+from autopilot.cell.users import UidPool
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                                reason="needs root and setpriv (tools/test runs as root)")
+
+# The harness: records who it is and what it could reach, leaves an env-cleared daemon
+# behind, writes its summary.
+HARNESS = r'''
+out="$1"; state="$2"
+id -u > "$out/uid"
+if cat "$state/run.token" >/dev/null 2>&1; then echo READ; else echo denied; fi > "$out/token"
+if echo '{{"event":"cell_verdict"}}' >> "$state/journal.jsonl" 2>/dev/null; then echo WROTE; \
+  else echo denied; fi > "$out/journal"
+if ls "$state/cells" >/dev/null 2>&1; then echo LISTED; else echo denied; fi > "$out/cells"
+env -i /bin/sleep 900 & echo $! > "$out/daemon.pid"
+echo '{{"total_completion_tokens": 3}}' > "$out/summary.json"
+'''
+GRADER = ["/bin/sh", "-c", 'id -u > "$2.uid"; echo \'{{"verdict": "PASS"}}\' > "$1"', "grade",
+          "{grade_file}", "{output_dir}/grader"]
+
+
+@pytest.fixture
+def reachable() -> Iterator[Path]:
+    """A dir other users can search (pytest's own tmp dirs are root's 0700)."""
+    d = Path(tempfile.mkdtemp(prefix="autopilot-users-", dir="/tmp"))
+    os.chmod(d, 0o711)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def run_as_cells(tmp_path: Path, env: dict[str, str]) -> tuple[Path, list[dict]]:
+    over = write_overlay(tmp_path / "o.json", {
+        "tasks": [{"id": "p1_bugfix"}, {"id": "p2_extract"}],
+        "arms": [{"label": "demo-nothink", "mode": "nothink"}],
+        "harness": {"argv": ["/bin/sh", "-c", HARNESS, "harness", "{output_dir}",
+                             "{state_dir}"], "user": "cell", "uids": [61184, 61199]},
+        "grader": {"argv": GRADER}, "trust": {"arm_checks": []}, "baseline": None})
+    state = tmp_path / "state"
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                "--state-dir", str(state), "--quiet", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    return state, events(state)
+
+
+def daemons(state: Path) -> list[int]:
+    return [int(p.read_text()) for p in (state / "cells").glob("*/daemon.pid")]
+
+
+def alive(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+@pytest.mark.parametrize("cgroups", ["on", "off"])
+def test_each_cell_runs_as_its_own_user_and_reaches_only_its_own_dir(
+        reachable: Path, cgroups: str) -> None:
+    env = cli_env(**({"AUTOPILOT_CGROUPS": "off"} if cgroups == "off" else {}))
+    state, evs = run_as_cells(reachable, env)
+    try:
+        spawns = [e for e in evs if e["event"] == "cell_spawning"]
+        uids = {e["cell"]: e["uid"] for e in spawns}
+        assert len(uids) == 2 and len(set(uids.values())) == 2
+        assert all(61184 <= u <= 61199 for u in uids.values())
+        for cell, uid in uids.items():
+            out = state / "cells" / cell
+            assert int((out / "uid").read_text()) == uid  # the harness's own uid
+            assert int((out / "grader.uid").read_text()) == uid  # and its grader's
+            assert (out / "token").read_text().strip() == "denied"
+            assert (out / "journal").read_text().strip() == "denied"
+            assert (out / "cells").read_text().strip() == "denied"
+            assert out.stat().st_uid == uid and (out.stat().st_mode & 0o077) == 0
+        a, b = list(uids)
+        peek = subprocess.run(["setpriv", f"--reuid={uids[a]}", f"--regid={uids[a]}",
+                               "--clear-groups", "cat", str(state / "cells" / b / "uid")],
+                              capture_output=True, text=True)
+        assert peek.returncode != 0  # one cell cannot read another's outputs
+        verdicts = [e for e in evs if e["event"] == "cell_verdict"]
+        assert sorted(v["verdict"] for v in verdicts) == ["PASS", "PASS"]
+        journal = (state / "journal.jsonl").read_text()
+        assert '{"event":"cell_verdict"}\n' not in journal  # never written to
+        assert alive(daemons(state)) == []  # every process of the cell's uid ended
+    finally:
+        for pid in alive(daemons(state)):
+            os.kill(pid, 9)
+
+
+def test_the_uid_pool_never_gives_a_uid_twice_nor_one_in_use(tmp_path: Path) -> None:
+    pool = UidPool(61200, 61203)
+    busy = subprocess.Popen(["setpriv", "--reuid=61201", "--regid=61201", "--clear-groups",
+                             "/bin/sleep", "60"])
+    try:
+        for _ in range(100):  # until the switch is done: its uid is 61201
+            try:
+                if psutil.Process(busy.pid).uids().real == 61201:
+                    break
+            except psutil.NoSuchProcess:
+                break
+        got = [pool.take("a"), pool.take("b"), pool.take("c")]
+        assert 61201 not in got and len(set(got)) == 3
+        with pytest.raises(LookupError):
+            pool.take("d")
+        pool.give(got[0])
+        assert pool.take("e") == got[0]
+    finally:
+        busy.kill()
+        busy.wait()
+
+
+def test_a_cell_user_without_root_is_refused_with_one_line(tmp_path: Path) -> None:
+    over = write_overlay(tmp_path / "o.json", {"harness": {"user": "cell"}})
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over), "--dry-run",
+                "--state-dir", str(tmp_path / "s"))
+    assert r.returncode == 0 and "harness user: a uid of its own per live cell" in r.stdout
+    same = run_cli("--preset", "demo", "--target-n", "1", "--dry-run",
+                   "--state-dir", str(tmp_path / "s2"))
+    assert "harness user: the supervisor's (root" in same.stdout
+
+
+def test_a_state_dir_the_cells_users_cannot_reach_is_refused(tmp_path: Path) -> None:
+    over = write_overlay(tmp_path / "o.json", {"harness": {"user": "cell"}})
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                "--state-dir", str(tmp_path / "s"))  # under pytest's 0700 dirs
+    assert r.returncode == 2 and "is not searchable by other users" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "s").exists()
