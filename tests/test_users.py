@@ -149,3 +149,58 @@ def test_a_state_dir_the_cells_users_cannot_reach_is_refused(tmp_path: Path) -> 
                 "--state-dir", str(tmp_path / "s"))  # under pytest's 0700 dirs
     assert r.returncode == 2 and "is not searchable by other users" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "s").exists()
+
+
+HANG = r'''
+out="$1"
+env -i /bin/sleep 900 & echo $! > "$out/daemon.pid"
+exec /bin/sleep 900
+'''
+
+
+def test_a_past_cells_process_of_its_uid_is_found_by_the_successor(reachable: Path) -> None:
+    """No cgroups, a supervisor and the attempt's data path killed with SIGKILL: the
+    harness's env-cleared daemon carries no marker and no parent of ours, yet it runs as
+    the cell's uid, and the successor ends it by that uid."""
+    import signal
+
+    from conftest import spawn_cli, wait_for
+
+    env = cli_env(AUTOPILOT_CGROUPS="off")
+    state = reachable / "state"
+    doc = {"tasks": [{"id": "p1_bugfix"}], "arms": [{"label": "demo-nothink", "mode": "nothink"}],
+           "harness": {"argv": ["/bin/sh", "-c", HANG, "harness", "{output_dir}"],
+                       "user": "cell", "uids": [61184, 61199]},
+           "grader": {"argv": GRADER}, "trust": {"arm_checks": []}, "baseline": None}
+    args = ["--preset", "demo", "--target-n", "1", "--state-dir", str(state), "--quiet"]
+    first = spawn_cli(*args, "--config", str(write_overlay(reachable / "o.json", doc)),
+                      env=env)
+    daemon = None
+    try:
+        pidfile = state / "cells" / "p1_bugfix_demo-nothink_v1" / "daemon.pid"
+        wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 60, "the daemon")
+        daemon = int(pidfile.read_text())
+        started = wait_for(lambda: next((e for e in events(state)
+                                         if e["event"] == "cell_started"), None), 60)
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+        for pid in (started["datapath_pid"], started["pid"]):
+            with __import__("contextlib").suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        assert alive([daemon]) == [daemon]  # escaped: no marker, no parent of ours
+        uid = psutil.Process(daemon).uids().real
+        quick = {**doc, "harness": {**doc["harness"], "argv": [
+            "/bin/sh", "-c", "echo '{{\"total_completion_tokens\": 3}}' > \"$1/summary.json\"",
+            "h", "{output_dir}"]}}
+        r = run_cli(*args, "--config", str(write_overlay(reachable / "q.json", quick)),
+                    "--allow-plan-change", env=env)
+        assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+        assert alive([daemon]) == []
+        swept = [e for e in events(state) if e["event"] == "orphan_killed" and e.get("uid")]
+        assert swept and swept[0]["uid"] == uid and daemon in swept[0]["pids"]
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        if daemon is not None and alive([daemon]):
+            os.kill(daemon, 9)

@@ -19,6 +19,7 @@ from autopilot.cell.procs import (
     TOKEN_ENV,
     ProcIdentity,
     Tracker,
+    _wait_gone,
     journaled_identity,
     kill_tree,
     marked_processes,
@@ -132,3 +133,38 @@ def orphan_endpoint(journal: Path, token: str, refused: Refusals,
         return None
     log.info("orphan_endpoint_killed", pids=killed)
     return {"endpoint": engine, "pids": killed}
+
+
+def orphan_uids(journal: Path, uids: tuple[int, int], keep: set[Any], grace: float
+                ) -> list[tuple[int, list[int]]]:
+    """Kill every process of a uid the journal gave a cell (``cell_spawning``'s ``uid``,
+    inside the preset's range: the journal is untrusted) but those in ``keep`` (attempts
+    re-attached to). With a user per cell a cell's uid is no one else's, so a process of
+    it that left its group (or was never in one) is still found."""
+    import signal
+
+    import psutil
+
+    from autopilot.cell.users import processes_of
+
+    seen: set[int] = set()
+    for ev in read_events(journal).events:
+        u = ev.get("uid")
+        if ev.get("event") == "cell_spawning" and type(u) is int \
+                and uids[0] <= u <= uids[1] and u not in keep:
+            seen.add(u)
+    out = []
+    for uid in sorted(seen):
+        procs = processes_of(uid)
+        if not procs:
+            continue
+        for p in procs:
+            try:
+                p.send_signal(signal.SIGKILL)  # psutil checks the identity first
+            except psutil.Error:
+                continue
+        _wait_gone(procs, grace)  # without reaping: a child of ours is asyncio's
+        out.append((uid, sorted(p.pid for p in procs)))
+    if out:
+        log.info("orphan_uids_killed", found=out)
+    return out

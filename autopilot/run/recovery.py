@@ -293,6 +293,15 @@ async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Led
             found.cleaned.append({"cgroup": group["group"], "pids": group["pids"]})
             emit("orphan_killed", cell=None, group=group["group"], pids=group["pids"],
                  why="left in the run's cgroup by a predecessor")
+    # And with a user per cell, every process of a past cell's uid (one that wrote its
+    # pid out of its group, say): a cell's uid is no one else's.
+    if preset.harness.user == "cell":
+        keep_uids = {dp.meta.get("uid") for _, _, dp in found.reattached}
+        for uid, pids in await anyio.to_thread.run_sync(
+                lambda: sweep.orphan_uids(journal, preset.harness.uids, keep_uids, grace)):
+            found.cleaned.append({"uid": uid, "pids": pids})
+            emit("orphan_killed", cell=None, uid=uid, pids=pids,
+                 why="a process of a past cell's own uid")
     return found
 
 
