@@ -181,3 +181,35 @@ def move_aside(output_dir: Path, state_dir: Path, cell_id: str, attempt: int,
 
 __all__ = ["AttemptPath", "CellContext", "Gatekeeper", "Launch", "LaunchFailed", "Served",
            "move_aside", "template_context"]
+
+
+def upstreams(cx: CellContext, allowed: Sequence[int] | None) -> list[tuple[str, str]]:
+    """Where the gateway sends a cell's next request: its own replica (an empty origin
+    while it is known to be down), then every other replica that is up and may serve the
+    cell's arm (``allowed``: its pins), all serving the same model."""
+    from urllib.parse import urlsplit
+
+    def origin(k: Served) -> str:  # scheme://host:port; the harness sends the path
+        if not getattr(k, "is_up", True):
+            return ""
+        u = urlsplit(str(k.ep.api_base))
+        return f"{u.scheme}://{u.netloc}"
+
+    out = [(str(cx.replica), origin(cx.keeper))]
+    for i, k in enumerate(cx.peers()):
+        if i != cx.replica and (allowed is None or i in allowed) and origin(k):
+            out.append((str(i), origin(k)))
+    return out
+
+
+def harness_identity(dp: AttemptPath) -> ProcIdentity | None:
+    """The harness's identity as its data path recorded it (pid + start ticks, read
+    before the data path could reap it), with psutil's create_time while it lives."""
+    if dp.harness_pid is None:
+        return None
+    from autopilot.cell.procs import identify
+
+    live = identify(dp.harness_pid)
+    if live is not None and live.ticks == dp.harness_ticks:
+        return live
+    return dp.harness  # gone already: an identity that matches nothing alive

@@ -13,7 +13,7 @@ import os
 import subprocess
 import tarfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -259,3 +259,31 @@ async def judge_cell(
         return await grade_outputs(p, ctx, outcome, grade_log, checks, base_env, on_retry,
                                    contain, extra_env, user)
     return classify(outcome, None, p.grader.verdicts, checks, p.grader.verdict_field)
+
+
+@contextlib.asynccontextmanager
+async def model_access(cx: Any, cell: str, attempt: int, ctx: dict[str, str],
+                       upstreams: Callable[[], list[tuple[str, str]]]
+                       ) -> AsyncIterator[tuple[dict[str, str], dict[str, str]]]:
+    """The grader's context and extra environment. With ``[grader] model_access``
+    (model-graded scoring) and a gateway (``cx``: the cell's context): a listener of the
+    grading's own for as long as it runs ({base_url}, a key of its own), journaled as
+    cell_grade_metered; else the endpoint's own address and no key."""
+    from urllib.parse import urlsplit
+
+    gw = cx.gateway
+    if not (cx.preset.grader.model_access and gw is not None
+            and ctx.get("endpoint_base_url")):
+        yield ctx, {}
+        return
+    log_path = cx.state_dir / "gateway" / cell / f"grade-{attempt}.jsonl"
+    async with gw.grading(cell, attempt, upstreams, log_path, model=ctx["model"]) as g:
+        path = urlsplit(cx.keeper.ep.api_base).path
+        own = {**ctx, "port": str(g.port), "host": "127.0.0.1",
+               "base_url": f"http://127.0.0.1:{g.port}{path}"}
+        try:
+            yield own, dict.fromkeys(cx.key_env, g.key)
+        finally:
+            if g.meter.requests or g.meter.unauthorized:
+                cx.emit("cell_grade_metered", cell=cell, attempt=attempt,
+                        **g.meter.summary())

@@ -490,3 +490,20 @@ def kill_adoptees(grace: float = 1.0) -> list[int]:
             p.kill()
     reap_adopted(killed)
     return killed
+
+
+def probe(tracker: Tracker | None, activity: int | None) -> dict[str, Any]:
+    """What the watchdog's PROBE records: is the tree alive, what is it doing, the
+    sandbox's CPU."""
+    procs = tracker.collect() if tracker else {}
+    states: dict[str, int] = {}
+    cpu = 0.0
+    for p in procs.values():
+        try:
+            states[p.status()] = states.get(p.status(), 0) + 1
+            t = p.cpu_times()
+            cpu += t.user + t.system
+        except psutil.Error:
+            continue
+    return {"alive": bool(procs), "pids": len(procs), "states": states,
+            "cpu_secs": round(cpu, 2), "sandbox_activity": activity}

@@ -13,19 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import socket
-import stat
 import time
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
-import psutil
 
 from autopilot.cell.cgroups import group_name
 from autopilot.cell.context import (
@@ -33,14 +29,15 @@ from autopilot.cell.context import (
     CellContext,
     Gatekeeper,
     LaunchFailed,
-    Served,
+    harness_identity,
     move_aside,
     template_context,
+    upstreams,
 )
-from autopilot.cell.grading import judge_cell
-from autopilot.cell.procs import TOKEN_ENV, ProcIdentity, Tracker, identify, kill_tree
+from autopilot.cell.grading import judge_cell, model_access
+from autopilot.cell.procs import TOKEN_ENV, Tracker, kill_tree, probe
 from autopilot.cell.substance import SubstanceState, check_substance
-from autopilot.cell.users import as_user
+from autopilot.cell.users import as_user, own_dirs
 from autopilot.cell.validity import (
     Classification,
     Evidence,
@@ -76,17 +73,6 @@ def _size(path: Path) -> int | None:
         return path.stat().st_size
     except OSError:
         return None
-
-
-def _identity(dp: AttemptPath) -> ProcIdentity | None:
-    """The harness's identity as its data path recorded it (pid + start ticks, read
-    before the data path could reap it), with psutil's create_time while it lives."""
-    if dp.harness_pid is None:
-        return None
-    live = identify(dp.harness_pid)
-    if live is not None and live.ticks == dp.harness_ticks:
-        return live
-    return dp.harness  # gone already: an identity that matches nothing alive
 
 
 class CellRun:
@@ -162,21 +148,6 @@ class CellRun:
         })
         return env
 
-    def _probe(self, activity: int | None) -> dict[str, Any]:
-        """What PROBE records: is the tree alive, what is it doing, the sandbox's CPU."""
-        procs = self.tracker.collect() if self.tracker else {}
-        states: dict[str, int] = {}
-        cpu = 0.0
-        for p in procs.values():
-            try:
-                states[p.status()] = states.get(p.status(), 0) + 1
-                t = p.cpu_times()
-                cpu += t.user + t.system
-            except psutil.Error:
-                continue
-        return {"alive": bool(procs), "pids": len(procs), "states": states,
-                "cpu_secs": round(cpu, 2), "sandbox_activity": activity}
-
     async def _end_group(self) -> None:
         """Kill what is left in the attempt's cgroup (a child that cleared its
         environment and double-forked is still in it) and remove the group."""
@@ -220,23 +191,7 @@ class CellRun:
                         await self.cx.remove_projects(render(listed, self.ctx))
 
     def _upstreams(self) -> list[tuple[str, str]]:
-        """Where the gateway sends this cell's next request: its own replica (an empty
-        origin while it is known to be down), then every other replica that is up and
-        may serve the cell's arm (its pins), all serving the same model."""
-        cx = self.cx
-        allowed = self.p.arm(self.cell.arm).replicas
-
-        def origin(k: Served) -> str:  # scheme://host:port; the harness sends the path
-            if not getattr(k, "is_up", True):
-                return ""
-            u = urlsplit(str(k.ep.api_base))
-            return f"{u.scheme}://{u.netloc}"
-
-        out = [(str(cx.replica), origin(cx.keeper))]
-        for i, k in enumerate(cx.peers()):
-            if i != cx.replica and (allowed is None or i in allowed) and origin(k):
-                out.append((str(i), origin(k)))
-        return out
+        return upstreams(self.cx, self.p.arm(self.cell.arm).replicas)
 
     def _refused(self, why: str, code: int) -> RunOutcome:
         """An attempt that never started a harness: journaled as started and exited."""
@@ -273,33 +228,13 @@ class CellRun:
                 self.uid = cx.users.take(self.cell.id)
             except LookupError as e:
                 return self._refused(str(e), 126)
-            await anyio.to_thread.run_sync(self._own_dirs, self.uid)
+            await anyio.to_thread.run_sync(own_dirs, self.output_dir, cx.state_dir, self.uid)
         # A sandbox already under this attempt's name is stale (a killed predecessor's
         # harness whose `docker run` landed after the start-up sweep): left there, it
         # would make this attempt fail on a name conflict and cost it a retry.
         if self.sandbox and cx.remove_sandbox and await cx.remove_sandbox(self.sandbox):
             log.info("stale_sandbox_removed", container=self.sandbox)
         return None
-
-    def _own_dirs(self, uid: int) -> None:
-        """The cell's output dir is its user's (0700); the way to it through the state
-        dir may be passed (o+x) but not read or written: the journal, run.token, every
-        log and secret stay 0600 root's."""
-        os.chown(self.output_dir, uid, uid)
-        os.chmod(self.output_dir, 0o700)
-        sd = self.cx.state_dir.resolve()
-        try:
-            rel = self.output_dir.resolve().relative_to(sd)
-        except ValueError:
-            return  # outside the state dir: the preset's own dirs, as it made them
-        d = sd
-        for part in ("", *rel.parts[:-1]):
-            d = d / part if part else d
-            mode = stat.S_IMODE(d.stat().st_mode)
-            want = (mode & ~0o066) | 0o011
-            if mode != want:
-                # search only (x): to pass through to its own dir; never list or write
-                os.chmod(d, want)
 
     def _release_user(self) -> None:
         if self.uid is not None and self.cx.users is not None and not self.detached:
@@ -427,7 +362,7 @@ class CellRun:
         self.dp = dp
         served_arms = tuple(dp.meta.get("arms") or ()) if attached else cx.keeper.ep.arm_group
         ep = cx.keeper.ep
-        ident = _identity(dp)
+        ident = harness_identity(dp)
         # The harness is the data path's child: its orphans re-parent there (a subreaper)
         # while it lives, here once it is gone; a re-attached one's went to init before
         # this loop was its ancestor, so its marker is looked for among every process.
@@ -553,7 +488,7 @@ class CellRun:
                     d = sd
             cx.on_tick(self.cell.id, state, d.action)
             if d.changed and d.kind != "substance":
-                extra = {"probe": self._probe(activity)} if d.action == "PROBE" else {}
+                extra = {"probe": probe(self.tracker, activity)} if d.action == "PROBE" else {}
                 cx.emit("cell_watchdog", cell=self.cell.id, attempt=self.attempt,
                         tier=d.action, reason=d.reason, idle_secs=round(d.idle_secs, 1),
                         frozen_secs=round(d.frozen_secs, 1), **extra)
@@ -587,31 +522,6 @@ class CellRun:
         await dp.close()
         await dp.reap()
 
-    @contextlib.asynccontextmanager
-    async def _grading_path(self) -> AsyncIterator[tuple[dict[str, str], dict[str, str]]]:
-        """The grader's context and extra environment. With ``[grader] model_access``
-        (model-graded scoring) and a gateway: a listener of the grading's own for as
-        long as it runs ({base_url}, a key of its own), journaled as cell_grade_metered;
-        else the endpoint's own address and no key."""
-        cx = self.cx
-        gw = cx.gateway
-        if not (self.p.grader.model_access and gw is not None
-                and self.ctx.get("endpoint_base_url")):
-            yield self.ctx, {}
-            return
-        log_path = cx.state_dir / "gateway" / self.cell.id / f"grade-{self.attempt}.jsonl"
-        async with gw.grading(self.cell.id, self.attempt, self._upstreams, log_path,
-                              model=self.ctx["model"]) as g:
-            path = urlsplit(cx.keeper.ep.api_base).path
-            ctx = {**self.ctx, "port": str(g.port), "host": "127.0.0.1",
-                   "base_url": f"http://127.0.0.1:{g.port}{path}"}
-            try:
-                yield ctx, dict.fromkeys(cx.key_env, g.key)
-            finally:
-                if g.meter.requests or g.meter.unauthorized:
-                    cx.emit("cell_grade_metered", cell=self.cell.id, attempt=self.attempt,
-                            **g.meter.summary())
-
     async def judge(self, outcome: RunOutcome) -> Classification:
         """Checks, grader and classification of a finished attempt."""
 
@@ -622,7 +532,8 @@ class CellRun:
                 self.cx.on_grade_failure(self.cell.id, c)
 
         try:
-            async with self._grading_path() as (ctx, extra_env):
+            async with model_access(self.cx, self.cell.id, self.attempt, self.ctx,
+                                    self._upstreams) as (ctx, extra_env):
                 c = await judge_cell(self.p, ctx, outcome, self.grade_log,
                                      base_env=self.cx.base_env, on_retry=retry,
                                      contain=self.cx.contain, extra_env=extra_env,

@@ -137,6 +137,27 @@ def unreachable(state_dir: Path) -> str | None:
     return None
 
 
+def own_dirs(output_dir: Path, state_dir: Path, uid: int) -> None:
+    """The cell's output dir is its user's (0700); the way to it through the state dir
+    may be passed (o+x) but not read or written: the journal, run.token, every log and
+    secret stay 0600 root's."""
+    os.chown(output_dir, uid, uid)
+    os.chmod(output_dir, 0o700)
+    sd = state_dir.resolve()
+    try:
+        rel = output_dir.resolve().relative_to(sd)
+    except ValueError:
+        return  # outside the state dir: the preset's own dirs, as it made them
+    d = sd
+    for part in ("", *rel.parts[:-1]):
+        d = d / part if part else d
+        mode = stat.S_IMODE(d.stat().st_mode)
+        want = (mode & ~0o066) | 0o011
+        if mode != want:
+            # search only (x): to pass through to its own dir; never list or write
+            os.chmod(d, want)
+
+
 _POOLS: dict[tuple[int, int], UidPool] = {}
 _POOLS_LOCK = threading.Lock()
 
@@ -147,5 +168,13 @@ def pool_for(first: int, last: int) -> UidPool:
         return _POOLS.setdefault((first, last), UidPool(first, last))
 
 
-__all__ = ["UidPool", "as_user", "mode_line", "pool_for", "processes_of", "unreachable",
-           "why_not"]
+__all__ = [
+    "UidPool",
+    "as_user",
+    "mode_line",
+    "own_dirs",
+    "pool_for",
+    "processes_of",
+    "unreachable",
+    "why_not",
+]

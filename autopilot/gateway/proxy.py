@@ -31,14 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import email.utils
 import hmac
 import json
-import math
-import secrets
 import socket
 import time
-import zlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -65,35 +61,23 @@ from autopilot.gateway.evidence import (
     model_of,
     usage_of,
 )
+from autopilot.gateway.policy import (
+    ERROR_BODY,
+    ERROR_READ,
+    HOP,
+    KEY_ENV,
+    KEY_HEADERS,
+    attempt_key,
+    forwardable,
+    inflate,
+    named_in_connection,
+    provider_refusal,
+    retry_after,
+)
 from autopilot.state.statedir import open_append
 
 if TYPE_CHECKING:  # the attempt's data path runs this module: it must not load config
     from autopilot.config import Preset
-
-# Hop-by-hop headers (RFC 9110 7.6.1) and the ones the gateway re-makes; a header a
-# ``Connection:`` line names is hop-by-hop too.
-_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
-                  "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length",
-                  "accept-encoding"})
-# Where a harness may put its key: OpenAI's SDKs (Authorization: Bearer), Anthropic's
-# (x-api-key), Azure's (api-key). Never forwarded upstream.
-KEY_HEADERS = ("authorization", "x-api-key", "api-key")
-ERROR_BODY = 2000  # characters of an error body kept in the record (redacted)
-ERROR_READ = 64 << 10  # bytes of an error response read before the harness is answered
-
-# What a harness holds as its API key: one per attempt, shaped like a key (some SDKs
-# refuse a value that is not), and recognisable, so every log redacts it by its shape
-# (autopilot.logsetup).
-KEY_PREFIX = "sk-autopilot-"
-# The variable the OpenAI clients read their key from: the harness gets its attempt's
-# key there (and under a provider's ``api_key_env``, and as ``{api_key}``).
-KEY_ENV = "OPENAI_API_KEY"
-
-
-def attempt_key() -> str:
-    """A fresh attempt key: 128 random bits, derived from nothing any process sees."""
-    return KEY_PREFIX + secrets.token_hex(16)
-
 
 @dataclass(frozen=True)
 class Limits:
@@ -344,7 +328,7 @@ class Gateway:
         doc: Any = None
         parsed = False
         if metered and body:
-            raw = _inflate(body, encoding, lim.max_request)
+            raw = inflate(body, encoding, lim.max_request)
             if raw is not None:
                 doc = loads_bounded(raw, lim.max_depth)
                 parsed = isinstance(doc, dict)
@@ -353,10 +337,10 @@ class Gateway:
                 rec["stream"] = stream
                 if isinstance(doc.get("model"), str):
                     rec["model"] = doc["model"][:120]
-        out_headers = _forwardable(req.headers)
+        out_headers = forwardable(req.headers)
         if self.auth is not None:
             # A provider's key: only a generation or embedding route, only the arm's model.
-            why = _provider_refusal(req.method, req.path, doc if parsed else None, att.model)
+            why = provider_refusal(req.method, req.path, doc if parsed else None, att.model)
             if why is not None:
                 return self._refuse(att, rec, 403, "request_error", why)
             out_headers.update(self.auth())
@@ -395,7 +379,7 @@ class Gateway:
                 if up.status == 429 and up.headers.get("Retry-After"):
                     rec["retry_after"] = up.headers["Retry-After"][:40]
                 resp = web.StreamResponse(status=up.status, reason=up.reason)
-                hop = _HOP | _named_in_connection(up.headers)
+                hop = HOP | named_in_connection(up.headers)
                 for k, v in up.headers.items():
                     if k.lower() not in hop:
                         resp.headers.add(k, v)
@@ -605,78 +589,11 @@ def gateway_for(preset: Preset, redact: Callable[[str], str], on_throttled: Call
     return gw
 
 
-MAX_HOLD = 60.0  # seconds one Retry-After may ask for and still be held here
-
-
-def retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds a 429 asks to wait: delta-seconds (a finite, non-negative number) or an
-    HTTP date, within MAX_HOLD; None for anything else (NaN, infinity, a negative, a
-    date an hour off, garbage, no header): such a 429 is not held, the harness sees it."""
-    if not value:
-        return None
-    v = value.strip()[:64]
-    try:
-        secs = float(v)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(v)
-        except (TypeError, ValueError, IndexError, OverflowError):
-            return None
-        if when.tzinfo is None:
-            return None
-        secs = max(when.timestamp() - (time.time() if now is None else now), 0.0)
-    if not math.isfinite(secs) or secs < 0 or secs > MAX_HOLD:
-        return None
-    return secs
-
-
-def _named_in_connection(headers: Any) -> frozenset[str]:
-    """Header names a ``Connection:`` line lists: hop-by-hop, never forwarded."""
-    names: set[str] = set()
-    for line in headers.getall("Connection", ()):
-        names.update(t.strip().lower() for t in line.split(",") if t.strip())
-    return frozenset(names)
-
-
-def _forwardable(headers: Any) -> dict[str, str]:
-    """A request's headers as they go upstream: no hop-by-hop one, no key of ours."""
-    drop = _HOP | _named_in_connection(headers) | frozenset(KEY_HEADERS)
-    return {k: v for k, v in headers.items() if k.lower() not in drop}
-
-
-def _provider_refusal(method: str, path: str, doc: Any, model: str | None) -> str | None:
-    """Why a request may not go upstream with a provider's key, or None."""
-    if not is_provider_route(method, path):
-        return (f"{method} {path[:80]} is not a route this run's key is used for "
-                "(POST chat/completions, completions, responses, embeddings)")
-    if not isinstance(doc, dict):
-        return "a request body the gateway cannot read: its model is not known"
-    asked = doc.get("model")
-    if model and asked != model:
-        return f"model {str(asked)[:80]!r} is not the arm's model {model!r}"
-    return None
-
-
-def _inflate(body: bytes, encoding: str, cap: int) -> bytes | None:
-    """A request body as JSON bytes for reading (gzip or deflate inflated within
-    ``cap``: a bomb is not inflated past it); None when it cannot be read."""
-    if encoding in ("", "identity"):
-        return body
-    if encoding not in ("gzip", "deflate", "x-gzip"):
-        return None
-    d = zlib.decompressobj(wbits=47)  # gzip or zlib, told by its header
-    try:
-        out = d.decompress(body, cap + 1)
-    except zlib.error:
-        return None
-    return None if len(out) > cap or d.unconsumed_tail else out
-
-
 def _text(doc: Any, held: list[bytes]) -> str:
     if doc is not None:
         return json.dumps(doc)[:ERROR_BODY * 2]
     return b"".join(held)[:ERROR_BODY * 2].decode("utf-8", "replace")
 
 
-__all__ = ["KEY_ENV", "KEY_PREFIX", "Attempt", "Gateway", "Limits", "attempt_key",
-           "gateway_for", "retry_after"]
+__all__ = ["KEY_ENV", "Attempt", "Gateway", "Limits", "attempt_key", "gateway_for",
+           "retry_after"]
