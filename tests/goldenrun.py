@@ -96,6 +96,8 @@ def dry_run(preset: str, state_dir: Path, bench: Path | None = None) -> str:
         text = re.sub(r"identity [0-9a-f]{16}", "identity ID", text)
     # Which containment a run would use depends on the machine (root, cgroup v2).
     text = re.sub(r"(?m)^containment: .*$", "containment: MODE", text)
+    # Who harnesses run as names the user running it (root, or not).
+    text = re.sub(r"(?m)^harness user: .*$", "harness user: WHO", text)
     return text.replace(sys.executable, "PYTHON")
 
 

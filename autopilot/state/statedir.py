@@ -90,6 +90,8 @@ def settled(state_dir: Path) -> Path:
             st = os.lstat(nxt)
         except FileNotFoundError:
             return Path(nxt, *todo)  # the rest is made by us, later
+        except NotADirectoryError:
+            raise StateDirError(f"state dir {given}: {cur} is not a directory") from None
         except OSError as e:
             raise StateDirError(f"state dir {given}: {nxt}: {e.strerror}") from None
         if not stat.S_ISLNK(st.st_mode):
