@@ -116,8 +116,7 @@ class FakeUpstream:
         if model == "cut":
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(req)
-            await resp.write(_sse({"choices": [{"delta": {"content": "a"}}]}))
-            await resp.drain()
+            await resp.write(_sse({"choices": [{"delta": {"content": "a"}}]}))  # drained
             assert req.transport is not None
             req.transport.abort()
             return resp
