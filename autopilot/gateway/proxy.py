@@ -425,15 +425,18 @@ class Gateway:
                         first = False
                     m.bytes_in += len(chunk)
                     m.progress += 1
+                    try:
+                        # to the harness first, read by us after: our reading is never
+                        # in its time to first byte
+                        await resp.write(chunk)
+                    except (ConnectionError, RuntimeError):
+                        gone = True
                     if scan is not None:
                         scan.feed(chunk)
                     elif held_n <= lim.parse_cap and "accounted" not in rec:
                         held.append(chunk)
                         held_n += len(chunk)
-                    try:
-                        await resp.write(chunk)
-                    except (ConnectionError, RuntimeError):
-                        gone = True
+                    if gone:
                         break
                 if not gone:
                     await resp.write_eof()
