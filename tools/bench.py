@@ -681,11 +681,14 @@ async def chat(req):
     body = await req.json()
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(req)
-    piece = json.dumps({"object": "chat.completion.chunk", "choices": [
+    # shaped like llama-server's and vLLM's chunks: id, created and model in each
+    piece = json.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk",
+                        "created": 1, "model": body.get("model"), "choices": [
         {"index": 0, "delta": {"content": "tok "}, "finish_reason": None}]})
     for _ in range(int(body.get("max_tokens", 64))):
         await resp.write(f"data: {piece}\n\n".encode())
-    await resp.write(("data: " + json.dumps({"choices": [{"index": 0, "delta": {},
+    await resp.write(("data: " + json.dumps({"model": body.get("model"),
+        "choices": [{"index": 0, "delta": {},
         "finish_reason": "length"}], "usage": {"prompt_tokens": 5,
         "completion_tokens": body.get("max_tokens", 64)}}) + "\n\ndata: [DONE]\n\n").encode())
     return resp

@@ -177,6 +177,14 @@ def model_of(doc: Any) -> str | None:
     return name if isinstance(name, str) and _MODEL_NAME.fullmatch(name) else None
 
 
+# Most of a stream is deltas: these find, in C, whether one carries text (a non-empty
+# content / reasoning / text string, or a tool call) and whether it can carry a finish
+# reason (a non-null one). A key inside a string value is escaped (\") and never matches.
+_TEXT = re.compile(rb'"(?:content|reasoning_content|reasoning|text)"\s*:\s*"(?!")'
+                   rb'|"tool_calls"\s*:\s*\[\s*\{')
+_FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
+
+
 @dataclass
 class StreamScan:
     """Reads a server-sent event stream as it passes: the last usage it carried, the
@@ -207,6 +215,13 @@ class StreamScan:
             return
         payload = line[5:].strip()
         if payload == b"[DONE]":
+            return
+        if self.model is not None and b'"usage"' not in payload \
+                and not _FINISH.search(payload):
+            # A chunk that can carry neither usage nor a finish reason (the model is
+            # known): only whether it carries text counts, read without parsing it.
+            if _TEXT.search(payload):
+                self.chunks += 1
             return
         doc = loads_bounded(payload, STREAM_DEPTH)
         if doc is None:
