@@ -19,12 +19,9 @@ shape) is marked ``unmetered`` on its record and counted as such, never as 0 tok
 JSON line per request goes to the attempt's ``gateway.jsonl`` (bounded), saying which
 side ended it, and the attempt's totals (``Meter``) go into the journal with its verdict.
 
-Built on aiohttp (server and client). Upstream is asked for identity encoding and the
-client never decompresses; a request body is read only after the caller is known,
-within ``max_request`` bytes and ``body_secs``, and forwarded as received unless the
-arm's settings change it; JSON is parsed with a depth bound. A body that never ends is
-the harness's to wait on and the watchdog's to judge; closing the attempt cancels
-whatever is still in flight (recorded as cut).
+Built on aiohttp (server and client); what a request may be and carry (keys, headers,
+routes, Retry-After, body reading) is autopilot.gateway.policy. A body that never ends
+is the watchdog's to judge; closing the attempt cuts what is still in flight.
 """
 
 from __future__ import annotations
