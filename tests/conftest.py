@@ -117,6 +117,19 @@ def token_holders(tokens: set[str]) -> list[int]:
 
 
 @pytest.fixture
+async def upstream() -> Any:
+    """A FAKE OpenAI-compatible upstream on 127.0.0.1 (tests/gateway_fake.py)."""
+    from gateway_fake import FakeUpstream
+
+    up = FakeUpstream()
+    await up.start()
+    try:
+        yield up
+    finally:
+        await up.close()
+
+
+@pytest.fixture
 def state_dir(tmp_path: Path) -> Path:
     return tmp_path / "state"
 

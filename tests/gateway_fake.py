@@ -20,8 +20,10 @@ import asyncio
 import gzip
 import json
 import zlib
+from pathlib import Path
 from typing import Any
 
+import httpx
 from aiohttp import web
 
 VLLM_OVERFLOW = ("This model's maximum context length is 65536 tokens. However, you "
@@ -159,3 +161,24 @@ class FakeUpstream:
 
 def _sse(doc: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(doc)}\n\n".encode()
+
+
+# ---------------------------------------------------------------------- test helpers
+# (shared by tests/test_gateway.py and tests/test_gateway_trust.py; the ``upstream``
+# fixture is in conftest.py)
+
+
+def here(up: FakeUpstream) -> Any:
+    """The upstream list the gateway asks for: replica 0, the fake."""
+    return lambda: [("0", up.origin)]
+
+
+def client(att: Any, **kw: Any) -> httpx.AsyncClient:
+    """The attempt's harness: its listener, its key (as the OpenAI clients send it)."""
+    return httpx.AsyncClient(base_url=f"http://127.0.0.1:{att.port}",
+                             headers={"Authorization": f"Bearer {att.key}"}, **kw)
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    """An attempt's gateway.jsonl, one dict per request."""
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]

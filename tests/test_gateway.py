@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import tracemalloc
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from gateway_fake import FakeUpstream
+from gateway_fake import FakeUpstream, client, here, records
 
 from autopilot.gateway.evidence import StreamScan, Usage, error_kind, merge, usage_of
 from autopilot.gateway.proxy import Gateway, Limits
@@ -83,31 +82,6 @@ def test_the_stream_scan_reads_lines_split_anywhere_and_drops_an_endless_one() -
 
 
 # ---------------------------------------------------------------------- the proxy
-
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[FakeUpstream]:
-    up = FakeUpstream()
-    await up.start()
-    try:
-        yield up
-    finally:
-        await up.close()
-
-
-def here(up: FakeUpstream) -> Any:
-    """The upstream list the gateway asks for: replica 0, the fake."""
-    return lambda: [("0", up.origin)]
-
-
-def client(att: Any, **kw: Any) -> httpx.AsyncClient:
-    """The attempt's harness: its listener, its key (as the OpenAI clients send it)."""
-    return httpx.AsyncClient(base_url=f"http://127.0.0.1:{att.port}",
-                             headers={"Authorization": f"Bearer {att.key}"}, **kw)
-
-
-def records(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in path.read_text().splitlines()]
 
 
 async def test_requests_carry_the_arm_settings_and_leave_evidence(

@@ -13,41 +13,15 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import psutil
 import pytest
-from gateway_fake import FakeUpstream
+from gateway_fake import FakeUpstream, client, here, records
 
 from autopilot.gateway.evidence import is_provider_route, loads_bounded
 from autopilot.gateway.proxy import Gateway, Limits, attempt_key, retry_after
-
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[FakeUpstream]:
-    up = FakeUpstream()
-    await up.start()
-    try:
-        yield up
-    finally:
-        await up.close()
-
-
-def here(up: FakeUpstream) -> Any:
-    return lambda: [("0", up.origin)]
-
-
-def client(att: Any, **kw: Any) -> httpx.AsyncClient:
-    return httpx.AsyncClient(base_url=f"http://127.0.0.1:{att.port}",
-                             headers={"Authorization": f"Bearer {att.key}"}, **kw)
-
-
-def records(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-
 
 # ---------------------------------------------------------------------- the rules
 
