@@ -65,6 +65,13 @@ def counted_once(entry: Path) -> None:
     assert len(valid) == status["totals"]["total"] and set(valid.values()) == {1}
 
 
+def entry_logs(cdir: Path) -> str:
+    """What each entry's supervisor printed (its outcome line names why): a failure here
+    must say which entry ended how, not only that one did."""
+    return "".join(f"\n--- {p.name}:\n{p.read_text(errors='replace')[-2000:]}"
+                   for p in sorted(cdir.glob("*.log")))
+
+
 def normalise_board(text: str, cdir: Path) -> str:
     return text.replace(str(cdir), "<campaign>")
 
@@ -84,7 +91,7 @@ def test_a_roster_of_two_local_models_and_a_throttling_provider(tmp_path: Path) 
 
         r = run_cli("campaign", str(path), "--state-dir", str(cdir), "--quiet",
                     env=cli_env(OPENAI_API_KEY=KEY), timeout=600)
-        assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+        assert r.returncode == 0, r.stdout + r.stderr[-3000:] + entry_logs(cdir)
         assert "CAMPAIGN_COMPLETE 3 entries" in r.stdout
     finally:
         provider.close()
@@ -156,7 +163,7 @@ def test_kill_9_of_the_campaign_then_resume_counts_every_cell_once(tmp_path: Pat
              "zombie" in Path(f"/proc/{beta_pid}/status").read_text().lower(),
              what="beta's supervisor gone with the campaign")
     r = run_cli("campaign", str(path), "--state-dir", str(cdir), "--quiet")
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:] + entry_logs(cdir)
     evs = campaign_events(cdir)
     assert [e["entry"] for e in evs if e["event"] == "entry_skipped"] == ["alpha"]
     for entry in ("alpha", "beta"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ from provider_fake import free_port
 
 from autopilot.cell.procs import RUN_TOKEN_ENV, run_token
 from autopilot.endpoints import make_endpoint
+from autopilot.errors import EndpointCrashed
 from autopilot.loader import load_preset
 
 pytestmark = pytest.mark.slow
@@ -138,6 +140,49 @@ def test_attached_endpoint_down_alerts_and_is_not_restarted(state_dir: Path,
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 143
+
+
+def listener(port: int) -> socket.socket:
+    s = socket.socket()
+    s.bind(("127.0.0.1", port))
+    s.listen()
+    return s
+
+
+async def test_a_picked_port_taken_before_the_engine_binds_is_picked_again(
+        tmp_path: Path) -> None:
+    # The race a busy machine runs: the port was free when picked and a stranger bound it
+    # before the engine did. The endpoint starts on another port; the stranger is untouched.
+    ep = make_endpoint(load_preset("demo"), tmp_path)
+    taken = ep.port
+    stranger = listener(taken)
+    try:
+        await ep.start()
+        assert ep.port != taken and ep.url.endswith(f":{ep.port}")
+        assert await ep.probe(check_model=True) == (True, "ok")
+        with socket.create_connection(("127.0.0.1", taken), timeout=5):
+            pass  # still the stranger's: listening, answering
+        assert "Address already in use" in (tmp_path / "endpoint.log").read_text()
+    finally:
+        await ep.stop()
+        await ep.aclose()
+        stranger.close()
+
+
+async def test_a_port_the_config_names_is_never_swapped(tmp_path: Path) -> None:
+    port = free_port()
+    ep = make_endpoint(load_preset("demo", overlay=overlay(
+        tmp_path, {"endpoint": {"port": port}})), tmp_path)
+    stranger = listener(port)
+    try:
+        with pytest.raises(EndpointCrashed, match="Address already in use"):
+            await ep.start()
+        assert ep.port == port
+        assert (tmp_path / "endpoint.log").read_text().count("--- start generation") == 1
+    finally:
+        await ep.stop()
+        await ep.aclose()
+        stranger.close()
 
 
 def test_reasoning_format_rule(tmp_path: Path) -> None:

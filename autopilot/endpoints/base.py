@@ -53,6 +53,24 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+# How an engine says its port was taken: Python's and uvicorn's strerror, llama-server's
+# own words, Docker's port publisher.
+_PORT_TAKEN = re.compile(r"address already in use|couldn'?t bind|port is already allocated",
+                         re.IGNORECASE)
+PORT_TRIES = 3
+
+
+def port_taken(host: str, port: int) -> bool:
+    """Whether something else holds ``host:port`` now (a bind like a server's fails)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is not "taken"
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 def probe_pause(waited: float) -> float:
     """Seconds to the next readiness probe after ``waited`` seconds of waiting: readiness
     is seen at most ~10% (+10 ms) late, so a simulator ready in 0.1 s is seen at once and
@@ -80,6 +98,10 @@ class Endpoint:
                                      else f"endpoint-{replica}.log")
         self.host = self.cfg.host
         self.port = (self.cfg.port + replica) if self.cfg.port else free_port(self.cfg.host)
+        # A port we picked ourselves is free only when picked: anything on the machine
+        # may bind it before the engine does (a campaign's other entries, every client's
+        # ephemeral port). Such a port is re-picked; a port the config names never is.
+        self.port_picked = not self.cfg.port
         self.served_model = preset.model
         # The arm settings this endpoint runs with (arms whose mode is an endpoint
         # setting run against differently started endpoints; see Keeper.reconfigure).
@@ -278,6 +300,27 @@ class Endpoint:
             self._docker = None
 
     async def start(self) -> None:
+        """Start and wait until ready. A start that failed because a port we picked was
+        taken in the meantime is retried on a fresh one (the next cells get its URL)."""
+        for tries in range(1, PORT_TRIES + 1):
+            try:
+                return await self._start_once()
+            except EndpointCrashed as e:
+                if not self._lost_port(str(e)) or tries == PORT_TRIES:
+                    raise
+                await self.stop()  # what the failed start left, by identity
+                taken, self.port = self.port, free_port(self.host)
+                log.warning("endpoint_port_taken", engine=self.engine, port=taken,
+                            new_port=self.port, generation=self.generation)
+
+    def _lost_port(self, why: str) -> bool:
+        if self.attached or not self.port_picked:
+            return False
+        # The engine's words, or a bind of our own: a client's ephemeral port may have
+        # been on it for the instant the engine bound and be gone by now.
+        return bool(_PORT_TAKEN.search(why)) or port_taken(self.host, self.port)
+
+    async def _start_once(self) -> None:
         if not self.attached and self.mode == "docker":
             await self._start_container()
         elif not self.attached:
@@ -373,7 +416,10 @@ class Endpoint:
                     await self._dump_container_logs()
                     raise EndpointCrashed(f"{self.engine} endpoint {gone} while starting; "
                                           f"endpoint.log: {log_tail(self.log_path)}")
-            ok, why = await self.probe(check_model=True)
+            answer = await self._probe_while_alive()
+            if answer is None:
+                continue  # it exited mid-probe: said at the top
+            ok, why = answer
             if ok:
                 self.readiness = {"not_ready_probes": sum(waited.values()),
                                   "not_ready_reasons": dict(sorted(waited.items()))}
@@ -389,6 +435,24 @@ class Endpoint:
                     f"{self.engine} endpoint not ready after {self.cfg.startup_timeout_secs:.0f}s"
                     f" ({why}); endpoint.log: {log_tail(self.log_path)}"
                 )
+
+    async def _probe_while_alive(self) -> tuple[bool, str] | None:
+        """A readiness probe cut short (None) when our process exits meanwhile: whatever
+        holds a port the engine failed to bind may accept and never answer, and the
+        crash should not wait out the probe's timeout."""
+        proc = self.proc
+        if proc is None or self.attached:
+            return await self.probe(check_model=True)
+        answer: tuple[bool, str] | None = None
+        async with anyio.create_task_group() as tg:
+            async def exited() -> None:
+                await proc.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(exited)
+            answer = await self.probe(check_model=True)
+            tg.cancel_scope.cancel()
+        return answer
 
     async def probe(self, check_model: bool = False) -> tuple[bool, str]:
         """(answering, why). Raises EndpointError for a permanent misconfiguration."""
