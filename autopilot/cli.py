@@ -231,8 +231,9 @@ def dry_run_text(preset: Preset, plan: Plan, state_dir: Path, warnings: list[str
 
     lines.append(mode_line())
     from autopilot.cell.users import mode_line as user_line
+    from autopilot.cell.users import resolve
 
-    lines.append(user_line(preset.harness.user, preset.harness.uids))
+    lines.append(user_line(resolve(preset, state_dir), preset.harness.uids))
     from autopilot.gateway.evidence import mode_line as gateway_line
 
     lines.append(gateway_line(preset))
@@ -489,12 +490,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     preset = load_preset(args.preset, overlay=args.config, flags=flags)
     if preset.run.target_n is None:
         raise ConfigError("--target-n: not set (and the preset has no run.target_n)")
-    from autopilot.cell.users import unreachable, why_not
+    from autopilot.cell.users import resolve
 
-    why_user = why_not(preset.harness.user) or (
-        unreachable(state_dir) if preset.harness.user == "cell" else None)
-    if why_user and not args.dry_run:
-        raise ConfigError(f"harness.user: {why_user}")
+    who = resolve(preset, state_dir)
+    if who.refused and not args.dry_run:
+        raise ConfigError(f"harness.user: {who.why}")
     plan = Plan(preset, preset.run.target_n)
     if remembered and args.target_n is None:
         print(f"target N {remembered}: remembered from {state_dir}/plan.json "

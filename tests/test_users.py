@@ -27,6 +27,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv")
 HARNESS = r'''
 out="$1"; state="$2"
 id -u > "$out/uid"
+id -G > "$out/groups"
 if cat "$state/run.token" >/dev/null 2>&1; then echo READ; else echo denied; fi > "$out/token"
 if echo '{{"event":"cell_verdict"}}' >> "$state/journal.jsonl" 2>/dev/null; then echo WROTE; \
   else echo denied; fi > "$out/journal"
@@ -49,12 +50,14 @@ def reachable() -> Iterator[Path]:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def run_as_cells(tmp_path: Path, env: dict[str, str]) -> tuple[Path, list[dict]]:
+def run_as_cells(tmp_path: Path, env: dict[str, str], **harness: object
+                 ) -> tuple[Path, list[dict]]:
     over = write_overlay(tmp_path / "o.json", {
         "tasks": [{"id": "p1_bugfix"}, {"id": "p2_extract"}],
         "arms": [{"label": "demo-nothink", "mode": "nothink"}],
         "harness": {"argv": ["/bin/sh", "-c", HARNESS, "harness", "{output_dir}",
-                             "{state_dir}"], "user": "cell", "uids": [61184, 61199]},
+                             "{state_dir}"], "uids": [61184, 61199],
+                    **({"user": "cell"} | harness)},
         "grader": {"argv": GRADER}, "trust": {"arm_checks": []}, "baseline": None})
     state = tmp_path / "state"
     r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
@@ -133,14 +136,75 @@ def test_the_uid_pool_never_gives_a_uid_twice_nor_one_in_use(tmp_path: Path) -> 
         busy.wait()
 
 
-def test_a_cell_user_without_root_is_refused_with_one_line(tmp_path: Path) -> None:
-    over = write_overlay(tmp_path / "o.json", {"harness": {"user": "cell"}})
-    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over), "--dry-run",
+def test_auto_is_a_user_per_cell_where_one_can_be_had(reachable: Path) -> None:
+    # No harness.user at all: /bin/sh and a state dir other users can reach, so each
+    # cell gets a uid of its own, and the report says so.
+    state, evs = run_as_cells(reachable, cli_env(), user="auto")
+    try:
+        uids = {e["cell"]: e["uid"] for e in evs if e["event"] == "cell_spawning"}
+        assert len(set(uids.values())) == 2 and all(61184 <= u <= 61199
+                                                    for u in uids.values())
+        for cell, uid in uids.items():
+            assert int((state / "cells" / cell / "uid").read_text()) == uid
+            assert (state / "cells" / cell / "token").read_text().strip() == "denied"
+            assert (state / "cells" / cell / "groups").read_text().split() == [str(uid)]
+        started = next(e for e in evs if e["event"] == "run_started")
+        assert started["harness_user"] == {"mode": "cell", "why": "auto", "groups": []}
+        rep = run_cli("report", "--state-dir", str(state))
+        assert rep.returncode == 0, rep.stderr
+        assert "- harness user: a uid of its own per live cell (auto)" in rep.stdout
+        assert "- containment: a cgroup v2 group per harness" in rep.stdout
+    finally:
+        for pid in alive(daemons(state)):
+            os.kill(pid, 9)
+
+
+def test_auto_falls_back_to_the_supervisors_user_and_says_why(tmp_path: Path) -> None:
+    # pytest's tmp dirs are root's 0700: a cell's uid could not reach its output dir.
+    r = run_cli("--preset", "demo", "--target-n", "1", "--dry-run",
                 "--state-dir", str(tmp_path / "s"))
-    assert r.returncode == 0 and "harness user: a uid of its own per live cell" in r.stdout
-    same = run_cli("--preset", "demo", "--target-n", "1", "--dry-run",
-                   "--state-dir", str(tmp_path / "s2"))
-    assert "harness user: the supervisor's (root" in same.stdout
+    line = next(x for x in r.stdout.splitlines() if x.startswith("harness user:"))
+    assert line.startswith("harness user: the supervisor's (root; auto: ")
+    assert "is not searchable by other users" in line
+    assert "a harness can read the run's token" in line
+    # Asked for outright, the same machine refuses instead of running as root.
+    over = write_overlay(tmp_path / "o.json", {"harness": {"user": "cell"}})
+    cell = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                   "--dry-run", "--state-dir", str(tmp_path / "s2"))
+    assert "harness user: REFUSED: " in cell.stdout
+
+
+def test_auto_leaves_a_harness_that_drives_docker_as_the_supervisor(reachable: Path) -> None:
+    doc = {"harness": {"argv": ["/bin/sh", "-c", "true"],
+                       "compose_projects": "{output_dir}/projects"},  # Inspect's sandboxes
+           "grader": {"argv": GRADER}}
+    r = run_cli("--preset", "demo", "--target-n", "1", "--dry-run", "--config",
+                str(write_overlay(reachable / "o.json", doc)),
+                "--state-dir", str(reachable / "s"))
+    assert "harness user: the supervisor's (root; auto: the harness drives Docker" in r.stdout
+    doc["harness"] |= {"user": "cell", "groups": ["docker"]}
+    r = run_cli("--preset", "demo", "--target-n", "1", "--dry-run", "--config",
+                str(write_overlay(reachable / "o.json", doc)),
+                "--state-dir", str(reachable / "s"))
+    import grp
+
+    try:
+        grp.getgrnam("docker")
+    except KeyError:
+        assert "REFUSED: harness.groups: no group 'docker' on this machine" in r.stdout
+    else:
+        assert "in group docker it reaches the Docker socket, root-equivalent" in r.stdout
+
+
+def test_groups_the_preset_asks_for_are_the_harness_s_only_groups(reachable: Path) -> None:
+    state, evs = run_as_cells(reachable, cli_env(), groups=["users"])
+    try:
+        for e in (e for e in evs if e["event"] == "cell_spawning"):
+            got = (state / "cells" / e["cell"] / "groups").read_text().split()
+            assert sorted(got) == sorted([str(e["uid"]), "100"])  # users is gid 100
+    finally:
+        for pid in alive(daemons(state)):
+            os.kill(pid, 9)
 
 
 def test_a_state_dir_the_cells_users_cannot_reach_is_refused(tmp_path: Path) -> None:

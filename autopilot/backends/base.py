@@ -113,6 +113,7 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
     from autopilot.state.fsguard import run_roots
 
     port, clock = w.port, w.clock
+    who = users.resolve(w.preset, w.state_dir)  # on this machine: a Ray node decides its own
     roots = run_roots(w.preset, w.state_dir)
     gateway = gateway_for(w.preset, w.redactor.scrub, port.throttled, port.emit,
                           auth=getattr(keeper.ep, "headers", None),
@@ -144,7 +145,7 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
                      if gateway is None or k not in key_env},
                   RUN_TOKEN_ENV: w.run_token, **(extra_env or {})},
         new_key=attempt_key, key_env=key_env if gateway is not None else (),
-        users=users.pool_for(*w.preset.harness.uids) if w.preset.harness.user == "cell"
+        users=users.pool_for(*w.preset.harness.uids, who.groups) if who.mode == "cell"
         else None,
         replica=replica, contain=cgroups.for_run(w.run_token)[0], gateway=gateway,
         # Data paths forked from one server per loop (its imports paid once), where the

@@ -274,7 +274,8 @@ class CellRun:
         with open_append(self.spool) as spool:
             spool.write(f"--- attempt {self.attempt} argv: {cx.redact(str(argv))}\n".encode())
         self.launched = time.time()
-        run_argv = argv if self.uid is None else as_user(argv, self.uid)
+        run_argv = argv if self.uid is None else as_user(
+            argv, self.uid, cx.users.groups if cx.users else ())
         if cx.contain is not None:
             self.group = cx.contain.group(group_name("cell", self.cell.id, self.attempt,
                                                      self.uid))

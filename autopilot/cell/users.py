@@ -1,4 +1,5 @@
-"""A user per cell (``[harness] user = "cell"``): the uids live cells run as.
+"""A user per cell (``[harness] user = "cell"``, or "auto" where it can be had): the
+uids live cells run as.
 
 With the supervisor as root, each attempt's harness and grader run as a uid of their
 own, one no other live cell holds, taken from the preset's range. A uid is free when no
@@ -11,14 +12,21 @@ takes it back). Its cgroup stays root's: it cannot move itself or anyone out or 
 
 from __future__ import annotations
 
+import grp
 import os
 import pwd
 import shutil
 import stat
+import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 import psutil
+
+if TYPE_CHECKING:
+    from autopilot.config import Preset
 
 SETPRIV = "setpriv"
 
@@ -27,8 +35,9 @@ class UidPool:
     """The uids of one range, handed to live cells (thread-safe: grading and kills run
     in worker threads)."""
 
-    def __init__(self, first: int, last: int) -> None:
+    def __init__(self, first: int, last: int, groups: tuple[int, ...] = ()) -> None:
         self.first, self.last = first, last
+        self.groups = groups  # supplementary gids of every cell's harness (harness.groups)
         self._held: dict[int, str] = {}
         self._lock = threading.Lock()
         self._next = first
@@ -79,10 +88,12 @@ def _has_account(uid: int) -> bool:
         return False
 
 
-def as_user(argv: list[str], uid: int) -> list[str]:
-    """``argv`` run as ``uid`` (gid the same, no supplementary group, no new privileges)."""
-    return [shutil.which(SETPRIV) or SETPRIV, f"--reuid={uid}", f"--regid={uid}",
-            "--clear-groups", "--no-new-privs", "--", *argv]
+def as_user(argv: list[str], uid: int, groups: tuple[int, ...] = ()) -> list[str]:
+    """``argv`` run as ``uid`` (gid the same, no supplementary group but ``groups``, no
+    new privileges)."""
+    keep = [f"--groups={','.join(map(str, groups))}"] if groups else ["--clear-groups"]
+    return [shutil.which(SETPRIV) or SETPRIV, f"--reuid={uid}", f"--regid={uid}", *keep,
+            "--no-new-privs", "--", *argv]
 
 
 def processes_of(uid: int) -> list[psutil.Process]:
@@ -96,30 +107,118 @@ def processes_of(uid: int) -> list[psutil.Process]:
 
 
 def why_not(user: str) -> str | None:
-    """Why ``[harness] user`` cannot be had here, or None."""
-    if user != "cell":
+    """Why ``[harness] user = "cell"`` cannot be had here, or None."""
+    if user == "same":
         return None
     if os.geteuid() != 0:
-        return "harness.user = \"cell\" needs the supervisor to run as root"
+        return "a user per cell needs the supervisor to run as root"
     if shutil.which(SETPRIV) is None:
-        return "harness.user = \"cell\" needs setpriv (util-linux) on PATH"
+        return "a user per cell needs setpriv (util-linux) on PATH"
     return None
 
 
-def mode_line(user: str, uids: tuple[int, int]) -> str:
+@dataclass(frozen=True)
+class Resolved:
+    """Who this run's harnesses run as, and why: the preset's ``user`` decided here."""
+
+    mode: Literal["cell", "same"]
+    why: str  # for "cell" asked and impossible, the refusal
+    refused: bool = False
+    groups: tuple[int, ...] = ()
+    group_names: tuple[str, ...] = ()
+
+
+def harness_needs_docker(preset: Preset) -> bool:
+    """Whether the harness itself drives Docker (a sandbox container, Compose projects)."""
+    h = preset.harness
+    return bool(h.sandbox_container or h.compose_projects or preset.preflight.docker)
+
+
+def programs(preset: Preset) -> list[Path]:
+    """What a cell's uid must be able to run: the harness's and grader's programs, and
+    for the autopilot's own interpreter its prefix and (for ``-m autopilot...``) us."""
+    out: list[Path] = []
+    for argv in (preset.harness.argv, preset.grader.argv):
+        if not argv:
+            continue
+        first = argv[0]
+        if not isinstance(first, str):
+            continue
+        if first == "{python}":
+            out += [Path(sys.executable), Path(sys.prefix), Path(os.__file__).parent]
+            if any(isinstance(a, str) and a.startswith("autopilot.") for a in argv):
+                out.append(Path(__file__).resolve().parent.parent)
+        elif "{" not in first:
+            found = shutil.which(first)
+            if found:
+                out.append(Path(found))
+    return out
+
+
+def unreachable_program(path: Path) -> str | None:
+    """Why another user could not run or read ``path`` (an ancestor it cannot search, a
+    file it cannot execute or list), or None."""
+    try:
+        real = path.resolve()
+        mode = real.stat().st_mode
+    except OSError:
+        return None  # preflight names a missing program
+    need = stat.S_IXOTH | (stat.S_IROTH if stat.S_ISDIR(mode) else 0)
+    if mode & need != need:
+        return f"{real} is not usable by other users (mode {stat.filemode(mode)})"
+    for anc in real.parents:
+        try:
+            if not anc.stat().st_mode & stat.S_IXOTH:
+                return f"{anc} is not searchable by other users (it holds {real})"
+        except OSError:
+            continue
+    return None
+
+
+def resolve(preset: Preset, state_dir: Path) -> Resolved:
+    """What ``[harness] user`` comes to on this machine for this state dir. "auto" is a
+    user per cell where nothing here stops one, else the supervisor's user, saying
+    why; "cell" that cannot be had is refused (exit 2), never run as root instead."""
+    h = preset.harness
+    if h.user == "same":
+        return Resolved("same", 'harness.user = "same"')
+    gids, why = [], why_not(h.user)
+    for name in h.groups:
+        try:
+            gids.append(grp.getgrnam(name).gr_gid)
+        except KeyError:
+            why = why or f"harness.groups: no group {name!r} on this machine"
+    why = why or unreachable(state_dir) or next(
+        (w for w in map(unreachable_program, programs(preset)) if w), None)
+    if why is None and h.user == "auto" and harness_needs_docker(preset) and not h.groups:
+        why = ("the harness drives Docker, and a uid of its own could not reach the "
+               'socket (harness.user = "cell" with harness.groups = ["docker"]: '
+               "root-equivalent through it)")
+    if why is not None:
+        if h.user == "cell":
+            return Resolved("same", why, refused=True)
+        return Resolved("same", f"auto: {why}")
+    return Resolved("cell", "auto" if h.user == "auto" else 'harness.user = "cell"',
+                    groups=tuple(gids), group_names=h.groups)
+
+
+def mode_line(r: Resolved, uids: tuple[int, int]) -> str:
     """What --dry-run says of who harnesses run as."""
     me = pwd.getpwuid(os.geteuid()).pw_name if _has_account(os.geteuid()) else str(os.geteuid())
-    if user == "cell":
-        why = why_not(user)
-        if why:
-            return f"harness user: REFUSED: {why}"
-        return (f"harness user: a uid of its own per live cell ({uids[0]}-{uids[1]}): it "
-                "reaches only its output dir; the state dir, journal, run token and "
-                "secrets are root's")
-    return (f"harness user: the supervisor's ({me}; harness.user = \"same\"): a harness "
-            "can read the run's token and files and rewrite its journal"
-            + ("; harness.user = \"cell\" gives each cell a uid of its own"
-               if os.geteuid() == 0 else ""))
+    if r.refused:
+        return f"harness user: REFUSED: {r.why}"
+    if r.mode == "cell":
+        line = (f"harness user: a uid of its own per live cell ({uids[0]}-{uids[1]}; "
+                f"{r.why}): it reaches only its output dir; the state dir, journal, run "
+                "token and secrets are root's")
+        if "docker" in r.group_names:
+            line += ("; in group docker it reaches the Docker socket, root-equivalent: "
+                     "the run's files stay out of its direct reach, no more")
+        elif r.group_names:
+            line += f"; in groups {', '.join(r.group_names)}"
+        return line
+    return (f"harness user: the supervisor's ({me}; {r.why}): a harness can read the "
+            "run's token and files and rewrite its journal")
 
 
 def unreachable(state_dir: Path) -> str | None:
@@ -162,19 +261,26 @@ _POOLS: dict[tuple[int, int], UidPool] = {}
 _POOLS_LOCK = threading.Lock()
 
 
-def pool_for(first: int, last: int) -> UidPool:
+def pool_for(first: int, last: int, groups: tuple[int, ...] = ()) -> UidPool:
     """One pool per range and process: every backend context of a loop shares it."""
     with _POOLS_LOCK:
-        return _POOLS.setdefault((first, last), UidPool(first, last))
+        pool = _POOLS.setdefault((first, last), UidPool(first, last, groups))
+        pool.groups = groups
+        return pool
 
 
 __all__ = [
+    "Resolved",
     "UidPool",
     "as_user",
+    "harness_needs_docker",
     "mode_line",
     "own_dirs",
     "pool_for",
     "processes_of",
+    "programs",
+    "resolve",
     "unreachable",
+    "unreachable_program",
     "why_not",
 ]

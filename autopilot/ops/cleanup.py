@@ -60,7 +60,7 @@ async def cleanup(preset: Preset, plan: Plan, state_dir: Path, *, endpoint: bool
             for f in group.get("foreign", ()):  # never signalled: not the run's
                 removed.append(f"spared process {f['pid']} in cgroup {group['group']} "
                                f"({f['why']})")
-    if preset.harness.user == "cell":  # every process of a cell's own uid
+    if preset.harness.user != "same":  # every process of a past cell's own uid
         from autopilot.cell.sweep import orphan_uids
 
         for uid, pids in await anyio.to_thread.run_sync(

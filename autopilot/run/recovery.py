@@ -295,7 +295,7 @@ async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Led
                  why="left in the run's cgroup by a predecessor")
     # And with a user per cell, every process of a past cell's uid (one that wrote its
     # pid out of its group, say): a cell's uid is no one else's.
-    if preset.harness.user == "cell":
+    if preset.harness.user != "same":  # the journal says which uids were cells'
         keep_uids = {dp.meta.get("uid") for _, _, dp in found.reattached}
         for uid, pids in await anyio.to_thread.run_sync(
                 lambda: sweep.orphan_uids(journal, preset.harness.uids, keep_uids, grace)):

@@ -32,7 +32,7 @@ import anyio
 
 from autopilot import logsetup, sdnotify
 from autopilot.backends.base import Wiring, backend_class
-from autopilot.cell import cgroups
+from autopilot.cell import cgroups, users
 from autopilot.cell.childenv import secret_values
 from autopilot.cell.procs import enable_subreaper, kill_adoptees, run_token
 from autopilot.config import Preset
@@ -215,8 +215,12 @@ class Supervisor(Recorder):
     async def _serve(self, tg: Any) -> tuple[int, bool]:
         """Start the replicas and run the passes; the exit code, and whether to wait for
         pending notifications (not when a stop signal came during the endpoint start)."""
+        who = users.resolve(self.preset, self.state_dir)  # what the report says of it
         started = {"target_n": self.plan.target_n, "identity": self.plan.identity,
-                   "pid": os.getpid(), "preset": self.preset.name, "dumpable": dumpable()}
+                   "pid": os.getpid(), "preset": self.preset.name, "dumpable": dumpable(),
+                   "harness_user": {"mode": who.mode, "why": who.why,
+                                    "groups": list(who.group_names)},
+                   "containment": cgroups.mode_line()}
         if self.ledger.complete():
             # Nothing to run (e.g. a re-run with --publish): no endpoint needed.
             self.emit("run_started", **started, already_complete=True)

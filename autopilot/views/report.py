@@ -336,11 +336,32 @@ def gateway_errors(state_dir: Path) -> dict[str, int]:
     return dict(sorted(total.items()))
 
 
+def isolation(state_dir: Path) -> list[str]:
+    """Who the latest launch's harnesses ran as and how they were contained (its
+    ``run_started``), as markdown list items; shape-checked (the journal is untrusted)."""
+    last: Any = None
+    for ev in state_events(state_dir).events:
+        if ev.get("event") == "run_started" and isinstance(ev.get("harness_user"), dict):
+            last = ev
+    if last is None:
+        return ["- harness user: not journaled (a launch before harness.user existed)"]
+    who = last["harness_user"]
+    mode = {"cell": "a uid of its own per live cell", "same": "the supervisor's user"}.get(
+        who.get("mode"), "unknown")
+    out = [f"- harness user: {mode} ({md(who.get('why'), 300)})"]
+    if who.get("mode") == "same":
+        out[0] += ": a harness could read the run's token and rewrite its journal"
+    if isinstance(last.get("containment"), str):
+        out.append(f"- {md(last['containment'], 300)}")
+    return out
+
+
 def findings(preset: Preset, facts: list[CellFacts], n: int,
              changes: list[tuple[str, str, str]] | None = None,
              pins: tuple[list[tuple[str, str]], list[tuple[str, str]]] = ([], []),
              errors: dict[str, int] | None = None,
-             endpoint: list[str] | None = None, energy: list[str] | None = None) -> str:
+             endpoint: list[str] | None = None, energy: list[str] | None = None,
+             who: list[str] | None = None) -> str:
     arms = [a.label for a in preset.arms]
     t = trust_block(facts)
     out = [f"# Findings — {preset.name} ({preset.model}), N={n}", ""]
@@ -431,7 +452,8 @@ def findings(preset: Preset, facts: list[CellFacts], n: int,
             + (", ".join(f"{k} {v}" for k, v in errors.items()) if errors else "none"),
             f"- tokens metered by the gateway: {t['metered']} of {t['valid']} valid cells"
             + (f"; the harness's own count disagrees on {t['cost_mismatch']} (the "
-               "gateway's is used)" if t["cost_mismatch"] else ""), ""]
+               "gateway's is used)" if t["cost_mismatch"] else ""),
+            *(who or []), ""]
     excluded = [f for f in facts if f.verdict == "INVALID"]
     if excluded:
         out += ["Excluded from every aggregate:", ""]
@@ -546,5 +568,6 @@ def render_findings(preset: Preset, n: int, state_dir: Path) -> str:
     text = findings(preset, collect(preset, n, state_dir, energy), n,
                     plan_changes(state_dir), recorded_pins(state_dir),
                     gateway_errors(state_dir), endpoint_record(state_dir),
-                    energy_lines(preset, energy, {c.id: c.arm for c in Plan(preset, n).cells}))
+                    energy_lines(preset, energy, {c.id: c.arm for c in Plan(preset, n).cells}),
+                    isolation(state_dir))
     return str(redactor(preset).scrub(text))
