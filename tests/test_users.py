@@ -98,7 +98,8 @@ def test_each_cell_runs_as_its_own_user_and_reaches_only_its_own_dir(
             assert (out / "token").read_text().strip() == "denied"
             assert (out / "journal").read_text().strip() == "denied"
             assert (out / "cells").read_text().strip() == "denied"
-            assert out.stat().st_uid == uid and (out.stat().st_mode & 0o077) == 0
+            assert (out / "uid").stat().st_uid == uid  # it wrote there as itself
+            assert out.stat().st_uid == 0 and (out.stat().st_mode & 0o077) == 0  # let go of
         a, b = list(uids)
         peek = subprocess.run(["setpriv", f"--reuid={uids[a]}", f"--regid={uids[a]}",
                                "--clear-groups", "cat", str(state / "cells" / b / "uid")],
@@ -112,6 +113,43 @@ def test_each_cell_runs_as_its_own_user_and_reaches_only_its_own_dir(
     finally:
         for pid in alive(daemons(state)):
             os.kill(pid, 9)
+
+
+REUSE = r'''
+out="$1"; state="$2"; other="$state/cells/$3"
+if [ -e "$other" ]; then echo exists; else echo none; fi > "$out/other"
+if cat "$other/summary.json" >/dev/null 2>&1; then echo READ; else echo denied; fi > "$out/peek"
+if echo '{{"total_completion_tokens": 99}}' > "$other/summary.json" 2>/dev/null; then \
+  echo WROTE; else echo denied; fi > "$out/tamper"
+id -u > "$out/uid"
+echo '{{"total_completion_tokens": 3}}' > "$out/summary.json"
+'''
+
+
+def test_a_uid_handed_on_reaches_nothing_of_the_cell_that_held_it(reachable: Path) -> None:
+    # One uid for two cells one after another: the second cell's harness runs as the uid
+    # the first had, and still cannot read or rewrite the first's outputs.
+    a, b = "p1_bugfix_demo-nothink_v1", "p2_extract_demo-nothink_v1"
+    over = write_overlay(reachable / "o.json", {
+        "tasks": [{"id": "p1_bugfix", "vars": {"other": b}},
+                  {"id": "p2_extract", "vars": {"other": a}}],
+        "arms": [{"label": "demo-nothink", "mode": "nothink"}], "run": {"concurrency": 1},
+        "harness": {"argv": ["/bin/sh", "-c", REUSE, "h", "{output_dir}", "{state_dir}",
+                             "{other}"], "user": "cell", "uids": [61190, 61190]},
+        "grader": {"argv": GRADER}, "trust": {"arm_checks": []}, "baseline": None})
+    state = reachable / "state"
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                "--state-dir", str(state), "--quiet")
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    order = [e["cell"] for e in events(state) if e["event"] == "cell_started"]
+    first, second = (state / "cells" / c for c in order)
+    assert (first / "uid").read_text() == (second / "uid").read_text() == "61190\n"
+    assert (second / "other").read_text().strip() == "exists"  # it was there to take
+    assert (second / "peek").read_text().strip() == "denied"
+    assert (second / "tamper").read_text().strip() == "denied"
+    assert '"total_completion_tokens": 3' in (first / "summary.json").read_text()
+    for d in (first, second):  # let go of: back to root, 0700
+        assert d.stat().st_uid == 0 and (d.stat().st_mode & 0o777) == 0o700
 
 
 def test_the_uid_pool_never_gives_a_uid_twice_nor_one_in_use(tmp_path: Path) -> None:

@@ -37,7 +37,7 @@ from autopilot.cell.context import (
 from autopilot.cell.grading import judge_cell, model_access
 from autopilot.cell.procs import TOKEN_ENV, Tracker, kill_tree, probe
 from autopilot.cell.substance import SubstanceState, check_substance
-from autopilot.cell.users import as_user, own_dirs
+from autopilot.cell.users import as_user, disown, own_dirs
 from autopilot.cell.validity import (
     Classification,
     Evidence,
@@ -238,6 +238,7 @@ class CellRun:
 
     def _release_user(self) -> None:
         if self.uid is not None and self.cx.users is not None and not self.detached:
+            disown(self.output_dir)  # the uid's next holder must not reach this cell's files
             self.cx.users.give(self.uid)
             self.uid = None
 

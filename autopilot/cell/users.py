@@ -257,6 +257,19 @@ def own_dirs(output_dir: Path, state_dir: Path, uid: int) -> None:
             os.chmod(d, want)
 
 
+def disown(output_dir: Path) -> None:
+    """The output dir back to us (0700) as its cell lets go of its uid: a uid is handed
+    to another cell later, whose harness must not read or rewrite this one's files
+    (they stay its, unreachable behind a dir it cannot search). Never through a link."""
+    try:
+        st = os.lstat(output_dir)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        os.chown(output_dir, os.geteuid(), os.getegid(), follow_symlinks=False)
+        os.chmod(output_dir, 0o700)
+
+
 _POOLS: dict[tuple[int, int], UidPool] = {}
 _POOLS_LOCK = threading.Lock()
 
@@ -273,6 +286,7 @@ __all__ = [
     "Resolved",
     "UidPool",
     "as_user",
+    "disown",
     "harness_needs_docker",
     "mode_line",
     "own_dirs",
