@@ -28,7 +28,14 @@ from autopilot.templates import TemplateError, check_templates
 
 
 def builtin_presets_dir() -> Path:
-    return Path(str(resources.files("autopilot.presets")))
+    """The shipped presets: ``autopilot.presets`` as installed, or the checkout's
+    top-level ``presets/`` when the package is imported from a checkout (``python -m
+    autopilot`` in its root: the checkout's ``autopilot/`` shadows the install, and
+    ``presets/`` is not inside it)."""
+    try:
+        return Path(str(resources.files("autopilot.presets")))
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "presets"
 
 
 def preset_dirs() -> list[Path]:

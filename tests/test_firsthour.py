@@ -221,6 +221,29 @@ def test_small_things_that_break_scripts(tmp_path: Path) -> None:
     assert "NT_PRESET" not in helps and "--preset PRESET" in helps
 
 
+# `pip install .` (the Quick start) and then `python -m autopilot` in the checkout's root:
+# the checkout's autopilot/ is imported, not the installed one, and it has no presets
+# inside. Our test venv is an editable install, whose finder would map the presets back:
+# it is taken out, as a plain install has none.
+AS_PLAIN_INSTALL = """
+import runpy, sys
+sys.meta_path[:] = [f for f in sys.meta_path if "_EditableFinder" not in repr(f)]
+sys.argv = ["autopilot", *sys.argv[1:]]
+runpy.run_module("autopilot", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_python_m_autopilot_in_the_checkout_root_finds_the_presets(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-c", AS_PLAIN_INSTALL, "presets"], cwd=ROOT,
+                       capture_output=True, text=True, env=cli_env(), timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "demo " in r.stdout and "tiny-llamacpp" in r.stdout
+    dry = subprocess.run([sys.executable, "-c", AS_PLAIN_INSTALL, "--preset", "demo",
+                          "--target-n", "1", "--dry-run", "--state-dir", str(tmp_path / "s")],
+                         cwd=ROOT, capture_output=True, text=True, env=cli_env(), timeout=60)
+    assert dry.returncode == 0 and "dry run: nothing launched" in dry.stdout, dry.stderr
+
+
 def test_a_private_state_dir_says_permission_denied() -> None:
     # Another user (nobody) looks at a root-run state dir (0700): "permission denied",
     # never "no run yet" / "no plan.json here". The venv's interpreter lives in root's
