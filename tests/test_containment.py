@@ -120,55 +120,10 @@ def test_the_suite_survives_a_parent_that_ignores_sigint(tmp_path: Path) -> None
     assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout[-2000:]
 
 
-class Trickler:
-    """A receiver that takes the request, then answers one byte every second, for ever
-    (each read a sender makes succeeds: no per-read timeout ever fires)."""
-
-    def __init__(self) -> None:
-        import socket
-        import threading
-
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(8)
-        self.port = self.sock.getsockname()[1]
-        self.stop = threading.Event()
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        import threading
-
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
-
-    def _trickle(self, conn: object) -> None:
-        import socket
-        import time
-
-        assert isinstance(conn, socket.socket)
-        with conn:
-            conn.recv(65536)
-            for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 10_000:
-                if self.stop.is_set():
-                    return
-                try:
-                    conn.sendall(bytes([byte]))
-                except OSError:
-                    return
-                time.sleep(1)
-
-    def close(self) -> None:
-        self.stop.set()
-        self.sock.close()
-
-
 def test_a_trickling_notification_receiver_cannot_hold_the_run_or_its_successor(
         tmp_path: Path) -> None:
     from conftest import events, run_cli, write_overlay
+    from receiver import Trickler
 
     rx = Trickler()
     try:

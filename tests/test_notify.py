@@ -8,7 +8,7 @@ from pathlib import Path
 import anyio
 import pytest
 from conftest import cli_env, events, run_cli, write_overlay
-from receiver import Receiver
+from receiver import Receiver, Trickler
 
 from autopilot.run.notify import MILESTONES, Notifier, format_message, with_priority
 
@@ -83,6 +83,31 @@ def test_broken_url_never_slows_or_breaks_the_run(state_dir: Path, tmp_path: Pat
     assert failed and failed[0]["kind"] == "run_started"
     log = (state_dir / "autopilot.log").read_text()
     assert "notify_failed" in log
+
+
+@pytest.mark.slow
+def test_a_trickling_receiver_delays_only_itself(state_dir: Path, tmp_path: Path) -> None:
+    # Listed first, the trickler holds its sender for ever; the good receiver after it
+    # still gets every milestone, and each one the trickler never got is journaled.
+    over = write_overlay(tmp_path / "o.json", {"notify": {"timeout_secs": 2}})
+    slow = Trickler()
+    try:
+        with Receiver() as good:
+            r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                        "--state-dir", str(state_dir), "--quiet", timeout=120,
+                        env=cli_env(AUTOPILOT_NOTIFY_URLS=f"{slow.url} {good.url}"))
+            assert r.returncode == 0, r.stderr[-2000:]
+            got = [m["title"] for m in good.messages]
+    finally:
+        slow.close()
+    evs = events(state_dir)
+    kinds = [e["kind"] for e in evs if e["event"] == "milestone"]
+    assert len(kinds) >= 3 and kinds[-1] == "run_complete"
+    assert len(got) == len(kinds)  # every one, in order
+    assert all(k.replace("_", " ") in t for k, t in zip(kinds, got, strict=True))
+    failed = [e for e in evs if e["event"] == "notify_failed"]
+    assert sorted(e["kind"] for e in failed) == sorted(kinds)  # one line each, none lost
+    assert {e["url"] for e in failed} == {"json://127.0.0.1"}
 
 
 def test_notify_test_command(tmp_path: Path) -> None:

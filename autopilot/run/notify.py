@@ -1,10 +1,14 @@
 """Milestone push notifications through apprise; never raises, never slows the run.
 
-A milestone is queued (non-blocking) and sent by a task of the supervisor's task group
-in a worker thread with a timeout: apprise's senders block, and a hanging phone-push
-service must not stall cell scheduling. A failure is logged (URL privacy-masked) and
-handed to ``on_failure`` for the journal. The same milestone for the same subject is not
-re-sent within ``cooldown_secs``.
+A milestone is queued (non-blocking) and handed by a task of the supervisor's task
+group to one lane per service: a daemon thread of its own that sends that service's
+messages in order (apprise's senders block, and their timeouts are per socket operation,
+so a receiver that trickles a byte a second holds its sender for ever). A slow service
+delays only its own messages; each message has ``timeout_secs`` from its submission to
+reach each service, and one that did not (or had not when the run exits) is logged (URL
+privacy-masked) and handed to ``on_failure`` for the journal: nothing is dropped without
+a record. The same milestone for the same subject is not re-sent within
+``cooldown_secs``.
 
 Priorities reach the phone two ways: services that carry a priority in their URL
 (Pushover ``priority=``, ntfy ``priority=``) get it set per message unless the URL pins
@@ -15,11 +19,12 @@ those; an untagged one gets everything.
 
 from __future__ import annotations
 
+import queue
 import re
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -120,6 +125,53 @@ class Message:
     body: str
     notify_type: str
     priority: str
+    at: float = field(default_factory=time.monotonic)  # submitted: its deadline runs from here
+
+
+@dataclass
+class Delivery:
+    """One message to one service."""
+
+    msg: Message
+    target: str  # privacy-masked, for logs and the journal
+    make: Callable[[], Any]  # the apprise service (built in the lane's thread)
+    deadline: float
+    done: threading.Event = field(default_factory=threading.Event)
+    ok: bool = False
+    why: str = "service reported failure"
+    abandoned: bool = False  # past its deadline: the lane skips it, its failure is said
+
+
+class Lane:
+    """One service's deliveries, in order, in a daemon thread of its own (never holds the
+    interpreter's exit)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self._q: queue.SimpleQueue[Delivery] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def put(self, d: Delivery) -> None:
+        self._q.put(d)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, daemon=True,
+                                            name=f"notify-{d.target}")
+            self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            d = self._q.get()
+            if not d.abandoned and time.monotonic() < d.deadline:
+                try:
+                    svc = d.make()
+                    if svc is None:
+                        d.why = "not a notification URL apprise knows"
+                    else:
+                        d.ok = bool(svc.notify(body=d.msg.body, title=d.msg.title,
+                                               notify_type=d.msg.notify_type))
+                except Exception as e:
+                    d.why = f"{type(e).__name__} while sending"
+            d.done.set()
 
 
 class Notifier:
@@ -138,33 +190,56 @@ class Notifier:
         self.cooldown = cooldown_secs
         self.timeout = timeout_secs
         self.on_failure = on_failure
-        self.clock = clock
+        self.clock = clock  # the cool-down's; deadlines are real time (the lanes' threads)
         self._last: dict[tuple[str, str], float] = {}
         self._send, self._recv = anyio.create_memory_object_stream[Message](100)
         self._config_services: list[Any] | None = None
+        self._lanes: dict[str, Lane] = {}
+        self._open: list[Delivery] = []
+        self._queued = 0
         self.sent: list[tuple[str, bool]] = []
-        self.pending = 0  # queued or being sent
 
     @property
     def enabled(self) -> bool:
         return bool(self.urls or self.config_file)
 
+    @property
+    def pending(self) -> int:
+        """Messages queued, and deliveries not yet settled."""
+        return self._queued + len(self._open)
+
     # ------------------------------------------------------------------ services
 
-    def services(self, priority: str, kind: str) -> list[Any]:
+    def targets(self, priority: str, kind: str) -> list[tuple[str, str, Callable[[], Any]]]:
+        """(lane key, masked name, maker) of every service ``kind`` goes to. A URL's
+        service is built in its lane (with the message's priority); a config file's are
+        loaded once, here (blocking: called in a worker thread)."""
         import apprise
 
-        out = []
+        out: list[tuple[str, str, Callable[[], Any]]] = []
         for url in self.urls:
-            svc = apprise.Apprise.instantiate(with_priority(url, priority))
-            if svc is None:
-                log.warning("notify_url_invalid", url=_mask_raw(url))
-                continue
-            out.append(svc)
-        for svc in self._from_config():
+            def make(url: str = url) -> Any:
+                return apprise.Apprise.instantiate(with_priority(url, priority))
+
+            out.append((f"url:{url}", _mask_raw(url), make))
+        for i, svc in enumerate(self._from_config()):
             tags = set(getattr(svc, "tags", set()) or set())
             if not tags or tags & {priority, kind, "all", "always"}:
-                out.append(svc)
+                def given(svc: Any = svc) -> Any:
+                    return svc
+
+                out.append((f"config:{i}", masked(svc), given))
+        return out
+
+    def services(self, priority: str, kind: str) -> list[Any]:
+        """The apprise services ``kind`` goes to, built now (blocking)."""
+        out = []
+        for _, target, make in self.targets(priority, kind):
+            svc = make()
+            if svc is None:
+                log.warning("notify_url_invalid", url=target)
+                continue
+            out.append(svc)
         return out
 
     def _from_config(self) -> list[Any]:
@@ -198,52 +273,88 @@ class Notifier:
         try:
             self._send.send_nowait(Message(kind, title, body, ntype, priority))
         except anyio.WouldBlock:
-            log.warning("notify_dropped", kind=kind, why="queue full")
+            self._failed(kind, "(all)", "not sent: 100 milestones already queued")
             return False
-        self.pending += 1
+        self._queued += 1
         return True
 
-    def _deliver(self, msg: Message) -> list[tuple[str, bool]]:
-        results = []
-        for svc in self.services(msg.priority, msg.kind):
-            try:
-                ok = bool(svc.notify(body=msg.body, title=msg.title, notify_type=msg.notify_type))
-            except Exception:
-                ok = False
-            results.append((masked(svc), ok))
-        return results
+    async def _dispatch(self, msg: Message) -> list[Delivery]:
+        """``msg`` into the lane of every service it goes to."""
+        try:
+            targets = await anyio.to_thread.run_sync(self.targets, msg.priority, msg.kind)
+        except Exception as e:  # an unreadable config file: said, never raised
+            self._failed(msg.kind, "(all)", f"services not loaded: {type(e).__name__}")
+            return []
+        out = []
+        for key, target, make in targets:
+            d = Delivery(msg, target, make, msg.at + self.timeout)
+            self._lanes.setdefault(key, Lane(key)).put(d)
+            out.append(d)
+        return out
+
+    def _settle(self, d: Delivery, why: str) -> None:
+        self.sent.append((d.msg.kind, d.ok))
+        if d.ok:
+            log.info("notify_sent", kind=d.msg.kind, url=d.target, priority=d.msg.priority)
+        else:
+            self._failed(d.msg.kind, d.target, why)
 
     async def send(self, msg: Message) -> list[tuple[str, bool]]:
-        """Deliver ``msg`` to every target within ``timeout`` seconds in all. A sender's
-        own timeouts are per socket operation, so a receiver that trickles a byte every
-        two seconds holds it for ever: delivery runs in a daemon thread of its own that
-        is abandoned at the deadline, and so can never hold up the run's exit (a worker
-        thread of anyio's pool is not a daemon: the interpreter waits for it)."""
-        results: list[tuple[str, bool]] = []
-        done = threading.Event()
-        box: list[list[tuple[str, bool]]] = []
+        """Deliver ``msg`` to every service and wait (``notify-test``): each lane has
+        ``timeout`` seconds; (target, delivered) per service."""
+        msg.at = time.monotonic()
+        deliveries = await self._dispatch(msg)
+        while any(not d.done.is_set() for d in deliveries) and time.monotonic() < msg.at \
+                + self.timeout:
+            await anyio.sleep(0.02)
+        for d in deliveries:
+            late = not d.done.is_set()
+            d.abandoned = d.abandoned or late
+            self._settle(d, f"timed out after {self.timeout:.0f}s" if late else d.why)
+        return [(d.target, d.ok and d.done.is_set()) for d in deliveries]
 
-        def work() -> None:
-            try:
-                box.append(self._deliver(msg))
-            finally:
-                done.set()
+    async def run(self) -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._watch)
+            async with self._recv:
+                async for msg in self._recv:
+                    try:
+                        self._open += await self._dispatch(msg)
+                    finally:
+                        self._queued -= 1
 
-        threading.Thread(target=work, name=f"notify-{msg.kind}", daemon=True).start()
-        with anyio.move_on_after(self.timeout) as scope:
-            while not done.is_set():
+    async def _watch(self) -> None:
+        """Settle what each lane did: delivered, refused, or past its deadline."""
+        while True:
+            await anyio.sleep(0.05 if self._open else 0.2)
+            now, still = time.monotonic(), []
+            for d in self._open:
+                if d.done.is_set():
+                    self._settle(d, d.why)
+                elif now >= d.deadline:
+                    d.abandoned = True
+                    self._settle(d, f"not delivered within {self.timeout:.0f}s")
+                else:
+                    still.append(d)
+            self._open = still
+
+    async def drain(self, timeout: float) -> None:
+        """At shutdown: let what is queued go out, bounded by ``timeout``; what is still
+        not delivered then is recorded as such, never dropped silently."""
+        with anyio.move_on_after(timeout):
+            while self.pending > 0:
                 await anyio.sleep(0.02)
-            results = box[0] if box else []
-        if scope.cancelled_caught:
-            results = [("(all)", False)]
-            self._failed(msg.kind, "(all)", f"timed out after {self.timeout:.0f}s")
-        for url, ok in results:
-            self.sent.append((msg.kind, ok))
-            if ok:
-                log.info("notify_sent", kind=msg.kind, url=url, priority=msg.priority)
-            elif url != "(all)":
-                self._failed(msg.kind, url, "service reported failure")
-        return results
+        for d in self._open:
+            d.abandoned = True
+            self._settle(d, "not delivered before the run exited")
+        self._open = []
+        while True:
+            try:
+                msg = self._recv.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                break
+            self._queued -= 1
+            self._failed(msg.kind, "(all)", "not sent before the run exited")
 
     def _failed(self, kind: str, url: str, why: str) -> None:
         log.warning("notify_failed", kind=kind, url=url, why=why)
@@ -252,20 +363,6 @@ class Notifier:
                 self.on_failure(kind, url, why)
             except Exception:
                 log.exception("notify_failure_hook_error")
-
-    async def run(self) -> None:
-        async with self._recv:
-            async for msg in self._recv:
-                try:
-                    await self.send(msg)
-                finally:
-                    self.pending -= 1
-
-    async def drain(self, timeout: float) -> None:
-        """At shutdown: let the queue (the final milestone) go out, bounded by timeout."""
-        with anyio.move_on_after(timeout):
-            while self.pending > 0:
-                await anyio.sleep(0.02)
 
 
 def _mask_raw(url: str) -> str:
