@@ -511,9 +511,16 @@ def _ev(requests=3, answered=3, errors=None, first=None):
      _ev(), "INVALID(endpoint_down)", None),
     (("INVALID", "deadline"), RunOutcome(None, killed="deadline"), _ev(0, 0),
      "INVALID(deadline)", None),
-    # killed at the deadline before any answer came back: no evidence of the model
+    # killed at the deadline before any answer came back, nothing open at the endpoint:
+    # no evidence of the model
     (("INVALID", "deadline"), RunOutcome(None, killed="deadline"), _ev(1, 0),
      "INVALID(deadline)", None),
+    # ... but with its first request open at the endpoint all along: the model's FAIL
+    (("INVALID", "deadline"), RunOutcome(None, killed="deadline", working=True), _ev(1, 0),
+     "FAIL", "timed out"),
+    # working, yet the endpoint was failing it: the infrastructure's
+    (("INVALID", "deadline"), RunOutcome(None, killed="deadline", working=True),
+     _ev(2, 0, {"endpoint_error": 1}), "INVALID(deadline)", None),
     # grading's own failures and valid verdicts are never touched
     (("INVALID", "grader_failed"), RunOutcome(0, completion=True),
      _ev(errors={"context_overflow": 1}), "INVALID(grader_failed)", None),

@@ -396,6 +396,34 @@ def test_a_model_that_runs_out_of_time_is_its_fail_in_every_view(tmp_path: Path)
     assert "timed out (1 cells)" in rep
 
 
+def test_a_first_answer_longer_than_the_deadline_is_the_models_fail(tmp_path: Path) -> None:
+    """The endpoint takes longer over the first answer than the cell's deadline: nothing
+    came back, yet the endpoint had the request all along (the gateway's in-flight
+    count at the kill): FAIL (timed out), not INVALID(deadline) retried to quarantine."""
+    from conftest import events, run_cli, write_overlay
+
+    state = tmp_path / "state"
+    over = write_overlay(tmp_path / "o.json", {
+        "tasks": [{"id": "p1_bugfix"}], "arms": [{"label": "demo-nothink", "mode": "nothink"}],
+        "vars": {"think_secs": "0"}, "trust": {"infra_retries": 0},
+        "endpoint": {"latency_secs": 30}, "harness": {"wall_budget_secs": 1},
+        "watchdog": {"deadline_overhead_secs": 1, "stuck_secs": 60, "warn_secs": 50,
+                     "probe_secs": 55, "kill_secs": 58}})
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                "--state-dir", str(state), "--quiet")
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    evs = events(state)
+    metered = next(e for e in evs if e["event"] == "cell_metered")
+    assert metered["requests"] >= 1 and metered["answered"] == 0  # no answer ever came
+    exited = next(e for e in evs if e["event"] == "cell_exited")
+    assert exited["outcome"]["killed"] == "deadline" and exited["outcome"]["working"] is True
+    v = next(e for e in evs if e["event"] == "cell_verdict")
+    assert (v["verdict"], v["caveat"]) == ("FAIL", "timed out")
+    val = run_cli("validate", "--state-dir", str(state))
+    assert val.returncode == 0 and "FAIL=1" in val.stdout, val.stdout
+    assert "timed out (1 cells)" in run_cli("report", "--state-dir", str(state)).stdout
+
+
 async def test_the_provider_key_is_added_only_to_the_attempts_own_allowed_requests(
         upstream: FakeUpstream, tmp_path: Path) -> None:
     gw = Gateway()

@@ -36,6 +36,7 @@ from autopilot.cell.context import (
 )
 from autopilot.cell.grading import judge_cell, model_access
 from autopilot.cell.procs import TOKEN_ENV, Tracker, kill_tree, probe
+from autopilot.cell.scratch import clean_scratch
 from autopilot.cell.substance import SubstanceState, check_substance
 from autopilot.cell.users import as_user, disown, own_dirs
 from autopilot.cell.validity import (
@@ -51,7 +52,7 @@ from autopilot.cell.validity import (
 from autopilot.cell.watchdog import Limits, Observation, WatchState, cell_deadline, decide
 from autopilot.logsetup import bind_contextvars, get_logger, unbind_contextvars
 from autopilot.plan import Cell
-from autopilot.state.fsguard import UnsafePath, remove_or_clear
+from autopilot.state.fsguard import UnsafePath
 from autopilot.state.fsutil import log_tail
 from autopilot.state.statedir import open_append
 from autopilot.state.untrusted import read_tail
@@ -95,6 +96,7 @@ class CellRun:
         self.group: Path | None = None  # the attempt's cgroup, where there is one
         self.uid: int | None = None  # the cell's own user ([harness] user = "cell")
         self.abandoned = False
+        self.working = False  # a request of it was open at the endpoint when it was killed
         # When the harness was spawned, wall clock: comparable across the nodes of a
         # cluster (the harness-break streak is ordered by it; an order, not a duration).
         self.launched: float | None = None
@@ -200,6 +202,9 @@ class CellRun:
         self.cx.emit("cell_exited", cell=self.cell.id, attempt=self.attempt, code=None,
                      error=why)
         return RunOutcome(exit_code=code)
+
+    async def _clean_scratch(self) -> str | None:
+        return await clean_scratch(self.cx, self.p, self.ctx, self.cell.id, self.attempt)
 
     async def _prepare(self) -> RunOutcome | None:
         """A clean workspace and the last attempt's outputs moved aside; an outcome
@@ -421,7 +426,7 @@ class CellRun:
             exit_code=dp.code, killed=killed, completion=self._completion_present(),
             endpoint_down=cx.keeper.outage_overlaps(start_mono, end_mono),
             kill_reason=kill_reason, arm_mismatch=arm_mismatch, disk_low=disk_low,
-            datapath_lost=dp.lost,
+            datapath_lost=dp.lost, working=killed is not None and self.working,
         )
         cx.emit("cell_exited", cell=self.cell.id, attempt=self.attempt, code=dp.code,
                 elapsed_secs=round(end_mono - start_mono, 3), outcome=asdict(outcome))
@@ -499,6 +504,7 @@ class CellRun:
                 if dp.exited:
                     return None, None  # it ended while we were not looking: the truth
                 # a substance kill is a stall with a reason: INVALID(stall)
+                self.working = bool(meter is not None and meter.in_flight)
                 pids = await self._kill(self.p.watchdog.kill_grace_secs)
                 cx.emit("cell_killed", cell=self.cell.id, attempt=self.attempt,
                         kind=d.kind, reason=d.reason, pids=pids)
@@ -574,26 +580,3 @@ class CellRun:
         if outcome is None:
             return None
         return await self.judge(outcome)
-
-    async def _clean_scratch(self) -> str | None:
-        """Remove the harness's scratch dirs (through Docker where a root-owned
-        sandbox's files stay: fsguard.remove_or_clear); what is left is journaled, and
-        returned as the reason (None: all clean)."""
-        left = None
-        for tmpl in self.p.harness.scratch_dirs:
-            path = render(tmpl, self.ctx)  # exact path, never a glob
-            why, how = await remove_or_clear(path, self.cx.roots, self.cx.state_dir,
-                                             self.cx.clear_dir)
-            if how == "cleared":
-                self.cx.emit("scratch_removed_via_docker", cell=self.cell.id,
-                             attempt=self.attempt, path=path)
-            if why is None:
-                continue
-            if how == "not_removed":
-                self.cx.emit("scratch_not_removed", cell=self.cell.id, attempt=self.attempt,
-                             path=path, why=why)
-            else:
-                self.cx.emit("unsafe_path_refused", cell=self.cell.id, attempt=self.attempt,
-                             action="remove scratch dir", why=why)
-            left = left or why
-        return left

@@ -39,6 +39,9 @@ class RunOutcome:
     disk_low: bool = False
     # the attempt's data path ended without recording the harness's end (why)
     datapath_lost: str | None = None
+    # killed with one of its requests open at the endpoint (the gateway's in-flight
+    # count): the model was working for it, answered or not
+    working: bool = False
 
 
 @dataclass(frozen=True)
@@ -247,8 +250,8 @@ LOOP_KILLS = ("scroll loop", "runaway generation")  # the substance watchdog's r
 def count_by_evidence(c: Classification, run: RunOutcome, ev: Evidence | None,
                       policy: str = "evidence") -> Classification:
     """Count like the benchmark counts. An INVALID attempt whose evidence points at the
-    model is the model's FAIL, with a caveat: the endpoint answered and the cell ran out
-    of time (``timed out``), looped (``looped``), or outgrew its context
+    model is the model's FAIL, with a caveat: the endpoint answered (or had its request
+    when the deadline came) and the cell ran out of time (``timed out``), looped (``looped``), or outgrew its context
     (``context exceeded``). It stays INVALID where the evidence points at the
     infrastructure: the endpoint down or failing, no request ever reaching it (zero
     work), a frozen harness with no request in flight (a stall), grading. A first
@@ -265,7 +268,9 @@ def count_by_evidence(c: Classification, run: RunOutcome, ev: Evidence | None,
     why = ""
     if ev.errors.get("context_overflow"):
         why = "context exceeded"
-    elif c.reason == "deadline" and ev.answered:
+    elif c.reason == "deadline" and (ev.answered or run.working):
+        # A first answer longer than the deadline is the model's too: the endpoint had
+        # the request all along (the origin counts it so).
         why = "timed out"
     elif c.reason == "stall" and ev.answered and (run.kill_reason or "").startswith(
             LOOP_KILLS):

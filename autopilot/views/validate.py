@@ -142,7 +142,7 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
             exit_code=rec.get("exit_code", 0 if completion else None),
             killed=rec.get("killed"), completion=completion,
             endpoint_down=bool(rec.get("endpoint_down")), kill_reason=rec.get("kill_reason"),
-            disk_low=bool(rec.get("disk_low")),
+            disk_low=bool(rec.get("disk_low")), working=rec.get("working") is True,
         )
         grade_path = Path(ctx["grade_file"])
         grade = (GradeOutcome(True, grade=read_json(grade_path)) if grade_path.exists()

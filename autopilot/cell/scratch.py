@@ -1,0 +1,32 @@
+"""An attempt's scratch dirs, removed before and after it (the preset's exact paths)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autopilot.cell.context import CellContext
+from autopilot.config import Preset
+from autopilot.state.fsguard import remove_or_clear
+from autopilot.templates import render
+
+
+async def clean_scratch(cx: CellContext, preset: Preset, ctx: dict[str, Any], cell: str,
+                        attempt: int) -> str | None:
+    """Remove the harness's scratch dirs (through Docker where a root-owned sandbox's
+    files stay: fsguard.remove_or_clear); what is left is journaled, and returned as
+    the reason (None: all clean)."""
+    left = None
+    for tmpl in preset.harness.scratch_dirs:
+        path = render(tmpl, ctx)  # exact path, never a glob
+        why, how = await remove_or_clear(path, cx.roots, cx.state_dir, cx.clear_dir)
+        if how == "cleared":
+            cx.emit("scratch_removed_via_docker", cell=cell, attempt=attempt, path=path)
+        if why is None:
+            continue
+        if how == "not_removed":
+            cx.emit("scratch_not_removed", cell=cell, attempt=attempt, path=path, why=why)
+        else:
+            cx.emit("unsafe_path_refused", cell=cell, attempt=attempt,
+                    action="remove scratch dir", why=why)
+        left = left or why
+    return left
