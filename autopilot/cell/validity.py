@@ -251,12 +251,13 @@ def count_by_evidence(c: Classification, run: RunOutcome, ev: Evidence | None,
                       policy: str = "evidence") -> Classification:
     """Count like the benchmark counts. An INVALID attempt whose evidence points at the
     model is the model's FAIL, with a caveat: the endpoint answered (or had its request
-    when the deadline came) and the cell ran out of time (``timed out``), looped (``looped``), or outgrew its context
-    (``context exceeded``). It stays INVALID where the evidence points at the
-    infrastructure: the endpoint down or failing, no request ever reaching it (zero
-    work), a frozen harness with no request in flight (a stall), grading. A first
-    request already over the served context is the preset's settings, not the model:
-    INVALID(config). Without the gateway's evidence nothing changes."""
+    when the deadline came) and the cell ran out of time (``timed out``), looped
+    (``looped``), or outgrew its context (``context exceeded``). It stays INVALID
+    where the evidence points at the infrastructure: the endpoint down or failing, no
+    request ever reaching it (zero work), a frozen harness with no request in flight
+    (a stall), grading. A first request already over the served context is the
+    preset's settings, not the model: INVALID(config). Without the gateway's evidence
+    nothing changes."""
     if policy != "evidence" or ev is None or c.verdict != "INVALID" or c.grade_side:
         return c
     if run.endpoint_down or ev.errors.get("endpoint_error") or ev.requests == 0:
