@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -398,6 +400,43 @@ def test_validate_says_what_the_journal_says_after_a_stop_and_a_kill(tmp_path: P
         assert "PENDING=" in v.stdout.splitlines()[0], v.stdout  # no verdict yet, said so
         stopped = [e["cell"] for e in events(state) if e["event"] == "cell_abandoned"]
         assert (len(stopped) >= 1) == (how == signal.SIGTERM), (how, stopped)
+
+
+def test_validate_calls_a_cell_killed_while_grading_pending_not_invalid(tmp_path: Path) -> None:
+    # The supervisor dies after a harness ended and before its grade: the journal has no
+    # verdict (a resume grades it), so validate judges nothing either.
+    import signal
+
+    from conftest import events, run_cli, wait_for, write_overlay
+
+    over = write_overlay(tmp_path / "o.json", {
+        "tasks": [{"id": "p1_bugfix"}], "arms": [{"label": "demo-nothink", "mode": "nothink"}],
+        "grader": {"argv": ["/bin/sh", "-c", 'echo $$ > "$1.pid"; exec sleep 120', "g",
+                            "{grade_file}"]}})
+    state = tmp_path / "state"
+    p = subprocess.Popen([sys.executable, "-m", "autopilot.cli", "--preset", "demo",
+                          "--target-n", "1", "--config", str(over), "--state-dir", str(state),
+                          "--quiet"], env=cli_env(), cwd=ROOT, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    pidfile = state / "cells" / "p1_bugfix_demo-nothink_v1" / "grade.json.pid"
+    try:
+        wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 60, "grading")
+        p.send_signal(signal.SIGKILL)
+        p.wait(30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        if pidfile.exists() and pidfile.read_text().strip():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)
+    evs = events(state)
+    assert any(e["event"] == "cell_exited" for e in evs)
+    assert not any(e["event"] == "cell_verdict" for e in evs)
+    v = run_cli("validate", "--state-dir", str(state))
+    assert v.returncode == 0 and "INVALID" not in v.stdout, v.stdout
+    assert "PENDING=1" in v.stdout.splitlines()[0], v.stdout
+    assert "grading" in v.stdout and "a resume grades it" in v.stdout
 
 
 def test_an_attempt_killed_before_its_start_was_journaled_is_adopted_as_itself(

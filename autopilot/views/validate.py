@@ -72,6 +72,7 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
     last_invalid: dict[str, tuple[str, str]] = {}
     invalid_count: dict[str, int] = {}
     abandoned: dict[str, str] = {}  # the journal's own word: no verdict, to be re-run
+    unjudged: set[str] = set()  # its harness ended (or was adopted), no verdict yet
     spans: dict[tuple[str, int], list[float]] = {}  # each attempt's first and last event
     metered: dict[str, dict[str, Any]] = {}  # the gateway's evidence of the latest attempt
     for ev in state_events(state_dir).events:
@@ -102,6 +103,11 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
         if kind in ("cell_exited", "cell_ran", "cell_verdict", "cell_quarantined",
                     "cell_abandoned"):
             running.discard(cid)
+        if kind in ("cell_exited", "cell_ran", "cell_adopted"):
+            unjudged.add(cid)
+        elif kind in ("cell_spawning", "cell_started", "cell_verdict", "cell_quarantined",
+                      "cell_abandoned"):
+            unjudged.discard(cid)
         if kind == "cell_abandoned":
             abandoned[cid] = clean(ev.get("why") or "abandoned", 120)
         elif kind in ("cell_spawning", "cell_started", "cell_verdict", "cell_ran",
@@ -132,6 +138,14 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
             result.cells.append(CellCheck(
                 cell.id, "PENDING", "interrupted",
                 "its supervisor died mid-attempt; a resume adopts or re-runs it"))
+            continue
+        if cell.id in unjudged:
+            # The journal has no verdict for it: judging its outputs here would call it
+            # grader_failed while the run (a resume) grades it.
+            result.cells.append(CellCheck(
+                cell.id, "PENDING", "grading",
+                "its harness ended and it is being graded" if in_progress else
+                "its harness ended before its supervisor stopped; a resume grades it"))
             continue
         if cell.id not in attempts and not out_dir.exists():
             result.cells.append(CellCheck(cell.id, "ABSENT"))
@@ -221,6 +235,15 @@ def render_table(result: ValidationResult) -> str:
         lines.append(f"{'cell':<{width}}  reason            detail")
         for c in result.invalid:
             lines.append(f"{c.cell:<{width}}  {c.reason:<16}  {term(c.detail, 300)}")
+    why: dict[str, tuple[int, str]] = {}
+    for c in result.cells:
+        if c.verdict == "PENDING":
+            n, detail = why.get(c.reason, (0, c.detail))
+            why[c.reason] = (n + 1, detail)
+    if why:
+        lines.append("pending (no verdict in the journal yet): " + "; ".join(
+            f"{r or 'not run'} {n}" + (f" ({term(d, 160)})" if d else "")
+            for r, (n, d) in sorted(why.items())))
     for d in result.armless:
         lines.append(f"ARM-LESS DIRECTORY: {term(d, 500)} maps to no cell of the plan")
     if result.foreign:
