@@ -381,7 +381,9 @@ def findings(preset: Preset, facts: list[CellFacts], n: int,
     out += [f"Trust: {_trust_line(t)}. Rates count valid cells only.", ""]
 
     out += ["## 1. Scorecard", ""]
-    out += scorecard(preset, facts, n).splitlines()[2:]
+    # The scorecard's own trust line is the header's, said once above.
+    out += [x for x in scorecard(preset, facts, n).splitlines()[2:]
+            if not x.startswith("Trust: ")]
     out.append("")
 
     out += ["## 2. What N reveals", "",
@@ -391,7 +393,8 @@ def findings(preset: Preset, facts: list[CellFacts], n: int,
     for arm in arms:
         rows = stats.trend(_matrix(facts, arm), n)
         wins = list(rows[0].windows) if rows else []
-        out += [f"### {arm}", "", "| task | " + " | ".join(f"v1-{w}" for w in wins) + " | |",
+        out += [f"### {arm}", "", "| task | " + " | ".join(f"v1-{w}" for w in wins)
+                + " | note |",
                 "|---|" + "---|" * (len(wins) + 1)]
         for r in rows:
             cells = [f"{p}/{v} ({_pct(p, v)})" for p, v in (r.windows[w] for w in wins)]
@@ -411,7 +414,7 @@ def findings(preset: Preset, facts: list[CellFacts], n: int,
         ref = arms[0]
         for other in arms[1:]:
             out += [f"### {other} vs {ref}", "",
-                    f"| task | {ref} | {other} | Δ | Fisher p | |", "|---|---|---|---|---|---|"]
+                    f"| task | {ref} | {other} | Δ | Fisher p | note |", "|---|---|---|---|---|---|"]
             for task in [x.id for x in preset.tasks] + [None]:
                 a_p, a_v = _score(_by(facts, ref, task))
                 b_p, b_v = _score(_by(facts, other, task))
@@ -478,11 +481,15 @@ def findings(preset: Preset, facts: list[CellFacts], n: int,
 
     out += ["## 7. Reference comparators", ""]
     out += _comparators(preset, facts, arms)
+    section = 8  # numbered as they appear: no gap where a run has no pins
     if pins[0]:
-        out += ["", "## 8. Benchmark files (sha256, pinned at the run's first launch)", ""]
+        out += ["", f"## {section}. Benchmark files (sha256, pinned at the run's first "
+                "launch)", ""]
         out += [f"- `{digest[:23]}` {name}" for name, digest in pins[0]]
+        section += 1
     if endpoint:
-        out += ["", "## 9. What served the model (the latest launch)", "", *endpoint]
+        out += ["", f"## {section}. What served the model (the latest launch)", "",
+                *endpoint]
     return "\n".join(out).rstrip() + "\n"
 
 
