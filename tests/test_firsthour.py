@@ -97,6 +97,27 @@ def test_the_runs_target_n_is_remembered(tmp_path: Path) -> None:
     assert r.returncode == 0 and "target N changes 4 -> 5" in r.stderr
 
 
+def test_elapsed_counts_the_whole_run_across_resumes(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    over = write_overlay(tmp_path / "o.json", {"vars": {"think_secs": "0"},
+                                               "tasks": [{"id": "p1_bugfix"}]})
+    base = ["--preset", "demo", "--config", str(over), "--state-dir", str(state), "--quiet"]
+    assert run_cli(*base, "--target-n", "1").returncode == 0
+    # As if that first launch had run for 5000 s (it ran for seconds): what its status
+    # said is where the resume's clock starts, and the --once rebuild keeps it too.
+    path = state / "status.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "elapsed_secs": 5000.0}))
+    assert run_cli(*base, "--target-n", "2").returncode == 0
+    after = json.loads(path.read_text())["elapsed_secs"]
+    assert 5000 < after < 5000 + 600
+    assert "elapsed 1:23:" in run_cli("--state-dir", str(state), prog="dashboard").stdout
+    assert run_cli(*base, "--once").returncode == 0
+    assert json.loads(path.read_text())["elapsed_secs"] == after
+    path.write_text(json.dumps({**json.loads(path.read_text()), "elapsed_secs": "x"}))
+    assert run_cli(*base, "--target-n", "3").returncode == 0  # a bad value counts as 0
+    assert json.loads(path.read_text())["elapsed_secs"] < 600
+
+
 def test_a_plan_change_is_journaled_and_shown(tmp_path: Path) -> None:
     state = tmp_path / "state"
     one = write_overlay(tmp_path / "a.json", {"vars": {"think_secs": "0"},

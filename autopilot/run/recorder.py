@@ -33,13 +33,13 @@ from autopilot.run.clock import RunClock
 from autopilot.run.notify import MILESTONES, Notifier
 from autopilot.run.options import RunOptions
 from autopilot.run.passes import Passes
-from autopilot.run.snapshot import RunView, build
+from autopilot.run.snapshot import RunView, build, prior_elapsed
 from autopilot.run.stopping import Stop
 from autopilot.run.throttle import Throttle, on_throttled
 from autopilot.state import budget
 from autopilot.state.diskspace import DiskWatch, Reading, floor_bytes
 from autopilot.state.fsguard import run_roots
-from autopilot.state.fsutil import atomic_write_text, iso
+from autopilot.state.fsutil import atomic_write_text, iso, read_json
 from autopilot.state.journal import Journal
 from autopilot.state.ledger import Ledger
 from autopilot.state.progress import oneline
@@ -82,6 +82,7 @@ class Recorder:
         self.outcome_reason = ""
         self.started_at = iso()
         self.t0 = self.clock()
+        self.elapsed_before = prior_elapsed(read_json(self.state_dir / "status.json"))
         self.done_this_session = 0
         self.swept = recovery.Swept()
         self.stop = Stop()
@@ -285,7 +286,7 @@ class Recorder:
                        for i, k in enumerate(keepers)] if self.backend is not None else None,
             streak=self.policy.streak.count, alarms=self.policy.alarms,
             orphans_cleaned=self.swept.cleaned, publish=self.publish_state,
-            disk=self.disk.describe(),
+            disk=self.disk.describe(), elapsed_before=self.elapsed_before,
         ), light)
 
     def progress_line(self) -> str:

@@ -32,7 +32,7 @@ from autopilot.logsetup import get_logger
 from autopilot.plan import Cell, Plan, cell_context
 from autopilot.run import drift
 from autopilot.run.preflight import needs_docker
-from autopilot.run.snapshot import RunView, build
+from autopilot.run.snapshot import RunView, build, prior_elapsed
 from autopilot.run.throttle import Throttle
 from autopilot.state.fsutil import atomic_write_json, iso, parse_iso, read_json
 from autopilot.state.journal import read_events
@@ -414,4 +414,5 @@ def snapshot_once(preset: Preset, plan: Plan, state_dir: Path) -> dict[str, Any]
         phase="COMPLETE" if ledger.complete() and all(c.valid for c in ledger.cells.values())
         else "stopped", outcome_reason="", pass_no=0,
         started_at=started, updated_at=iso(), elapsed=0.0, done_this_session=0,
-        throttle=Throttle(conc, conc), pid=os.getpid(), host=socket.gethostname()))
+        throttle=Throttle(conc, conc), pid=os.getpid(), host=socket.gethostname(),
+        elapsed_before=prior_elapsed(prior)))

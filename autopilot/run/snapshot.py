@@ -43,6 +43,16 @@ class RunView:
     orphans_cleaned: list[dict[str, Any]] = field(default_factory=list)
     publish: dict[str, Any] | None = None
     disk: dict[str, Any] | None = None  # the disk watch (autopilot.state.diskspace)
+    elapsed_before: float = 0.0  # the run's earlier launches (prior_elapsed)
+
+
+def prior_elapsed(status: Any) -> float:
+    """How long the run had already run before this launch: the last status.json's
+    ``elapsed_secs`` (a state file: shape-checked; anything odd counts as 0)."""
+    v = status.get("elapsed_secs") if isinstance(status, dict) else None
+    if not isinstance(v, int | float) or isinstance(v, bool) or not 0 <= v < 10 * 365 * 86400:
+        return 0.0
+    return float(v)
 
 
 def build(v: RunView, light: bool = False) -> dict[str, Any]:
@@ -66,7 +76,8 @@ def build(v: RunView, light: bool = False) -> dict[str, Any]:
         "host": v.host,
         "started_at": v.started_at,
         "updated_at": v.updated_at,
-        "elapsed_secs": round(v.elapsed, 1),
+        # The whole run's, across resumes; the ETA's rate is this launch's alone.
+        "elapsed_secs": round(v.elapsed_before + v.elapsed, 1),
         "eta_secs": eta_secs(remaining, v.done_this_session, v.elapsed),
         "pass": v.pass_no,
         "max_passes": preset.run.max_passes,

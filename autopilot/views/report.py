@@ -414,7 +414,8 @@ def findings(preset: Preset, facts: list[CellFacts], n: int,
         ref = arms[0]
         for other in arms[1:]:
             out += [f"### {other} vs {ref}", "",
-                    f"| task | {ref} | {other} | Δ | Fisher p | note |", "|---|---|---|---|---|---|"]
+                    f"| task | {ref} | {other} | Δ | Fisher p | note |",
+                    "|---|---|---|---|---|---|"]
             for task in [x.id for x in preset.tasks] + [None]:
                 a_p, a_v = _score(_by(facts, ref, task))
                 b_p, b_v = _score(_by(facts, other, task))
