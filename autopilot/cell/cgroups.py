@@ -99,7 +99,13 @@ class Containment:
 
     def group(self, name: str) -> Path:
         path = self.base / name
-        path.mkdir(exist_ok=True)
+        try:
+            path.mkdir()
+            # When it was made, in the clock processes' start times are kept in (ticks
+            # since boot): "older than the group" to the tick, not to psutil's second.
+            _BORN[str(path)] = boot_ticks()
+        except FileExistsError:
+            pass
         return path
 
     def wrap(self, argv: list[str], group: Path) -> list[str]:
@@ -173,6 +179,7 @@ class Containment:
             time.sleep(0.01)
         with contextlib.suppress(OSError):
             group.rmdir()
+            _BORN.pop(str(group), None)
         return ours
 
     @staticmethod
@@ -251,6 +258,23 @@ def _ancestors() -> set[int]:
     return out
 
 
+_BORN: dict[str, int] = {}  # group path -> boot_ticks() when we made it (this process)
+_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def boot_ticks() -> int:
+    """Now, as /proc/<pid>/stat's starttime counts: clock ticks since boot."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * _TCK)
+
+
+def start_ticks(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 _MARKERS = ("AUTOPILOT_CELL_ID", "AUTOPILOT_RUN_TOKEN", "AUTOPILOT_DATAPATH")
 
 
@@ -274,14 +298,22 @@ def foreign(pid: int, group: Path) -> str | None:
     cell, cell_uid = _group_cell(group)
     if uid != os.geteuid() and uid != cell_uid:
         return f"a process of uid {uid}"
-    try:
-        made = group.stat().st_ctime
-    except OSError:
-        made = 0.0
-    # A start time is the boot time (whole seconds in /proc/stat) plus ticks: up to a
-    # second early. Generous, since what this rules out is days old (an sshd moved in).
-    if started + 1.5 < made:
-        return "a process older than the group"
+    born, ticks = _BORN.get(str(group)), start_ticks(pid)
+    if born is not None and ticks is not None:
+        # Made by us: nothing of the attempt can have started before it (its first
+        # process is spawned after, and enters it itself).
+        if ticks < born:
+            return "a process older than the group"
+    else:
+        # A predecessor's group: its ctime, against psutil's start time (the boot time
+        # is whole seconds in /proc/stat: up to a second early). Generous, since what
+        # this rules out there is days old (an sshd moved in).
+        try:
+            made = group.stat().st_ctime
+        except OSError:
+            made = 0.0
+        if started + 1.5 < made:
+            return "a process older than the group"
     if cell_uid is not None and uid == cell_uid:
         return None  # the cell's own uid is no one else's (autopilot.cell.users)
     try:
