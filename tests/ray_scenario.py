@@ -31,6 +31,8 @@ from typing import Any
 
 from conftest import ROOT, env_holders, events, wait_for
 
+from autopilot.cell.procs import grade_marker
+
 
 def overlay(out: Path, address: str, arms: list[dict[str, Any]] | None = None,
             **backend: Any) -> Path:
@@ -73,8 +75,12 @@ def node_loss(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
                  if e["event"] == "ray_replica_started" and e["replica"] == 2)
     cluster.remove_node(nodes[2])
     output, _ = proc.communicate(timeout=400)
+    token = (state / "run.token").read_text().strip()
     return {"code": proc.returncode, "output": output[-4000:], "lost_lease": lease,
-            "leftover": env_holders("AUTOPILOT_RAY_LEASE", {lease})}
+            "leftover": env_holders("AUTOPILOT_RAY_LEASE", {lease}),
+            # and nothing of the run at all once it ended: the lost node's endpoint
+            # (which once lacked the lease, so its guard spared it) included
+            "marked": env_holders("AUTOPILOT_RUN_TOKEN", {token, grade_marker(token)})}
 
 
 def sigkill(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:

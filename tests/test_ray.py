@@ -71,7 +71,7 @@ def test_node_lost_mid_run_ends_complete_with_its_cells_rerun_elsewhere(
     assert all(on[c] != 2 for c in lost_cells), "re-run on a replica that still exists"
     assert_each_cell_once_and_never_rerun(evs, 24)
     # nothing of the lost lease outlived it: its harnesses and endpoint were swept
-    assert got["leftover"] == []
+    assert got["leftover"] == [] and got["marked"] == []
     assert any(e["event"] == "lease_swept" and e["lease"] == got["lost_lease"] for e in evs)
     status = json.loads((out / "node-loss" / "status.json").read_text())
     assert status["phase"] == "COMPLETE"

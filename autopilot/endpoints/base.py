@@ -116,6 +116,9 @@ class Endpoint:
         self.readiness: dict[str, Any] = {}
         self.on_spawn: Callable[..., Any] = lambda **kw: log.info("endpoint_spawned", **kw)
         self.readopted = False  # a predecessor's process, taken over (no proc of ours)
+        # Set by whoever starts it beyond the preset's env: a Ray node's lease, so that
+        # its lease guard ends the endpoint too when the node's actor dies.
+        self.extra_env: dict[str, str] = {}
 
     # ------------------------------------------------------------------ describe
 
@@ -332,7 +335,7 @@ class Endpoint:
                 logf.flush()
                 # The run's marker: if we are killed before on_spawn journals it, the
                 # next supervisor's sweep still knows this process is ours (and its port).
-                env = {**self.env(), **self.arm_setting.env,
+                env = {**self.env(), **self.arm_setting.env, **self.extra_env,
                        RUN_TOKEN_ENV: self.marker}
                 # In a cgroup of its own where one can be made (autopilot.cell.cgroups):
                 # whatever it forks, however it hides, ends with it.

@@ -140,6 +140,7 @@ class NodeAgent:
         p = self.preset
         ep = make_endpoint(p, self.state_dir, self.replica)
         ep.marker = self.run_token  # the head's run, wherever this node keeps its files
+        ep.extra_env = {LEASE_ENV: self.lease}  # the lease guard's to end with the actor
         ep.arm_setting, ep.arm_group = arm_groups(p)[0]
         self.keeper = Keeper(ep, self.port.emit, self.port.milestone)
         self._start_guard()
