@@ -14,6 +14,7 @@ written.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import replace
 from functools import partial
@@ -366,12 +367,24 @@ def recorded_target_n(state_dir: Path) -> int | None:
     return n if type(n) is int and n > 0 else None
 
 
+def program() -> list[str]:
+    """This program as it was run, to be run again from anywhere: a path (a venv's
+    ``.venv/bin/autopilot``) made absolute, a bare name (found on PATH) kept, and ``python
+    -m autopilot[.cli]`` as this interpreter's ``-m autopilot``."""
+    first = sys.argv[0] if sys.argv else ""
+    if not first or first in ("-c", "-m") or Path(first).name in ("__main__.py", "cli.py"):
+        return [sys.executable, "-m", "autopilot"]
+    if os.sep in first:
+        return [str(Path(first).absolute())]
+    return [first]
+
+
 def resume_command(args: argparse.Namespace, state_dir: Path, target_n: int) -> str:
     """The command line that resumes this run: the same flags, with the state dir and
     the target N spelled out (the defaults that chose them may differ next time)."""
     import shlex
 
-    argv = ["autopilot", *sys.argv[1:]]
+    argv = [*program(), *sys.argv[1:]]
     # Paths as absolute ones: the line is run again from anywhere (a shell in $HOME, a
     # systemd unit), where a relative --config or --state-dir names another file.
     path_flags = {"--config", "--state-dir", "--preset", "--notify-config", "--results-repo",

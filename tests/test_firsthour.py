@@ -59,26 +59,43 @@ def test_a_terminal_gets_a_progress_panel_not_a_log_line_per_event(tmp_path: Pat
 
 @pytest.mark.slow
 def test_a_stop_says_how_far_and_the_exact_resume_command(tmp_path: Path) -> None:
+    # Started as a venv's console script (the Quick start's `.venv/bin/autopilot`): the
+    # resume line names that program, not a bare `autopilot` the shell may not find.
     state = tmp_path / "state"
     over = write_overlay(tmp_path / "o.json", {"vars": {"think_secs": "0.3"}})
-    p = subprocess.Popen([sys.executable, "-m", "autopilot.cli", "--preset", "demo",
-                          "--config", str(over), "--quiet"],
-                         env=cli_env(AUTOPILOT_STATE_DIR=str(state)), cwd=ROOT,
+    script = Path(sys.executable).parent / "autopilot"
+    p = subprocess.Popen([str(script), "--preset", "demo", "--config", str(over), "--quiet"],
+                         env=cli_env(AUTOPILOT_STATE_DIR=str(state)), cwd=tmp_path,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: sum(e["event"] == "cell_verdict" for e in events(state)) >= 2,
-             what="some cells done")
-    p.send_signal(signal.SIGTERM)
-    _, err = p.communicate(timeout=60)
+    try:
+        wait_for(lambda: sum(e["event"] == "cell_verdict" for e in events(state)) >= 2,
+                 what="some cells done")
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
     assert p.returncode == 143
     line = next(ln for ln in err.splitlines() if ln.startswith("AUTOPILOT_STOPPED"))
     assert line.startswith("AUTOPILOT_STOPPED by SIGTERM: stopped demo ")
     command = line.split("; resume with: ", 1)[1]
     argv = shlex.split(command)
-    assert argv[0] == "autopilot" and argv[argv.index("--state-dir") + 1] == str(state)
+    assert argv[0] == str(script) and argv[argv.index("--state-dir") + 1] == str(state)
     assert argv[argv.index("--target-n") + 1] == "3"
-    r = subprocess.run([sys.executable, "-m", "autopilot.cli", *argv[1:]], env=cli_env(),
-                       cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert argv[argv.index("--config") + 1] == str(over)  # absolute, run from anywhere
+    r = subprocess.run(argv, env=cli_env(), cwd="/", capture_output=True, text=True,
+                       timeout=180)  # the line exactly as printed, from another dir
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_the_resume_line_of_python_m_autopilot_is_this_interpreter_s() -> None:
+    for first in ("/x/autopilot/cli.py", "/x/autopilot/__main__.py", "-c"):
+        assert subprocess.run(
+            [sys.executable, "-c", f"import sys; sys.argv = [{first!r}]; "
+             "from autopilot.cli import program; print(program())"],
+            capture_output=True, text=True, cwd=ROOT).stdout.strip() == \
+            str([sys.executable, "-m", "autopilot"])
 
 
 def test_the_runs_target_n_is_remembered(tmp_path: Path) -> None:
