@@ -215,6 +215,11 @@ def test_cleanup_kills_the_runs_leftover_processes(state_dir: Path, tmp_path: Pa
         assert r.returncode == 0, r.stderr
         assert gone(*endpoint) and "(endpoint)" in r.stdout
         assert theirs[0].poll() is None and theirs[1].is_running()
+        from autopilot.cell.cgroups import where
+
+        parent = where()[0]
+        if parent is not None:  # and no empty group of the run made or left behind
+            assert not (parent / f"autopilot-{run_token(state_dir)[:16]}").exists()
     finally:
         unplant(cell, endpoint, theirs)
 

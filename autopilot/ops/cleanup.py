@@ -60,6 +60,8 @@ async def cleanup(preset: Preset, plan: Plan, state_dir: Path, *, endpoint: bool
             for f in group.get("foreign", ()):  # never signalled: not the run's
                 removed.append(f"spared process {f['pid']} in cgroup {group['group']} "
                                f"({f['why']})")
+        if contain is not None:  # and no empty group of the run left behind (nor made)
+            await anyio.to_thread.run_sync(contain.close)
     if preset.harness.user != "same":  # every process of a past cell's own uid
         from autopilot.cell.sweep import orphan_uids
 
