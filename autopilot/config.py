@@ -398,6 +398,7 @@ class EnvRef(NamedTuple):
     name: str
     value: str
     defaulted: bool  # NAME was unset; the preset's default was used
+    key: str = ""  # the dotted key whose value it expanded in (grader.on_unavailable)
 
     def describe(self) -> str:
         if self.defaulted:
@@ -591,7 +592,11 @@ class Preset(_Frozen):
     def env_source(self, value: str) -> str:
         """Which ``${VAR}`` put (part of) ``value`` here, in words; "" when none did."""
         found = [r for r in self._env_refs if r.value and r.value in value]
-        return "; ".join(r.describe() for r in found)
+        return "; ".join(dict.fromkeys(r.describe() for r in found))
+
+    def env_of(self, key: str) -> EnvRef | None:
+        """The ``${VAR}`` a key's value was expanded from, if one was."""
+        return next((r for r in self._env_refs if r.key == key), None)
 
     def arm(self, label: str) -> Arm:
         return next(a for a in self.arms if a.label == label)

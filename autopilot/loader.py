@@ -128,11 +128,11 @@ def expand_env(value: Any, where: str = "", refs: list[EnvRef] | None = None) ->
             # exported BENCH_DIR= must not turn every path into /tooling/...).
             if os.environ.get(name):
                 if refs is not None:
-                    refs.append(EnvRef(name, os.environ[name], False))
+                    refs.append(EnvRef(name, os.environ[name], False, where))
                 return os.environ[name]
             if default is not None:
                 if refs is not None:
-                    refs.append(EnvRef(name, default, True))
+                    refs.append(EnvRef(name, default, True, where))
                 return default
             how = "is set but empty" if name in os.environ else "is not set"
             raise TemplateError(where, f"${{{name}}} {how} and has no default")

@@ -138,6 +138,8 @@ def test_p1_without_its_helper_is_refused_at_preflight_by_default(state_dir: Pat
     err = r.stderr
     for task in P1:
         assert f"{task}: " in err and "code_task_grader.py not found" in err
+    # the way out named as the user sets it: the preset's variable, then its key
+    assert "MMBT_P1_UNAVAILABLE=record (grader.on_unavailable) runs the task" in err
     line = next(x for x in err.splitlines() if x.strip().startswith("p2_triage:"))
     assert "tooling/tasks/task_triage.md not found" in line
     assert f"from ${{BENCH_DIR}}={str(bench)!r}" in line

@@ -221,9 +221,11 @@ def checkout_problems(preset: Preset, state_dir: Path) -> tuple[list[str], list[
                 msg = f"{task.id}: grader needs {', '.join(missing)}"
                 if preset.grader.on_unavailable == "refuse":
                     misses += missing
-                    notes.update({m: "the grader needs it; grader.on_unavailable = "
-                                  "\"record\" runs the task and records it "
-                                  "INVALID(grader_unavailable)" for m in missing})
+                    ref = preset.env_of("grader.on_unavailable")
+                    how = (f"{ref.name}=record (grader.on_unavailable)" if ref else
+                           'grader.on_unavailable = "record"')
+                    notes.update({m: f"the grader needs it; {how} runs the task and "
+                                  "records it INVALID(grader_unavailable)" for m in missing})
                 else:
                     warnings.append(msg + ": its cells will be INVALID(grader_unavailable)")
         misses = list(dict.fromkeys(misses))
