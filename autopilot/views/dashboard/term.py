@@ -52,10 +52,16 @@ def header(d: DashData) -> list[str]:
 
 
 def trust_line(t: dict[str, Any]) -> str:
-    reasons = ", ".join(f"{k} {v}" for k, v in (t.get("invalid_by_reason") or {}).items())
+    by = {k: v for k, v in (t.get("invalid_by_reason") or {}).items()
+          if isinstance(v, int) and not isinstance(v, bool)}
+    reasons = ", ".join(f"{k} {v}" for k, v in by.items())
+    # Every INVALID attempt, as validate and the report count them; those that spent a
+    # retry (grader_unavailable, datapath_lost... do not) said apart where they differ.
+    spent = t.get("invalid_attempts", 0)
+    every = sum(by.values())
     return (f"trust: valid {t.get('valid_cells', 0)} | invalid now {t.get('invalid_cells', 0)}"
-            f" | invalid attempts {t.get('invalid_attempts', 0)}"
-            f"{f' ({reasons})' if reasons else ''} | quarantined "
+            f" | invalid attempts {every}{f' ({reasons})' if reasons else ''}"
+            f"{f', {spent} spending a retry' if spent != every else ''} | quarantined "
             f"{t.get('quarantined_cells', 0)} | teardown-masked "
             f"{t.get('teardown_masked_cells', 0)} | retried {t.get('retried_cells', 0)}"
             + (f" | tokens: harness disagrees with the gateway on {t['cost_mismatch_cells']}"
