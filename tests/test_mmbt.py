@@ -90,8 +90,9 @@ def test_qwen_preset_runs_the_real_table_to_complete(state_dir: Path, tmp_path: 
             assert e["endpoint_arms"] == ["qwen27b-nothink", "qwen27b-think"]
     for cell, m in metered.items():
         think = "qwen27b-think" in cell
-        recs = [json.loads(x) for x in (state_dir / "gateway" / cell / "attempt-1.jsonl")
-                .read_text().splitlines()]
+        recs = [json.loads(x) for x in (state_dir / "gateway" / cell /
+                                        f"attempt-{m['attempt']}.jsonl").read_text()
+                .splitlines()]
         assert [r["applied"] for r in recs] == [
             {"chat_template_kwargs": {"enable_thinking": think}}]
         # the tokens the fake endpoint served are the ones the harness reported
