@@ -56,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     ap.add_argument("--preset", metavar="PRESET",
                     help="preset name (see `autopilot presets`) or a .toml path")
-    ap.add_argument("--config", metavar="OVERLAY",
-                    help="TOML or JSON overlay, deep-merged over the preset")
+    ap.add_argument("--config", metavar="OVERLAY", action="append",
+                    help="TOML or JSON overlay, deep-merged over the preset (several: in "
+                    "order, a later one wins)")
     ap.add_argument("--target-n", type=positive_int, metavar="N", help="replicates per task x arm")
     ap.add_argument("--concurrency", type=positive_int, metavar="N", help="cells at once")
     ap.add_argument("--max-passes", type=positive_int, metavar="N",
@@ -367,6 +368,13 @@ def recorded_target_n(state_dir: Path) -> int | None:
     return n if type(n) is int and n > 0 else None
 
 
+def recorded_overlays(given: list[str] | None) -> str | list[str] | None:
+    """How plan.json keeps the --config files: absolute, one as a string (as before),
+    several as a list in their order."""
+    paths = [str(Path(c).absolute()) for c in given or []]
+    return None if not paths else paths[0] if len(paths) == 1 else paths
+
+
 def program() -> list[str]:
     """This program as it was run, to be run again from anywhere: a path (a venv's
     ``.venv/bin/autopilot``) made absolute, a bare name (found on PATH) kept, and ``python
@@ -542,7 +550,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     opts = RunOptions(
         state_dir, args.allow_plan_change, args.notify_config, console_log=not args.quiet,
         preset_path=str(find_preset(args.preset).absolute()),
-        config_path=str(Path(args.config).absolute()) if args.config else None,
+        config_path=recorded_overlays(args.config),
         identity=report.identity, warnings=tuple(report.warnings),
         publish=args.publish, results_repo=args.results_repo,
         resume_command=resume_command(args, state_dir, plan.target_n),

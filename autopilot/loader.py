@@ -15,7 +15,7 @@ import os
 import re
 import tomllib
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -227,19 +227,20 @@ def _fmt_loc(loc: Iterable[Any]) -> str:
 def load_preset(
     preset: str,
     *,
-    overlay: str | None = None,
+    overlay: str | Sequence[str] | None = None,
     flags: Mapping[str, Any] | None = None,
 ) -> Preset:
-    """Load, merge and validate. Raises ConfigError with a one-line message."""
+    """Load, merge and validate. ``overlay``: one ``--config`` file or several, merged
+    in order (a later one wins). Raises ConfigError with a one-line message."""
     preset_path = find_preset(preset)
     doc = _read_with_extends(preset_path)
-    overlay_path = Path(overlay) if overlay else None
-    overlay_keys: set[tuple[str, ...]] = set()
-    if overlay_path is not None:
+    layers: list[tuple[Path, set[tuple[str, ...]]]] = []  # each overlay and its keys
+    for given in ([overlay] if isinstance(overlay, str) else list(overlay or [])):
+        overlay_path = Path(given)
         if not overlay_path.is_file():
-            raise ConfigError(f"--config {overlay}: not found")
+            raise ConfigError(f"--config {given}: not found")
         over = _read_doc(overlay_path)
-        overlay_keys = _leaf_paths(over)
+        layers.append((overlay_path, _leaf_paths(over)))
         doc = deep_merge(doc, over)
     doc.setdefault("name", preset_path.stem)
     flag_keys: set[tuple[str, ...]] = set()
@@ -256,8 +257,9 @@ def load_preset(
         for i in range(len(keys), 0, -1):
             if keys[:i] in flag_keys:
                 return "--" + keys[-1].replace("_", "-")
-            if keys[:i] in overlay_keys:
-                return str(overlay_path)
+            for path, keys_of in reversed(layers):  # the last file to set it
+                if keys[:i] in keys_of:
+                    return str(path)
         return str(preset_path)
 
     refs: list[EnvRef] = []

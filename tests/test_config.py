@@ -170,3 +170,29 @@ def test_env_expansion_with_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.delenv("BENCH_M")
     with pytest.raises(ConfigError, match=r"vars.model: \$\{BENCH_M\} is not set"):
         load_preset(path)
+
+
+def test_several_configs_apply_in_order_and_the_run_remembers_them(tmp_path: Path) -> None:
+    import json
+
+    from conftest import run_cli, write_overlay
+
+    first = write_overlay(tmp_path / "a.json", {"vars": {"think_secs": "0"},
+                                                "tasks": [{"id": "p1_bugfix"}],
+                                                "run": {"concurrency": 1}})
+    second = write_overlay(tmp_path / "b.json", {"run": {"concurrency": 2}})
+    state = tmp_path / "state"
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(first), "--config",
+                str(second), "--state-dir", str(state), "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    status = json.loads((state / "status.json").read_text())
+    assert status["concurrency"] == 2  # the later file wins
+    assert status["totals"]["total"] == 2  # and the earlier one still applies (one task)
+    plan = json.loads((state / "plan.json").read_text())
+    assert plan["config_path"] == [str(first), str(second)]
+    val = run_cli("validate", "--state-dir", str(state))  # read with both, in order
+    assert val.returncode == 0 and "PASS=" in val.stdout, val.stdout + val.stderr
+    bad = write_overlay(tmp_path / "c.json", {"run": {"concurrency": 0}})
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(first), "--config",
+                str(bad), "--dry-run", "--state-dir", str(tmp_path / "s2"))
+    assert r.returncode == 2 and r.stderr.startswith(f"autopilot: error: {bad}: run.concurrency")

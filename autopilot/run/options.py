@@ -14,7 +14,7 @@ class RunOptions:
     notify_config: str | None = None
     console_log: bool = True
     preset_path: str | None = None
-    config_path: str | None = None
+    config_path: str | list[str] | None = None  # the --config files (several: a list)
     identity: dict[str, Any] | None = None  # preflight's per-launch identity record
     warnings: tuple[str, ...] = ()
     publish: bool = False

@@ -95,7 +95,7 @@ def replay(state_dir: Path, ledger: Ledger) -> set[str]:
 
 
 def record_plan(state_dir: Path, preset: Preset, plan: Plan, emit: Emit, *,
-                preset_path: str | None, config_path: str | None,
+                preset_path: str | None, config_path: str | list[str] | None,
                 identity: dict[str, Any] | None,
                 pins: dict[str, str | None] | None = None) -> None:
     """plan.json (enough for read-only tools to rebuild the plan, and the benchmark

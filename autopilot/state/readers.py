@@ -45,17 +45,27 @@ def plan_record(state_dir: Path) -> dict[str, Any]:
     return rec
 
 
+def overlays_of(recorded: Any) -> list[str]:
+    """plan.json's ``config_path`` (a state file: shape-checked): one path or a list."""
+    if isinstance(recorded, str) and recorded:
+        return [recorded]
+    if isinstance(recorded, list) and all(isinstance(x, str) and x for x in recorded):
+        return list(recorded)
+    return []
+
+
 def load_recorded(state_dir: Path) -> tuple[Preset, Plan]:
     """The preset and plan a state dir was run with (from plan.json), for read-only verbs."""
     rec = plan_record(state_dir)
     preset_ref = rec.get("preset_path") or rec.get("preset")
     if rec.get("preset_path") and not Path(rec["preset_path"]).is_file():
         preset_ref = rec.get("preset")
-    preset = load_preset(str(preset_ref), overlay=rec.get("config_path"))
+    preset = load_preset(str(preset_ref), overlay=overlays_of(rec.get("config_path")))
     return preset, Plan(preset, int(rec.get("target_n") or preset.run.target_n or 1))
 
 
-def load_trusted(state_dir: Path, ref: str | None, overlay: str | None) -> tuple[Preset, Plan]:
+def load_trusted(state_dir: Path, ref: str | None,
+                 overlay: str | list[str] | None) -> tuple[Preset, Plan]:
     """The preset and plan for a verb that deletes or runs commands (cleanup, regrade):
     the state dir must pass the ownership checks, the preset comes from the user (or the
     recorded *name* among the preset dirs), and its plan must be the one recorded."""
@@ -75,9 +85,9 @@ def load_trusted(state_dir: Path, ref: str | None, overlay: str | None) -> tuple
     # regrade is for), so the recorded tasks and arms are compared, not the identity.
     if (rec.get("tasks"), rec.get("arms")) != ([t.id for t in preset.tasks],
                                                [a.label for a in preset.arms]):
-        hint = " ".join(f"{flag} {rec[k]!r}" for flag, k in
-                        (("--preset", "preset_path"), ("--config", "config_path"))
-                        if isinstance(rec.get(k), str))
+        hint = " ".join([*(f"--preset {rec['preset_path']!r}"
+                           for _ in [0] if isinstance(rec.get("preset_path"), str)),
+                         *(f"--config {c!r}" for c in overlays_of(rec.get("config_path")))])
         raise ConfigError(f"{state_dir}: preset {ref!r} does not give this run's tasks and "
                           "arms: pass the --preset and --config the run was made with"
                           + (f" (plan.json says {hint}; check them first)" if hint else ""))
