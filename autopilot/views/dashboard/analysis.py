@@ -21,7 +21,8 @@ LEGEND = ("P pass  F fail  I<r> invalid (s stall, d deadline, c crash, m missing
           "down, x api error, u grader unavailable, y malformed summary, l rate limited, "
           "f disk full, n unmetered, w data path lost)  "
           "F<c> fail with a caveat (t timed out, l looped, o context exceeded, + other)  "
-          "U<r> ungraded (run stands, grading failed)  Q quarantined  R running  "
+          "U<r> ungraded (run stands, grading failed)  Q quarantined  R running (R3s, R2m: "
+          "transcript frozen that long)  "
           "~ awaiting grade  . pending  * teardown-masked")
 
 

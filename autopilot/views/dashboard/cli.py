@@ -39,8 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="default $AUTOPILOT_STATE_DIR or /tmp/bench-autopilot")
     views = ap.add_mutually_exclusive_group()
     views.add_argument("--oneline", action="store_true", help="one compact status line")
-    views.add_argument("--watch", nargs="?", type=positive_float, const=15.0, metavar="SECS",
-                       help="redraw in place every SECS (default 15); Ctrl-C exits")
+    views.add_argument("--watch", nargs="?", type=positive_float, const=2.0, metavar="SECS",
+                       help="redraw in place every SECS (default 2: it reads one small "
+                       "file); Ctrl-C exits")
     ap.add_argument("--html", metavar="FILE", help="write a self-contained HTML page (with "
                     "--watch: rewritten atomically every SECS)")
     views.add_argument("--json", action="store_true", help="compact machine-readable status")
