@@ -183,18 +183,12 @@ class Harness(_Frozen):
     # The most a request of the harness may ask for, prompt + max_tokens (0: unknown):
     # preflight refuses an endpoint that cannot serve it (vLLM's max_model_len).
     max_context: int = Field(default=0, ge=0)
-    # Who a harness (and its grader) runs as. "cell": with the supervisor as root, an
-    # unprivileged uid of its own per live cell, from ``uids`` (inclusive; gid = uid): it
-    # can touch nothing of the run but its own output dir. "same": the supervisor's user
-    # (a harness can then read the run's token and rewrite its journal). "auto" (the
-    # default): "cell" where it can be had here (root, setpriv, a state dir and harness
-    # programs other users can reach, no Docker socket the harness needs), else "same";
-    # --dry-run, the journal and the report say which and why (autopilot.cell.users).
+    # Who a harness (and its grader) runs as: "cell", a uid of its own per live cell from
+    # ``uids`` (gid = uid; needs root); "same", the supervisor's user; "auto", "cell"
+    # wherever it can be had here, else "same", saying why (autopilot.cell.users).
     user: Literal["auto", "same", "cell"] = "auto"
     uids: tuple[int, int] = (61184, 65519)  # systemd's DynamicUser= range
-    # Groups a cell's harness is put in (names), e.g. ["docker"] for a harness that must
-    # reach the Docker socket: root-equivalent through it, and said so. Default: none.
-    groups: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()  # a cell harness's only groups, e.g. ["docker"]
 
     @field_validator("uids")
     @classmethod

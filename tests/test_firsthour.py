@@ -93,7 +93,7 @@ def test_the_resume_line_of_python_m_autopilot_is_this_interpreter_s() -> None:
     for first in ("/x/autopilot/cli.py", "/x/autopilot/__main__.py", "-c"):
         assert subprocess.run(
             [sys.executable, "-c", f"import sys; sys.argv = [{first!r}]; "
-             "from autopilot.cli import program; print(program())"],
+             "from autopilot.runline import program; print(program())"],
             capture_output=True, text=True, cwd=ROOT).stdout.strip() == \
             str([sys.executable, "-m", "autopilot"])
 
