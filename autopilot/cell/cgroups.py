@@ -267,14 +267,6 @@ def boot_ticks() -> int:
     return int(time.clock_gettime(time.CLOCK_BOOTTIME) * _TCK)
 
 
-def start_ticks(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 _MARKERS = ("AUTOPILOT_CELL_ID", "AUTOPILOT_RUN_TOKEN", "AUTOPILOT_DATAPATH")
 
 
@@ -298,6 +290,8 @@ def foreign(pid: int, group: Path) -> str | None:
     cell, cell_uid = _group_cell(group)
     if uid != os.geteuid() and uid != cell_uid:
         return f"a process of uid {uid}"
+    from autopilot.cell.procs import start_ticks
+
     born, ticks = _BORN.get(str(group)), start_ticks(pid)
     if born is not None and ticks is not None:
         # Made by us: nothing of the attempt can have started before it (its first
