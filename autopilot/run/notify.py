@@ -146,8 +146,7 @@ class Lane:
     """One service's deliveries, in order, in a daemon thread of its own (never holds the
     interpreter's exit)."""
 
-    def __init__(self, key: str) -> None:
-        self.key = key
+    def __init__(self) -> None:
         self._q: queue.SimpleQueue[Delivery] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
@@ -231,17 +230,6 @@ class Notifier:
                 out.append((f"config:{i}", masked(svc), given))
         return out
 
-    def services(self, priority: str, kind: str) -> list[Any]:
-        """The apprise services ``kind`` goes to, built now (blocking)."""
-        out = []
-        for _, target, make in self.targets(priority, kind):
-            svc = make()
-            if svc is None:
-                log.warning("notify_url_invalid", url=target)
-                continue
-            out.append(svc)
-        return out
-
     def _from_config(self) -> list[Any]:
         import apprise
 
@@ -288,7 +276,7 @@ class Notifier:
         out = []
         for key, target, make in targets:
             d = Delivery(msg, target, make, msg.at + self.timeout)
-            self._lanes.setdefault(key, Lane(key)).put(d)
+            self._lanes.setdefault(key, Lane()).put(d)
             out.append(d)
         return out
 
