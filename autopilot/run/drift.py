@@ -127,11 +127,11 @@ def linked_libraries(binary: Path, limit: int = 32) -> dict[str, str]:
             if name in out:
                 continue
             for d in dirs:
-                lib = d / name
                 try:
-                    if lib.resolve().is_file() and lib.resolve() != real:
-                        out[name] = _file_sha(lib.resolve())
-                        todo.append(lib.resolve())
+                    lib = (d / name).resolve()
+                    if lib.is_file() and lib != real:
+                        out[name] = _file_sha(lib)
+                        todo.append(lib)
                         break
                 except OSError:
                     continue

@@ -85,9 +85,10 @@ def load_trusted(state_dir: Path, ref: str | None,
     # regrade is for), so the recorded tasks and arms are compared, not the identity.
     if (rec.get("tasks"), rec.get("arms")) != ([t.id for t in preset.tasks],
                                                [a.label for a in preset.arms]):
-        hint = " ".join([*(f"--preset {rec['preset_path']!r}"
-                           for _ in [0] if isinstance(rec.get("preset_path"), str)),
-                         *(f"--config {c!r}" for c in overlays_of(rec.get("config_path")))])
+        given = [f"--config {c!r}" for c in overlays_of(rec.get("config_path"))]
+        if isinstance(rec.get("preset_path"), str):
+            given.insert(0, f"--preset {rec['preset_path']!r}")
+        hint = " ".join(given)
         raise ConfigError(f"{state_dir}: preset {ref!r} does not give this run's tasks and "
                           "arms: pass the --preset and --config the run was made with"
                           + (f" (plan.json says {hint}; check them first)" if hint else ""))
