@@ -238,7 +238,9 @@ def load_preset(
     for given in ([overlay] if isinstance(overlay, str) else list(overlay or [])):
         overlay_path = Path(given)
         if not overlay_path.is_file():
-            raise ConfigError(f"--config {given}: not found")
+            what = ("not a file" if overlay_path.exists() else "not found") if given \
+                else "empty (a file's path is expected)"
+            raise ConfigError(f"--config {given!r}: {what}")
         over = _read_doc(overlay_path)
         layers.append((overlay_path, _leaf_paths(over)))
         doc = deep_merge(doc, over)

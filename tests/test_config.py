@@ -196,3 +196,15 @@ def test_several_configs_apply_in_order_and_the_run_remembers_them(tmp_path: Pat
     r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(first), "--config",
                 str(bad), "--dry-run", "--state-dir", str(tmp_path / "s2"))
     assert r.returncode == 2 and r.stderr.startswith(f"autopilot: error: {bad}: run.concurrency")
+
+
+def test_a_config_that_is_no_file_says_which(tmp_path: Path) -> None:
+    from conftest import run_cli
+
+    none = str(tmp_path / "none.toml")
+    for given, why in (("", "'': empty (a file's path is expected)"),
+                       (str(tmp_path), f"{str(tmp_path)!r}: not a file"),
+                       (none, f"{none!r}: not found")):
+        r = run_cli("--preset", "demo", "--target-n", "1", "--config", given, "--dry-run",
+                    "--state-dir", str(tmp_path / "s"))
+        assert r.returncode == 2 and r.stderr == f"autopilot: error: --config {why}\n"
