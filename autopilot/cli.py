@@ -160,8 +160,9 @@ def _trusted_preset_args(sp: argparse.ArgumentParser) -> None:
     # planted plan.json would name the attacker's preset): the user names it, or the
     # recorded preset *name* is looked up among the preset dirs.
     sp.add_argument("--preset", dest="sub_preset", metavar="PRESET",
-                    help="the preset the run was made with (default: its recorded name, "
-                    "looked up among the preset dirs; never a path from plan.json)")
+                    help="the preset the run was made with (default: the run's own record, "
+                    "preset.resolved.json; for a run without one its recorded name, looked "
+                    "up among the preset dirs; never a path from plan.json)")
     sp.add_argument("--config", dest="sub_config", metavar="OVERLAY",
                     help="the overlay the run was made with")
 

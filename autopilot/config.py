@@ -11,11 +11,12 @@ import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from autopilot.configbase import NAME_RE as NAME_RE
+from autopilot.configbase import EnvRef as EnvRef
 from autopilot.configbase import Frozen as _Frozen
 from autopilot.configbase import check_name as _check_name
 from autopilot.endpointconfig import ENGINE_MODELS as ENGINE_MODELS
@@ -386,20 +387,6 @@ class Publish(_Frozen):
     path: str = "bench-results/{preset}"  # where scorecard.md and findings.md go in it
 
 
-class EnvRef(NamedTuple):
-    """One ``${NAME:-default}`` expansion made while loading: what set a value."""
-
-    name: str
-    value: str
-    defaulted: bool  # NAME was unset; the preset's default was used
-    key: str = ""  # the dotted key whose value it expanded in (grader.on_unavailable)
-
-    def describe(self) -> str:
-        if self.defaulted:
-            return f"${{{self.name}}} is not set (or empty); the default {self.value!r} was used"
-        return f"from ${{{self.name}}}={self.value!r}"
-
-
 # A Ray cluster address: a host name or IP (IPv6 in brackets), and a port.
 RAY_ADDRESS_RE = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]+\]):\d{1,5}")
 
@@ -577,6 +564,10 @@ class Preset(_Frozen):
 
     def set_env_refs(self, refs: tuple[EnvRef, ...]) -> None:
         self._env_refs = refs
+
+    def env_refs(self) -> tuple[EnvRef, ...]:
+        """Every ``${VAR}`` expansion made while loading (autopilot.state.resolved)."""
+        return self._env_refs
 
     def defaulted_env(self) -> list[str]:
         """The ``${VAR:-default}`` expansions whose VAR was unset, in words (a resume from

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
@@ -23,3 +24,17 @@ def check_name(value: str, what: str) -> str:
         raise ValueError(f"{what} {value!r} must start with a letter or digit and use only "
                          "letters, digits, '.', '_' and '-' (no '..')")
     return value
+
+
+class EnvRef(NamedTuple):
+    """One ``${NAME:-default}`` expansion made while loading: what set a value."""
+
+    name: str
+    value: str
+    defaulted: bool  # NAME was unset; the preset's default was used
+    key: str = ""  # the dotted key whose value it expanded in (grader.on_unavailable)
+
+    def describe(self) -> str:
+        if self.defaulted:
+            return f"${{{self.name}}} is not set (or empty); the default {self.value!r} was used"
+        return f"from ${{{self.name}}}={self.value!r}"

@@ -6,6 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from autopilot.loader import load_preset
+from autopilot.state import resolved
+
 ROOT = Path(__file__).resolve().parent.parent
 PRESET = ROOT / "tests" / "presets" / "report-fixture.toml"
 TASKS = ["t_alpha", "t_beta", "t_gamma"]
@@ -17,9 +20,11 @@ def build(state: Path, n: int, verdicts: dict[str, Any], *, usage: bool = True,
     """verdicts: cell -> word (grade verdict) | ("INVALID", reason) attempts list."""
     cells = state / "cells"
     cells.mkdir(parents=True)
+    # As a run records it: the resolved preset beside plan.json, its sha256 in it.
+    digest, _ = resolved.write(state, load_preset(str(preset)))
     (state / "plan.json").write_text(json.dumps({
         "preset": "report-fixture", "preset_path": str(preset), "target_n": n,
-        "tasks": TASKS, "arms": ARMS}))
+        "tasks": TASKS, "arms": ARMS, "resolved_sha256": digest}))
     evs = []
     for i, (cid, spec) in enumerate(sorted(verdicts.items())):
         attempts = spec if isinstance(spec, list) else [spec]

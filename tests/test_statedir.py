@@ -162,8 +162,15 @@ def test_cleanup_never_takes_a_preset_path_from_plan_json(state_dir: Path,
     r = run_cli("cleanup", "--state-dir", str(state_dir))
     assert r.returncode == 0, r.stderr
     assert all((victim / t).is_dir() for t in cells)
-    # ... and a name that is a path is refused outright.
+    # ... the run's own record is (autopilot.state.resolved) ...
     (state_dir / "plan.json").write_text(json.dumps({**plan, "preset": str(evil)}))
+    r = run_cli("cleanup", "--state-dir", str(state_dir))
+    assert r.returncode == 0, r.stderr
+    assert all((victim / t).is_dir() for t in cells)
+    # ... and without one (a state dir from before records) a name that is a path is
+    # refused outright.
+    older = {k: v for k, v in plan.items() if k != "resolved_sha256"}
+    (state_dir / "plan.json").write_text(json.dumps({**older, "preset": str(evil)}))
     r = run_cli("cleanup", "--state-dir", str(state_dir))
     assert r.returncode == 2 and "is not a preset name; pass --preset" in r.stderr
     assert all((victim / t).is_dir() for t in cells)

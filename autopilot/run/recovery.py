@@ -34,6 +34,7 @@ from autopilot.run import drift
 from autopilot.run.preflight import needs_docker
 from autopilot.run.snapshot import RunView, build, prior_elapsed
 from autopilot.run.throttle import Throttle
+from autopilot.state import resolved
 from autopilot.state.fsutil import atomic_write_json, iso, parse_iso, read_json
 from autopilot.state.journal import read_events
 from autopilot.state.ledger import CellState, Ledger
@@ -112,8 +113,14 @@ def record_plan(state_dir: Path, preset: Preset, plan: Plan, emit: Emit, *,
             assert isinstance(before, dict)
             emit("benchmark_drift", files={f: {"was": before.get(f), "now": pins.get(f)}
                                            for f in moved[:50]})
+    digest, changed = resolved.write(state_dir, preset)
+    if changed and isinstance(recorded, dict):
+        # What the run resolved differs from the last launch's (a flag, an overlay, a
+        # variable of this shell): said, so a view's numbers can be traced to it.
+        emit("preset_changed", keys=changed[:50], more=max(0, len(changed) - 50))
     atomic_write_json(path, {
-        "preset": preset.name, "preset_path": preset_path, "config_path": config_path,
+        "preset": preset.name, "resolved_sha256": digest, "preset_path": preset_path,
+        "config_path": config_path,
         "target_n": plan.target_n, "identity": plan.identity,
         "tasks": [t.id for t in preset.tasks],
         "arms": [a.label for a in preset.arms], "recorded_at": iso(),

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from autopilot.config import NAME_RE, Preset
-from autopilot.errors import ConfigError
+from autopilot.errors import ConfigError, StateDirError
 from autopilot.loader import load_preset
 from autopilot.plan import Plan
+from autopilot.state import resolved
 from autopilot.state.statedir import check_trusted
-from autopilot.state.untrusted import state_json
+from autopilot.state.untrusted import owner_of, state_json
 
 
 def unreadable(state_dir: Path) -> str | None:
@@ -55,13 +56,51 @@ def overlays_of(recorded: Any) -> list[str]:
 
 
 def load_recorded(state_dir: Path) -> tuple[Preset, Plan]:
-    """The preset and plan a state dir was run with (from plan.json), for read-only verbs."""
+    """The preset and plan a state dir was run with, for read-only verbs: the resolved
+    preset the run recorded (autopilot.state.resolved), never the reader's environment
+    or a preset file plan.json names."""
     rec = plan_record(state_dir)
+    if "resolved_sha256" in rec:
+        preset = resolved.load(state_dir, rec["resolved_sha256"])
+    else:
+        preset = _unrecorded(state_dir, rec)
+    return preset, _plan(preset, rec)
+
+
+def _plan(preset: Preset, rec: dict[str, Any]) -> Plan:
+    target_n = rec.get("target_n")
+    return Plan(preset, target_n if isinstance(target_n, int) and target_n > 0
+                else preset.run.target_n or 1)
+
+
+def _unrecorded(state_dir: Path, rec: dict[str, Any]) -> Preset:
+    """A run from before runs recorded their preset: loaded again, as then, but only
+    for the state dir's owner (another user's plan.json would choose the preset and
+    this shell's environment would be expanded into it)."""
+    owner = owner_of(state_dir)
+    if owner != os.geteuid():
+        raise ConfigError(f"{state_dir}: this run recorded no resolved preset ({resolved.FILE}"
+                          f"; made before runs did) and is uid {owner}'s: read it as that "
+                          "user, or resume it once to write the record")
     preset_ref = rec.get("preset_path") or rec.get("preset")
     if rec.get("preset_path") and not Path(rec["preset_path"]).is_file():
         preset_ref = rec.get("preset")
-    preset = load_preset(str(preset_ref), overlay=overlays_of(rec.get("config_path")))
-    return preset, Plan(preset, int(rec.get("target_n") or preset.run.target_n or 1))
+    return load_preset(str(preset_ref), overlay=overlays_of(rec.get("config_path")))
+
+
+def record_problem(state_dir: Path) -> str | None:
+    """Why the board may not read this state dir (None: it may): it must pass the
+    ownership checks and hold a resolved preset matching its plan.json."""
+    try:
+        check_trusted(state_dir)
+        rec = plan_record(state_dir)
+        if "resolved_sha256" not in rec:
+            return (f"{state_dir}: no resolved preset recorded ({resolved.FILE}); "
+                    "resume the run once to write it")
+        resolved.load(state_dir, rec["resolved_sha256"])
+    except (ConfigError, StateDirError) as e:
+        return str(e)
+    return None
 
 
 def load_trusted(state_dir: Path, ref: str | None,
@@ -71,6 +110,11 @@ def load_trusted(state_dir: Path, ref: str | None,
     recorded *name* among the preset dirs), and its plan must be the one recorded."""
     check_trusted(state_dir)
     rec = plan_record(state_dir)
+    if not ref and not overlay and "resolved_sha256" in rec:
+        # The run's own record, in a state dir that passed the checks: what it ran with,
+        # whatever this shell's environment says.
+        preset = resolved.load(state_dir, rec["resolved_sha256"])
+        return preset, _plan(preset, rec)
     if not ref:
         name = rec.get("preset")
         if not isinstance(name, str) or not NAME_RE.fullmatch(name):
@@ -78,9 +122,7 @@ def load_trusted(state_dir: Path, ref: str | None,
                               "preset name; pass --preset")
         ref = name
     preset = load_preset(ref, overlay=overlay)
-    target_n = rec.get("target_n")
-    plan = Plan(preset, target_n if isinstance(target_n, int) and target_n > 0
-                else preset.run.target_n or 1)
+    plan = _plan(preset, rec)
     # The cells must be the run's (a fixed grader may change the identity: that is what
     # regrade is for), so the recorded tasks and arms are compared, not the identity.
     if (rec.get("tasks"), rec.get("arms")) != ([t.id for t in preset.tasks],

@@ -61,11 +61,17 @@ def grader_digest(preset: Preset) -> str:
 
 
 def build(dirs: list[Path], allow_mixed: bool = False) -> dict[str, Any]:
-    from autopilot.state.readers import load_recorded
+    from autopilot.state.readers import load_recorded, record_problem
     from autopilot.views import report
 
     runs = []
     for d in expand(dirs):
+        # A board is published: it reads only a run that recorded what it resolved, in
+        # a state dir that passes the ownership checks (never a preset or environment
+        # another user's plan.json chose).
+        problem = record_problem(d)
+        if problem:
+            raise ConfigError(f"board: {problem}")
         preset, plan = load_recorded(d)
         facts = report.collect(preset, plan.target_n, d)
         runs.append((d, preset, plan, facts))
