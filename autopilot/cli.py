@@ -4,7 +4,8 @@
     autopilot presets                                 list presets
     autopilot validate | report | summarize ARM       read-only verbs over a state dir
     autopilot regrade [--task T] [--arm A]            re-run the grader on finished cells
-    autopilot cleanup [--endpoint] | notify-test      reclaim the box; test phone pushes
+    autopilot cleanup [--endpoint] | release | notify-test   reclaim the box; free its
+                                                      output dirs; test phone pushes
 
 Exit codes: 0 COMPLETE, 1 INCOMPLETE, 2 bad config / usage / preflight, 3 double drive,
 130 / 143 stopped by SIGINT / SIGTERM. Bad input is one line on stderr and nothing is
@@ -107,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--endpoint", action="store_true",
                     help="also the endpoint container or process")
     _trusted_preset_args(cl)
+    rl = sub.add_parser("release", help="let other runs write this run's output dirs "
+                        "(cleanup does it too); refuses while a supervisor holds the run")
+    rl.add_argument("--state-dir", dest="sub_state_dir", metavar="DIR",
+                    help="the run's state dir (default as for the run)")
+    _trusted_preset_args(rl)
     rg = sub.add_parser("regrade", help="re-run the grader on finished cells (PASS, FAIL, "
                         "ungraded) from their outputs, never the harness; journaled as new "
                         "grades of the same attempt; refuses while a supervisor holds the run")
@@ -333,7 +339,9 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     if holder is not None:
         raise LockHeld(f"refusing to clean up a run in progress: {describe_holder(holder)}")
     preset, plan = load_trusted(state_dir, args)
-    removed = anyio.run(partial(cleanup, preset, plan, state_dir, endpoint=args.endpoint))
+    removed = anyio.run(partial(cleanup, preset, plan, state_dir,
+                                endpoint=getattr(args, "endpoint", False),
+                                release_only=args.command == "release"))
     for item in removed:
         print(f"removed {item}")
     if not removed:
@@ -544,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "validate":
             return cmd_validate(args)
-        if args.command == "cleanup":
+        if args.command in ("cleanup", "release"):
             return cmd_cleanup(args)
         if args.command == "report":
             return cmd_report(args)
@@ -556,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--preset is required to run (try `autopilot presets`)")
         return cmd_run(args)
     except LockHeld as e:
-        if args.command == "cleanup":
+        if args.command in ("cleanup", "release"):
             print(f"autopilot: error: {e}", file=sys.stderr)
         else:
             print(f"AUTOPILOT_ABORTED_DOUBLE_DRIVE: another autopilot drives this run: {e}",

@@ -119,6 +119,12 @@ def cell_context(
     return ctx
 
 
+def output_dirs(preset: Preset, plan: Plan, state_dir: Path) -> list[Path]:
+    """Every cell's output dir (its first attempt's: what a run owns, autopilot.state.
+    claims)."""
+    return [Path(cell_context(preset, c, 1, state_dir)["output_dir"]) for c in plan.cells]
+
+
 def arm_groups(preset: Preset) -> list[tuple[ArmEndpoint, tuple[str, ...]]]:
     """Arms grouped by their endpoint settings, in preset order. One group (the usual
     case: the harness carries the mode) means one endpoint for the whole run; several

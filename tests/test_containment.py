@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -366,9 +368,54 @@ def test_a_second_run_on_the_same_output_root_is_refused_naming_the_holder(
         if first.poll() is None:
             first.kill()
             first.wait()
+    # Ended, the first run still owns its cells' output dirs until it is released ...
     again = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
                     "--state-dir", str(second_state), "--quiet")
-    assert again.returncode == 0, again.stderr[-1000:]  # free once the first has ended
+    assert again.returncode == 3
+    assert f"belongs to the run in {first_state} (finished, not released)" in again.stderr
+    assert f"autopilot release --state-dir {first_state}" in again.stderr
+    assert not (second_state / "journal.jsonl").exists()
+    first_outputs = {p.parent.name: p.read_bytes() for p in shared.rglob("grade.json")}
+    assert len(first_outputs) == 12
+    v = run_cli("validate", "--state-dir", str(first_state))
+    assert v.returncode == 0, v.stdout
+    # ... and once released, the next run takes them, and journals what it moved aside.
+    rel = run_cli("release", "--state-dir", str(first_state))
+    assert rel.returncode == 0 and f"output root {shared} (released)" in rel.stdout
+    again = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                    "--state-dir", str(second_state), "--quiet")
+    assert again.returncode == 0, again.stderr[-1000:]
+    moved = [e for e in events(second_state) if e["event"] == "foreign_outputs_moved"]
+    assert len(moved) == 12 and all(e["to"].startswith(str(second_state)) for e in moved)
+
+
+def test_runs_with_disjoint_cells_share_an_output_root_one_after_the_other(
+        tmp_path: Path) -> None:
+    """Two models of a campaign on one checkout: their cells differ, so the second runs
+    while the first still owns its own; the owners record names both."""
+    from conftest import events, run_cli, write_overlay
+
+    shared = tmp_path / "checkout" / "logs"
+    states = []
+    for arm in ("alpha", "beta"):
+        over = write_overlay(tmp_path / f"{arm}.json", {
+            "vars": {"think_secs": "0"}, "tasks": [{"id": "p1_bugfix"}], "baseline": None,
+            "arms": [{"label": f"{arm}-nothink", "mode": "nothink"}],
+            "harness": {"output_dir": str(shared) + "/{cell}"}})
+        states.append(tmp_path / f"state-{arm}")
+        r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                    "--state-dir", str(states[-1]), "--quiet")
+        assert r.returncode == 0, r.stderr[-2000:]
+    owners = json.loads((shared.parent / ".logs.autopilot-owners").read_text())
+    assert [h["state_dir"] for h in owners["holders"]] == [str(s) for s in states]
+    assert owners["holders"][0]["outputs"] == [str(shared / "p1_bugfix_alpha-nothink_v1")]
+    # A holder whose state dir is gone protects nothing: dropped, and journaled.
+    shutil.rmtree(states[0])
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config",
+                str(tmp_path / "beta.json"), "--state-dir", str(states[1]), "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    dropped = [e for e in events(states[1]) if e["event"] == "claim_dropped"]
+    assert [e["state_dir"] for e in dropped] == [str(states[0])]
 
 
 # ---------------------------------------------------------------------- validate's truth

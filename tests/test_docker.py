@@ -174,6 +174,47 @@ def test_stale_sandbox_under_a_cells_name_costs_it_nothing(docker_host: str, tes
     assert not {n for n in container_names(docker_host) if n.startswith("bench-sandbox-")}
 
 
+def test_two_runs_with_the_same_cell_ids_on_one_daemon_keep_each_others_sandboxes(
+        docker_host: str, test_images, state_dir: Path, tmp_path: Path) -> None:
+    """MMBT names its sandbox after the cell and mounts its checkout's workspace: a
+    sandbox of another run (another checkout) under one of our cells' names is spared by
+    the start-up sweep, the attempt's own removals and cleanup; a stale one mounting our
+    checkout is removed."""
+    mine, theirs = tmp_path / "checkout-a", tmp_path / "checkout-b"
+    other = "bench-sandbox-p1_bugfix_demo-nothink_v1"  # the other run's, live
+    stale = "bench-sandbox-p2_extract_demo-nothink_v1"  # a killed predecessor's of ours
+    docker_cli(docker_host, "run", "-d", "--network", "none", "--name", other, "-v",
+               f"{theirs}/workspace/p1_bugfix_demo-nothink_v1:/workspace",
+               test_images["busybox"], "sleep", "3600")
+    docker_cli(docker_host, "create", "--network", "none", "--name", stale, "-v",
+               f"{mine}/workspace/p2_extract_demo-nothink_v1:/workspace",
+               test_images["busybox"], "sleep", "60")
+    try:
+        over = write_overlay(tmp_path / "o.json", {
+            "vars": {"think_secs": "0", "checkout": str(mine)},
+            "tasks": [{"id": "p1_bugfix"}, {"id": "p2_extract"}],
+            "arms": [{"label": "demo-nothink", "mode": "nothink"}], "baseline": None,
+            "harness": {"sandbox_container": "bench-sandbox-{cell}",
+                        "output_dir": "{checkout}/logs/{cell}",
+                        "scratch_dirs": ["{checkout}/workspace/{cell}"]}})
+        args = ["--preset", "demo", "--target-n", "1", "--config", str(over),
+                "--state-dir", str(state_dir), "--quiet"]
+        r = run_cli(*args, env=env(docker_host))
+        assert r.returncode == 0, r.stderr[-2000:]
+        names = container_names(docker_host)
+        assert other in names and stale not in names
+        running = json.loads(docker_cli(docker_host, "inspect", other).stdout)[0]
+        assert running["State"]["Running"]
+        log = (state_dir / "autopilot.log").read_text()
+        assert "sandbox_spared" in log and str(theirs) in log
+        c = run_cli("cleanup", "--state-dir", str(state_dir), env=env(docker_host))
+        assert c.returncode == 0, c.stderr
+        assert f"spared container {other} (it mounts {theirs}" in c.stdout
+        assert other in container_names(docker_host)
+    finally:
+        docker_cli(docker_host, "rm", "-f", other, stale, check=False)
+
+
 def test_cleanup_removes_exactly_the_plan_containers(docker_host: str, test_images,
                                                       state_dir: Path, tmp_path: Path) -> None:
     over = write_overlay(tmp_path / "o.json", {

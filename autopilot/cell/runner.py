@@ -225,7 +225,10 @@ class CellRun:
             cx.emit("unsafe_path_refused", cell=self.cell.id, attempt=self.attempt,
                     action="move aside", why=str(e))
             return self._refused(f"output dir refused: {e}", 126)
-        if moved:
+        if moved and self.attempt == 1:  # no attempt of ours wrote it: said, and kept
+            cx.emit("foreign_outputs_moved", cell=self.cell.id, path=str(self.output_dir),
+                    to=str(moved), why="there before this run's first attempt of the cell")
+        elif moved:
             log.info("attempt_moved_aside", to=str(moved))
         self.output_dir.mkdir(parents=True, exist_ok=True)
         if cx.users is not None:

@@ -2,8 +2,11 @@
 
 Containers the autopilot creates carry labels (``autopilot.state_dir``,
 ``autopilot.role``, ``autopilot.cell``); sandbox containers a *harness* creates are
-matched by the exact name template of this plan's cells. Nothing is ever removed by a
-name prefix or pattern: a decoy named ``bench-sandbox-x-decoy`` survives a sweep of
+matched by the exact name template of this plan's cells, and removed only when they are
+this run's (``Owner``): a harness names its sandbox after the cell (MMBT's
+``bench-sandbox-<cell>``), so another run with the same cell ids on another checkout,
+on the same daemon, has one under the same name. Nothing is ever removed by a name
+prefix or pattern: a decoy named ``bench-sandbox-x-decoy`` survives a sweep of
 ``bench-sandbox-x``.
 """
 
@@ -12,6 +15,8 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,22 +36,65 @@ LABEL_ROLE = "autopilot.role"
 LABEL_CELL = "autopilot.cell"
 
 
+@dataclass(frozen=True)
+class Owner:
+    """Which harness sandboxes are this run's: one that bind-mounts anything is ours
+    when a mount lies under the run's roots (MMBT mounts ``tooling/workspace/<cell>`` of
+    its checkout, which this run owns: autopilot.state.claims); one that mounts nothing
+    is ours unless it was created before the run's first launch (``since``)."""
+
+    roots: tuple[Path, ...]
+    since: float | None
+
+    def why_not(self, info: dict[str, Any]) -> str | None:
+        """None when the container ``info`` (docker inspect) is ours, else why not."""
+        binds = [str(m.get("Source", "")) for m in info.get("Mounts") or []
+                 if isinstance(m, dict) and m.get("Type") == "bind"]
+        if binds:
+            if any(Path(b).is_relative_to(r) for b in binds for r in self.roots):
+                return None
+            return f"it mounts {binds[0]}, outside this run's roots: another run's"
+        created = _docker_time(info.get("Created"))
+        if self.since is not None and created is not None and created < self.since - 1:
+            return "it was created before this run began"
+        return None
+
+
+def _docker_time(value: object) -> float | None:
+    """Docker's RFC 3339 time with nanoseconds (``...T13:07:37.123456789Z``)."""
+    if not isinstance(value, str) or "T" not in value:
+        return None
+    head, _, frac = value.rstrip("Z").partition(".")
+    try:
+        return datetime.fromisoformat(head + "+00:00").timestamp() + float(f"0.{frac or 0}")
+    except ValueError:
+        return None
+
+
 class Docker:
     """A thin, owned aiodocker client (``DOCKER_HOST`` honoured)."""
 
     def __init__(self) -> None:
         self.client = aiodocker.Docker()
         self._activity: dict[str, tuple[float, int | None]] = {}
+        self.spared: list[dict[str, str]] = []  # harness sandboxes not ours (Owner)
 
     async def close(self) -> None:
         await self.client.close()
 
-    async def remove(self, name: str) -> bool:
-        """Force-remove the container with exactly this name; False if there was none."""
+    async def remove(self, name: str, owner: Owner | None = None) -> bool:
+        """Force-remove the container with exactly this name (and, with ``owner``, only
+        when it is the run's); False if there was none or it was spared."""
         try:
             c = await self.client.containers.get(name)
             # Docker also resolves an id prefix: make sure this is exactly that name.
             if str(c["Name"]).lstrip("/") != name:
+                return False
+            info = {k: c[k] for k in ("Mounts", "Created") if k in c}
+            why = owner.why_not(info) if owner is not None else None
+            if why:
+                log.warning("sandbox_spared", name=name, why=why)
+                self.spared.append({"container": name, "why": why})
                 return False
             await c.delete(force=True, v=True)
         except DockerError as e:
@@ -67,12 +115,13 @@ class Docker:
                 out[n.lstrip("/")] = c.id
         return out
 
-    async def remove_exact(self, names: Iterable[str]) -> list[str]:
-        """Remove each existing container whose name is exactly one of ``names``."""
+    async def remove_exact(self, names: Iterable[str], owner: Owner | None = None) -> list[str]:
+        """Remove each existing container whose name is exactly one of ``names`` (and,
+        with ``owner``, is the run's)."""
         existing = await self.names()
         removed = []
         for name in names:
-            if name in existing and await self.remove(name):
+            if name in existing and await self.remove(name, owner):
                 removed.append(name)
         return removed
 

@@ -7,7 +7,8 @@ containers (the preset's name template rendered for every cell of the plan), wit
 marker says so), and the scratch dirs (exact rendered paths, never a glob). With the Ray
 backend it does the same on every node first (the backend's ``cleanup``: the run's named
 actors stopped, its placement group freed, its marked processes killed on every live
-node). It refuses while a supervisor holds the run.
+node). It refuses while a supervisor holds the run. First, it releases the run's output
+dirs (autopilot.state.claims): ``autopilot release`` does that alone.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from autopilot.cell.sweep import orphan_marked
 from autopilot.config import Preset
 from autopilot.plan import Plan, cell_context
 from autopilot.run.preflight import needs_docker
+from autopilot.run.recovery import sandbox_owner
+from autopilot.state.claims import outside_roots, release_owned
 from autopilot.state.fsguard import remove_or_clear, run_roots
 from autopilot.templates import render
 
@@ -39,8 +42,14 @@ def scratch_paths(preset: Preset, plan: Plan, state_dir: Path) -> list[Path]:
     return [p for p in dict.fromkeys(paths) if p.exists()]
 
 
-async def cleanup(preset: Preset, plan: Plan, state_dir: Path, *, endpoint: bool) -> list[str]:
-    removed: list[str] = []
+async def cleanup(preset: Preset, plan: Plan, state_dir: Path, *, endpoint: bool,
+                  release_only: bool = False) -> list[str]:
+    # The run's output dirs are its own until now (autopilot.state.claims): from here
+    # another run may write, move and grade there.
+    removed = [f"ownership of output root {r} (released)" for r in release_owned(
+        outside_roots(run_roots(preset, state_dir), state_dir), state_dir)]
+    if release_only:
+        return removed
     token = existing_run_token(state_dir)  # none: no supervisor ever marked a process
     if token is not None:
         # What the backend keeps elsewhere (with Ray: every node of the cluster) first.
@@ -77,7 +86,10 @@ async def cleanup(preset: Preset, plan: Plan, state_dir: Path, *, endpoint: bool
             if template:
                 names = [render(template, cell_context(preset, c, 1, state_dir))
                          for c in plan.cells]
-                removed += [f"container {n}" for n in await docker.remove_exact(names)]
+                removed += [f"container {n}" for n in await docker.remove_exact(
+                    names, sandbox_owner(preset, state_dir))]
+                removed += [f"nothing: spared container {x['container']} ({x['why']})"
+                            for x in docker.spared]
             if preset.harness.compose_projects:
                 from autopilot.cell.sandbox import sweep_listed_projects
 

@@ -19,6 +19,7 @@ import os
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ from autopilot.run.snapshot import RunView, build, prior_elapsed
 from autopilot.run.throttle import Throttle
 from autopilot.state import resolved
 from autopilot.state.fsutil import atomic_write_json, iso, parse_iso, read_json
-from autopilot.state.journal import read_events
+from autopilot.state.journal import began, read_events
 from autopilot.state.ledger import CellState, Ledger
 from autopilot.state.statedir import open_append
 from autopilot.templates import render
@@ -345,6 +346,17 @@ def finished_outcome(preset: Preset, cell: Cell, state_dir: Path, state: CellSta
         exit_code=None, completion=True)
 
 
+def sandbox_owner(preset: Preset, state_dir: Path) -> Any:
+    """Which harness sandboxes are this run's (autopilot.cell.sandbox.Owner): its roots,
+    and when it began (now, for a run with no event yet: nothing before is ours)."""
+    import time
+
+    from autopilot.cell.sandbox import Owner
+    from autopilot.state.fsguard import run_roots
+
+    return Owner(run_roots(preset, state_dir), began(state_dir / "journal.jsonl") or time.time())
+
+
 @dataclass
 class DockerWiring:
     docker: Any
@@ -381,7 +393,8 @@ async def docker_setup(preset: Preset, plan: Plan, state_dir: Path,
         wired.clear_dir = clear
     template = preset.harness.sandbox_container
     if template:
-        wired.remove_sandbox = docker.remove
+        owner = sandbox_owner(preset, state_dir)
+        wired.remove_sandbox = partial(docker.remove, owner=owner)
 
         async def activity(ctx: dict[str, str]) -> int | None:
             return await docker.activity(render(template, ctx))
@@ -390,7 +403,7 @@ async def docker_setup(preset: Preset, plan: Plan, state_dir: Path,
         # Never the sandbox of an attempt re-attached to (``keep``): it is running.
         names = [render(template, cell_context(preset, c, 1, state_dir)) for c in plan.cells
                  if c.id not in keep]
-        for name in await docker.remove_exact(names):
+        for name in await docker.remove_exact(names, owner):
             cleaned.append({"container": name})
     pattern = preset.harness.compose_project_pattern
     if preset.harness.compose_projects:

@@ -46,7 +46,7 @@ from autopilot.errors import (
 )
 from autopilot.escape import term
 from autopilot.logsetup import get_logger
-from autopilot.plan import Plan
+from autopilot.plan import Plan, output_dirs
 from autopilot.privacy import dumpable, make_undumpable
 from autopilot.run import background, drift, power, recovery, runbook
 from autopilot.run.clock import RunClock
@@ -102,9 +102,11 @@ class Supervisor(Recorder):
                                      pins)
         self.lock.acquire()
         try:
-            # One run per output root (a harness checkout): exit 3 if another holds one.
+            # One live run per output root (a harness checkout), and no cell output dir
+            # of a finished run that was not released: exit 3 naming the holder.
             self.claims.take(outside_roots(run_roots(self.preset, self.state_dir),
-                                           self.state_dir), self.state_dir)
+                                           self.state_dir), self.state_dir,
+                             output_dirs(self.preset, self.plan, self.state_dir))
             self.run_token = run_token(self.state_dir)
             # Logging starts only once we own the run: a refused second supervisor
             # must not even append to the holder's autopilot.log.
@@ -113,6 +115,8 @@ class Supervisor(Recorder):
                                console_floor="warning" if self.opts.live_view else None)
             self.journal = Journal(self.state_dir / "journal.jsonl")
             self.replay()
+            for gone in self.claims.dropped:
+                self.emit("claim_dropped", **gone, why="its state dir is gone")
             recovery.record_plan(self.state_dir, self.preset, self.plan, self.emit,
                                  preset_path=self.opts.preset_path,
                                  config_path=self.opts.config_path,

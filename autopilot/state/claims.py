@@ -1,14 +1,23 @@
-"""One run per output root: a run claims the directories outside its state dir that it
-writes into (the harness's output dirs, scratch dirs: ``fsguard.run_roots``).
+"""A run owns the output dirs it writes outside its state dir until it lets them go.
 
 The MMBT harness writes ``tooling/logs/<cell>/`` with nothing naming the run, so two
 state dirs over one checkout silently overwrote each other's cells: the second moved the
 first's outputs into its own attempts, and the first's ``validate`` then graded the
-second's files. Each root gets a claim file, exclusively flocked for the whole
-run (released by the kernel even on ``kill -9``) and naming the state dir that holds it,
-next to the root (``.<root name>.autopilot-claim`` in its parent: the root itself, a
-harness's own directory, stays as the harness leaves it); a second run with another
-state dir meets the lock and exits 3 naming the holder.
+second's files. Two records beside each output root (``fsguard.run_roots``), in its
+parent (the root itself, a harness's own directory, stays as the harness leaves it):
+
+- ``.<root>.autopilot-claim``: exclusively flocked for the whole life of a run (released
+  by the kernel even on ``kill -9``) and naming it: one live run per root; a second
+  meets the lock and exits 3 naming the holder.
+- ``.<root>.autopilot-owners``: every run that wrote there and has not been released,
+  with the output dirs its plan renders. It outlives the run: a later run whose output
+  dirs meet a finished run's exits 3 naming it and how to let it go
+  (``autopilot cleanup`` or ``autopilot release`` on that state dir). Runs whose cells
+  are disjoint (two models of a campaign on one checkout) share a root, one at a time.
+  A holder whose state dir is gone has nothing left to protect and is dropped.
+
+Both files are read as untrusted input (anyone who can write the parent can plant
+them): a malformed one is a refusal to guess, said in one line, never a crash.
 """
 
 from __future__ import annotations
@@ -18,7 +27,9 @@ import fcntl
 import json
 import os
 import socket
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from autopilot.errors import LockHeld
 from autopilot.state.fsutil import iso
@@ -26,10 +37,15 @@ from autopilot.state.statedir import open_private
 from autopilot.state.untrusted import read_json
 
 CLAIM_SUFFIX = ".autopilot-claim"
+OWNERS_SUFFIX = ".autopilot-owners"
 
 
 def claim_path(root: Path) -> Path:
     return root.parent / f".{root.name}{CLAIM_SUFFIX}"
+
+
+def owners_path(root: Path) -> Path:
+    return root.parent / f".{root.name}{OWNERS_SUFFIX}"
 
 
 def outside_roots(roots: tuple[Path, ...], state_dir: Path) -> list[Path]:
@@ -38,36 +54,118 @@ def outside_roots(roots: tuple[Path, ...], state_dir: Path) -> list[Path]:
     return [r for r in roots if r != mine and mine not in r.parents]
 
 
+def _same_dir(a: str, b: Path) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+@contextlib.contextmanager
+def _owners(root: Path) -> Any:
+    """The owners record of ``root``, locked while the caller reads and rewrites it
+    (briefly: never across a run)."""
+    path = owners_path(root)
+    fd = open_private(path, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        raw = read_json(path)
+        holders = raw.get("holders") if isinstance(raw, dict) else None
+        ok = isinstance(holders, list) and all(
+            isinstance(h, dict) and isinstance(h.get("state_dir"), str)
+            and isinstance(h.get("outputs"), list)
+            and all(isinstance(o, str) for o in h["outputs"]) for h in holders)
+        if os.fstat(fd).st_size and not ok:
+            raise LockHeld(f"{path}: not an owners record this autopilot wrote (malformed); "
+                           "remove it once no run writes under "
+                           f"{root}") from None
+
+        def save(new: list[dict[str, Any]]) -> None:
+            blob = (json.dumps({"holders": new}) + "\n").encode()
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, blob, 0)
+            os.fsync(fd)
+
+        yield (list(holders) if ok and holders else []), save
+    finally:
+        os.close(fd)
+
+
 class Claims:
     def __init__(self) -> None:
         self.fds: list[int] = []
+        self.dropped: list[dict[str, str]] = []  # holders whose state dir was gone
 
-    def take(self, roots: list[Path], state_dir: Path) -> None:
-        """Claim every root (made if missing) or raise LockHeld naming the holder;
-        nothing is kept when one is held."""
-        for root in roots:
-            path = claim_path(root)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = open_private(path, os.O_RDWR | os.O_CREAT)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                self.release()
-                held = read_json(path) or {}
-                raise LockHeld(
-                    f"{root} is the output root of another run: state dir "
-                    f"{held.get('state_dir', '?')!s} (pid {held.get('pid', '?')} on "
-                    f"{held.get('host', '?')}); give this run its own output dirs, or let "
-                    "that one finish") from None
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, (json.dumps({"state_dir": str(state_dir.absolute()),
-                                       "pid": os.getpid(), "host": socket.gethostname(),
-                                       "since": iso()}) + "\n").encode(), 0)
-            self.fds.append(fd)
+    def take(self, roots: list[Path], state_dir: Path,
+             outputs: Iterable[Path] = ()) -> None:
+        """Claim every root (made if missing) for this run's life, and record it among
+        each root's owners with ``outputs`` (its cells' output dirs); raise LockHeld
+        naming the holder when a live run holds a root, or a finished, unreleased one
+        owns one of ``outputs``. Nothing is kept when one is refused."""
+        mine = sorted({str(p) for p in outputs})
+        try:
+            for root in roots:
+                self._lock(root, state_dir)
+                self._own(root, state_dir, [o for o in mine if Path(o).is_relative_to(root)])
+        except BaseException:
+            self.release()
+            raise
+
+    def _lock(self, root: Path, state_dir: Path) -> None:
+        path = claim_path(root)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = open_private(path, os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            held = read_json(path) or {}
+            raise LockHeld(
+                f"{root} is the output root of another run: state dir "
+                f"{held.get('state_dir', '?')!s} (pid {held.get('pid', '?')} on "
+                f"{held.get('host', '?')}); give this run its own output dirs, or let "
+                "that one finish") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps({"state_dir": str(state_dir.absolute()),
+                                   "pid": os.getpid(), "host": socket.gethostname(),
+                                   "since": iso()}) + "\n").encode(), 0)
+        self.fds.append(fd)
+
+    def _own(self, root: Path, state_dir: Path, mine: list[str]) -> None:
+        with _owners(root) as (holders, save):
+            kept: list[dict[str, Any]] = []
+            for h in holders:
+                if _same_dir(h["state_dir"], state_dir):
+                    continue  # ours, from an earlier launch: replaced below
+                if not os.path.isdir(h["state_dir"]):
+                    self.dropped.append({"root": str(root), "state_dir": h["state_dir"]})
+                    continue
+                both = sorted(set(h["outputs"]) & set(mine))
+                if both:
+                    raise LockHeld(
+                        f"{both[0]}{f' (and {len(both) - 1} more)' if len(both) > 1 else ''}"
+                        f" belongs to the run in {h['state_dir']} (finished, not released): "
+                        f"`autopilot release --state-dir {h['state_dir']}` (or `autopilot "
+                        "cleanup` on it) lets it go, or give this run its own output dirs")
+                kept.append(h)
+            save([*kept, {"state_dir": str(state_dir.absolute()), "outputs": mine,
+                          "since": iso()}])
 
     def release(self) -> None:
+        """The live claims (the ownership stays until ``release_owned``)."""
         for fd in self.fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.fds = []
+
+
+def release_owned(roots: Iterable[Path], state_dir: Path) -> list[Path]:
+    """Drop this run from every root's owners (cleanup, ``autopilot release``): its
+    output dirs may then be another run's. Returns the roots it owned."""
+    released = []
+    for root in roots:
+        if not owners_path(root).is_file():
+            continue
+        with _owners(root) as (holders, save):
+            rest = [h for h in holders if not _same_dir(h["state_dir"], state_dir)]
+            if len(rest) != len(holders):
+                save(rest)
+                released.append(root)
+    return released

@@ -57,6 +57,23 @@ def iter_events(path: Path) -> Iterator[dict[str, Any]]:
     yield from read_events(path).events
 
 
+def began(path: Path) -> float | None:
+    """When the run began: its journal's first event (None: no event yet)."""
+    from autopilot.state.fsutil import parse_iso
+    from autopilot.state.untrusted import lines
+
+    try:
+        for raw in lines(path):
+            try:
+                ev = json.loads(raw)
+            except ValueError:
+                return None
+            return parse_iso(ev.get("ts")) if isinstance(ev, dict) else None
+    except OSError:
+        return None
+    return None
+
+
 class Journal:
     """Append-only writer. One instance per supervisor; appends are synchronous on
     purpose: an event must be on disk before the action it records is taken."""
