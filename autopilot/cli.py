@@ -26,7 +26,7 @@ import anyio
 from autopilot import __version__
 from autopilot.cliutil import DEFAULT_STATE_DIR, OneLineParser, default_state_dir, run_and_exit
 from autopilot.config import Preset
-from autopilot.errors import AutopilotError, ConfigError, LockHeld, StateDirError
+from autopilot.errors import AutopilotError, ConfigError, LockHeld, OutputsOwned, StateDirError
 from autopilot.loader import find_preset, list_presets, load_preset
 from autopilot.plan import Plan
 from autopilot.run.preflight import run_preflight
@@ -564,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--preset is required to run (try `autopilot presets`)")
         return cmd_run(args)
     except LockHeld as e:
-        if args.command in ("cleanup", "release"):
+        if args.command in ("cleanup", "release") or isinstance(e, OutputsOwned):
             print(f"autopilot: error: {e}", file=sys.stderr)
         else:
             print(f"AUTOPILOT_ABORTED_DOUBLE_DRIVE: another autopilot drives this run: {e}",

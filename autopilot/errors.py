@@ -59,6 +59,10 @@ class LockHeld(AutopilotError):
     exit_code = EXIT_DOUBLE_DRIVE
 
 
+class OutputsOwned(LockHeld):
+    """A finished run that was not released owns output dirs this run would write."""
+
+
 class EndpointError(AutopilotError):
     pass
 

@@ -343,6 +343,8 @@ def test_step3p7_serves_what_the_harness_asks_for_and_the_old_context_is_refused
     rep = run_cli("report", "--state-dir", str(tmp_path / "blind"), env=env).stdout
     assert "by kind (the gateway's record, every attempt): context\\_overflow 36" in rep
 
+    # The blind run owns the checkout's cell dirs until it is let go (same cells).
+    assert run_cli("release", "--state-dir", str(tmp_path / "blind"), env=env).returncode == 0
     fine = overlay(tmp_path, endpoint={"startup_timeout_secs": 30, "probe_interval_secs": 0.5,
                                        "pass_env": ["FAKE_ARGV_LOG"]})
     r = run_cli("--preset", "step3p7", "--target-n", "1", "--config", fine, "--state-dir",

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from autopilot.errors import LockHeld
+from autopilot.errors import LockHeld, OutputsOwned
 from autopilot.state.fsutil import iso
 from autopilot.state.statedir import open_private
 from autopilot.state.untrusted import read_json
@@ -139,7 +139,7 @@ class Claims:
                     continue
                 both = sorted(set(h["outputs"]) & set(mine))
                 if both:
-                    raise LockHeld(
+                    raise OutputsOwned(
                         f"{both[0]}{f' (and {len(both) - 1} more)' if len(both) > 1 else ''}"
                         f" belongs to the run in {h['state_dir']} (finished, not released): "
                         f"`autopilot release --state-dir {h['state_dir']}` (or `autopilot "
