@@ -89,17 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("presets", help="list presets with a one-line description")
     va = sub.add_parser("validate", help="postflight: classify what is on disk; exit 1 if "
                         "any cell is INVALID")
-    va.add_argument("--state-dir", dest="sub_state_dir", metavar="DIR",
-                    help="the run's state dir (default as for the run)")
+    _which_run(va)
     rp = sub.add_parser("report", help="findings markdown from the per-cell artifacts")
     rp.add_argument("--n", type=positive_int, help="up to replicate N (default: the run's)")
     rp.add_argument("--out", help="write here instead of stdout")
-    rp.add_argument("--state-dir", dest="sub_state_dir", metavar="DIR",
-                    help="the run's state dir (default as for the run)")
+    _which_run(rp)
     sm = sub.add_parser("summarize", help="print an arm's PASS/FAIL table")
     sm.add_argument("arm")
-    sm.add_argument("--state-dir", dest="sub_state_dir", metavar="DIR",
-                    help="the run's state dir (default as for the run)")
+    _which_run(sm)
     cl = sub.add_parser("cleanup", help="kill the run's leftover harness/grader processes, "
                         "remove the plan's sandbox containers and scratch dirs (exact names); "
                         "refuses while a supervisor holds the run")
@@ -161,6 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _which_run(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--state-dir", dest="sub_state_dir", metavar="DIR",
+                    help="the run's state dir (default as for the run)")
+    sp.add_argument("--preset", dest="sub_preset", metavar="NAME",
+                    help="without --state-dir: the run of this preset in the default dirs")
+
+
 def _trusted_preset_args(sp: argparse.ArgumentParser) -> None:
     # Verbs that delete or run commands never take a preset *path* from plan.json (a
     # planted plan.json would name the attacker's preset): the user names it, or the
@@ -177,10 +181,11 @@ def _state_dir(args: argparse.Namespace) -> Path:
     """``--state-dir`` given after a verb, before it, ``$AUTOPILOT_STATE_DIR``, or the default."""
     from autopilot.state.statedir import settled
 
-    chosen = getattr(args, "sub_state_dir", None) or args.state_dir
+    chosen = getattr(args, "sub_state_dir", None) or args.state_dir or default_state_dir(
+        getattr(args, "sub_preset", None) or args.preset)
     # resolved once, link by link (a symlink of another user's is refused): every later
     # open goes through a path without a symlink, so a swap after the check is nothing
-    return settled(Path(chosen or default_state_dir()).absolute())
+    return settled(Path(chosen).absolute())
 
 
 def cmd_presets() -> int:
@@ -229,6 +234,7 @@ def dry_run_text(preset: Preset, plan: Plan, state_dir: Path, warnings: list[str
         f"arms ({len(preset.arms)}): " + ", ".join(a.label for a in preset.arms),
         f"tasks ({len(preset.tasks)}): " + ", ".join(t.id for t in preset.tasks),
         f"N: {plan.target_n}",
+        f"state dir: {state_dir}",
         f"cells: {c['total']} total | {c['done']} valid | "
         f"{c['pending'] + c['running'] + c['grading']} pending | {c['invalid']} invalid | "
         f"{c['quarantined']} quarantined | {c['ungraded']} ungraded",

@@ -9,11 +9,15 @@ import os
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
 from autopilot.errors import EXIT_USAGE
 
-DEFAULT_STATE_DIR = "/tmp/bench-autopilot"
+# The default state dir: one per user (a shared box's users never meet each other's run
+# in one dir) and per preset (a second preset never meets the first one's run):
+# ``$TMPDIR/bench-autopilot-<user>/<preset>``. $AUTOPILOT_STATE_DIR names one exactly.
+DEFAULT_STATE_DIR = "${TMPDIR:-/tmp}/bench-autopilot-<user>/<preset>"
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -23,8 +27,49 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
-def default_state_dir() -> str:
-    return os.environ.get("AUTOPILOT_STATE_DIR") or DEFAULT_STATE_DIR
+def state_base() -> Path:
+    """Where this user's default state dirs live (one per preset)."""
+    import pwd
+
+    try:
+        user = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        user = str(os.geteuid())
+    return Path(os.environ.get("TMPDIR") or "/tmp") / f"bench-autopilot-{user}"
+
+
+def preset_key(preset: str) -> str:
+    """A preset's dir name: its name, or a file's stem (``./my-bench.toml``)."""
+    from autopilot.configbase import NAME_RE
+
+    key = Path(preset).stem if preset.endswith(".toml") or os.sep in preset else preset
+    return key if NAME_RE.fullmatch(key) and ".." not in key else "run"
+
+
+def default_state_dir(preset: str | None = None) -> str:
+    """$AUTOPILOT_STATE_DIR, else the preset's dir under ``state_base``; without a
+    preset (a view), the run there: the only one, or the latest with a note on stderr."""
+    if os.environ.get("AUTOPILOT_STATE_DIR"):
+        return os.environ["AUTOPILOT_STATE_DIR"]
+    base = state_base()
+    if preset:
+        return str(base / preset_key(preset))
+    try:
+        runs = [d for d in base.iterdir() if (d / "plan.json").is_file()]
+    except OSError:
+        runs = []
+    if not runs:
+        return str(base)
+    def last(d: Path) -> float:
+        try:
+            return (d / "journal.jsonl").stat().st_mtime
+        except OSError:
+            return 0.0
+    runs.sort(key=last)
+    if len(runs) > 1:
+        print(f"(state dir {runs[-1]}: the latest of {len(runs)} runs in {base}; "
+              "--state-dir or --preset to choose)", file=sys.stderr)
+    return str(runs[-1])
 
 
 def run_and_exit(main: Callable[[], int]) -> NoReturn:

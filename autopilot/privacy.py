@@ -19,7 +19,7 @@ PR_GET_DUMPABLE = 3
 
 
 @functools.cache
-def _libc() -> ctypes.CDLL | None:
+def libc() -> ctypes.CDLL | None:
     # The process's own symbols (libc is loaded): no ctypes.util.find_library, which
     # runs ldconfig or a compiler to look for it (~0.1 s at every start).
     try:
@@ -30,17 +30,17 @@ def _libc() -> ctypes.CDLL | None:
 
 def make_undumpable() -> bool:
     """Mark this process non-dumpable; True if the kernel says it now is."""
-    libc = _libc()
-    if libc is None:
+    lib = libc()
+    if lib is None:
         return False
-    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    lib.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     return dumpable() is False
 
 
 def dumpable() -> bool | None:
     """Whether this process is dumpable (None where prctl is not available)."""
-    libc = _libc()
-    if libc is None:
+    lib = libc()
+    if lib is None:
         return None
-    value = libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0)
+    value = lib.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0)
     return None if value < 0 else bool(value)

@@ -338,3 +338,39 @@ def test_watch_with_html_rewrites_the_page(tmp_path: Path) -> None:
         p.send_signal(signal.SIGINT)
         p.wait(10)
     assert p.returncode == 0
+
+
+def test_the_default_state_dir_is_per_user_and_per_preset(tmp_path: Path) -> None:
+    """The Quick start's demo, then `autopilot init` and the command it suggests: the
+    second preset gets a dir of its own (it used to meet the demo's run and exit 2)."""
+    env = cli_env(TMPDIR=str(tmp_path))
+    env.pop("AUTOPILOT_STATE_DIR", None)
+    import pwd
+
+    base = tmp_path / f"bench-autopilot-{pwd.getpwuid(os.geteuid()).pw_name}"
+    over = write_overlay(tmp_path / "o.json", {"vars": {"think_secs": "0"},
+                                               "tasks": [{"id": "p1_bugfix"}]})
+    r = run_cli("--preset", "demo", "--config", str(over), "--target-n", "1", "--quiet",
+                env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (base / "demo" / "plan.json").is_file()
+    one = run_cli("--oneline", env=env, prog="dashboard")
+    assert "COMPLETE" in one.stdout and "latest of" not in one.stderr, one.stderr
+    init = run_cli("init", "my-bench", "--dir", str(tmp_path), env=env)
+    assert init.returncode == 0, init.stderr
+    suggested = shlex.split(init.stdout.splitlines()[-1].removeprefix("next: "))
+    assert suggested[:2] == ["autopilot", "--preset"]
+    dry = run_cli(*suggested[1:], env=env, cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert str(base / "my-bench") in dry.stdout
+    # A second run of its own: views without --state-dir say which one they read.
+    other = tmp_path / "other.toml"
+    other.write_text((ROOT / "presets" / "demo.toml").read_text())
+    r = run_cli("--preset", str(other), "--config", str(over), "--target-n", "1", "--quiet",
+                env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (base / "other" / "plan.json").is_file()
+    both = run_cli("--oneline", env=env, prog="dashboard")
+    assert f"(state dir {base / 'other'}: the latest of 2 runs in {base}" in both.stderr
+    v = run_cli("validate", "--preset", "demo", env=env)
+    assert v.returncode == 0 and "PASS=2" in v.stdout and "latest of" not in v.stderr

@@ -50,10 +50,10 @@ from autopilot.cell.validity import (
     unmetered,
 )
 from autopilot.cell.watchdog import Limits, Observation, WatchState, cell_deadline, decide
-from autopilot.logsetup import bind_contextvars, get_logger, unbind_contextvars
+from autopilot.logsetup import SPOOL_CAP, bind_contextvars, get_logger, unbind_contextvars
 from autopilot.plan import Cell
 from autopilot.state.fsguard import UnsafePath
-from autopilot.state.fsutil import log_tail
+from autopilot.state.fsutil import cap_in_place, log_tail
 from autopilot.state.statedir import open_append
 from autopilot.state.untrusted import read_tail
 from autopilot.templates import render, render_argv
@@ -488,6 +488,8 @@ class CellRun:
                 metered=meter.progress if meter is not None else None,
             )
             state, d = decide(state, obs, limits)
+            if obs.spool_size > 2 * SPOOL_CAP:  # capped as it grows, not only at its end
+                await anyio.to_thread.run_sync(cap_in_place, self.spool, SPOOL_CAP)
             if self.p.watchdog.substance and d.action != "KILL":
                 substance, sd = check_substance(substance, self.transcript, obs.now,
                                                 self.p.watchdog)

@@ -374,9 +374,11 @@ class Campaign:
 
 
 def campaign_dir_for(name: str, state_dir: str | None) -> Path:
-    """``--state-dir`` if given, else ``<default state dir>-campaigns/<name>``."""
-    from autopilot.cliutil import default_state_dir
+    """``--state-dir`` if given, else ``<$AUTOPILOT_STATE_DIR or this user's state
+    base>-campaigns/<name>``."""
+    from autopilot.cliutil import state_base
 
     if state_dir:
         return Path(state_dir).absolute()
-    return (Path(default_state_dir() + "-campaigns") / name).absolute()
+    base = os.environ.get("AUTOPILOT_STATE_DIR") or str(state_base())
+    return (Path(base + "-campaigns") / name).absolute()

@@ -133,3 +133,42 @@ def check_writable_dir(path: Path) -> str | None:
     except OSError as e:
         return f"{path}: {p} is not writable ({e.strerror})"
     return None
+
+
+_PUNCH = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE (linux/falloc.h)
+
+
+def cap_in_place(path: Path, cap: int) -> bool:
+    """Keep a file a child is still appending to (a spooled log) at about ``cap`` bytes
+    on disk: the blocks between its first and last ``cap / 2`` are given back (a hole
+    punched: the child's O_APPEND writes go on at the end; the file reads zeros there
+    until the attempt's end cuts it properly, autopilot.logsetup.Redactor.scrub_file).
+    True if blocks were given back; False where the file is small, or the filesystem
+    cannot punch holes (then the cap applies at the attempt's end only)."""
+    import ctypes
+
+    from autopilot.privacy import libc as process_libc
+
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    if st.st_blocks * 512 <= 2 * cap or st.st_size <= cap:
+        return False
+    libc = process_libc()
+    if libc is None:
+        return False
+    block = max(st.st_blksize, 4096)
+    start = -(-(cap // 2) // block) * block  # whole blocks only: a partial one stays
+    end = (st.st_size - cap // 2) // block * block
+    if end <= start:
+        return False
+    libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return bool(libc.fallocate(fd, _PUNCH, start, end - start) == 0)
+    finally:
+        os.close(fd)

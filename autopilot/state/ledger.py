@@ -53,6 +53,10 @@ class CellState:
     started_ts: str | None = None
     finished_ts: str | None = None
     ran_outcome: dict[str, Any] | None = None  # per-arm grading: outputs awaiting a grade
+    # the attempt's harness ended (cell_exited) or was adopted, and no verdict yet: being
+    # graded, or, with its supervisor gone, graded by the resume
+    exited: bool = False
+    abandoned: str | None = None  # why the last attempt was abandoned (re-run, uncharged)
     # the gateway's totals of the latest attempt (cell_metered), and the verdict's basis
     metered: dict[str, Any] | None = None
     cost_basis: str | None = None
@@ -64,6 +68,13 @@ class CellState:
     @property
     def valid(self) -> bool:
         return self.status in VALID
+
+    @property
+    def phase(self) -> str:
+        """Where the cell stands, in the one word every view counts by (validate, the
+        dashboard, the report, status.json): its status, except that a running cell
+        whose harness has ended is being graded (``ran``)."""
+        return "ran" if self.status == "running" and self.exited else self.status
 
     @property
     def absent(self) -> bool:
@@ -142,6 +153,7 @@ class Ledger:
             cell.pid = cell.create_time = cell.start_ticks = None
             cell.started_ts = ev.get("ts")
             cell.frozen_secs, cell.tier, cell.last_signal = 0.0, "OK", None
+            cell.exited, cell.abandoned = False, None
         elif kind == "cell_started":
             cell.status = "running"
             cell.attempts = int(ev.get("attempt", cell.attempts + 1))
@@ -150,15 +162,20 @@ class Ledger:
             cell.start_ticks = ev.get("start_ticks")
             cell.started_ts = ev.get("ts")
             cell.frozen_secs, cell.tier, cell.last_signal = 0.0, "OK", None
+            cell.exited, cell.abandoned = False, None
+        elif kind in ("cell_exited", "cell_adopted"):
+            cell.exited = cell.status == "running"
         elif kind == "cell_abandoned":
             cell.status = "pending"
             cell.pid = cell.create_time = None
+            cell.exited, cell.abandoned = False, str(ev.get("why") or "abandoned")
         elif kind == "cell_verdict":
             self._verdict(cell, ev)
         elif kind == "cell_ran":
             cell.status = "ran"
             cell.ran_outcome = ev.get("outcome")
             cell.pid = cell.create_time = None
+            cell.exited, cell.abandoned = False, None
         elif kind == "cell_metered":
             cell.metered = {k: ev.get(k) for k in ("attempt", "requests", "prompt_tokens",
                                                    "completion_tokens", "errors",
@@ -166,10 +183,12 @@ class Ledger:
         elif kind == "cell_quarantined":
             cell.status = "quarantined"
             cell.pid = cell.create_time = None
+            cell.exited, cell.abandoned = False, None
 
     def _verdict(self, cell: CellState, ev: dict[str, Any]) -> None:
         verdict = ev.get("verdict")
         cell.pid = cell.create_time = None
+        cell.exited, cell.abandoned = False, None
         cell.finished_ts = ev.get("ts")
         cell.word = ev.get("word")
         cell.caveat = ev.get("caveat")
@@ -220,7 +239,7 @@ class Ledger:
 
     def counts(self, cells: list[CellState] | None = None) -> dict[str, int]:
         cells = list(self.cells.values()) if cells is None else cells
-        return _counts(Counter(x.status for x in cells))
+        return _counts(Counter(x.phase for x in cells))
 
     def trust(self) -> dict[str, Any]:
         """The fail-closed accounting block shown everywhere aggregates are shown."""
@@ -236,7 +255,7 @@ class Ledger:
         attempts = masked = retried = 0
         basis: Counter[str] = Counter()
         for c in self.cells.values():
-            groups[(c.arm, c.task)][c.status] += 1
+            groups[(c.arm, c.task)][c.phase] += 1
             if c.cost_basis and c.status in VALID:
                 basis[c.cost_basis] += 1
             if c.reasons:

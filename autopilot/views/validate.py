@@ -31,6 +31,7 @@ from autopilot.escape import clean, term
 from autopilot.plan import Plan, cell_context
 from autopilot.state.fsutil import parse_iso, read_json
 from autopilot.state.journal import state_events
+from autopilot.state.ledger import Ledger
 from autopilot.templates import render
 
 ARTIFACT_NAMES = ("grade.json", "summary.json")
@@ -65,17 +66,15 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
                  in_progress: bool = False) -> ValidationResult:
     """``in_progress``: a live supervisor drives the run, so a cell it is running is
     reported RUNNING, not judged from half-written outputs."""
+    # Where each cell stands is the ledger's fold of the journal (autopilot.state.ledger),
+    # the same one the dashboard, the report and the supervisor read; what is collected
+    # here beside it is evidence for re-judging the outputs.
+    ledger = Ledger(plan)
     last_outcome: dict[str, dict[str, Any]] = {}
-    attempts: dict[str, int] = {}
-    quarantined: set[str] = set()
-    running: set[str] = set()
-    last_invalid: dict[str, tuple[str, str]] = {}
-    invalid_count: dict[str, int] = {}
-    abandoned: dict[str, str] = {}  # the journal's own word: no verdict, to be re-run
-    unjudged: set[str] = set()  # its harness ended (or was adopted), no verdict yet
     spans: dict[tuple[str, int], list[float]] = {}  # each attempt's first and last event
     metered: dict[str, dict[str, Any]] = {}  # the gateway's evidence of the latest attempt
     for ev in state_events(state_dir).events:
+        ledger.apply(ev)
         cid = ev.get("cell")
         if not isinstance(cid, str):
             continue
@@ -83,63 +82,46 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
         ts = parse_iso(ev.get("ts"))
         if ts is not None:
             key = (cid, ev["attempt"] if type(ev.get("attempt")) is int else
-                   attempts.get(cid, 1))
+                   max(1, ledger.cells[cid].attempts if cid in ledger.cells else 1))
             span = spans.setdefault(key, [ts, ts])
             span[0], span[1] = min(span[0], ts), max(span[1], ts)
         if kind in ("cell_spawning", "cell_started"):
-            attempts[cid] = ev["attempt"] if type(ev.get("attempt")) is int else 1
             last_outcome.pop(cid, None)
             metered.pop(cid, None)
-            running.add(cid)
         elif kind in ("cell_exited", "cell_ran") and isinstance(ev.get("outcome"), dict):
             last_outcome[cid] = ev["outcome"]
         elif kind == "cell_metered":
             metered[cid] = ev
-        elif kind == "cell_quarantined":
-            quarantined.add(cid)
-        elif kind == "cell_verdict" and ev.get("verdict") == "INVALID":
-            last_invalid[cid] = (clean(ev.get("reason"), 40), clean(ev.get("detail") or "", 300))
-            invalid_count[cid] = invalid_count.get(cid, 0) + 1
-        if kind in ("cell_exited", "cell_ran", "cell_verdict", "cell_quarantined",
-                    "cell_abandoned"):
-            running.discard(cid)
-        if kind in ("cell_exited", "cell_ran", "cell_adopted"):
-            unjudged.add(cid)
-        elif kind in ("cell_spawning", "cell_started", "cell_verdict", "cell_quarantined",
-                      "cell_abandoned"):
-            unjudged.discard(cid)
-        if kind == "cell_abandoned":
-            abandoned[cid] = clean(ev.get("why") or "abandoned", 120)
-        elif kind in ("cell_spawning", "cell_started", "cell_verdict", "cell_ran",
-                      "cell_quarantined"):
-            abandoned.pop(cid, None)
     result = ValidationResult(in_progress=in_progress)
     for cell in plan.cells:
-        ctx = cell_context(preset, cell, attempts.get(cell.id, 1), state_dir)
+        state = ledger.cells[cell.id]
+        ctx = cell_context(preset, cell, max(1, state.attempts), state_dir)
         out_dir = Path(ctx["output_dir"])
-        if cell.id in quarantined:
-            reason, detail = last_invalid.get(cell.id, ("", ""))
+        phase = state.phase
+        if phase == "quarantined":
+            reason, detail = (clean(state.reasons[-1] if state.reasons else "", 40),
+                              clean(state.detail, 300))
             result.cells.append(CellCheck(
                 cell.id, "INVALID", "quarantined",
-                f"after {invalid_count.get(cell.id, 0)} INVALID attempts; last: "
+                f"after {state.invalid_attempts} INVALID attempts; last: "
                 f"{reason}{': ' + detail if detail else ''}"))
             continue
-        if in_progress and cell.id in running:
+        if in_progress and phase == "running":
             result.cells.append(CellCheck(cell.id, "RUNNING"))
             continue
         # What the journal says, first: a cell abandoned by a stopping (or restarted)
         # supervisor, or one whose supervisor died mid-attempt (kill -9), has no verdict
         # yet. Its half-written outputs are no evidence: a resume adopts or re-runs it.
-        if cell.id in abandoned:
+        if state.abandoned is not None:
             result.cells.append(CellCheck(cell.id, "PENDING", "abandoned",
-                                          abandoned[cell.id]))
+                                          clean(state.abandoned, 120)))
             continue
-        if cell.id in running:
+        if phase == "running":
             result.cells.append(CellCheck(
                 cell.id, "PENDING", "interrupted",
                 "its supervisor died mid-attempt; a resume adopts or re-runs it"))
             continue
-        if cell.id in unjudged:
+        if phase == "ran":
             # The journal has no verdict for it: judging its outputs here would call it
             # grader_failed while the run (a resume) grades it.
             result.cells.append(CellCheck(
@@ -147,7 +129,7 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
                 "its harness ended and it is being graded" if in_progress else
                 "its harness ended before its supervisor stopped; a resume grades it"))
             continue
-        if cell.id not in attempts and not out_dir.exists():
+        if state.attempts == 0 and not out_dir.exists():
             result.cells.append(CellCheck(cell.id, "ABSENT"))
             continue
         completion = all(Path(render(c, ctx)).exists() for c in preset.harness.completion)

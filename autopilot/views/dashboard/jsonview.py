@@ -3,10 +3,11 @@
 Schema (``schema_version`` 1; fields are only ever added):
   {"schema_version": 1, "phase", "preset", "model", "target_n", "generated_at",
    "arms": {<arm>: {"totals": {"pass", "fail", "valid", "invalid", "quarantined",
-                               "running", "pending"},
+                               "ungraded", "running", "pending"},
                     "tasks": {<task>: {"pass", "valid",
                                        "cells": {"v<n>": "PASS" | "FAIL" | "INVALID(<reason>)"
-                                                 | "QUARANTINED" | "RUNNING" | "PENDING"}}}}},
+                                                 | "UNGRADED(<reason>)" | "QUARANTINED"
+                                                 | "RUNNING" | "PENDING"}}}}},
    "trust": {"valid_cells", "invalid_cells", "invalid_attempts", "invalid_by_reason",
              "teardown_masked_cells", "quarantined_cells", "retried_cells", "excluded",
              "metered_cells", "cost_mismatch_cells"}}
@@ -31,6 +32,8 @@ def _word(c: CellState) -> str:
         return c.status
     if c.status == "invalid":
         return f"INVALID({c.reason})"
+    if c.status == "ungraded":  # its run stands, its grade does not: excluded, not pending
+        return f"UNGRADED({c.reason})"
     return {"quarantined": "QUARANTINED", "running": "RUNNING", "ran": "RUNNING"}.get(
         c.status, "PENDING")
 

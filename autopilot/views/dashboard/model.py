@@ -91,7 +91,9 @@ def load(state_dir: Path, recent: int = 8) -> DashData | None:
     plan = sane(plan) if isinstance(plan, dict) else {}
     tasks = _names(plan.get("tasks") or status.get("tasks_order"))
     arms = _names(plan.get("arms") or status.get("arms_order"))
-    target_n = _count(status.get("target_n")) or _count(plan.get("target_n"))
+    # plan.json first: every launch records its N there before its first snapshot, and
+    # validate and the report read it (a kill in between must not split the views).
+    target_n = _count(plan.get("target_n")) or _count(status.get("target_n"))
     cells = [Cell(t, a, n) for a in arms for n in range(1, target_n + 1) for t in tasks]
     ledger = Ledger(cells)
     events: list[dict[str, Any]] = []
@@ -139,5 +141,6 @@ def counts(cells: Iterable[CellState]) -> dict[str, int]:
     """The ledger's counts in the dashboard's terms (awaiting a grade shows as running)."""
     c = Ledger([]).counts(list(cells))
     return {"pass": c["pass"], "fail": c["fail"], "invalid": c["invalid"],
-            "quarantined": c["quarantined"], "running": c["running"] + c["grading"],
+            "quarantined": c["quarantined"], "ungraded": c["ungraded"],
+            "running": c["running"] + c["grading"],
             "pending": c["pending"], "valid": c["done"]}
