@@ -387,6 +387,11 @@ def test_a_second_run_on_the_same_output_root_is_refused_naming_the_holder(
     assert again.returncode == 0, again.stderr[-1000:]
     moved = [e for e in events(second_state) if e["event"] == "foreign_outputs_moved"]
     assert len(moved) == 12 and all(e["to"].startswith(str(second_state)) for e in moved)
+    # The first run, released, never grades the second run's files as its own.
+    rg = run_cli("regrade", "--state-dir", str(first_state))
+    assert rg.returncode == 0, rg.stderr
+    assert "regraded 0 cell(s)" in rg.stdout and rg.stdout.count("not this run's output") == 12
+    assert sum(e["event"] == "regrade_skipped" for e in events(first_state)) == 12
 
 
 def test_runs_with_disjoint_cells_share_an_output_root_one_after_the_other(

@@ -20,7 +20,7 @@ from autopilot.cell.grading import judge_cell
 from autopilot.cell.validity import RunOutcome, attempt_outcomes
 from autopilot.config import Preset
 from autopilot.plan import Plan, cell_context
-from autopilot.state.fsutil import atomic_write_json
+from autopilot.state.fsutil import atomic_write_json, parse_iso
 from autopilot.state.journal import Journal, state_events
 from autopilot.state.ledger import Ledger
 from autopilot.state.lock import RunLock
@@ -35,6 +35,34 @@ class Regraded:
     attempt: int
     before: str
     after: str
+
+
+SLACK_SECS = 1.0  # journal times are cut to the millisecond; clocks of nodes may differ a little
+
+
+def attempt_ends(events: list[dict[str, Any]]) -> dict[tuple[str, int], float]:
+    """When each attempt's harness was last heard of: its latest event before any
+    regrade (its exit, its first verdict)."""
+    out: dict[tuple[str, int], float] = {}
+    for ev in events:
+        cid, k, ts = ev.get("cell"), ev.get("attempt"), parse_iso(ev.get("ts"))
+        if isinstance(cid, str) and type(k) is int and ts is not None \
+                and not ev.get("regrade"):
+            out[(cid, k)] = max(out.get((cid, k), ts), ts)
+    return out
+
+
+def written_after(paths: list[Path], end: float | None) -> str | None:
+    """The first of ``paths`` modified after ``end`` (None: all are from before it)."""
+    if end is None:
+        return None
+    for p in paths:
+        try:
+            if p.stat().st_mtime > end + SLACK_SECS:
+                return str(p)
+        except OSError:
+            continue
+    return None
 
 
 def _label(status: str, reason: str | None) -> str:
@@ -54,6 +82,7 @@ async def regrade(
         for ev in events:
             ledger.apply(ev)
         outcomes = attempt_outcomes(events)
+        ended = attempt_ends(events)
         done: list[Regraded] = []
         for c in list(ledger.cells.values()):
             if c.status not in REGRADABLE or (task and c.task != task) or (arm and c.arm != arm):
@@ -64,6 +93,14 @@ async def regrade(
             completion = [Path(render(t, ctx)) for t in preset.harness.completion]
             if not all(p.exists() for p in completion):
                 say(f"{c.id}: skipped, its outputs are gone ({completion[0].parent})")
+                continue
+            later = written_after(completion, ended.get((c.id, c.attempts)))
+            if later:
+                # Not this attempt's outputs: another run's, written once this one let
+                # its output dirs go (autopilot.state.claims). Never graded as ours.
+                why = f"{later} was written after attempt {c.attempts} ended"
+                journal.append("regrade_skipped", cell=c.id, attempt=c.attempts, why=why)
+                say(f"{c.id}: skipped, {why} (not this run's output)")
                 continue
             before = _label(c.status, c.reason)
             result = await judge_cell(preset, ctx, outcome,
