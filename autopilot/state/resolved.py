@@ -7,9 +7,9 @@ that loads the preset again from *its* shell gets another preset (a shell withou
 ``missing_output``), and a view over another user's state dir would expand the reader's
 environment into a preset that user chose. So at every launch the run writes the
 resolved preset here (``preset.resolved.json``: every ``${VAR}`` expanded, every default
-filled in, a secret's value replaced by ``${NAME}``, notification URLs by ``***``) with
-its sha256 in plan.json, and every later verb reads this record, never the reader's
-environment.
+filled in, a relative ``cwd`` made absolute, a secret's value replaced by ``${NAME}``,
+notification URLs by ``***``) with its sha256 in plan.json, and every later verb reads
+this record, never the reader's environment.
 
 The record is a state file: shape-checked by the same validation as a preset, read
 through ``autopilot.state.untrusted`` and refused when it does not match plan.json's
@@ -65,6 +65,10 @@ def document(preset: Preset, environ: dict[str, str] | None = None) -> dict[str,
     swaps = [(v, f"${{{n}}}") for v, n in sorted(values.items(), key=lambda x: -len(x[0]))
              if v]
     doc = _masked(preset.model_dump(mode="json"), swaps)
+    for role in ("harness", "grader"):  # a relative cwd meant the launching shell's
+        cwd = doc[role].get("cwd")
+        if isinstance(cwd, str) and cwd and not cwd.startswith(("/", "{")):
+            doc[role]["cwd"] = os.path.join(os.getcwd(), cwd)
     doc["notify"]["urls"] = [MASK for _ in doc["notify"]["urls"]]  # each a credential
     env = [{"name": r.name, "value": f"${{{r.name}}}" if r.name in names else
             _masked(r.value, swaps), "defaulted": r.defaulted, "key": r.key}
