@@ -130,10 +130,12 @@ INVALID_REASONS = frozenset({
     "stall", "deadline", "harness_crash", "missing_output", "grader_failed",
     "malformed_grade", "zero_tokens", "arm_mismatch", "endpoint_down", "api_error",
     "grader_unavailable", "malformed_summary", "rate_limited", "disk_full", "unmetered",
-    "config", "datapath_lost"})
+    "config", "datapath_lost", "unscored"})
 # Reasons that lie with grading, not with the harness's run: the outputs stand, so the
 # grader is re-run on them; the harness never is (an hour of GPU work is not re-spent).
-GRADE_REASONS = frozenset({"grader_failed", "malformed_grade", "grader_unavailable"})
+# "unscored": the grader's own word that the sample has no score (Inspect's NaN).
+GRADE_REASONS = frozenset({"grader_failed", "malformed_grade", "grader_unavailable",
+                           "unscored"})
 
 DEFAULT_VERDICTS: dict[str, VerdictRule] = {
     "PASS": VerdictRule(verdict="PASS"),

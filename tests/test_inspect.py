@@ -216,3 +216,32 @@ def test_kill9_of_the_supervisor_then_resume_counts_nothing_twice(tmp_path: Path
     assert set(started) == set(final)
     tokens = {e["token"] for e in evs if e["event"] == "cell_started" and e.get("token")}
     assert token_holders(tokens) == []  # no orphan inspect process
+
+
+def test_an_unscored_sample_is_excluded_never_fail_and_the_run_completes(
+        tmp_path: Path) -> None:
+    """Samples without ids (Inspect numbers them 1, 2) pass preflight; the one Inspect
+    leaves unscored (NaN) is INVALID(unscored): its run stands, it is not re-run, the
+    grade file is JSON, and the run is COMPLETE with it said apart."""
+    scores = ROOT / "tests" / "inspect_fixture" / "scores.py"
+    tasks = [{"id": f"unscored_{n}", "vars": {"inspect_file": str(scores),
+                                              "inspect_task": "unscored_gen", "sample": n}}
+             for n in ("1", "2")]
+    state = tmp_path / "state"
+    r = run_cli("--preset", "inspect", "--target-n", "1", "--config",
+                overlay(tmp_path, tasks=tasks, arms=[{"label": "inspect-greedy",
+                                                      "mode": "greedy",
+                                                      "vars": {"temperature": "0"}}]),
+                "--state-dir", str(state), "--quiet", timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    verdicts = {e["cell"]: e for e in events(state) if e["event"] == "cell_verdict"}
+    first, second = (verdicts[f"unscored_{n}_inspect-greedy_v1"] for n in ("1", "2"))
+    assert (first["verdict"], first["reason"], first.get("ungraded")) == (
+        "INVALID", "unscored", True)
+    assert second["verdict"] == "PASS"
+    assert sum(e["event"] == "cell_started" for e in events(state)) == 2  # none re-run
+    grade = (state / "cells" / "unscored_1_inspect-greedy_v1" / "grade.json").read_text()
+    assert json.loads(grade, parse_constant=lambda w: pytest.fail(f"{w} in grade.json"))[
+        "verdict"] == "UNSCORED"
+    v = run_cli("validate", "--state-dir", str(state))
+    assert "unscored" in v.stdout

@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import sys
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,24 @@ SHIPPED = Path(__file__).with_name("inspect_tasks.py")
 def task_file(value: str) -> Path:
     """"" or "shipped": the example tasks in this package; else the path given."""
     return SHIPPED if value in ("", "shipped") else Path(value)
+
+
+def matches(sample_id: Any, wanted: str) -> bool:
+    """``wanted`` names this sample as Inspect's ``--sample-id`` does: ids compared
+    after Inspect's normalisation (``"7"`` and ``7`` are one id), shell-style globs."""
+    return fnmatch(_normal(sample_id), _normal(wanted))
+
+
+def _normal(value: Any) -> str:
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    return value if isinstance(value, str) else str(value).zfill(20)
+
+
+def dataset_ids(dataset: Any) -> list[Any]:
+    """A dataset's sample ids as Inspect runs them: a sample without one is numbered
+    by its place, from 1 (Inspect's own examples have no ids)."""
+    return [s.id if s.id is not None else i + 1 for i, s in enumerate(dataset)]
 
 
 def load(path: Path) -> Any:
@@ -42,7 +61,7 @@ def problems(tasks: list[dict[str, Any]]) -> list[str]:
         out.append(f"inspect-ai {got} is installed; this preset was tested with "
                    f"{INSPECT_VERSION} (pip install 'bench-autopilot[inspect]')")
     modules: dict[Path, Any] = {}
-    samples: dict[tuple[Path, str], set[str]] = {}
+    samples: dict[tuple[Path, str], list[Any]] = {}
     for t in tasks:
         v = t.get("vars") or {}
         path, name, sid = task_file(v.get("inspect_file", "")), v.get("inspect_task", ""), \
@@ -63,14 +82,16 @@ def problems(tasks: list[dict[str, Any]]) -> list[str]:
         key = (path, name)
         if key not in samples:
             try:
-                samples[key] = {str(s.id) for s in fn().dataset}
+                samples[key] = dataset_ids(fn().dataset)
             except Exception as e:
-                samples[key] = set()
+                samples[key] = []
                 out.append(f"task {t.get('id')}: {name}() fails ({type(e).__name__}: {e})")
                 continue
-        if sid and sid not in samples[key]:
+        if sid and not any(matches(i, sid) for i in samples[key]):
+            have = [str(i) for i in samples[key]]
+            shown = ", ".join(have[:20]) + (f" ... ({len(have)})" if len(have) > 20 else "")
             out.append(f"task {t.get('id')}: sample {sid!r} is not in {name} "
-                       f"(it has {', '.join(sorted(samples[key])) or 'none'})")
+                       f"(it has {shown or 'none'})")
     return out
 
 

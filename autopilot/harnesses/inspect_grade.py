@@ -1,7 +1,9 @@
 """The verdict of one Inspect cell, from Inspect's own log (``inspect_ai.log``'s public
 API, never its printed text): the sample's score under the task's scorer → PASS or FAIL
 (``C``/``I``, booleans and numbers through Inspect's ``value_to_float``, at or above
-``--threshold``); the whole task (no sample id) by its headline metric. The log's
+``--threshold``); a sample Inspect left unscored (NaN) → UNSCORED, never FAIL; a dict
+score by its ``--score-key`` part; with the task's own epochs, the score its reducer
+made (``log.reductions``); the whole task (no sample id) by its headline metric. The log's
 status ``error`` or ``cancelled``, or a sample error → ERROR / CANCELLED with Inspect's
 own message as the grade's ``detail`` (the preset maps those words to INVALID).
 
@@ -12,16 +14,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
+from autopilot.harnesses.inspect_check import matches
 from autopilot.harnesses.inspect_run import newest_log
 
 
-def judge(log_path: Path, sample_id: str, scorer: str, threshold: float) -> dict[str, Any]:
+def judge(log_path: Path, sample_id: str, scorer: str, threshold: float,
+          score_key: str = "") -> dict[str, Any]:
     from inspect_ai.log import read_eval_log
-    from inspect_ai.scorer import value_to_float
 
     log = read_eval_log(str(log_path))
     out: dict[str, Any] = {"log": log_path.name, "sample_id": sample_id or None,
@@ -34,22 +38,55 @@ def judge(log_path: Path, sample_id: str, scorer: str, threshold: float) -> dict
         metric = _headline(log)
         if metric is None:
             return {**out, "verdict": "NO_SCORE", "detail": "the log has no metric"}
+        if math.isnan(metric):
+            return {**out, "verdict": "UNSCORED", "detail": "the headline metric is NaN"}
         return {**out, "verdict": "PASS" if metric >= threshold else "FAIL", "score": metric}
-    samples = [s for s in log.samples or [] if str(s.id) == sample_id]
+    samples = [s for s in log.samples or [] if matches(s.id, sample_id)]
     if not samples:
         return {**out, "verdict": "NO_SAMPLE",
                 "detail": f"sample {sample_id!r} is not in the log"}
-    s = samples[0]
-    if s.error is not None:
-        return {**out, "verdict": "ERROR", "detail": s.error.message[:1000]}
-    scores = s.scores or {}
+    errors = [s.error for s in samples if s.error is not None]
+    if errors:
+        return {**out, "verdict": "ERROR", "detail": errors[0].message[:1000]}
+    scores = samples[0].scores or {}
     name = scorer or next(iter(scores), "")
     if name not in scores:
         return {**out, "verdict": "NO_SCORE",
                 "detail": f"no score {name!r} (the sample has {sorted(scores)})"}
-    value = value_to_float()(scores[name].value)
-    return {**out, "verdict": "PASS" if value >= threshold else "FAIL", "scorer": name,
-            "score": value, "raw": str(scores[name].value)[:100]}
+    epochs = len(samples)
+    value, reducer = scores[name].value, None
+    if epochs > 1:  # the task's own epochs: its reducer's score is the sample's
+        for red in log.reductions or []:
+            if red.scorer == name:
+                got = next((x for x in red.samples if matches(x.sample_id, sample_id)), None)
+                if got is not None:
+                    value, reducer = got.value, red.reducer
+                break
+    out |= {"scorer": name, "epochs": epochs, **({"reducer": reducer} if reducer else {})}
+    if isinstance(value, dict):
+        if not score_key or score_key not in value:
+            parts = ", ".join(sorted(map(str, value)))
+            return {**out, "verdict": "NO_SCORE",
+                    "detail": f"score {name!r} has parts ({parts}): set vars.score_key to "
+                              "the one that decides" if not score_key else
+                              f"score {name!r} has no part {score_key!r} (it has {parts})"}
+        value = value[score_key]
+        out["score_key"] = score_key
+    return {**out, **_decide(value, threshold)}
+
+
+def _decide(value: Any, threshold: float) -> dict[str, Any]:
+    """Inspect's own reading of a score value (``value_to_float``); NaN is what Inspect
+    leaves unscored (its metrics skip it): never a FAIL, never a bare NaN in JSON."""
+    from inspect_ai.scorer import value_to_float
+
+    number = value_to_float()(value)
+    raw = str(value)[:100]
+    if isinstance(number, float) and math.isnan(number):
+        return {"verdict": "UNSCORED", "score": None, "raw": raw,
+                "detail": "Inspect left this sample unscored (NaN)"}
+    return {"verdict": "PASS" if number >= threshold else "FAIL", "score": number,
+            "raw": raw}
 
 
 def _headline(log: Any) -> float | None:
@@ -66,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grade-file", required=True, type=Path)
     ap.add_argument("--sample-id", default="")
     ap.add_argument("--scorer", default="", help="which score (default: the first)")
+    ap.add_argument("--score-key", default="",
+                    help="a score whose value is a dict: the part that decides")
     ap.add_argument("--threshold", type=float, default=1.0,
                     help="a score at or above it passes (C = 1, I = 0)")
     args = ap.parse_args(argv)
@@ -73,9 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     if log is None:
         grade: dict[str, Any] = {"verdict": "NO_LOG", "detail": "inspect wrote no log"}
     else:
-        grade = judge(log, args.sample_id, args.scorer, args.threshold)
+        grade = judge(log, args.sample_id, args.scorer, args.threshold, args.score_key)
     tmp = args.grade_file.with_name(args.grade_file.name + ".tmp")
-    tmp.write_text(json.dumps(grade, indent=1))
+    tmp.write_text(json.dumps(grade, indent=1, allow_nan=False))
     tmp.replace(args.grade_file)
     return 0
 

@@ -141,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
 
     cmd = [sys.executable, "-m", "inspect_ai", "eval", f"{task_file(args.task_file)}@{args.task}",
            "--model", f"openai-api/local/{args.model}", "--log-dir", str(logs),
-           "--log-format", "eval", "--display", "plain", "--epochs", "1",
+           "--log-format", "eval", "--display", "plain",
+           # the task's own epochs and reducers stand (pass@k, majority votes): a preset
+           # that wants others says --epochs after "--"; inspect_grade reads the reducer's
            *(["--sample-id", args.sample_id] if args.sample_id else []), *extra]
     print("inspect_run:", json.dumps(cmd), flush=True)
     stop = threading.Event()

@@ -259,7 +259,8 @@ def outcome(ledger: Ledger, rules: Rules, *, stopped_by: str | None, paused: str
     if ledger.complete():
         # Nothing is left to run. COMPLETE (exit 0) means every cell has a valid verdict:
         # cells recorded ungradable here (grader_unavailable) are not, and say so.
-        ungradable = [c.id for c in ledger.cells.values() if not c.valid]
+        ungradable = [c.id for c in ledger.cells.values()
+                      if not c.valid and c.reason != "unscored"]  # unscored: done, said
         if not ungradable:
             return Outcome("COMPLETE", "")
         return Outcome("INCOMPLETE", (

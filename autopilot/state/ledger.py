@@ -27,6 +27,11 @@ from autopilot.state.budget import COST_BASES, MAX_COUNT, METERED, Spend, of_eve
 # them says anything about the cell).
 NOT_COUNTED = frozenset({"rate_limited", "disk_full", "datapath_lost"})
 
+# Ungraded cells that are done all the same: a grader that cannot run here (recorded by
+# the preset's choice), and a sample the grader says has no score (Inspect's NaN: its
+# metrics skip it; re-running the harness would not give it one).
+SETTLED_UNGRADED = frozenset({"grader_unavailable", "unscored"})
+
 Status = Literal["pending", "running", "ran", "PASS", "FAIL", "invalid", "quarantined",
                  "ungraded"]
 VALID = ("PASS", "FAIL")
@@ -235,7 +240,7 @@ class Ledger:
     def settled(self, c: CellState) -> bool:
         """Counts towards completion: a valid verdict, or a cell the preset chose to
         record as ungradable (its grader cannot run here; reported, never a success)."""
-        return c.valid or (c.status == "ungraded" and c.reason == "grader_unavailable")
+        return c.valid or (c.status == "ungraded" and c.reason in SETTLED_UNGRADED)
 
     def counts(self, cells: list[CellState] | None = None) -> dict[str, int]:
         cells = list(self.cells.values()) if cells is None else cells

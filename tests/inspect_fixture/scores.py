@@ -1,0 +1,81 @@
+"""Inspect tasks in the shapes Inspect's published examples and inspect_evals use, for
+the score semantics (tests/test_inspect_scores.py): samples without ids (Inspect numbers
+them 1..N), a scorer that leaves a sample unscored (NaN: Inspect's metrics skip it), a
+two-part dict score, and a task's own epochs with a reducer. Written for these tests,
+never copied from Inspect's examples. The scorers look at the sample, not the model's
+words, and the solver asks the model nothing (``answer``): Inspect's own ``mockllm``
+stands in for the model and is never called (a call would count tokens with tiktoken,
+which fetches its encoding from the internet)."""
+
+from __future__ import annotations
+
+from inspect_ai import Epochs, Task, task
+from inspect_ai.dataset import Sample
+from inspect_ai.model import ModelOutput
+from inspect_ai.scorer import CORRECT, INCORRECT, Score, Scorer, Target, mean, scorer
+from inspect_ai.solver import Generate, Solver, TaskState, generate, solver
+
+NAN = float("nan")
+
+
+@solver
+def answer() -> Solver:
+    """A fixed answer, the model not asked."""
+    async def solve(state: TaskState, generate: Generate) -> TaskState:
+        state.output = ModelOutput.from_content(model="none", content="42")
+        return state
+
+    return solve
+
+
+@scorer(metrics=[mean()])
+def first_unscored() -> Scorer:
+    """Sample 1 unscored, every other one correct."""
+    async def score(state: TaskState, target: Target) -> Score:
+        return Score(value=NAN if state.sample_id == 1 else CORRECT)
+
+    return score
+
+
+@task
+def unscored() -> Task:
+    return Task(dataset=[Sample(input="Say hi."), Sample(input="Say bye.")],
+                solver=[answer()], scorer=first_unscored())
+
+
+@scorer(metrics={"utility": [mean()], "security": [mean()]})
+def two_parts() -> Scorer:
+    """Useless and safe, as an agent that refuses every task is."""
+    async def score(state: TaskState, target: Target) -> Score:
+        return Score(value={"utility": 0, "security": 1})
+
+    return score
+
+
+@task
+def parts() -> Task:
+    return Task(dataset=[Sample(input="Delete the logs.")], solver=[answer()],
+                scorer=two_parts())
+
+
+@scorer(metrics=[mean()])
+def right_on_later_epochs() -> Scorer:
+    """Wrong at epoch 1, right at every later one: pass@k's case."""
+    async def score(state: TaskState, target: Target) -> Score:
+        return Score(value=INCORRECT if state.epoch == 1 else CORRECT)
+
+    return score
+
+
+@task
+def epochs_max() -> Task:
+    return Task(dataset=[Sample(id="q", input="Guess a number.")], solver=[answer()],
+                scorer=right_on_later_epochs(), epochs=Epochs(3, "max"))
+
+
+@task
+def unscored_gen() -> Task:
+    """``unscored`` with the model asked (the real-model test: tokens flow through the
+    gateway as in any cell)."""
+    return Task(dataset=[Sample(input="Say hi."), Sample(input="Say bye.")],
+                solver=[generate()], scorer=first_unscored())

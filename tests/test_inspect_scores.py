@@ -1,0 +1,108 @@
+"""Inspect's score semantics, as Inspect applies them, with real Inspect: `inspect eval`
+on tasks of our own (tests/inspect_fixture/scores.py) with Inspect's own ``mockllm``
+model (a fake model that Inspect ships: the scorers here do not read its words), then
+the preset's grader on that log. Unscored stays unscored, a dict score is decided by the
+part the preset names, a task's own epochs and reducer stand, and preflight finds a
+sample without an id under the number Inspect gives it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+pytestmark = pytest.mark.timeout(300)
+TASKS = ROOT / "tests" / "inspect_fixture" / "scores.py"
+
+
+@pytest.fixture(autouse=True)
+def need_inspect() -> None:
+    try:
+        import inspect_ai  # noqa: F401
+    except ImportError:
+        pytest.skip("inspect-ai not installed (pip install -c constraints.txt '.[inspect]')")
+
+
+def inspect_eval(tmp: Path, task: str, *extra: str) -> Path:
+    """Plain `inspect eval`, as its users run it; the log dir as inspect_run lays it."""
+    out = tmp / task
+    # In a network namespace of its own with no network (root: unshare -n): whatever
+    # Inspect might try to reach, nothing leaves this machine.
+    jail = ["unshare", "-n"] if os.geteuid() == 0 and shutil.which("unshare") else []
+    r = subprocess.run([*jail, sys.executable, "-m", "inspect_ai", "eval", f"{TASKS}@{task}",
+                        "--model", "mockllm/model", "--log-dir", str(out / "logs"),
+                        "--log-format", "eval", "--display", "plain", *extra],
+                       capture_output=True, text=True, timeout=240,
+                       env={"PATH": "/usr/bin:/bin", "HOME": str(tmp),
+                            "XDG_DATA_HOME": str(tmp / "data")})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return out
+
+
+def grade(out: Path, sample: str, *extra: str) -> dict[str, object]:
+    from autopilot.harnesses.inspect_grade import main
+
+    path = out / f"grade-{sample}.json"
+    assert main(["--out", str(out), "--grade-file", str(path), "--sample-id", sample,
+                 *extra]) == 0
+
+    def no_nan(word: str) -> None:
+        raise AssertionError(f"{path} holds {word}: not JSON")
+
+    return dict(json.loads(path.read_text(), parse_constant=no_nan))
+
+
+def test_a_sample_inspect_leaves_unscored_is_unscored_never_fail(tmp_path: Path) -> None:
+    out = inspect_eval(tmp_path, "unscored")
+    from inspect_ai.log import read_eval_log
+
+    [log] = (out / "logs").glob("*.eval")
+    metric = read_eval_log(str(log)).results.scores[0].metrics["mean"].value
+    assert metric == 1.0  # Inspect's own mean skips the unscored sample
+    first = grade(out, "1")
+    assert first["verdict"] == "UNSCORED" and first["score"] is None
+    assert grade(out, "2")["verdict"] == "PASS"
+    from autopilot.loader import load_preset
+
+    rule = load_preset("inspect").grader.verdicts["UNSCORED"]
+    assert (rule.verdict, rule.reason) == ("INVALID", "unscored")
+
+
+def test_a_dict_score_is_decided_by_the_part_the_preset_names(tmp_path: Path) -> None:
+    out = inspect_eval(tmp_path, "parts")
+    assert grade(out, "1", "--score-key", "security")["verdict"] == "PASS"
+    assert grade(out, "1", "--score-key", "utility")["verdict"] == "FAIL"
+    unnamed = grade(out, "1")
+    assert unnamed["verdict"] == "NO_SCORE"
+    assert "has parts (security, utility): set vars.score_key" in str(unnamed["detail"])
+    wrong = grade(out, "1", "--score-key", "safety")
+    assert "has no part 'safety' (it has security, utility)" in str(wrong["detail"])
+
+
+def test_a_tasks_own_epochs_and_reducer_stand(tmp_path: Path) -> None:
+    out = inspect_eval(tmp_path, "epochs_max")
+    got = grade(out, "q")
+    # epoch 1 alone is wrong; the task's reducer (max over 3 epochs) says right
+    assert (got["verdict"], got["epochs"], got["reducer"]) == ("PASS", 3, "max")
+    cmd = (ROOT / "autopilot" / "harnesses" / "inspect_run.py").read_text()
+    assert '"--epochs", "1"' not in cmd  # the harness no longer overrides them
+
+
+def test_preflight_finds_samples_without_ids_as_inspect_numbers_them() -> None:
+    from autopilot.harnesses.inspect_check import problems
+
+    def cell(sample: str) -> dict[str, object]:
+        return {"id": f"u_{sample}", "vars": {"inspect_file": str(TASKS),
+                                             "inspect_task": "unscored", "sample": sample}}
+
+    found = [p for p in problems([cell("1"), cell("2"), cell("02"), cell("*")])
+             if "inspect-ai" not in p]  # (the installed version is another test's)
+    assert found == []
+    [missing] = [p for p in problems([cell("3")]) if "inspect-ai" not in p]
+    assert missing == "task u_3: sample '3' is not in unscored (it has 1, 2)"
