@@ -245,3 +245,28 @@ def test_an_unscored_sample_is_excluded_never_fail_and_the_run_completes(
         "verdict"] == "UNSCORED"
     v = run_cli("validate", "--state-dir", str(state))
     assert "unscored" in v.stdout
+
+
+def test_a_whole_task_cell_is_counted_by_its_samples(tmp_path: Path) -> None:
+    """`sample = ""`: the task is one cell, one `inspect eval`; what every view counts
+    is its samples (3 of 4 pass), and the cell's verdict is PASS at threshold 0.7."""
+    scores = ROOT / "tests" / "inspect_fixture" / "scores.py"
+    tasks = [{"id": "mixed", "vars": {"inspect_file": str(scores), "inspect_task": "mixed_gen",
+                                      "sample": ""}}]
+    state = tmp_path / "state"
+    r = run_cli("--preset", "inspect", "--target-n", "1", "--config",
+                overlay(tmp_path, tasks=tasks, vars={"threshold": "0.7"},
+                        arms=[{"label": "inspect-greedy", "mode": "greedy",
+                               "vars": {"temperature": "0"}}]),
+                "--state-dir", str(state), "--quiet", timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    [v] = [e for e in events(state) if e["event"] == "cell_verdict"]
+    assert (v["verdict"], v["items"]) == ("PASS", {"passed": 3, "scored": 4, "unscored": 0,
+                                                   "errored": 0})
+    rep = run_cli("report", "--state-dir", str(state)).stdout
+    assert "| mixed | 1/1; samples 3/4 |" in rep
+    dash = json.loads(run_cli("--json", "--state-dir", str(state), prog="dashboard").stdout)
+    assert dash["arms"]["inspect-greedy"]["tasks"]["mixed"]["samples"]["scored"] == 4
+    assert dash["trust"]["items"]["passed"] == 3
+    status = json.loads((state / "status.json").read_text())
+    assert status["trust"]["items"] == {"passed": 3, "scored": 4, "unscored": 0, "errored": 0}

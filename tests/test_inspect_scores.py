@@ -106,3 +106,42 @@ def test_preflight_finds_samples_without_ids_as_inspect_numbers_them() -> None:
     assert found == []
     [missing] = [p for p in problems([cell("3")]) if "inspect-ai" not in p]
     assert missing == "task u_3: sample '3' is not in unscored (it has 1, 2)"
+
+
+def test_a_cell_of_many_samples_carries_their_counts(tmp_path: Path) -> None:
+    """The whole task (no sample id), a list or a glob as one cell: its grade is the
+    samples' counts (what the views count), PASS when the share passed reaches the
+    threshold; unscored and errored samples are counted apart, never as FAIL."""
+    out = inspect_eval(tmp_path, "mixed")
+    whole = grade(out, "", "--threshold", "0.7")
+    assert (whole["verdict"], whole["items"], whole["score"]) == (
+        "PASS", {"passed": 3, "scored": 4, "unscored": 0, "errored": 0}, 0.75)
+    assert grade(out, "")["verdict"] == "FAIL"  # at the default threshold, 1.0
+    some = grade(out, "1,4", "--threshold", "0.5")
+    assert (some["verdict"], some["items"]["passed"], some["items"]["scored"]) == (
+        "PASS", 1, 2)
+    assert grade(out, "*")["items"] == {"passed": 3, "scored": 4, "unscored": 0,
+                                        "errored": 0}
+    half = inspect_eval(tmp_path, "unscored")
+    got = grade(half, "")
+    assert got["items"] == {"passed": 1, "scored": 1, "unscored": 1, "errored": 0}
+    assert got["verdict"] == "PASS"
+
+
+def test_the_ledger_counts_a_cells_items_and_ignores_forged_ones() -> None:
+    from autopilot.plan import Cell
+    from autopilot.state.ledger import Ledger
+
+    cells = [Cell("t", "a-x", 1), Cell("t", "a-x", 2), Cell("u", "a-x", 1)]
+    led = Ledger(cells)
+    for cid, items in (("t_a-x_v1", {"passed": 17, "scored": 24, "unscored": 1}),
+                       ("t_a-x_v2", {"passed": 9, "scored": 3}),  # more passed than scored
+                       ("u_a-x_v1", {"passed": "1", "scored": 2})):  # not a count
+        led.apply({"event": "cell_verdict", "cell": cid, "attempt": 1, "verdict": "PASS",
+                   "items": items})
+    summary = led.summary()
+    assert summary.tasks[("a-x", "t")]["items"] == {"passed": 17, "scored": 24,
+                                                    "unscored": 1, "errored": 0}
+    assert "items" not in summary.tasks[("a-x", "u")]
+    assert summary.totals["items"]["scored"] == 24
+    assert led.counts()["items"]["passed"] == 17

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from autopilot.config import GRADE_REASONS, VerdictRule
+from autopilot.state.items import items_of
 
 Verdict = Literal["PASS", "FAIL", "INVALID"]
 Killed = Literal["stall", "deadline", "teardown"]
@@ -77,6 +78,8 @@ class Classification:
     # nodes of a cluster compare): the harness-break streak is counted in launch order
     # (autopilot.run.runbook.streak_step).
     launched: float | None = None
+    # what a harness that grades many items scored (autopilot.state.items)
+    items: dict[str, int] | None = None
 
     @property
     def harness_break(self) -> bool:
@@ -185,8 +188,9 @@ def _classify(
                             teardown_masked=masked)
         return _invalid(rule.reason, detail, word=word, teardown_masked=masked,
                         streak=rule.streak)
+    found = items_of(g.get("items"))
     return Classification(rule.verdict, word=word, caveat=rule.caveat, teardown_masked=masked,
-                          streak=rule.streak)
+                          streak=rule.streak, items=found)
 
 
 def unmetered(c: Classification, requests: int, required: bool,

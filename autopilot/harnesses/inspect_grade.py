@@ -3,7 +3,10 @@ API, never its printed text): the sample's score under the task's scorer → PAS
 (``C``/``I``, booleans and numbers through Inspect's ``value_to_float``, at or above
 ``--threshold``); a sample Inspect left unscored (NaN) → UNSCORED, never FAIL; a dict
 score by its ``--score-key`` part; with the task's own epochs, the score its reducer
-made (``log.reductions``); the whole task (no sample id) by its headline metric. The log's
+made (``log.reductions``). A cell of many samples (no sample id: the whole task; a
+comma list; a glob) is graded sample by sample: its grade carries their counts
+(``items``, what every view counts) and PASS when the share that passed reaches
+``--threshold``. The log's
 status ``error`` or ``cancelled``, or a sample error → ERROR / CANCELLED with Inspect's
 own message as the grade's ``detail`` (the preset maps those words to INVALID).
 
@@ -34,24 +37,59 @@ def judge(log_path: Path, sample_id: str, scorer: str, threshold: float,
         why = log.error.message if log.error else f"eval {log.status}"
         return {**out, "verdict": "ERROR" if log.status == "error" else "CANCELLED",
                 "detail": why[:1000]}
-    if not sample_id:
-        metric = _headline(log)
-        if metric is None:
-            return {**out, "verdict": "NO_SCORE", "detail": "the log has no metric"}
-        if math.isnan(metric):
-            return {**out, "verdict": "UNSCORED", "detail": "the headline metric is NaN"}
-        return {**out, "verdict": "PASS" if metric >= threshold else "FAIL", "score": metric}
-    samples = [s for s in log.samples or [] if matches(s.id, sample_id)]
-    if not samples:
-        return {**out, "verdict": "NO_SAMPLE",
-                "detail": f"sample {sample_id!r} is not in the log"}
+    if sample_id and not any(c in sample_id for c in ",*?["):
+        samples = [s for s in log.samples or [] if matches(s.id, sample_id)]
+        if not samples:
+            return {**out, "verdict": "NO_SAMPLE",
+                    "detail": f"sample {sample_id!r} is not in the log"}
+        return {**out, **_sample(log, samples, sample_id, scorer, threshold, score_key)}
+    return {**out, **_many(log, sample_id, scorer, threshold, score_key)}
+
+
+def _many(log: Any, sample_id: str, scorer: str, threshold: float,
+          score_key: str) -> dict[str, Any]:
+    """A cell of many samples (the whole task, a list, a glob): each sample judged as
+    one is, the cell's grade their counts (``items``: autopilot.state.items), its verdict
+    PASS when the share of scored samples that passed is at or above ``threshold``."""
+    wanted = [w.strip() for w in sample_id.split(",") if w.strip()]
+    groups: dict[str, list[Any]] = {}
+    for s in log.samples or []:
+        if not wanted or any(matches(s.id, w) for w in wanted):
+            groups.setdefault(str(s.id), []).append(s)  # one per epoch
+    if not groups:
+        return {"verdict": "NO_SAMPLE", "detail": f"no sample of {sample_id!r} in the log"}
+    items = {"passed": 0, "scored": 0, "unscored": 0, "errored": 0}
+    problem: dict[str, Any] | None = None
+    for sid, samples in groups.items():
+        got = _sample(log, samples, sid, scorer, threshold, score_key)
+        if got["verdict"] in ("PASS", "FAIL"):
+            items["scored"] += 1
+            items["passed"] += got["verdict"] == "PASS"
+        elif got["verdict"] == "UNSCORED":
+            items["unscored"] += 1
+        else:
+            items["errored"] += 1
+            problem = problem or {**got, "detail": f"sample {sid}: {got.get('detail', '')}"}
+    out: dict[str, Any] = {"items": items, "samples": len(groups)}
+    if items["scored"]:
+        rate = items["passed"] / items["scored"]
+        return {**out, "verdict": "PASS" if rate >= threshold else "FAIL",
+                "score": round(rate, 6)}
+    if problem is not None:
+        return {**out, "verdict": problem["verdict"], "detail": problem["detail"][:1000]}
+    return {**out, "verdict": "UNSCORED", "detail": "Inspect left every sample unscored"}
+
+
+def _sample(log: Any, samples: list[Any], sample_id: str, scorer: str, threshold: float,
+            score_key: str) -> dict[str, Any]:
+    """One sample's verdict from its entries in the log (one per epoch)."""
     errors = [s.error for s in samples if s.error is not None]
     if errors:
-        return {**out, "verdict": "ERROR", "detail": errors[0].message[:1000]}
+        return {"verdict": "ERROR", "detail": errors[0].message[:1000]}
     scores = samples[0].scores or {}
     name = scorer or next(iter(scores), "")
     if name not in scores:
-        return {**out, "verdict": "NO_SCORE",
+        return {"verdict": "NO_SCORE",
                 "detail": f"no score {name!r} (the sample has {sorted(scores)})"}
     epochs = len(samples)
     value, reducer = scores[name].value, None
@@ -62,7 +100,8 @@ def judge(log_path: Path, sample_id: str, scorer: str, threshold: float,
                 if got is not None:
                     value, reducer = got.value, red.reducer
                 break
-    out |= {"scorer": name, "epochs": epochs, **({"reducer": reducer} if reducer else {})}
+    out: dict[str, Any] = {"scorer": name, "epochs": epochs,
+                           **({"reducer": reducer} if reducer else {})}
     if isinstance(value, dict):
         if not score_key or score_key not in value:
             parts = ", ".join(sorted(map(str, value)))
@@ -87,14 +126,6 @@ def _decide(value: Any, threshold: float) -> dict[str, Any]:
                 "detail": "Inspect left this sample unscored (NaN)"}
     return {"verdict": "PASS" if number >= threshold else "FAIL", "score": number,
             "raw": raw}
-
-
-def _headline(log: Any) -> float | None:
-    for score in (log.results.scores if log.results else []):
-        for metric in score.metrics.values():
-            if isinstance(metric.value, int | float):
-                return float(metric.value)
-    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -105,7 +105,9 @@ async def regrade(
             before = _label(c.status, c.reason)
             result = await judge_cell(preset, ctx, outcome,
                                       state_dir / "logs" / f"{c.id}.grade.log")
-            extra = {"ungraded": True} if result.grade_side else {}
+            extra: dict[str, Any] = {"ungraded": True} if result.grade_side else {}
+            if result.items and result.verdict in ("PASS", "FAIL"):
+                extra["items"] = result.items
             record = journal.append(
                 "cell_verdict", cell=c.id, attempt=c.attempts, verdict=result.verdict,
                 reason=result.reason, word=result.word, caveat=result.caveat,

@@ -200,6 +200,8 @@ class Recorder:
     def record_verdict(self, cid: str, attempt: int, c: Classification, *,
                        regrade: bool = False) -> None:
         extra: dict[str, Any] = {"ungraded": True} if c.grade_side else {}
+        if c.items and c.verdict in ("PASS", "FAIL"):  # its samples are what is counted
+            extra["items"] = c.items
         if regrade:
             extra["regrade"] = True
         else:

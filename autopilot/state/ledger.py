@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from autopilot.plan import Cell, Plan
 from autopilot.state.budget import COST_BASES, MAX_COUNT, METERED, Spend, of_events, of_metered
+from autopilot.state.items import items_of
 
 # INVALID reasons that spend no retry: a throttling provider, a full disk, the death of
 # the attempt's data path (the cell is re-run once the infrastructure is back; none of
@@ -61,7 +62,10 @@ class CellState:
     # the attempt's harness ended (cell_exited) or was adopted, and no verdict yet: being
     # graded, or, with its supervisor gone, graded by the resume
     exited: bool = False
-    abandoned: str | None = None  # why the last attempt was abandoned (re-run, uncharged)
+    abandoned: str | None = None
+    # a cell that grades many items (an Inspect task's samples): their counts, from its
+    # valid verdict (autopilot.state.items); the views count these
+    items: dict[str, int] | None = None  # why the last attempt was abandoned (re-run, uncharged)
     # the gateway's totals of the latest attempt (cell_metered), and the verdict's basis
     metered: dict[str, Any] | None = None
     cost_basis: str | None = None
@@ -201,6 +205,7 @@ class Ledger:
         cell.detail = str(ev.get("detail") or "")
         basis = ev.get("cost_basis")
         cell.cost_basis = basis if basis in COST_BASES else None
+        cell.items = _items(ev.get("items")) if verdict in VALID else None
         if verdict in VALID:
             cell.status = verdict
             cell.reason = None
@@ -242,9 +247,13 @@ class Ledger:
         record as ungradable (its grader cannot run here; reported, never a success)."""
         return c.valid or (c.status == "ungraded" and c.reason in SETTLED_UNGRADED)
 
-    def counts(self, cells: list[CellState] | None = None) -> dict[str, int]:
+    def counts(self, cells: list[CellState] | None = None) -> dict[str, Any]:
         cells = list(self.cells.values()) if cells is None else cells
-        return _counts(Counter(x.phase for x in cells))
+        items: Counter[str] = Counter()
+        for x in cells:
+            if x.items and x.status in VALID:
+                items.update(x.items)
+        return _counts(Counter(x.phase for x in cells), items)
 
     def trust(self) -> dict[str, Any]:
         """The fail-closed accounting block shown everywhere aggregates are shown."""
@@ -255,12 +264,15 @@ class Ledger:
         status.json is rebuilt on every transition, and a 20,000-cell plan must not
         stall the event loop."""
         groups: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+        items: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
         by_reason: Counter[str] = Counter()
         excluded = []
         attempts = masked = retried = 0
         basis: Counter[str] = Counter()
         for c in self.cells.values():
             groups[(c.arm, c.task)][c.phase] += 1
+            if c.items and c.status in VALID:
+                items[(c.arm, c.task)].update(c.items)
             if c.cost_basis and c.status in VALID:
                 basis[c.cost_basis] += 1
             if c.reasons:
@@ -273,11 +285,17 @@ class Ledger:
             if c.attempts > 1:
                 retried += 1
         by_arm: dict[str, Counter[str]] = defaultdict(Counter)
+        arm_items: dict[str, Counter[str]] = defaultdict(Counter)
         for (arm, _), cnt in groups.items():
             by_arm[arm].update(cnt)
+        for (arm, _), cnt in items.items():
+            arm_items[arm].update(cnt)
         total: Counter[str] = Counter()
+        total_items: Counter[str] = Counter()
         for cnt in by_arm.values():
             total.update(cnt)
+        for cnt in arm_items.values():
+            total_items.update(cnt)
         trust = {
             "valid_cells": total["PASS"] + total["FAIL"],
             "invalid_cells": total["invalid"],
@@ -294,10 +312,12 @@ class Ledger:
             "retried_cells": retried,
             "excluded": excluded,
         }
+        if total_items:
+            trust["items"] = dict(total_items)
         return Summary(
-            totals=_counts(total),
-            arms={a: _counts(c) for a, c in by_arm.items()},
-            tasks={k: _counts(c) for k, c in groups.items()},
+            totals=_counts(total, total_items),
+            arms={a: _counts(c, arm_items.get(a)) for a, c in by_arm.items()},
+            tasks={k: _counts(c, items.get(k)) for k, c in groups.items()},
             trust=trust,
         )
 
@@ -310,8 +330,15 @@ class Summary:
     trust: dict[str, Any]
 
 
-def _counts(c: Counter[str]) -> dict[str, int]:
-    return {
+def _items(raw: Any) -> dict[str, int] | None:
+    """A journaled ``items`` (a state file's: shape-checked as when it was graded)."""
+    return items_of(raw)
+
+
+def _counts(c: Counter[str], items: Counter[str] | None = None) -> dict[str, Any]:
+    """A group's cells by phase; with ``items``, what its many-item cells scored (the
+    counting unit there: passed of scored)."""
+    out: dict[str, Any] = {
         "total": sum(c.values()),
         "pass": c["PASS"],
         "fail": c["FAIL"],
@@ -323,3 +350,6 @@ def _counts(c: Counter[str]) -> dict[str, int]:
         "pending": c["pending"],
         "done": c["PASS"] + c["FAIL"],
     }
+    if items:
+        out["items"] = {k: items[k] for k in ("passed", "scored", "unscored", "errored")}
+    return out

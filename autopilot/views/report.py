@@ -22,8 +22,9 @@ from autopilot.escape import md
 from autopilot.plan import Plan, cell_context
 from autopilot.state.budget import METERED, count_or_none
 from autopilot.state.fsutil import read_json
+from autopilot.state.items import items_of
 from autopilot.state.journal import state_events
-from autopilot.state.ledger import CellState
+from autopilot.state.ledger import VALID, CellState
 from autopilot.templates import render
 from autopilot.views import stats
 from autopilot.views.energy import J_PER_KWH, Energy, energy_lines, measure
@@ -51,6 +52,7 @@ class CellFacts:
     cost_basis: str | None = None
     wall_secs: float | None = None  # the harness's run of the latest attempt (journal)
     joules: float | None = None  # GPU energy of all its attempts (power samples), if any
+    items: dict[str, int] | None = None  # a many-item cell's counts (autopilot.state.items)
 
     @property
     def valid(self) -> bool:
@@ -70,6 +72,7 @@ def collect(preset: Preset, n: int, state_dir: Path,
     invalid: dict[str, list[str]] = {}
     metered: dict[str, tuple[str, int, int]] = {}  # the gateway's count, where it is used
     wall: dict[str, float | None] = {}
+    items: dict[str, dict[str, int] | None] = {}
     for ev in state_events(state_dir).events:
         cid = ev.get("cell")
         if ev.get("event") == "cell_started" and isinstance(cid, str):
@@ -79,6 +82,7 @@ def collect(preset: Preset, n: int, state_dir: Path,
             wall[cid] = secs
         elif ev.get("event") == "cell_verdict" and isinstance(cid, str):
             masked[cid] = bool(ev.get("teardown_masked"))
+            items[cid] = items_of(ev.get("items")) if ev.get("verdict") in VALID else None
             spend, basis = ev.get("spend"), ev.get("cost_basis")
             if basis in METERED and isinstance(spend, list) \
                     and len(spend) == 2 and all(_int(x) is not None for x in spend):
@@ -116,6 +120,7 @@ def collect(preset: Preset, n: int, state_dir: Path,
             cost_basis=metered[cell.id][0] if cell.id in metered else None,
             wall_secs=wall.get(cell.id),
             joules=energy.joules.get(cell.id) if energy and energy.ran.get(cell.id) else None,
+            items=items.get(cell.id) if chk.verdict in VALID else None,
         ))
     return facts
 
@@ -154,6 +159,17 @@ def _by(facts: list[CellFacts], arm: str, task: str | None = None) -> list[CellF
 def _score(fs: list[CellFacts]) -> tuple[int, int]:
     valid = [f for f in fs if f.valid]
     return sum(f.verdict == "PASS" for f in valid), len(valid)
+
+
+def _samples(fs: list[CellFacts]) -> str:
+    """Where cells grade many items (an Inspect task's samples), those are counted:
+    passed of scored, and how many were left unscored or errored."""
+    got = [f.items for f in fs if f.valid and f.items]
+    if not got:
+        return ""
+    tot = {k: sum(i[k] for i in got) for k in got[0]}
+    rest = ", ".join(f"{tot[k]} {k}" for k in ("unscored", "errored") if tot[k])
+    return f"; samples {tot['passed']}/{tot['scored']}" + (f" ({rest})" if rest else "")
 
 
 def _pct(p: int, v: int) -> str:
@@ -223,13 +239,13 @@ def scorecard(preset: Preset, facts: list[CellFacts], n: int) -> str:
         for arm in arms:
             p, v = _score(_by(facts, arm, t.id))
             d = _delta(preset, arm, t.id, p, v)
-            row.append(f"{p}/{v}" + (f" ({d})" if d else ""))
+            row.append(f"{p}/{v}" + (f" ({d})" if d else "") + _samples(_by(facts, arm, t.id)))
         lines.append(f"| {t.id} | " + " | ".join(row) + " |")
     totals = []
     for arm in arms:
         p, v = _score(_by(facts, arm))
         d = _delta(preset, arm, None, p, v)
-        totals.append(f"**{p}/{v}**" + (f" ({d})" if d else ""))
+        totals.append(f"**{p}/{v}**" + (f" ({d})" if d else "") + _samples(_by(facts, arm)))
     lines.append("| **total** | " + " | ".join(totals) + " |")
     lines.append("")
     if preset.baseline:

@@ -79,3 +79,25 @@ def unscored_gen() -> Task:
     gateway as in any cell)."""
     return Task(dataset=[Sample(input="Say hi."), Sample(input="Say bye.")],
                 solver=[generate()], scorer=first_unscored())
+
+
+@scorer(metrics=[mean()])
+def all_but_the_last() -> Scorer:
+    """Samples 1..3 right, 4 wrong: 3 of 4."""
+    async def score(state: TaskState, target: Target) -> Score:
+        return Score(value=INCORRECT if state.sample_id == 4 else CORRECT)
+
+    return score
+
+
+@task
+def mixed() -> Task:
+    return Task(dataset=[Sample(input=f"Question {i}.") for i in range(1, 5)],
+                solver=[answer()], scorer=all_but_the_last())
+
+
+@task
+def mixed_gen() -> Task:
+    """``mixed`` with the model asked (the real-model test)."""
+    return Task(dataset=[Sample(input=f"Say {i}.") for i in range(1, 5)],
+                solver=[generate()], scorer=all_but_the_last())

@@ -4,7 +4,8 @@ Schema (``schema_version`` 1; fields are only ever added):
   {"schema_version": 1, "phase", "preset", "model", "target_n", "generated_at",
    "arms": {<arm>: {"totals": {"pass", "fail", "valid", "invalid", "quarantined",
                                "ungraded", "running", "pending"},
-                    "tasks": {<task>: {"pass", "valid",
+                    "tasks": {<task>: {"pass", "valid", "samples" (where cells grade many
+                                       items: {"passed", "scored", "unscored", "errored"}),
                                        "cells": {"v<n>": "PASS" | "FAIL" | "INVALID(<reason>)"
                                                  | "UNGRADED(<reason>)" | "QUARANTINED"
                                                  | "RUNNING" | "PENDING"}}}}},
@@ -47,6 +48,7 @@ def to_json(d: DashData) -> str:
             c = counts(row.values())
             every += list(row.values())
             tasks[task] = {"pass": c["pass"], "valid": c["valid"],
+                           **({"samples": c["samples"]} if "samples" in c else {}),
                            "cells": {f"v{n}": _word(cell) for n, cell in sorted(row.items())}}
         arms[arm] = {"totals": counts(every), "tasks": tasks}
     s = d.status

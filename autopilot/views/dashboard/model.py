@@ -137,10 +137,20 @@ def _clean_cells(ledger: Ledger) -> None:
         c.detail = clean(c.detail, 600)
 
 
-def counts(cells: Iterable[CellState]) -> dict[str, int]:
-    """The ledger's counts in the dashboard's terms (awaiting a grade shows as running)."""
+def counts(cells: Iterable[CellState]) -> dict[str, Any]:
+    """The ledger's counts in the dashboard's terms (awaiting a grade shows as running;
+    ``samples``: what many-item cells scored, where there are such)."""
     c = Ledger([]).counts(list(cells))
-    return {"pass": c["pass"], "fail": c["fail"], "invalid": c["invalid"],
-            "quarantined": c["quarantined"], "ungraded": c["ungraded"],
-            "running": c["running"] + c["grading"],
-            "pending": c["pending"], "valid": c["done"]}
+    out: dict[str, Any] = {
+        "pass": c["pass"], "fail": c["fail"], "invalid": c["invalid"],
+        "quarantined": c["quarantined"], "ungraded": c["ungraded"],
+        "running": c["running"] + c["grading"], "pending": c["pending"], "valid": c["done"]}
+    if "items" in c:
+        out["samples"] = c["items"]
+    return out
+
+
+def samples_text(c: dict[str, Any]) -> str:
+    """`` · 17/24 samples`` where a group's cells grade many items, else ""."""
+    s = c.get("samples")
+    return f" · {s['passed']}/{s['scored']} samples" if s else ""

@@ -18,7 +18,7 @@ from autopilot.state.ledger import CellState
 from autopilot.state.status import fmt_secs
 from autopilot.views import stats
 from autopilot.views.dashboard import analysis
-from autopilot.views.dashboard.model import DashData, counts
+from autopilot.views.dashboard.model import DashData, counts, samples_text
 
 STYLE = {
     "pass": "bold green", "fail": "bold red", "invalid": "bold yellow",
@@ -94,7 +94,7 @@ def grid_table(d: DashData, arm: str, width: int | None = None) -> tuple[Table, 
         total_v += c["valid"]
         cells = [row.get(n) for n in range(1, n_max + 1)]
         extra = [delta(d, arm, task, c["pass"], c["valid"])] if has_base else []
-        rows.append((task, cells, f"{c['pass']}/{c['valid']}", extra))
+        rows.append((task, cells, f"{c['pass']}/{c['valid']}" + samples_text(c), extra))
     total_pv, total_extra = f"{total_p}/{total_v}", ([""] if has_base else [])
 
     def table(compact: bool) -> Table:
