@@ -270,3 +270,25 @@ def test_a_whole_task_cell_is_counted_by_its_samples(tmp_path: Path) -> None:
     assert dash["trust"]["items"]["passed"] == 3
     status = json.loads((state / "status.json").read_text())
     assert status["trust"]["items"] == {"passed": 3, "scored": 4, "unscored": 0, "errored": 0}
+
+
+def test_a_sandbox_command_longer_than_the_freeze_limit_is_not_a_freeze(
+        tmp_path: Path) -> None:
+    """A 14 s command in Inspect's local sandbox under an 8 s freeze limit: Inspect's
+    work (the command alive under `inspect eval`) is progress, so the cell runs to its
+    verdict, as in plain Inspect; the hung solver above is still killed at 8 s."""
+    state = tmp_path / "state"
+    over = overlay(tmp_path, tasks=[{"id": "sandboxed_s1", "vars": {
+        "inspect_task": "sandboxed", "sample": "s1", "inspect_file": str(FIXTURE)}}],
+        arms=[{"label": "inspect-greedy", "mode": "greedy", "vars": {"temperature": "0"}}],
+        trust={"infra_retries": 0},
+        watchdog={"poll_secs": 0.5, "stuck_secs": 8, "warn_secs": 20, "probe_secs": 40,
+                  "kill_secs": 60})
+    r = run_cli("--preset", "inspect", "--target-n", "1", "--config", over,
+                "--state-dir", str(state), "--quiet", timeout=600)
+    evs = events(state)
+    assert not [e for e in evs if e["event"] == "cell_killed"], r.stderr[-2000:]
+    [v] = [e for e in evs if e["event"] == "cell_verdict"]
+    assert v["verdict"] in ("PASS", "FAIL"), v
+    progress = (state / "cells" / "sandboxed_s1_inspect-greedy_v1" / "progress.log").read_text()
+    assert "running sleep[" in progress

@@ -154,12 +154,21 @@ def main(argv: list[str] | None = None) -> int:
             watcher = threading.Thread(target=track, args=(args.compose_projects, before,
                                                            stop), daemon=True)
             watcher.start()
+    # Inspect's buffer is read here as the child writes it: the same data dir
+    os.environ["XDG_DATA_HOME"] = env["XDG_DATA_HOME"]
+    proc = subprocess.Popen(cmd, env=env)
+    from autopilot.harnesses.inspect_progress import report
+
+    reporter = threading.Thread(target=report, args=(logs, args.out / "progress.log",
+                                                     proc.pid, stop), daemon=True)
+    reporter.start()
     try:
-        code = subprocess.run(cmd, env=env, check=False).returncode
+        code = proc.wait()
     finally:
         stop.set()
         if watcher is not None:
             watcher.join(15)
+        reporter.join(5)
     log = newest_log(logs)
     if log is None:
         print(f"inspect_run: inspect eval exited {code} and wrote no log", file=sys.stderr)

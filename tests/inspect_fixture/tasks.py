@@ -1,5 +1,7 @@
-"""Inspect tasks for tests/test_inspect.py: a solver that raises inside Inspect, and one
-that hangs for good (no request, no progress: the freeze watchdog's case)."""
+"""Inspect tasks for tests/test_inspect.py: a solver that raises inside Inspect, one
+that hangs for good (no request, no progress: the freeze watchdog's case), and one whose
+command in Inspect's local sandbox runs longer than the freeze watchdog's limit (work
+that is not a model request, and is not a freeze)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from inspect_ai import Task, task
 from inspect_ai.dataset import Sample
 from inspect_ai.scorer import includes
 from inspect_ai.solver import Generate, Solver, TaskState, generate, solver
+from inspect_ai.util import sandbox
 
 
 @solver
@@ -38,3 +41,19 @@ def raises() -> Task:
 def hangs() -> Task:
     return Task(dataset=[Sample(id="h1", input="hi", target="x")],
                 solver=[hang(), generate()], scorer=includes())
+
+
+@solver
+def long_command(secs: int = 14) -> Solver:
+    async def solve(state: TaskState, generate: Generate) -> TaskState:
+        done = await sandbox().exec(["sleep", str(secs)], timeout=secs + 60)
+        assert done.success, done.stderr
+        return state
+
+    return solve
+
+
+@task
+def sandboxed() -> Task:
+    return Task(dataset=[Sample(id="s1", input="Say yes.", target="yes")],
+                solver=[long_command(), generate()], scorer=includes(), sandbox="local")
