@@ -89,7 +89,8 @@ def dry_run(preset: str, state_dir: Path, bench: Path | None = None) -> str:
         capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     text = f"rc {r.returncode}\n{r.stdout}{r.stderr}"
     # Machine-specific values: the checkout, the state dir and this interpreter.
-    for path, name in ((bench, "BENCH"), (state_dir.parent, "TMP"), (ROOT, "ROOT")):
+    for path, name in ((bench, "BENCH"), (state_dir, "STATE"), (state_dir.parent, "TMP"),
+                       (ROOT, "ROOT")):
         if path is not None:
             text = text.replace(str(path), name)
     if bench is not None:  # its identity hashes the checkout's paths: a temp dir
