@@ -145,3 +145,44 @@ def test_the_ledger_counts_a_cells_items_and_ignores_forged_ones() -> None:
     assert "items" not in summary.tasks[("a-x", "u")]
     assert summary.totals["items"]["scored"] == 24
     assert led.counts()["items"]["passed"] == 17
+
+
+def test_preflight_applies_the_presets_task_args_and_names_a_missing_published_task(
+        ) -> None:
+    from autopilot.harnesses.inspect_check import problems
+
+    def cell(sample: str, **more: str) -> dict[str, object]:
+        return {"id": f"l_{sample}", "vars": {"inspect_file": str(TASKS),
+                                             "inspect_task": "levels", "sample": sample,
+                                             **more}}
+
+    def mine(found: list[str]) -> list[str]:
+        return [p for p in found if "inspect-ai" not in p]
+
+    assert mine(problems([cell("5")], ["-T", "count=5", "--limit", "9"])) == []
+    assert mine(problems([cell("5")])) == [
+        "task l_5: sample '5' is not in levels (it has 1, 2)"]
+    # a task's own inspect_args replace the preset's
+    assert mine(problems([cell("3", inspect_args="-T count=3")], ["-T", "count=1"])) == []
+    [gone] = mine(problems([{"id": "g", "vars": {"inspect_task": "inspect_evals/nope_zz",
+                                                  "sample": ""}}]))
+    assert gone.startswith("task g: inspect_evals/nope_zz() fails")
+
+
+def test_the_harness_runs_a_published_task_by_its_name_with_the_presets_flags(
+        tmp_path: Path) -> None:
+    """inspect_run's `inspect eval` command line (printed first, as it runs it)."""
+    jail = ["unshare", "-n"] if os.geteuid() == 0 and shutil.which("unshare") else []
+    r = subprocess.run([*jail, sys.executable, "-m", "autopilot.harnesses.inspect_run",
+                        "--task", "inspect_evals/nope_zz", "--model", "m", "--base-url",
+                        "http://127.0.0.1:9/v1", "--out", str(tmp_path / "o"),
+                        "--inspect-args", "-T level=2 --limit 3", "--inspect-args", "",
+                        "--", "--max-connections", "1"],
+                       capture_output=True, text=True, timeout=240,
+                       env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+                       cwd=tmp_path)
+    line = next(x for x in r.stdout.splitlines() if x.startswith("inspect_run: ["))
+    cmd = json.loads(line.removeprefix("inspect_run: "))
+    assert cmd[3:5] == ["eval", "inspect_evals/nope_zz"]
+    assert cmd[-6:] == ["-T", "level=2", "--limit", "3", "--max-connections", "1"]
+    assert r.returncode != 0  # no such task here: Inspect says so, no log

@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import importlib.util
+import itertools
 import json
 import os
+import shlex
 import sys
 from fnmatch import fnmatch
 from pathlib import Path
@@ -51,7 +53,10 @@ def load(path: Path) -> Any:
     return mod
 
 
-def problems(tasks: list[dict[str, Any]]) -> list[str]:
+def problems(tasks: list[dict[str, Any]], preset_args: list[str] | None = None) -> list[str]:
+    """Every problem of the plan's Inspect tasks; ``preset_args``: the preset's
+    ``inspect_args`` (a task's own replace them), where ``-T`` task args are found."""
+    preset_args = preset_args or []
     try:
         got = importlib.metadata.version("inspect-ai")
     except importlib.metadata.PackageNotFoundError:
@@ -61,45 +66,78 @@ def problems(tasks: list[dict[str, Any]]) -> list[str]:
         out.append(f"inspect-ai {got} is installed; this preset was tested with "
                    f"{INSPECT_VERSION} (pip install 'bench-autopilot[inspect]')")
     modules: dict[Path, Any] = {}
-    samples: dict[tuple[Path, str], list[Any]] = {}
+    samples: dict[tuple[str, str, str], list[Any]] = {}
     for t in tasks:
         v = t.get("vars") or {}
-        path, name, sid = task_file(v.get("inspect_file", "")), v.get("inspect_task", ""), \
-            v.get("sample", "")
-        if path not in modules:
-            try:
-                modules[path] = load(path)
-            except Exception as e:  # a task file is user code: any error is its problem
-                modules[path] = None
-                out.append(f"{path}: does not load ({type(e).__name__}: {e})")
-        mod = modules[path]
-        if mod is None:
-            continue
-        fn = getattr(mod, name, None)
-        if not callable(fn):
-            out.append(f"task {t.get('id')}: {path} has no @task {name!r}")
-            continue
-        key = (path, name)
+        name, sid = v.get("inspect_task", ""), v.get("sample", "")
+        given = split_args(v["inspect_args"]) if "inspect_args" in v else list(preset_args)
+        args = task_args(given)
+        key = (v.get("inspect_file", ""), name, json.dumps(args, sort_keys=True, default=str))
         if key not in samples:
             try:
-                samples[key] = dataset_ids(fn().dataset)
+                if registered(name):  # a published task (inspect_evals/<name>), unchanged
+                    from inspect_ai._eval.loader import load_tasks
+
+                    dataset = load_tasks([name], args)[0].dataset
+                else:
+                    path = task_file(v.get("inspect_file", ""))
+                    if path not in modules:
+                        try:
+                            modules[path] = load(path)
+                        except Exception as e:  # user code: any error is its problem
+                            modules[path] = None
+                            out.append(f"{path}: does not load ({type(e).__name__}: {e})")
+                    if modules[path] is None:
+                        continue
+                    fn = getattr(modules[path], name, None)
+                    if not callable(fn):
+                        out.append(f"task {t.get('id')}: {path} has no @task {name!r}")
+                        continue
+                    dataset = fn(**args).dataset
+                samples[key] = dataset_ids(dataset)
             except Exception as e:
                 samples[key] = []
                 out.append(f"task {t.get('id')}: {name}() fails ({type(e).__name__}: {e})")
                 continue
-        if sid and not any(matches(i, sid) for i in samples[key]):
-            have = [str(i) for i in samples[key]]
-            shown = ", ".join(have[:20]) + (f" ... ({len(have)})" if len(have) > 20 else "")
-            out.append(f"task {t.get('id')}: sample {sid!r} is not in {name} "
+        have = samples[key]
+        wanted = [w.strip() for w in sid.split(",") if w.strip()]
+        lost = [w for w in wanted if not any(matches(i, w) for i in have)]
+        if lost:
+            ids = [str(i) for i in have]
+            shown = ", ".join(ids[:20]) + (f" ... ({len(ids)})" if len(ids) > 20 else "")
+            out.append(f"task {t.get('id')}: sample {lost[0]!r} is not in {name} "
                        f"(it has {shown or 'none'})")
     return out
 
 
+def registered(name: str) -> bool:
+    """A task Inspect finds by name in an installed package (``inspect_evals/gsm8k``),
+    not in a file of ours."""
+    return "/" in name and "@" not in name and not name.endswith(".py")
+
+
+def split_args(value: str) -> list[str]:
+    """A preset's ``inspect_args`` string, split as a shell would (never run by one)."""
+    return shlex.split(value)
+
+
+def task_args(args: list[str]) -> dict[str, Any]:
+    """The ``-T name=value`` task arguments among Inspect flags, parsed as Inspect
+    parses them (values as YAML)."""
+    pairs = [b for a, b in itertools.pairwise(args) if a in ("-T", "--task-arg")]
+    pairs += [a.split("=", 1)[1] for a in args if a.startswith("--task-arg=")]
+    from inspect_ai._util.config import parse_cli_args
+
+    return parse_cli_args(pairs)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="inspect_check", description=__doc__.splitlines()[0])
-    ap.parse_args(argv)
+    ap.add_argument("--inspect-args", action="append", default=[],
+                    help="the preset's inspect_args (the first cell's values)")
+    args = ap.parse_args(argv)
     tasks = json.loads(os.environ.get("AUTOPILOT_PLAN_TASKS") or "[]")
-    found = problems(tasks)
+    found = problems(tasks, [x for a in args.inspect_args for x in split_args(a)])
     if found:
         print("inspect: " + "; ".join(found))
         return 1

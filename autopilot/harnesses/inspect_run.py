@@ -34,7 +34,12 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap = argparse.ArgumentParser(prog="inspect_run", description=__doc__.splitlines()[0])
     ap.add_argument("--task-file", default="",
                     help="the file defining the @task (empty: the shipped examples)")
-    ap.add_argument("--task", required=True, help="the @task's name in that file")
+    ap.add_argument("--task", required=True,
+                    help="the @task's name in that file, or a published task by its "
+                         "registered name (inspect_evals/gsm8k), run unchanged")
+    ap.add_argument("--inspect-args", action="append", default=[],
+                    help="more `inspect eval` flags as one string (-T name=value, --limit, "
+                         "--model-role ...), split as a shell would; may repeat")
     ap.add_argument("--sample-id", default="", help="one sample (empty: the whole task)")
     ap.add_argument("--model", required=True, help="the served model name")
     ap.add_argument("--base-url", required=True, help="the cell's gateway, .../v1")
@@ -137,14 +142,16 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "LOCAL_BASE_URL": args.base_url,
            "LOCAL_API_KEY": key or "unused",  # a local server needs none; the SDK needs one
            "XDG_DATA_HOME": str(own / "data"), "XDG_CACHE_HOME": str(own / "cache")}
-    from autopilot.harnesses.inspect_check import task_file
+    from autopilot.harnesses.inspect_check import registered, split_args, task_file
 
-    cmd = [sys.executable, "-m", "inspect_ai", "eval", f"{task_file(args.task_file)}@{args.task}",
+    target = args.task if registered(args.task) else f"{task_file(args.task_file)}@{args.task}"
+    more = [x for given in args.inspect_args for x in split_args(given)]
+    cmd = [sys.executable, "-m", "inspect_ai", "eval", target,
            "--model", f"openai-api/local/{args.model}", "--log-dir", str(logs),
            "--log-format", "eval", "--display", "plain",
            # the task's own epochs and reducers stand (pass@k, majority votes): a preset
            # that wants others says --epochs after "--"; inspect_grade reads the reducer's
-           *(["--sample-id", args.sample_id] if args.sample_id else []), *extra]
+           *(["--sample-id", args.sample_id] if args.sample_id else []), *more, *extra]
     print("inspect_run:", json.dumps(cmd), flush=True)
     stop = threading.Event()
     watcher = None

@@ -101,3 +101,10 @@ def mixed_gen() -> Task:
     """``mixed`` with the model asked (the real-model test)."""
     return Task(dataset=[Sample(input=f"Say {i}.") for i in range(1, 5)],
                 solver=[generate()], scorer=all_but_the_last())
+
+
+@task
+def levels(count: int = 2) -> Task:
+    """A task argument (``-T count=5``) that shapes the dataset."""
+    return Task(dataset=[Sample(input=f"Level {i}.") for i in range(1, count + 1)],
+                solver=[answer()], scorer=all_but_the_last())
