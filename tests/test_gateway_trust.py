@@ -547,7 +547,10 @@ def test_a_model_graded_grader_gets_its_own_metered_credential(tmp_path: Path) -
              "{'model': sys.argv[2], 'messages': [{'role': 'user', 'content': 'grade'}]})"
              ".encode(), headers={'Authorization': 'Bearer ' + os.environ['OPENAI_API_KEY'],"
              " 'Content-Type': 'application/json'})\n"
-             "assert urllib.request.urlopen(req, timeout=30).status == 200\n"
+             # read to its end, as a grader does (one that hangs up early is metered
+             # as spend of unknown size: unmetered, not a count of zero)
+             "with urllib.request.urlopen(req, timeout=30) as resp:\n"
+             "    assert resp.status == 200 and json.loads(resp.read())['usage']\n"
              "os.execv(sys.executable, [sys.executable, *sys.argv[3:]])\n")
     state = tmp_path / "state"
     (tmp_path / "judge.py").write_text(judge)

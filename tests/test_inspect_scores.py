@@ -177,6 +177,7 @@ def test_the_harness_runs_a_published_task_by_its_name_with_the_presets_flags(
                         "--task", "inspect_evals/nope_zz", "--model", "m", "--base-url",
                         "http://127.0.0.1:9/v1", "--out", str(tmp_path / "o"),
                         "--inspect-args", "-T level=2 --limit 3", "--inspect-args", "",
+                        "--sample-retries", "2",
                         "--", "--max-connections", "1"],
                        capture_output=True, text=True, timeout=240,
                        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
@@ -184,5 +185,6 @@ def test_the_harness_runs_a_published_task_by_its_name_with_the_presets_flags(
     line = next(x for x in r.stdout.splitlines() if x.startswith("inspect_run: ["))
     cmd = json.loads(line.removeprefix("inspect_run: "))
     assert cmd[3:5] == ["eval", "inspect_evals/nope_zz"]
-    assert cmd[-6:] == ["-T", "level=2", "--limit", "3", "--max-connections", "1"]
+    assert cmd[-7:] == ["--retry-on-error=2", "-T", "level=2", "--limit", "3",
+                        "--max-connections", "1"]
     assert r.returncode != 0  # no such task here: Inspect says so, no log

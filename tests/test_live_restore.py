@@ -380,3 +380,28 @@ def test_channel_messages_are_bounded_and_shape_checked() -> None:
         assert wire.trusted_peer(os.geteuid())
         assert not wire.trusted_peer(65534) or os.geteuid() == 65534
         del a
+
+
+def test_a_supervisor_killed_while_its_endpoint_loads_leaves_the_load_to_finish(
+        tmp_path: Path) -> None:
+    """kill -9 while the endpoint still answers 503 "loading": the successor waits for
+    that exact process to finish loading and re-adopts it; the model is loaded once."""
+    over = slow_overlay(tmp_path, latency=0.1, think="0",
+                        endpoint={"startup_delay_secs": 4, "probe_interval_secs": 0.25})
+    state = tmp_path / "state"
+    p = spawn_cli(*demo(state, over))
+    try:
+        spawned = wait_for(lambda: next((e for e in events(state)
+                                         if e["event"] == "endpoint_spawned"), None),
+                           what="the endpoint spawned")
+        p.kill()
+    finally:
+        gone(p)
+    assert not [e for e in events(state) if e["event"] == "endpoint_started"]  # loading
+    r = run_cli(*demo(state, over), timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    evs = events(state)
+    assert sum(e["event"] == "endpoint_spawned" for e in evs) == 1
+    [started] = [e for e in evs if e["event"] == "endpoint_started"]
+    assert started.get("readopted") is True and started["pid"] == spawned["pid"]
+    assert marked(state) == []

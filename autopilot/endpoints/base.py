@@ -351,8 +351,8 @@ class Endpoint:
                 self.tracker = Tracker(ident)
                 # Journaled before the (maybe long) load: a supervisor killed while the
                 # endpoint loads must leave a record its successor can sweep.
-                self.on_spawn(engine=self.engine, pid=ident.pid, create_time=ident.create_time,
-                              start_ticks=ident.ticks,
+                # With what a successor needs to re-adopt it still loading (its port).
+                self.on_spawn(**self.describe(), start_ticks=ident.ticks,
                               generation=self.generation)
         await self.wait_ready()
 

@@ -119,6 +119,8 @@ class Keeper(KeeperBase):
         cannot."""
         rec, self.readopt_record = self.readopt_record, None
         if rec is not None:
+            if rec.get("loading"):
+                await self._loaded(rec)
             why = await self.ep.readopt(rec)
             if why is None:
                 self._mark_up()
@@ -129,6 +131,29 @@ class Keeper(KeeperBase):
         await self.ep.start()
         self._mark_up()
         self.emit("endpoint_started", **self.ep.describe(), readiness=self.ep.readiness)
+
+    async def _loaded(self, rec: dict[str, Any]) -> None:
+        """Wait (up to the start-up timeout) for an endpoint a predecessor was killed
+        while loading to answer, while its exact process lives; ``readopt`` then judges
+        it as any other."""
+        from urllib.parse import urlsplit
+
+        from autopilot.cell.procs import journaled_identity, verify
+
+        ident, port = journaled_identity(rec), urlsplit(str(rec.get("url") or "")).port
+        if ident is None or not port:
+            return
+        before, self.ep.port = self.ep.port, port
+        try:
+            deadline = self.clock() + self.ep.cfg.startup_timeout_secs
+            while verify(ident) is not None and self.clock() < deadline:
+                if (await self.ep.probe())[0]:
+                    return
+                await anyio.sleep(min(self.ep.cfg.probe_interval_secs, 1.0))
+        except EndpointError:
+            return
+        finally:
+            self.ep.port = before
 
     async def decoding(self, max_age: float) -> int | None:
         """The endpoint's decoded-token counter while busy (see Endpoint.decoding), asked

@@ -48,6 +48,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                     help="list here, as they appear, the Docker Compose projects Inspect's "
                          "sandboxes start (harness.compose_projects: the autopilot removes "
                          "what a killed cell left)")
+    ap.add_argument("--sample-retries", type=int, default=0,
+                    help="a sample that errors is re-run this many times inside the eval "
+                         "(Inspect's --retry-on-error) before the cell gives up on it")
     ap.add_argument("--api-key-env", default="",
                     help="env var holding the key to send (a provider run's placeholder)")
     return ap.parse_args(argv), extra
@@ -151,7 +154,11 @@ def main(argv: list[str] | None = None) -> int:
            "--log-format", "eval", "--display", "plain",
            # the task's own epochs and reducers stand (pass@k, majority votes): a preset
            # that wants others says --epochs after "--"; inspect_grade reads the reducer's
-           *(["--sample-id", args.sample_id] if args.sample_id else []), *more, *extra]
+           *(["--sample-id", args.sample_id] if args.sample_id else []),
+           # a sample's error is retried in the eval, that sample alone (the others'
+           # finished work stands), before it fails the cell
+           *([f"--retry-on-error={args.sample_retries}"] if args.sample_retries > 0 else []),
+           *more, *extra]
     print("inspect_run:", json.dumps(cmd), flush=True)
     stop = threading.Event()
     watcher = None

@@ -211,16 +211,20 @@ def ended_outcome(preset: Preset, cell: Cell, state_dir: Path, state: CellState,
 
 
 def live_endpoints(journal: Path, token: str) -> dict[int, dict[str, Any]]:
-    """The endpoint a predecessor started for each replica (its last endpoint_started)
-    whose exact process still lives and carries this run's marker: what a successor may
-    re-adopt instead of reloading the model."""
+    """The endpoint a predecessor started for each replica (its last endpoint_started,
+    or endpoint_spawned: ``loading``) whose exact process still lives and carries this
+    run's marker: what a successor may re-adopt instead of reloading the model."""
     from autopilot.cell.procs import journaled_identity, run_marked, verify
 
     last: dict[int, dict[str, Any]] = {}
     for ev in read_events(journal).events:
-        if ev.get("event") == "endpoint_started" and not ev.get("attached"):
+        if ev.get("event") in ("endpoint_spawned", "endpoint_started") \
+                and not ev.get("attached"):
             replica = ev.get("replica", 0)
-            last[replica if type(replica) is int else 0] = ev
+            # spawned and never started: killed while it loaded (a successor waits for
+            # the load to end rather than start it again: a 397B model loads for minutes)
+            last[replica if type(replica) is int else 0] = {
+                **ev, "loading": ev.get("event") == "endpoint_spawned"}
     out = {}
     for replica, ev in last.items():
         ident = journaled_identity(ev)
