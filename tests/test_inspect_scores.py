@@ -174,7 +174,8 @@ def test_the_harness_runs_a_published_task_by_its_name_with_the_presets_flags(
     """inspect_run's `inspect eval` command line (printed first, as it runs it)."""
     jail = ["unshare", "-n"] if os.geteuid() == 0 and shutil.which("unshare") else []
     r = subprocess.run([*jail, sys.executable, "-m", "autopilot.harnesses.inspect_run",
-                        "--task", "inspect_evals/nope_zz", "--model", "m", "--base-url",
+                        "--task", "inspect_evals/nope_zz", "--sample-id", "", "--model", "m",
+                        "--base-url",
                         "http://127.0.0.1:9/v1", "--out", str(tmp_path / "o"),
                         "--inspect-args", "-T level=2 --limit 3", "--inspect-args", "",
                         "--sample-retries", "2",
@@ -188,3 +189,12 @@ def test_the_harness_runs_a_published_task_by_its_name_with_the_presets_flags(
     assert cmd[-7:] == ["--retry-on-error=2", "-T", "level=2", "--limit", "3",
                         "--max-connections", "1"]
     assert r.returncode != 0  # no such task here: Inspect says so, no log
+    one = subprocess.run([*jail, sys.executable, "-m", "autopilot.harnesses.inspect_run",
+                          "--task", "inspect_evals/nope_zz", "--sample-id", "7", "--model",
+                          "m", "--base-url", "http://127.0.0.1:9/v1", "--out",
+                          str(tmp_path / "o1"), "--sample-retries", "2"],
+                         capture_output=True, text=True, timeout=240,
+                         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, cwd=tmp_path)
+    # a one-sample cell: its error is the autopilot's to retry (an outage said as one)
+    assert "--retry-on-error" not in next(x for x in one.stdout.splitlines()
+                                          if x.startswith("inspect_run: ["))

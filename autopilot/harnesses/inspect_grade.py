@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from autopilot.harnesses.inspect_check import matches
-from autopilot.harnesses.inspect_run import newest_log
+from autopilot.harnesses.inspect_run import many_samples, newest_log
 
 
 def judge(log_path: Path, sample_id: str, scorer: str, threshold: float,
@@ -37,7 +37,7 @@ def judge(log_path: Path, sample_id: str, scorer: str, threshold: float,
         why = log.error.message if log.error else f"eval {log.status}"
         return {**out, "verdict": "ERROR" if log.status == "error" else "CANCELLED",
                 "detail": why[:1000]}
-    if sample_id and not any(c in sample_id for c in ",*?["):
+    if not many_samples(sample_id):
         samples = [s for s in log.samples or [] if matches(s.id, sample_id)]
         if not samples:
             return {**out, "verdict": "NO_SAMPLE",

@@ -96,6 +96,11 @@ def track(listing: Path, before: set[str], stop: threading.Event,
             return
 
 
+def many_samples(sample_id: str) -> bool:
+    """The whole task (no id), a comma list or a glob: a cell of many samples."""
+    return not sample_id or any(c in sample_id for c in ",*?[")
+
+
 def newest_log(logs: Path) -> Path | None:
     found = sorted((p for p in logs.glob("*.eval") if p.is_file()),
                    key=lambda p: p.stat().st_mtime)
@@ -155,9 +160,11 @@ def main(argv: list[str] | None = None) -> int:
            # the task's own epochs and reducers stand (pass@k, majority votes): a preset
            # that wants others says --epochs after "--"; inspect_grade reads the reducer's
            *(["--sample-id", args.sample_id] if args.sample_id else []),
-           # a sample's error is retried in the eval, that sample alone (the others'
-           # finished work stands), before it fails the cell
-           *([f"--retry-on-error={args.sample_retries}"] if args.sample_retries > 0 else []),
+           # in a cell of many samples, a sample's error is retried in the eval, that
+           # sample alone (the others' finished work stands), before it fails the cell;
+           # a one-sample cell is retried by the autopilot, its outage said as one
+           *([f"--retry-on-error={args.sample_retries}"]
+             if args.sample_retries > 0 and many_samples(args.sample_id) else []),
            *more, *extra]
     print("inspect_run:", json.dumps(cmd), flush=True)
     stop = threading.Event()
