@@ -133,20 +133,23 @@ class Keeper(KeeperBase):
         self.emit("endpoint_started", **self.ep.describe(), readiness=self.ep.readiness)
 
     async def _loaded(self, rec: dict[str, Any]) -> None:
-        """Wait (up to the start-up timeout) for an endpoint a predecessor was killed
-        while loading to answer, while its exact process lives; ``readopt`` then judges
-        it as any other."""
+        """Wait for an endpoint a predecessor was killed while loading to answer, while
+        its exact process lives and its load is within the start-up timeout counted
+        from its spawn (a load stuck that long is not waited for again); ``readopt``
+        then judges it as any other."""
         from urllib.parse import urlsplit
 
         from autopilot.cell.procs import journaled_identity, verify
+        from autopilot.state.fsutil import parse_iso
 
         ident, port = journaled_identity(rec), urlsplit(str(rec.get("url") or "")).port
-        if ident is None or not port:
+        spawned = parse_iso(rec.get("ts"))
+        if ident is None or not port or spawned is None:
             return
         before, self.ep.port = self.ep.port, port
         try:
-            deadline = self.clock() + self.ep.cfg.startup_timeout_secs
-            while verify(ident) is not None and self.clock() < deadline:
+            deadline = spawned + self.ep.cfg.startup_timeout_secs
+            while verify(ident) is not None and time.time() < deadline:
                 if (await self.ep.probe())[0]:
                     return
                 await anyio.sleep(min(self.ep.cfg.probe_interval_secs, 1.0))
