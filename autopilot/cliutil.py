@@ -60,16 +60,18 @@ def default_state_dir(preset: str | None = None) -> str:
         runs = []
     if not runs:
         return str(base)
-    def last(d: Path) -> float:
-        try:
-            return (d / "journal.jsonl").stat().st_mtime
-        except OSError:
-            return 0.0
-    runs.sort(key=last)
+    latest = max(runs, key=_last_written)
     if len(runs) > 1:
-        print(f"(state dir {runs[-1]}: the latest of {len(runs)} runs in {base}; "
+        print(f"(state dir {latest}: the latest of {len(runs)} runs in {base}; "
               "--state-dir or --preset to choose)", file=sys.stderr)
-    return str(runs[-1])
+    return str(latest)
+
+
+def _last_written(state_dir: Path) -> float:
+    try:
+        return (state_dir / "journal.jsonl").stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def run_and_exit(main: Callable[[], int]) -> NoReturn:

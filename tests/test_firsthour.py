@@ -137,9 +137,14 @@ def test_elapsed_counts_the_whole_run_across_resumes(tmp_path: Path) -> None:
     assert f"elapsed {fmt_secs(after)}" in shown
     assert run_cli(*base, "--once").returncode == 0
     assert json.loads(path.read_text())["elapsed_secs"] == after
+    # A bad value adds nothing: the --once rebuild (which runs for no time) says exactly
+    # 0, and a resume starts its clock from 0, not from what it carried before.
+    path.write_text(json.dumps({**json.loads(path.read_text()), "elapsed_secs": "x"}))
+    assert run_cli(*base, "--once").returncode == 0
+    assert json.loads(path.read_text())["elapsed_secs"] == 0.0
     path.write_text(json.dumps({**json.loads(path.read_text()), "elapsed_secs": "x"}))
     assert run_cli(*base, "--target-n", "3").returncode == 0
-    assert json.loads(path.read_text())["elapsed_secs"] < 5000  # the bad value added nothing
+    assert json.loads(path.read_text())["elapsed_secs"] < after  # the carried 5000 is gone
     # a state file: anything but a plain non-negative number counts as nothing
     for bad in ("x", True, -1, float("nan"), float("inf"), None, [5]):
         assert prior_elapsed({"elapsed_secs": bad}) == 0.0

@@ -16,7 +16,6 @@ import json
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +23,7 @@ import aiodocker
 from aiodocker.exceptions import DockerError
 
 from autopilot.logsetup import get_logger
+from autopilot.state.fsutil import parse_iso
 
 if TYPE_CHECKING:
     from autopilot.config import Preset
@@ -54,20 +54,9 @@ class Owner:
             if any(Path(b).is_relative_to(r) for b in binds for r in self.roots):
                 return None
             return f"it mounts {binds[0]}, outside this run's roots: another run's"
-        created = _docker_time(info.get("Created"))
+        created = parse_iso(info.get("Created"))  # Docker's RFC 3339, to the ns
         if self.since is not None and created is not None and created < self.since - 1:
             return "it was created before this run began"
-        return None
-
-
-def _docker_time(value: object) -> float | None:
-    """Docker's RFC 3339 time with nanoseconds (``...T13:07:37.123456789Z``)."""
-    if not isinstance(value, str) or "T" not in value:
-        return None
-    head, _, frac = value.rstrip("Z").partition(".")
-    try:
-        return datetime.fromisoformat(head + "+00:00").timestamp() + float(f"0.{frac or 0}")
-    except ValueError:
         return None
 
 

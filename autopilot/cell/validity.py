@@ -81,6 +81,10 @@ class Classification:
     # what a harness that grades many items scored (autopilot.state.items)
     items: dict[str, int] | None = None
 
+    def journaled_items(self) -> dict[str, Any]:
+        """The verdict event's ``items``: a valid verdict's counts, else nothing."""
+        return {"items": self.items} if self.items and self.verdict in ("PASS", "FAIL") else {}
+
     @property
     def harness_break(self) -> bool:
         return self.streak or self.reason in STREAK_REASONS

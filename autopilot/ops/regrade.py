@@ -106,8 +106,7 @@ async def regrade(
             result = await judge_cell(preset, ctx, outcome,
                                       state_dir / "logs" / f"{c.id}.grade.log")
             extra: dict[str, Any] = {"ungraded": True} if result.grade_side else {}
-            if result.items and result.verdict in ("PASS", "FAIL"):
-                extra["items"] = result.items
+            extra |= result.journaled_items()
             record = journal.append(
                 "cell_verdict", cell=c.id, attempt=c.attempts, verdict=result.verdict,
                 reason=result.reason, word=result.word, caveat=result.caveat,

@@ -200,8 +200,7 @@ class Recorder:
     def record_verdict(self, cid: str, attempt: int, c: Classification, *,
                        regrade: bool = False) -> None:
         extra: dict[str, Any] = {"ungraded": True} if c.grade_side else {}
-        if c.items and c.verdict in ("PASS", "FAIL"):  # its samples are what is counted
-            extra["items"] = c.items
+        extra |= c.journaled_items()  # its samples are what is counted
         if regrade:
             extra["regrade"] = True
         else:

@@ -205,7 +205,8 @@ class Ledger:
         cell.detail = str(ev.get("detail") or "")
         basis = ev.get("cost_basis")
         cell.cost_basis = basis if basis in COST_BASES else None
-        cell.items = _items(ev.get("items")) if verdict in VALID else None
+        # a state file's: shape-checked as when it was graded
+        cell.items = items_of(ev.get("items")) if verdict in VALID else None
         if verdict in VALID:
             cell.status = verdict
             cell.reason = None
@@ -328,11 +329,6 @@ class Summary:
     arms: dict[str, dict[str, int]]
     tasks: dict[tuple[str, str], dict[str, int]]
     trust: dict[str, Any]
-
-
-def _items(raw: Any) -> dict[str, int] | None:
-    """A journaled ``items`` (a state file's: shape-checked as when it was graded)."""
-    return items_of(raw)
 
 
 def _counts(c: Counter[str], items: Counter[str] | None = None) -> dict[str, Any]:
