@@ -39,11 +39,15 @@ def state_base() -> Path:
 
 
 def preset_key(preset: str) -> str:
-    """A preset's dir name: its name, or a file's stem (``./my-bench.toml``)."""
+    """A preset's dir name: its name, or a file's stem (``./my-bench.toml``); ConfigError
+    for anything else (the dir is named after it)."""
     from autopilot.configbase import NAME_RE
+    from autopilot.errors import ConfigError
 
     key = Path(preset).stem if preset.endswith(".toml") or os.sep in preset else preset
-    return key if NAME_RE.fullmatch(key) and ".." not in key else "run"
+    if not NAME_RE.fullmatch(key) or ".." in key:
+        raise ConfigError(f"--preset {preset!r}: not a preset name or a .toml path")
+    return key
 
 
 def default_state_dir(preset: str | None = None) -> str:

@@ -379,3 +379,7 @@ def test_the_default_state_dir_is_per_user_and_per_preset(tmp_path: Path) -> Non
     assert f"(state dir {base / 'other'}: the latest of 2 runs in {base}" in both.stderr
     v = run_cli("validate", "--preset", "demo", env=env)
     assert v.returncode == 0 and "PASS=2" in v.stdout and "latest of" not in v.stderr
+    for bad in ("..", "a b", "\x1b[31mred"):  # the dir is named after it: refused
+        r = run_cli("validate", "--preset", bad, env=env)
+        assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
+        assert "not a preset name or a .toml path" in r.stderr and "\x1b" not in r.stderr

@@ -154,6 +154,28 @@ def test_a_record_is_read_as_data_never_expanded(foreign: Path, tmp_path: Path) 
     env = bare_env(ROOT_ENV_SECRET="root-env-secret-91")
     r = run_cli("report", "--state-dir", str(foreign), env=env)
     assert r.returncode == 0, r.stderr
-    assert "m-${ROOT_ENV_SECRET}" in r.stdout and "root-env-secret-91" not in r.stdout
+    # shown as the record says it (markdown-escaped), never with the reader's value
+    assert "m-$\\{ROOT\\_ENV\\_SECRET\\}" in r.stdout and "root-env-secret-91" not in r.stdout
     b = run_cli("board", str(foreign), "--out", str(tmp_path / "board"), env=env)
     assert b.returncode == 2 and "untrusted state dir" in b.stderr, b.stderr
+
+
+def test_a_records_free_text_is_escaped_where_it_is_shown(run_dir: Path,
+                                                          tmp_path: Path) -> None:
+    """The record is a state file: a model name with a terminal escape and markup is
+    shown escaped by the report (markdown) and summarize (the terminal)."""
+    copy = tmp_path / "state"
+    shutil.copytree(run_dir, copy)
+    doc = json.loads((copy / resolved.FILE).read_text())
+    doc["preset"]["model"] = "m\x1b[31m<script>x</script>|**b**"
+    blob = resolved.encode(doc)
+    (copy / resolved.FILE).write_bytes(blob)
+    plan = json.loads((copy / "plan.json").read_text())
+    (copy / "plan.json").write_text(json.dumps(
+        {**plan, "resolved_sha256": hashlib.sha256(blob).hexdigest()}))
+    rep = run_cli("report", "--state-dir", str(copy), env=bare_env())
+    assert rep.returncode == 0, rep.stderr
+    title = rep.stdout.splitlines()[0]
+    assert "\x1b" not in rep.stdout and "<script>" not in title and "\\|" in title
+    s = run_cli("summarize", "demo-think", "--state-dir", str(copy), env=bare_env())
+    assert s.returncode == 0 and "\x1b" not in s.stdout

@@ -18,7 +18,7 @@ from typing import Any
 from autopilot.cell.childenv import redactor
 from autopilot.cell.validity import counting_line
 from autopilot.config import INVALID_REASONS, Preset
-from autopilot.escape import md
+from autopilot.escape import md, term
 from autopilot.plan import Plan, cell_context
 from autopilot.state.budget import METERED, count_or_none
 from autopilot.state.fsutil import read_json
@@ -230,7 +230,7 @@ def _attempts_line(t: dict[str, Any]) -> str:
 
 
 def scorecard(preset: Preset, facts: list[CellFacts], n: int) -> str:
-    lines = [f"# Scorecard — {preset.name} ({preset.model}), N={n}", ""]
+    lines = [f"# Scorecard — {md(preset.name)} ({md(preset.model)}), N={n}", ""]
     arms = [a.label for a in preset.arms]
     head = "| task | " + " | ".join(arms) + " |"
     lines += [head, "|---|" + "---|" * len(arms)]
@@ -263,7 +263,7 @@ def arm_summary(preset: Preset, facts: list[CellFacts], arm: str) -> str:
     n = max((f.n for f in mine), default=0)
     width = max(len(t.id) for t in preset.tasks)
     cols = " ".join(f"v{i:<4}" for i in range(1, n + 1))
-    lines = [f"{arm}  ({preset.model}, N={n})", f"{'task':<{width}}  {cols}  pass/valid"]
+    lines = [f"{arm}  ({term(preset.model)}, N={n})", f"{'task':<{width}}  {cols}  pass/valid"]
     for t in preset.tasks:
         row = {f.n: f for f in _by(facts, arm, t.id)}
         cells = []
@@ -380,7 +380,9 @@ def findings(preset: Preset, facts: list[CellFacts], n: int,
              who: list[str] | None = None) -> str:
     arms = [a.label for a in preset.arms]
     t = trust_block(facts)
-    out = [f"# Findings — {preset.name} ({preset.model}), N={n}", ""]
+    # The record is a state file: its free-text words escaped for markdown (the ids are
+    # plain names by their grammar).
+    out = [f"# Findings — {md(preset.name)} ({md(preset.model)}), N={n}", ""]
     for when, old, new in changes or []:
         out += [f"> **PLAN CHANGED** at {when}: identity {old} → {new} (resumed with "
                 "`--allow-plan-change`); verdicts recorded before it were judged under the "
