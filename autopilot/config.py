@@ -40,7 +40,7 @@ BUILTIN_PLACEHOLDERS = frozenset({
     "cell", "task", "arm", "mode", "n", "attempt", "port", "host", "base_url", "model",
     "served_model", "output_dir", "state_dir", "python", "grade_file", "scratch_dir",
     "transcript", "deadline", "endpoint_host", "endpoint_port", "endpoint_base_url",
-    "api_key"})
+    "api_key", "last_try"})
 
 Argv = list[str | list[str]]
 
@@ -130,10 +130,11 @@ INVALID_REASONS = frozenset({
     "stall", "deadline", "harness_crash", "missing_output", "grader_failed",
     "malformed_grade", "zero_tokens", "arm_mismatch", "endpoint_down", "api_error",
     "grader_unavailable", "malformed_summary", "rate_limited", "disk_full", "unmetered",
-    "config", "datapath_lost", "unscored"})
+    "config", "datapath_lost", "unscored", "sample_errors"})
 # Reasons that lie with grading, not with the harness's run: the outputs stand, so the
 # grader is re-run on them; the harness never is (an hour of GPU work is not re-spent).
 # "unscored": the grader's own word that the sample has no score (Inspect's NaN).
+# ("sample_errors": some of a cell's samples errored; the harness re-runs only those.)
 GRADE_REASONS = frozenset({"grader_failed", "malformed_grade", "grader_unavailable",
                            "unscored"})
 

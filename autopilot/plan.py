@@ -110,6 +110,9 @@ def cell_context(
         "endpoint_host": host, "endpoint_port": str(port), "endpoint_base_url": base_url,
         "served_model": preset.model, "state_dir": str(state_dir),
         "python": sys.executable, "deadline": "0",
+        # "1" when this attempt's INVALID would quarantine the cell (trust.infra_retries;
+        # attempts ended otherwise count too, so it is never later than the real last)
+        "last_try": "1" if attempt > preset.trust.infra_retries else "0",
         "api_key": "",  # the attempt's gateway key: set for its harness's launch only
     }
     ctx["output_dir"] = render(preset.harness.output_dir, ctx)

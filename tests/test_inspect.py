@@ -292,3 +292,83 @@ def test_a_sandbox_command_longer_than_the_freeze_limit_is_not_a_freeze(
     assert v["verdict"] in ("PASS", "FAIL"), v
     progress = (state / "cells" / "sandboxed_s1_inspect-greedy_v1" / "progress.log").read_text()
     assert "running sleep[" in progress
+
+
+def test_kill9_mid_eval_then_resume_re_runs_only_the_unfinished_samples(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A whole-task cell of six samples, killed -9 (the supervisor and the eval) once
+    three are done and the fourth is waiting: the resume's next attempt reuses the three
+    through Inspect's eval-retry (recovered from its sample buffer: not yet flushed to
+    the log) and the gateway serves exactly the other three; every view counts six,
+    three of them reused, and the cell keeps one log."""
+    from inspect_ai.log import read_eval_log
+    from inspect_ai.log._recorders.buffer.buffer import running_tasks, sample_buffer
+
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    state = tmp_path / "state"
+    cell = "gated_inspect-greedy_v1"
+    over = overlay(tmp_path, tasks=[{"id": "gated", "vars": {
+        "inspect_file": str(FIXTURE), "inspect_task": "gated", "sample": "",
+        "inspect_args": f"-T gate={gate}", "threshold": "0"}}],
+        arms=[{"label": "inspect-greedy", "mode": "greedy", "vars": {"temperature": "0"}}])
+    args = ["--preset", "inspect", "--target-n", "1", "--config", over, "--state-dir",
+            str(state), "--quiet"]
+    out = state / "cells" / cell
+    monkeypatch.setenv("XDG_DATA_HOME", str(out / ".inspect" / "data"))
+
+    def completed() -> int:  # Inspect's own live buffer: what `inspect view` shows
+        logs = out / "logs"
+        n = 0
+        for name in running_tasks(str(logs)) or []:
+            got = sample_buffer(str(logs / name)).get_samples()
+            if got is not None and got != "NotModified":
+                n += sum(s.completed_at is not None for s in got.samples)
+        return n
+
+    proc = spawn_cli(*args, log=tmp_path / "run1.log")
+    holders: list[int] = []
+    try:
+        wait_for(lambda: (gate / "waiting-4").exists(), 300, "the fourth sample at the gate")
+        wait_for(lambda: completed() >= 3, 60, "three samples complete in Inspect's buffer")
+        tokens = {e["token"] for e in events(state)
+                  if e["event"] == "cell_started" and e.get("token")}
+        holders = token_holders(tokens)
+        assert holders, "the eval is running"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        for pid in holders:  # the eval dies with its machine: exact pids, ours
+            try:
+                psutil.Process(pid).send_signal(signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                pass
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not (gate / "asked-4").exists()
+    (gate / "open").touch()
+    r = run_cli(*args, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    evs = events(state)
+    [v] = [e for e in evs if e["event"] == "cell_verdict"]
+    assert v["verdict"] in ("PASS", "FAIL"), v
+    assert v["attempt"] >= 2
+    assert v["items"]["scored"] == 6 and v["items"]["reused"] == 3, v["items"]
+    # the gateway of the attempt that scored served the three unfinished samples only
+    [m] = [e for e in evs if e["event"] == "cell_metered" and e["attempt"] == v["attempt"]]
+    assert m["requests"] == 3, m
+    reuse = json.loads((out / "inspect-reuse.json").read_text())["scored_by"]
+    assert {k: reuse[f"{k}#1"] for k in range(1, 7)} == {
+        1: 1, 2: 1, 3: 1, 4: v["attempt"], 5: v["attempt"], 6: v["attempt"]}
+    [log] = list((out / "logs").glob("*.eval"))  # one log for the cell in inspect view
+    final = read_eval_log(str(log))
+    assert final.status == "success" and len(final.samples or []) == 6
+    grade = json.loads((out / "grade.json").read_text())
+    assert grade["scored_by"] == {"1": 3, str(v["attempt"]): 3}
+    status = json.loads((state / "status.json").read_text())
+    assert status["trust"]["items"]["reused"] == 3
+    rep = run_cli("report", "--state-dir", str(state)).stdout
+    assert "3 reused" in rep, rep
+    assert token_holders({e["token"] for e in events(state)
+                          if e["event"] == "cell_started" and e.get("token")}) == []

@@ -198,3 +198,90 @@ def test_the_harness_runs_a_published_task_by_its_name_with_the_presets_flags(
     # a one-sample cell: its error is the autopilot's to retry (an outage said as one)
     assert "--retry-on-error" not in next(x for x in one.stdout.splitlines()
                                           if x.startswith("inspect_run: ["))
+
+
+def harness_attempt(state: Path, gate: Path, attempt: int, last_try: str = "0") -> Path:
+    """One attempt of a whole-task cell of `flaky`, through the preset's harness
+    (inspect_run) as the autopilot launches it, after moving the previous attempt's
+    outputs aside as the autopilot does (attempts/<cell>/attempt-<k>). The task asks no
+    model: the gateway URL is never dialled."""
+    out = state / "cells" / "flaky_v1"
+    if out.exists():
+        out.rename(state / "attempts" / "flaky_v1" / f"attempt-{attempt - 1}")
+    (state / "attempts" / "flaky_v1").mkdir(parents=True, exist_ok=True)
+    jail = ["unshare", "-n"] if os.geteuid() == 0 and shutil.which("unshare") else []
+    r = subprocess.run(
+        [*jail, sys.executable, "-m", "autopilot.harnesses.inspect_run", "--task-file",
+         str(TASKS), "--task", "flaky", "--sample-id", "", "--model", "m",
+         "--inspect-args", f"-T gate={gate}", "--sample-retries", "0",
+         "--previous", str(state / "attempts" / "flaky_v1"), "--attempt", str(attempt),
+         "--last-try", last_try, "--base-url", "http://127.0.0.1:9/v1", "--out", str(out),
+         "--", "--max-connections", "1", "--temperature", "0"],
+        capture_output=True, text=True, timeout=240, cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(state), "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return out
+
+
+def ran(gate: Path) -> list[str]:
+    got = (gate / "ran.txt").read_text().split()
+    (gate / "ran.txt").unlink()
+    return got
+
+
+def test_a_sample_that_errors_is_re_run_alone_then_the_cell_is_scored(tmp_path: Path) -> None:
+    """The third of four samples raises: the eval runs on (the other three scored), the
+    cell is INVALID(sample_errors); the next attempt reuses the three through Inspect's
+    eval-retry, runs the third alone, and its grade says who scored what."""
+    gate, state = tmp_path / "gate", tmp_path / "state"
+    gate.mkdir()
+    out = harness_attempt(state, gate, 1)
+    assert sorted(ran(gate)) == ["1", "2", "3", "4"]
+    first = grade(out, "", "--attempt", "1")
+    assert first["verdict"] == "SAMPLE_ERRORS"
+    assert first["items"] == {"passed": 3, "scored": 3, "unscored": 0, "errored": 1,
+                              "reused": 0}
+    from autopilot.loader import load_preset
+
+    rule = load_preset("inspect").grader.verdicts["SAMPLE_ERRORS"]
+    assert (rule.verdict, rule.reason) == ("INVALID", "sample_errors")
+
+    (gate / "fixed").touch()
+    out = harness_attempt(state, gate, 2)
+    assert ran(gate) == ["3"]  # the others' scores were reused, not re-earned
+    second = grade(out, "", "--attempt", "2")
+    assert second["verdict"] == "PASS"
+    assert second["items"] == {"passed": 4, "scored": 4, "unscored": 0, "errored": 0,
+                               "reused": 3}
+    assert second["scored_by"] == {"1": 3, "2": 1}
+    assert len(list((out / "logs").glob("*.eval"))) == 1  # one log, as inspect view lists
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["samples"], summary["samples_reused"]) == (4, 3)
+
+
+def test_on_the_last_try_a_sample_still_erroring_is_counted_errored(tmp_path: Path) -> None:
+    gate, state = tmp_path / "gate", tmp_path / "state"
+    gate.mkdir()
+    harness_attempt(state, gate, 1)
+    ran(gate)
+    out = harness_attempt(state, gate, 2, last_try="1")
+    assert ran(gate) == ["3"]
+    last = grade(out, "", "--attempt", "2")
+    assert last["verdict"] == "PASS"  # 3 of the 3 scored; the errored one said apart
+    assert last["items"] == {"passed": 3, "scored": 3, "unscored": 0, "errored": 1,
+                             "reused": 3}
+
+
+def test_an_earlier_attempt_of_another_eval_is_never_reused(tmp_path: Path) -> None:
+    """The preset changed between attempts (another -T, another temperature): the
+    earlier log is not this eval's, so every sample runs again."""
+    gate, state = tmp_path / "gate", tmp_path / "state"
+    gate.mkdir()
+    out = harness_attempt(state, gate, 1)
+    ran(gate)
+    cmd = json.loads((out / "inspect-cmd.json").read_text())
+    cmd["argv"][-1] = "0.5"
+    (out / "inspect-cmd.json").write_text(json.dumps(cmd))
+    (gate / "fixed").touch()
+    harness_attempt(state, gate, 2)
+    assert sorted(ran(gate)) == ["1", "2", "3", "4"]

@@ -6,9 +6,12 @@ score by its ``--score-key`` part; with the task's own epochs, the score its red
 made (``log.reductions``). A cell of many samples (no sample id: the whole task; a
 comma list; a glob) is graded sample by sample: its grade carries their counts
 (``items``, what every view counts) and PASS when the share that passed reaches
-``--threshold``. The log's
-status ``error`` or ``cancelled``, or a sample error → ERROR / CANCELLED with Inspect's
-own message as the grade's ``detail`` (the preset maps those words to INVALID).
+``--threshold``; samples an earlier attempt scored (``inspect-reuse.json``) are
+counted as ``reused``, and ``scored_by`` says how many each attempt scored. Such a
+cell whose eval ran on past samples that errored → SAMPLE_ERRORS (re-run, only those).
+The log's status ``error`` or ``cancelled``, or a sample error → ERROR / CANCELLED with
+Inspect's own message as the grade's ``detail`` (the preset maps those words to
+INVALID).
 
 Writes ``--grade-file`` (JSON): verdict, score, scorer, sample id, detail, log name.
 """
@@ -23,16 +26,29 @@ from pathlib import Path
 from typing import Any
 
 from autopilot.harnesses.inspect_check import matches
-from autopilot.harnesses.inspect_run import many_samples, newest_log
+from autopilot.harnesses.inspect_resume import newest_log
+from autopilot.harnesses.inspect_run import many_samples
 
 
 def judge(log_path: Path, sample_id: str, scorer: str, threshold: float,
-          score_key: str = "") -> dict[str, Any]:
+          score_key: str = "", scored_by: dict[str, int] | None = None,
+          attempt: int = 0) -> dict[str, Any]:
     from inspect_ai.log import read_eval_log
 
     log = read_eval_log(str(log_path))
     out: dict[str, Any] = {"log": log_path.name, "sample_id": sample_id or None,
                            "status": log.status}
+    samples = log.samples or []
+    if (log.status == "error" and many_samples(sample_id) and any(s.error for s in samples)
+            and any(s.error is None and s.scores for s in samples)):
+        # the eval ran on (--continue-on-fail) past samples that errored: not the
+        # model's FAIL, and not yet counted as errored (the last try does that); the
+        # next attempt re-runs only the samples without a score
+        got = _many(log, sample_id, scorer, threshold, score_key, scored_by, attempt)
+        n = got.get("items", {}).get("errored", 0)
+        return {**out, **{k: v for k, v in got.items() if k != "score"},
+                "verdict": "SAMPLE_ERRORS",
+                "detail": f"{n} sample(s) errored in Inspect: {got.get('detail') or ''}"[:1000]}
     if log.status in ("error", "cancelled"):
         why = log.error.message if log.error else f"eval {log.status}"
         return {**out, "verdict": "ERROR" if log.status == "error" else "CANCELLED",
@@ -43,11 +59,11 @@ def judge(log_path: Path, sample_id: str, scorer: str, threshold: float,
             return {**out, "verdict": "NO_SAMPLE",
                     "detail": f"sample {sample_id!r} is not in the log"}
         return {**out, **_sample(log, samples, sample_id, scorer, threshold, score_key)}
-    return {**out, **_many(log, sample_id, scorer, threshold, score_key)}
+    return {**out, **_many(log, sample_id, scorer, threshold, score_key, scored_by, attempt)}
 
 
-def _many(log: Any, sample_id: str, scorer: str, threshold: float,
-          score_key: str) -> dict[str, Any]:
+def _many(log: Any, sample_id: str, scorer: str, threshold: float, score_key: str,
+          scored_by: dict[str, int] | None = None, attempt: int = 0) -> dict[str, Any]:
     """A cell of many samples (the whole task, a list, a glob): each sample judged as
     one is, the cell's grade their counts (``items``: autopilot.state.items), its verdict
     PASS when the share of scored samples that passed is at or above ``threshold``."""
@@ -58,10 +74,16 @@ def _many(log: Any, sample_id: str, scorer: str, threshold: float,
             groups.setdefault(str(s.id), []).append(s)  # one per epoch
     if not groups:
         return {"verdict": "NO_SAMPLE", "detail": f"no sample of {sample_id!r} in the log"}
-    items = {"passed": 0, "scored": 0, "unscored": 0, "errored": 0}
+    items = {"passed": 0, "scored": 0, "unscored": 0, "errored": 0, "reused": 0}
     problem: dict[str, Any] | None = None
+    by_attempt: dict[str, int] = {}
     for sid, samples in groups.items():
         got = _sample(log, samples, sid, scorer, threshold, score_key)
+        if scored_by and got["verdict"] != "ERROR":
+            # the attempt that scored it (its last epoch's): inspect-reuse.json
+            k = max(scored_by.get(f"{s.id}#{s.epoch}", attempt) for s in samples)
+            by_attempt[str(k)] = by_attempt.get(str(k), 0) + 1
+            items["reused"] += 0 < k < attempt
         if got["verdict"] in ("PASS", "FAIL"):
             items["scored"] += 1
             items["passed"] += got["verdict"] == "PASS"
@@ -70,7 +92,9 @@ def _many(log: Any, sample_id: str, scorer: str, threshold: float,
         else:
             items["errored"] += 1
             problem = problem or {**got, "detail": f"sample {sid}: {got.get('detail', '')}"}
-    out: dict[str, Any] = {"items": items, "samples": len(groups)}
+    out: dict[str, Any] = {"items": items, "samples": len(groups),
+                           **({"scored_by": dict(sorted(by_attempt.items()))}
+                              if items["reused"] else {})}
     if items["scored"]:
         rate = items["passed"] / items["scored"]
         return {**out, "verdict": "PASS" if rate >= threshold else "FAIL",
@@ -138,12 +162,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="a score whose value is a dict: the part that decides")
     ap.add_argument("--threshold", type=float, default=1.0,
                     help="a score at or above it passes (C = 1, I = 0)")
+    ap.add_argument("--attempt", type=int, default=0,
+                    help="the attempt graded: samples an earlier one scored are `reused`")
     args = ap.parse_args(argv)
     log = newest_log(args.out / "logs")
     if log is None:
         grade: dict[str, Any] = {"verdict": "NO_LOG", "detail": "inspect wrote no log"}
     else:
-        grade = judge(log, args.sample_id, args.scorer, args.threshold, args.score_key)
+        from autopilot.harnesses.inspect_resume import REUSE_FILE, read_scored_by
+
+        by = read_scored_by(args.out) if (args.out / REUSE_FILE).exists() else {}
+        grade = judge(log, args.sample_id, args.scorer, args.threshold, args.score_key,
+                      by, args.attempt)
     tmp = args.grade_file.with_name(args.grade_file.name + ".tmp")
     tmp.write_text(json.dumps(grade, indent=1, allow_nan=False))
     tmp.replace(args.grade_file)

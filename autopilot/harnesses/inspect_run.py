@@ -4,11 +4,17 @@ whole task) with the model pointed at the cell's gateway (``openai-api/local/<mo
 ``summary.json`` from that log (status, error, tokens, the model) for the autopilot's
 trust checks. The log stays where ``inspect view --log-dir`` reads it.
 
+A later attempt of a cell of many samples (``--previous``, ``--attempt``) reuses the
+samples an earlier one finished, through ``inspect eval-retry`` (autopilot.harnesses.
+inspect_resume); ``summary.json`` then counts this attempt's tokens only, and
+``inspect-reuse.json`` says which attempt scored each sample.
+
 Everything after ``--`` is passed to ``inspect eval`` as it is (an arm's
 ``--max-tokens``, ``--temperature``, ``--reasoning-effort``, ``-T name=value``...).
 Exit status: 0 when Inspect finished the eval (its score is the grader's to read from
-the log); 3 when the log says it could not (an error: Inspect's message is the last
-line printed, no summary is written); Inspect's own status when it wrote no log; 2 when
+the log, also when some samples errored while others were scored); 3 when the log
+says it could not (an error: Inspect's message is the last line printed, no summary
+is written); Inspect's own status when it wrote no log; 2 when
 Inspect is not installed.
 """
 
@@ -24,6 +30,9 @@ import sys
 import threading
 from pathlib import Path
 from typing import Any
+
+from autopilot.harnesses import inspect_resume as reuse
+from autopilot.harnesses.inspect_resume import newest_log
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -51,6 +60,14 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--sample-retries", type=int, default=0,
                     help="a sample that errors is re-run this many times inside the eval "
                          "(Inspect's --retry-on-error) before the cell gives up on it")
+    ap.add_argument("--previous", type=Path, default=None,
+                    help="the cell's earlier attempts (<state dir>/attempts/<cell>): the "
+                         "samples one finished are reused (inspect eval-retry)")
+    ap.add_argument("--attempt", type=int, default=1, help="this attempt's number")
+    ap.add_argument("--last-try", default="0",
+                    help="1: the cell's last try (its next INVALID quarantines it): a "
+                         "sample that still errors is counted as errored, the others' "
+                         "scores stand (Inspect's --no-fail-on-error)")
     ap.add_argument("--api-key-env", default="",
                     help="env var holding the key to send (a provider run's placeholder)")
     return ap.parse_args(argv), extra
@@ -101,32 +118,45 @@ def many_samples(sample_id: str) -> bool:
     return not sample_id or any(c in sample_id for c in ",*?[")
 
 
-def newest_log(logs: Path) -> Path | None:
-    found = sorted((p for p in logs.glob("*.eval") if p.is_file()),
-                   key=lambda p: p.stat().st_mtime)
-    return found[-1] if found else None
-
-
-def summary_of(log_path: Path, model: str) -> dict[str, Any]:
-    """What the autopilot's trust checks read, from Inspect's own log (its public API)."""
-    from inspect_ai.log import read_eval_log
-
-    log = read_eval_log(str(log_path))
+def _tokens(usages: Any) -> tuple[int, int]:
     prompt = completion = 0
-    for usage in (log.stats.model_usage or {}).values():
+    for usage in usages:
         # Inspect counts a prompt's cached part apart (cache read/write); the server's
         # prompt_tokens, which the gateway meters, include it
         prompt += (usage.input_tokens or 0) + (usage.input_tokens_cache_read or 0) + (
             usage.input_tokens_cache_write or 0)
         completion += usage.output_tokens or 0
+    return prompt, completion
+
+
+def summary_of(log_path: Path, model: str, resumed: Any = None,
+               attempt: int = 1) -> dict[str, Any]:
+    """What the autopilot's trust checks read, from Inspect's own log (its public API).
+    After a resume, the tokens are this attempt's samples' only (the log's totals carry
+    the reused samples' forward, which an earlier attempt's gateway metered)."""
+    from inspect_ai.log import read_eval_log
+
+    log = read_eval_log(str(log_path))
     samples = log.samples or []
-    err = log.error.message if log.error else next(
-        (s.error.message for s in samples if s.error), None)
+    by = reuse.scored_by(log, resumed, attempt)
+    if resumed is None:
+        prompt, completion = _tokens((log.stats.model_usage or {}).values())
+    else:
+        own = [s for s in samples if by.get(f"{s.id}#{s.epoch}") == attempt]
+        prompt, completion = _tokens(u for s in own for u in (s.model_usage or {}).values())
+    errored = [s.error for s in samples if s.error is not None]
+    scored = [s for s in samples if s.error is None and s.scores]
+    err = log.error.message if log.error else next((e.message for e in errored), None)
+    # samples errored while others were scored: the grader's to count (SAMPLE_ERRORS
+    # or, on the last try, errored samples), not an eval that could not run
+    per_sample = bool(err) and bool(scored) and bool(errored)
     return {"model": model, "inspect_model": log.eval.model, "status": log.status,
             "error": err[:2000] if err else None, "log": log_path.name,
-            "samples": len(samples), "total_prompt_tokens": prompt,
-            "total_completion_tokens": completion,
-            "finish_reason": "error" if err else log.status}
+            "samples": len(samples), "samples_errored": len(errored),
+            "samples_reused": sum(1 for k in by.values() if k != attempt),
+            "total_prompt_tokens": prompt, "total_completion_tokens": completion,
+            "finish_reason": "sample_errors" if per_sample else "error" if err else log.status,
+            "scored_by": by}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,10 +180,15 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "LOCAL_BASE_URL": args.base_url,
            "LOCAL_API_KEY": key or "unused",  # a local server needs none; the SDK needs one
            "XDG_DATA_HOME": str(own / "data"), "XDG_CACHE_HOME": str(own / "cache")}
+    # Inspect's buffer is read here (a resume's recovery, the progress reader) as the
+    # child writes it: the same data dir
+    os.environ["XDG_DATA_HOME"] = env["XDG_DATA_HOME"]
     from autopilot.harnesses.inspect_check import registered, split_args, task_file
 
     target = args.task if registered(args.task) else f"{task_file(args.task_file)}@{args.task}"
     more = [x for given in args.inspect_args for x in split_args(given)]
+    many = many_samples(args.sample_id)
+    # the eval itself, as recorded for a later attempt's reuse (inspect_resume)
     cmd = [sys.executable, "-m", "inspect_ai", "eval", target,
            "--model", f"openai-api/local/{args.model}", "--log-dir", str(logs),
            "--log-format", "eval", "--display", "plain",
@@ -164,9 +199,27 @@ def main(argv: list[str] | None = None) -> int:
            # sample alone (the others' finished work stands), before it fails the cell;
            # a one-sample cell is retried by the autopilot, its outage said as one
            *([f"--retry-on-error={args.sample_retries}"]
-             if args.sample_retries > 0 and many_samples(args.sample_id) else []),
+             if args.sample_retries > 0 and many else []),
            *more, *extra]
-    print("inspect_run:", json.dumps(cmd), flush=True)
+    # A sample still failing after those: before the last try, the others run on
+    # (--continue-on-fail) and the cell is INVALID(sample_errors), its next attempt
+    # re-running only what has no score; on the last try it counts as errored and the
+    # others' scores stand. The user's own flags (later on the line) win.
+    policy = (["--no-fail-on-error"] if args.last_try == "1" else ["--continue-on-fail"]
+              ) if many else []
+    resumed = None
+    prior = reuse.prior_attempt(args.previous, args.attempt, cmd)
+    if prior is not None and many:
+        resumed = reuse.resume(prior, args.out)
+    reuse.write_cmd(args.out, cmd)
+    if resumed is not None:
+        run = reuse.retry_argv(sys.executable, resumed.log, logs, [*policy, *more, *extra])
+        print(f"inspect_run: reusing {len(resumed.before)} finished sample(s) of attempt "
+              f"{prior.attempt if prior else '?'}", flush=True)
+    else:
+        at = cmd.index("--log-dir")
+        run = [*cmd[:at], *policy, *cmd[at:]]
+    print("inspect_run:", json.dumps(run), flush=True)
     stop = threading.Event()
     watcher = None
     if args.compose_projects is not None:
@@ -175,9 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             watcher = threading.Thread(target=track, args=(args.compose_projects, before,
                                                            stop), daemon=True)
             watcher.start()
-    # Inspect's buffer is read here as the child writes it: the same data dir
-    os.environ["XDG_DATA_HOME"] = env["XDG_DATA_HOME"]
-    proc = subprocess.Popen(cmd, env=env)
+    proc = subprocess.Popen(run, env=env)
     from autopilot.harnesses.inspect_progress import report
 
     reporter = threading.Thread(target=report, args=(logs, args.out / "progress.log",
@@ -191,11 +242,14 @@ def main(argv: list[str] | None = None) -> int:
             watcher.join(15)
         reporter.join(5)
     log = newest_log(logs)
-    if log is None:
-        print(f"inspect_run: inspect eval exited {code} and wrote no log", file=sys.stderr)
+    if resumed is not None and log is not None and log != resumed.log:
+        resumed.log.unlink(missing_ok=True)  # one log per cell (its copy is evidence)
+    if log is None or (resumed is not None and log == resumed.log):
+        print(f"inspect_run: inspect exited {code} and wrote no log", file=sys.stderr)
         return code or 1
-    summary = summary_of(log, args.model)
-    if summary["error"]:
+    summary = summary_of(log, args.model, resumed, args.attempt)
+    reuse.write_reuse(args.out, summary.pop("scored_by"))
+    if summary["error"] and summary["finish_reason"] == "error":
         # An eval Inspect could not finish (a sample that raised, a sandbox that did not
         # start, the model endpoint failing) is no result: no summary, a non-zero exit,
         # and Inspect's own words last (the autopilot quotes them with the INVALID).

@@ -34,7 +34,7 @@ from autopilot.templates import render
 # Placeholders whose value differs per cell (or per attempt): a root ends before them.
 PER_CELL = frozenset({"cell", "task", "arm", "mode", "n", "attempt", "output_dir",
                       "scratch_dir", "grade_file", "transcript", "deadline", "port",
-                      "base_url", "model"})
+                      "base_url", "model", "last_try"})
 
 
 class UnsafePath(AutopilotError):

@@ -1,7 +1,8 @@
 """Cells that grade many items: an Inspect task's samples, a suite's test cases.
 
 Such a cell's grade carries ``items`` (how many passed, were scored, were left unscored,
-errored) beside its verdict, and the views count those, not the cell: a task of 24
+errored, and of those how many an earlier attempt had scored: ``reused``, an Inspect
+resume's) beside its verdict, and the views count those, not the cell: a task of 24
 samples at 17 passed is 17/24, not one FAIL. The counts travel with the cell's valid
 verdict into the journal and are folded per task and arm by the ledger.
 """
@@ -11,19 +12,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-ITEM_KINDS = ("passed", "scored", "unscored", "errored")
+ITEM_KINDS = ("passed", "scored", "unscored", "errored", "reused")
 MAX_ITEMS = 10_000_000
 
 
 def items_of(raw: Any) -> dict[str, int] | None:
-    """A grade's (or the journal's) ``items`` — passed, scored, unscored, errored —
-    shape-checked, as untrusted input: counts in range, passed within scored. None when
-    there are none or they do not add up."""
+    """A grade's (or the journal's) ``items`` — passed, scored, unscored, errored,
+    reused — shape-checked, as untrusted input: counts in range, passed within scored,
+    reused within the rest. None when there are none or they do not add up."""
     if not isinstance(raw, Mapping):
         return None
     out = {k: raw.get(k, 0) for k in ITEM_KINDS}
     if not all(type(v) is int and 0 <= v <= MAX_ITEMS for v in out.values()):
         return None
     if out["passed"] > out["scored"] or not any(out.values()):
+        return None
+    if out["reused"] > out["scored"] + out["unscored"] + out["errored"]:
         return None
     return out

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from autopilot.plan import Cell, Plan
 from autopilot.state.budget import COST_BASES, MAX_COUNT, METERED, Spend, of_events, of_metered
-from autopilot.state.items import items_of
+from autopilot.state.items import ITEM_KINDS, items_of
 
 # INVALID reasons that spend no retry: a throttling provider, a full disk, the death of
 # the attempt's data path (the cell is re-run once the infrastructure is back; none of
@@ -347,5 +347,6 @@ def _counts(c: Counter[str], items: Counter[str] | None = None) -> dict[str, Any
         "done": c["PASS"] + c["FAIL"],
     }
     if items:
-        out["items"] = {k: items[k] for k in ("passed", "scored", "unscored", "errored")}
+        # reused (samples an earlier attempt scored) only where there were some
+        out["items"] = {k: items[k] for k in ITEM_KINDS if k != "reused" or items[k]}
     return out

@@ -22,7 +22,7 @@ from autopilot.escape import md, term
 from autopilot.plan import Plan, cell_context
 from autopilot.state.budget import METERED, count_or_none
 from autopilot.state.fsutil import read_json
-from autopilot.state.items import items_of
+from autopilot.state.items import ITEM_KINDS, items_of
 from autopilot.state.journal import state_events
 from autopilot.state.ledger import VALID, CellState
 from autopilot.templates import render
@@ -167,8 +167,8 @@ def _samples(fs: list[CellFacts]) -> str:
     got = [f.items for f in fs if f.valid and f.items]
     if not got:
         return ""
-    tot = {k: sum(i[k] for i in got) for k in got[0]}
-    rest = ", ".join(f"{tot[k]} {k}" for k in ("unscored", "errored") if tot[k])
+    tot = {k: sum(i.get(k, 0) for i in got) for k in ITEM_KINDS}
+    rest = ", ".join(f"{tot[k]} {k}" for k in ("unscored", "errored", "reused") if tot[k])
     return f"; samples {tot['passed']}/{tot['scored']}" + (f" ({rest})" if rest else "")
 
 

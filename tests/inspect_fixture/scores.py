@@ -9,6 +9,8 @@ which fetches its encoding from the internet)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from inspect_ai import Epochs, Task, task
 from inspect_ai.dataset import Sample
 from inspect_ai.model import ModelOutput
@@ -108,3 +110,34 @@ def levels(count: int = 2) -> Task:
     """A task argument (``-T count=5``) that shapes the dataset."""
     return Task(dataset=[Sample(input=f"Level {i}.") for i in range(1, count + 1)],
                 solver=[answer()], scorer=all_but_the_last())
+
+
+@solver
+def answer_unless_broken(gate: str) -> Solver:
+    """The fixed answer; sample 3 raises until ``<gate>/fixed`` exists (a sample that
+    errors in Inspect). Every sample run appends its number to ``<gate>/ran.txt``."""
+    async def solve(state: TaskState, generate: Generate) -> TaskState:
+        where = Path(gate)
+        with (where / "ran.txt").open("a") as f:
+            f.write(f"{state.sample_id}\n")
+        if state.sample_id == 3 and not (where / "fixed").exists():
+            raise RuntimeError("sample 3 broke")
+        state.output = ModelOutput.from_content(model="none", content="42")
+        return state
+
+    return solve
+
+
+@scorer(metrics=[mean()])
+def always_right() -> Scorer:
+    async def score(state: TaskState, target: Target) -> Score:
+        return Score(value=CORRECT)
+
+    return score
+
+
+@task
+def flaky(gate: str = "") -> Task:
+    """Four samples without ids; the third errors until fixed."""
+    return Task(dataset=[Sample(input=f"Item {k}.") for k in range(1, 5)],
+                solver=[answer_unless_broken(gate)], scorer=always_right())

@@ -1,11 +1,13 @@
 """Inspect tasks for tests/test_inspect.py: a solver that raises inside Inspect, one
 that hangs for good (no request, no progress: the freeze watchdog's case), and one whose
 command in Inspect's local sandbox runs longer than the freeze watchdog's limit (work
-that is not a model request, and is not a freeze)."""
+that is not a model request, and is not a freeze), and one whose later samples wait at a
+gate the test opens (a kill mid-eval at a known sample, for the resume)."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from inspect_ai import Task, task
 from inspect_ai.dataset import Sample
@@ -57,3 +59,29 @@ def long_command(secs: int = 14) -> Solver:
 def sandboxed() -> Task:
     return Task(dataset=[Sample(id="s1", input="Say yes.", target="yes")],
                 solver=[long_command(), generate()], scorer=includes(), sandbox="local")
+
+
+@solver
+def at_gate(gate: str, from_sample: int) -> Solver:
+    """Samples numbered ``from_sample`` and on wait until ``<gate>/open`` exists (each
+    says so in ``<gate>/waiting-<n>``); every sample leaves ``<gate>/asked-<n>`` once
+    the model has answered it."""
+    async def solve(state: TaskState, generate: Generate) -> TaskState:
+        n, where = int(state.sample_id), Path(gate)
+        if n >= from_sample:
+            (where / f"waiting-{n}").touch()
+            while not (where / "open").exists():
+                await asyncio.sleep(0.05)
+        state = await generate(state)
+        (where / f"asked-{n}").touch()
+        return state
+
+    return solve
+
+
+@task
+def gated(gate: str = "", from_sample: int = 4) -> Task:
+    """Six samples without ids (Inspect numbers them 1..6), one model call each."""
+    return Task(dataset=[Sample(input=f"Say the number {k}.", target=str(k))
+                         for k in range(1, 7)],
+                solver=[at_gate(gate, from_sample)], scorer=includes())
