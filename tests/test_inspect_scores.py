@@ -239,8 +239,7 @@ def test_a_sample_that_errors_is_re_run_alone_then_the_cell_is_scored(tmp_path: 
     assert sorted(ran(gate)) == ["1", "2", "3", "4"]
     first = grade(out, "", "--attempt", "1")
     assert first["verdict"] == "SAMPLE_ERRORS"
-    assert first["items"] == {"passed": 3, "scored": 3, "unscored": 0, "errored": 1,
-                              "reused": 0}
+    assert first["items"] == {"passed": 3, "scored": 3, "unscored": 0, "errored": 1}
     from autopilot.loader import load_preset
 
     rule = load_preset("inspect").grader.verdicts["SAMPLE_ERRORS"]

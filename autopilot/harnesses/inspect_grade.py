@@ -92,9 +92,11 @@ def _many(log: Any, sample_id: str, scorer: str, threshold: float, score_key: st
         else:
             items["errored"] += 1
             problem = problem or {**got, "detail": f"sample {sid}: {got.get('detail', '')}"}
+    if not items["reused"]:
+        del items["reused"]
     out: dict[str, Any] = {"items": items, "samples": len(groups),
                            **({"scored_by": dict(sorted(by_attempt.items()))}
-                              if items["reused"] else {})}
+                              if items.get("reused") else {})}
     if items["scored"]:
         rate = items["passed"] / items["scored"]
         return {**out, "verdict": "PASS" if rate >= threshold else "FAIL",

@@ -29,4 +29,6 @@ def items_of(raw: Any) -> dict[str, int] | None:
         return None
     if out["reused"] > out["scored"] + out["unscored"] + out["errored"]:
         return None
+    if not out["reused"]:
+        del out["reused"]  # said only where a resume reused some
     return out
