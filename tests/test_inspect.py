@@ -298,11 +298,11 @@ def test_kill9_mid_eval_then_resume_re_runs_only_the_unfinished_samples(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A whole-task cell of six samples, killed -9 (the supervisor and the eval) once
     three are done and the fourth is waiting: the resume's next attempt reuses the three
-    through Inspect's eval-retry (recovered from its sample buffer: not yet flushed to
-    the log) and the gateway serves exactly the other three; every view counts six,
-    three of them reused, and the cell keeps one log."""
+    through Inspect's eval-retry (its log recovered first, as Inspect recovers a crashed
+    one) and the gateway serves exactly the other three; every view counts six, three
+    of them reused, and the cell keeps one log."""
     from inspect_ai.log import read_eval_log
-    from inspect_ai.log._recorders.buffer.buffer import running_tasks, sample_buffer
+    from inspect_ai.log._recorders.buffer.buffer import sample_buffer
 
     gate = tmp_path / "gate"
     gate.mkdir()
@@ -315,45 +315,54 @@ def test_kill9_mid_eval_then_resume_re_runs_only_the_unfinished_samples(
     args = ["--preset", "inspect", "--target-n", "1", "--config", over, "--state-dir",
             str(state), "--quiet"]
     out = state / "cells" / cell
+
+    # what Inspect would recover of the running eval: the samples flushed to its log,
+    # and those its live sample buffer holds as completed (a batch not yet flushed)
     monkeypatch.setenv("XDG_DATA_HOME", str(out / ".inspect" / "data"))
 
-    def completed() -> int:  # Inspect's own live buffer: what `inspect view` shows
-        logs = out / "logs"
-        n = 0
-        for name in running_tasks(str(logs)) or []:
-            got = sample_buffer(str(logs / name)).get_samples()
+    def completed() -> int:
+        done: set[tuple[object, int]] = set()
+        for path in (out / "logs").glob("*.eval"):
+            try:
+                done |= {(s.id, s.epoch) for s in read_eval_log(str(path)).samples or []
+                         if s.scores}
+                got = sample_buffer(str(path)).get_samples()
+            except Exception:  # a zip or a database being written: the next poll
+                continue
             if got is not None and got != "NotModified":
-                n += sum(s.completed_at is not None for s in got.samples)
-        return n
+                done |= {(s.id, s.epoch) for s in got.samples if s.completed_at}
+        return len(done)
 
-    proc = spawn_cli(*args, log=tmp_path / "run1.log")
-    holders: list[int] = []
-    try:
-        wait_for(lambda: (gate / "waiting-4").exists(), 300, "the fourth sample at the gate")
-        wait_for(lambda: completed() >= 3, 60, "three samples complete in Inspect's buffer")
-        tokens = {e["token"] for e in events(state)
-                  if e["event"] == "cell_started" and e.get("token")}
-        holders = token_holders(tokens)
-        assert holders, "the eval is running"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        for pid in holders:  # the eval dies with its machine: exact pids, ours
+    def kill_the_eval() -> list[int]:  # it dies with its machine: exact pids, ours
+        holders = token_holders({e["token"] for e in events(state)
+                                 if e["event"] == "cell_started" and e.get("token")})
+        for pid in holders:
             try:
                 psutil.Process(pid).send_signal(signal.SIGKILL)
             except psutil.NoSuchProcess:
                 pass
+        return holders
+
+    proc = spawn_cli(*args, log=tmp_path / "run1.log")
+    try:
+        wait_for(lambda: (gate / "waiting-4").exists(), 300, "the fourth sample at the gate")
+        wait_for(lambda: completed() >= 3, 60, "three samples complete in Inspect's buffer")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert kill_the_eval(), "the eval was running"
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        kill_the_eval()  # the live-restored eval outlives its supervisor: never the suite
     assert not (gate / "asked-4").exists()
     (gate / "open").touch()
     r = run_cli(*args, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     evs = events(state)
-    [v] = [e for e in evs if e["event"] == "cell_verdict"]
-    assert v["verdict"] in ("PASS", "FAIL"), v
-    assert v["attempt"] >= 2
+    killed, v = [e for e in evs if e["event"] == "cell_verdict"]
+    assert (killed["attempt"], killed["verdict"]) == (1, "INVALID")
+    assert v["verdict"] in ("PASS", "FAIL") and v["attempt"] >= 2, v
     assert v["items"]["scored"] == 6 and v["items"]["reused"] == 3, v["items"]
     # the gateway of the attempt that scored served the three unfinished samples only
     [m] = [e for e in evs if e["event"] == "cell_metered" and e["attempt"] == v["attempt"]]
@@ -370,5 +379,42 @@ def test_kill9_mid_eval_then_resume_re_runs_only_the_unfinished_samples(
     assert status["trust"]["items"]["reused"] == 3
     rep = run_cli("report", "--state-dir", str(state)).stdout
     assert "3 reused" in rep, rep
+    b = run_cli("board", str(state), "--out", str(tmp_path / "board"))
+    assert b.returncode == 0, b.stderr
+    [row] = json.loads((tmp_path / "board" / "board.json").read_text())["rows"]
+    assert (row["samples"]["scored"], row["samples"]["reused"]) == (6, 3)
+    assert row["tasks"]["gated"]["samples"]["scored"] == 6
+    assert "## Samples" in (tmp_path / "board" / "board.md").read_text()
     assert token_holders({e["token"] for e in events(state)
                           if e["event"] == "cell_started" and e.get("token")}) == []
+
+
+def test_a_grader_role_served_here_goes_through_the_cells_gateway(tmp_path: Path) -> None:
+    """`model_roles = "grader=served"`: Inspect's model-graded scorer (over a dataset
+    Inspect ships) asks its grader role, which is the cell's own model through its
+    gateway: every call is metered (two per sample), and the summary names the route."""
+    from inspect_ai.log import read_eval_log
+
+    state = tmp_path / "state"
+    cell = "guide_inspect-greedy_v1"
+    r = run_cli("--preset", "inspect", "--target-n", "1", "--config", overlay(
+        tmp_path, tasks=[{"id": "guide", "vars": {
+            "inspect_file": str(FIXTURE), "inspect_task": "guide", "sample": "",
+            "model_roles": "grader=served", "threshold": "0"}}],
+        arms=[{"label": "inspect-greedy", "mode": "greedy", "vars": {"temperature": "0"}}]),
+        "--state-dir", str(state), "--quiet", timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    evs = events(state)
+    [v] = [e for e in evs if e["event"] == "cell_verdict"]
+    # the 270M grader may not write Inspect's "GRADE: C" (then the sample is unscored,
+    # as in plain Inspect): either way both samples were judged, none errored
+    assert v["verdict"] in ("PASS", "FAIL") or v["reason"] == "unscored", v
+    [m] = [e for e in evs if e["event"] == "cell_metered"]
+    assert m["requests"] == 4, m  # the answer and the grader's call, for each sample
+    out = state / "cells" / cell
+    items = json.loads((out / "grade.json").read_text())["items"]
+    assert items["scored"] + items["unscored"] == 2 and items["errored"] == 0, items
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["roles"] == {"grader": "served"}
+    [log] = (out / "logs").glob("*.eval")
+    assert "grader" in (read_eval_log(str(log), header_only=True).eval.model_roles or {})

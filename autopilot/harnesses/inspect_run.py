@@ -60,6 +60,11 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--sample-retries", type=int, default=0,
                     help="a sample that errors is re-run this many times inside the eval "
                          "(Inspect's --retry-on-error) before the cell gives up on it")
+    ap.add_argument("--model-roles", default="",
+                    help="Inspect model roles, NAME=MODEL separated by spaces or commas: "
+                         "MODEL `served` is the cell's own model through its gateway "
+                         "(metered); any other Inspect model spec is an external role, "
+                         "named in the summary (its calls show as progress)")
     ap.add_argument("--previous", type=Path, default=None,
                     help="the cell's earlier attempts (<state dir>/attempts/<cell>): the "
                          "samples one finished are reused (inspect eval-retry)")
@@ -111,6 +116,20 @@ def track(listing: Path, before: set[str], stop: threading.Event,
             seen |= set(new)
         if stop.wait(every):
             return
+
+
+def model_roles(given: str, model: str) -> tuple[list[str], dict[str, str]]:
+    """``--model-role`` flags for Inspect, and each role's route (served / external)."""
+    flags: list[str] = []
+    routes: dict[str, str] = {}
+    for part in given.replace(",", " ").split():
+        name, eq, spec = part.partition("=")
+        if not eq or not name or not spec:
+            raise SystemExit(f"inspect_run: --model-roles: {part!r} is not NAME=MODEL")
+        served = spec == "served"
+        flags += ["--model-role", f"{name}={f'openai-api/local/{model}' if served else spec}"]
+        routes[name] = "served" if served else f"external {spec}"
+    return flags, routes
 
 
 def many_samples(sample_id: str) -> bool:
@@ -186,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     from autopilot.harnesses.inspect_check import registered, split_args, task_file
 
     target = args.task if registered(args.task) else f"{task_file(args.task_file)}@{args.task}"
-    more = [x for given in args.inspect_args for x in split_args(given)]
+    roles, routes = model_roles(args.model_roles, args.model)
+    more = [*roles, *(x for given in args.inspect_args for x in split_args(given))]
     many = many_samples(args.sample_id)
     # the eval itself, as recorded for a later attempt's reuse (inspect_resume)
     cmd = [sys.executable, "-m", "inspect_ai", "eval", target,
@@ -247,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     if log is None or (resumed is not None and log == resumed.log):
         print(f"inspect_run: inspect exited {code} and wrote no log", file=sys.stderr)
         return code or 1
-    summary = summary_of(log, args.model, resumed, args.attempt)
+    summary = {**summary_of(log, args.model, resumed, args.attempt), "roles": routes}
     reuse.write_reuse(args.out, summary.pop("scored_by"))
     if summary["error"] and summary["finish_reason"] == "error":
         # An eval Inspect could not finish (a sample that raised, a sandbox that did not

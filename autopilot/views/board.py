@@ -17,7 +17,11 @@ board.json, schema_version 1:
    | null, "target_n", "n_reached", "invalid_by_reason": {...}, "quarantined",
    "teardown_masked", "tokens": {"prompt", "completion"} | null,
    "cost": {"usd": float | null, "basis": "priced" | "unpriced"},
-   "tasks": {task: {"pass", "valid"} | "not_applicable"}}]}
+   "tasks": {task: {"pass", "valid"} | "not_applicable"},
+   "samples": absent | {"passed", "scored", "unscored", "errored", "reused"?, "rate",
+   "wilson"}}]}
+A row's ``samples`` (only where its cells grade many items: an Inspect task's
+samples) counts those, its rate and interval over the scored ones; per task likewise.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 from autopilot.config import Preset
 from autopilot.errors import ConfigError
 from autopilot.escape import md
+from autopilot.state.items import ITEM_KINDS
 from autopilot.views import stats
 
 SCHEMA_VERSION = 1
@@ -126,7 +131,8 @@ def _row(d: Path, preset: Preset, arm: str, model: str, target_n: int, facts: li
             per_task[task] = "not_applicable"
             continue
         tv = [f for f in valid if f.task == task]
-        per_task[task] = {"pass": sum(f.verdict == "PASS" for f in tv), "valid": len(tv)}
+        per_task[task] = {"pass": sum(f.verdict == "PASS" for f in tv), "valid": len(tv),
+                          **_samples(tv)}
         reached.append(len(tv))
     usage = [f for f in facts if f.completion_tokens is not None]
     tokens = ({"prompt": sum(f.prompt_tokens or 0 for f in usage),
@@ -145,8 +151,22 @@ def _row(d: Path, preset: Preset, arm: str, model: str, target_n: int, facts: li
         "invalid_by_reason": dict(sorted(invalid.items())),
         "quarantined": sum(f.quarantined for f in facts),
         "teardown_masked": sum(f.masked and f.valid for f in facts),
-        "tokens": tokens, "cost": cost, "tasks": per_task,
+        "tokens": tokens, "cost": cost, "tasks": per_task, **_samples(valid),
     }
+
+
+def _samples(valid: list[Any]) -> dict[str, Any]:
+    """What valid cells that grade many items scored (nothing where none do)."""
+    got = [f.items for f in valid if f.items]
+    if not got:
+        return {}
+    tot = {k: sum(i.get(k, 0) for i in got) for k in ITEM_KINDS}
+    if not tot["reused"]:
+        del tot["reused"]
+    w = stats.wilson(tot["passed"], tot["scored"])
+    return {"samples": {**tot, "rate": round(tot["passed"] / tot["scored"], 4)
+                        if tot["scored"] else None,
+                        "wilson": [round(w[0], 4), round(w[1], 4)] if w else None}}
 
 
 def to_json(board: dict[str, Any]) -> str:
@@ -183,6 +203,17 @@ def to_markdown(board: dict[str, Any]) -> str:
         cells = [v if isinstance(v, str) else f"{v['pass']}/{v['valid']}"
                  for v in (r["tasks"][t] for t in tasks)]
         out.append(f"| {md(r['model'])} | {md(r['arm'])} | " + " | ".join(cells) + " |")
+    many = [r for r in board["rows"] if r.get("samples")]
+    if many:
+        out += ["", "## Samples (cells that grade many items)", "",
+                "| model | arm | passed/scored | rate [95% CI] | unscored | errored | reused |",
+                "|---|---|---|---|---|---|---|"]
+        for r in many:
+            sm = r["samples"]
+            ci = (f"{sm['rate'] * 100:.0f}% [{sm['wilson'][0] * 100:.0f}–"
+                  f"{sm['wilson'][1] * 100:.0f}]" if sm["wilson"] else "-")
+            out.append(f"| {md(r['model'])} | {md(r['arm'])} | {sm['passed']}/{sm['scored']} "
+                       f"| {ci} | {sm['unscored']} | {sm['errored']} | {sm.get('reused', 0)} |")
     out += ["", "Rates count valid cells only; INVALID, quarantined and teardown-masked "
             "cells are counted beside them, never hidden. Cost is `priced` from the "
             "preset's rate card, else `unpriced` (never $0).", ""]

@@ -10,8 +10,8 @@ import asyncio
 from pathlib import Path
 
 from inspect_ai import Task, task
-from inspect_ai.dataset import Sample
-from inspect_ai.scorer import includes
+from inspect_ai.dataset import Sample, example_dataset
+from inspect_ai.scorer import includes, model_graded_qa
 from inspect_ai.solver import Generate, Solver, TaskState, generate, solver
 from inspect_ai.util import sandbox
 
@@ -85,3 +85,11 @@ def gated(gate: str = "", from_sample: int = 4) -> Task:
     return Task(dataset=[Sample(input=f"Say the number {k}.", target=str(k))
                          for k in range(1, 7)],
                 solver=[at_gate(gate, from_sample)], scorer=includes())
+
+
+@task
+def guide(n: int = 2) -> Task:
+    """The first ``n`` questions of the security guide dataset Inspect ships (no ids),
+    graded by a model (Inspect's model_graded_qa: its ``grader`` role when one is set)."""
+    return Task(dataset=example_dataset("security_guide")[:n], solver=[generate()],
+                scorer=model_graded_qa())
