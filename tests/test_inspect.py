@@ -240,6 +240,8 @@ def test_an_unscored_sample_is_excluded_never_fail_and_the_run_completes(
         "INVALID", "unscored", True)
     assert second["verdict"] == "PASS"
     assert sum(e["event"] == "cell_started" for e in events(state)) == 2  # none re-run
+    # nor re-graded: unscored is the grader's reading, and a second says the same
+    assert not [e for e in events(state) if e["event"] == "grade_retry"]
     grade = (state / "cells" / "unscored_1_inspect-greedy_v1" / "grade.json").read_text()
     assert json.loads(grade, parse_constant=lambda w: pytest.fail(f"{w} in grade.json"))[
         "verdict"] == "UNSCORED"

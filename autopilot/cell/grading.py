@@ -238,7 +238,9 @@ async def grade_outputs(
         )
         c = replace(classify(outcome, grade, g.verdicts, checks, g.verdict_field),
                     launched=launched)
-        if not c.grade_side or n == tries:
+        # "unscored" is the grader's reading of a score that is not there (Inspect's
+        # NaN): a second reading of the same outputs says the same
+        if not c.grade_side or c.reason == "unscored" or n == tries:
             return c
         if on_retry is not None:
             on_retry(n, c)
