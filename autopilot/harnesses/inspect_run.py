@@ -180,9 +180,11 @@ def summary_of(log_path: Path, model: str, resumed: Any = None,
 
 def main(argv: list[str] | None = None) -> int:
     args, extra = parse(sys.argv[1:] if argv is None else argv)
-    try:
-        import inspect_ai  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    # found, not imported: the eval's own process imports Inspect (seconds of CPU), and
+    # this one does so beside it (the progress reader), never before it starts
+    if importlib.util.find_spec("inspect_ai") is None:
         print("inspect_run: inspect-ai is not installed (pip install "
               "'bench-autopilot[inspect]')", file=sys.stderr)
         return 2
