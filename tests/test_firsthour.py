@@ -144,7 +144,9 @@ def test_elapsed_counts_the_whole_run_across_resumes(tmp_path: Path) -> None:
     assert json.loads(path.read_text())["elapsed_secs"] == 0.0
     path.write_text(json.dumps({**json.loads(path.read_text()), "elapsed_secs": "x"}))
     assert run_cli(*base, "--target-n", "3").returncode == 0
-    assert json.loads(path.read_text())["elapsed_secs"] < after  # the carried 5000 is gone
+    launches = [e for e in events(state) if e["event"] == "run_started"]
+    assert launches[-1]["elapsed_before"] == 0.0  # the carried 5000 is gone
+    assert launches[-2]["elapsed_before"] == 5000.0  # where the good one carried on
     # a state file: anything but a plain non-negative number counts as nothing
     for bad in ("x", True, -1, float("nan"), float("inf"), None, [5]):
         assert prior_elapsed({"elapsed_secs": bad}) == 0.0

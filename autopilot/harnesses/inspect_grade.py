@@ -171,11 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     if log is None:
         grade: dict[str, Any] = {"verdict": "NO_LOG", "detail": "inspect wrote no log"}
     else:
-        from autopilot.harnesses.inspect_resume import REUSE_FILE, read_scored_by
+        from autopilot.harnesses.inspect_resume import read_scored_by
 
-        by = read_scored_by(args.out) if (args.out / REUSE_FILE).exists() else {}
         grade = judge(log, args.sample_id, args.scorer, args.threshold, args.score_key,
-                      by, args.attempt)
+                      read_scored_by(args.out), args.attempt)
     tmp = args.grade_file.with_name(args.grade_file.name + ".tmp")
     tmp.write_text(json.dumps(grade, indent=1, allow_nan=False))
     tmp.replace(args.grade_file)

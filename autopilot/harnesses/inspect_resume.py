@@ -32,6 +32,7 @@ ATTEMPT_DIR = re.compile(r"^attempt-(\d{1,6})(?:\.(\d{1,6}))?$")
 RETRY_FLAGS = frozenset({"--max-connections", "--max-retries", "--timeout",
                          "--max-samples", "--max-sandboxes", "--max-subprocesses",
                          "--retry-on-error", "--log-buffer", "--attempt-timeout"})
+RETRY_SWITCHES = frozenset({"--no-fail-on-error", "--continue-on-fail"})  # no value
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ def _read_json(path: Path, limit: int = 4 << 20) -> Any:
 
 
 def read_scored_by(d: Path) -> dict[str, int]:
+    """``d``'s inspect-reuse.json, shape-checked ({} when absent or odd)."""
     got = _read_json(d / REUSE_FILE)
     raw = got.get("scored_by") if isinstance(got, dict) else None
     if not isinstance(raw, dict):
@@ -156,7 +158,7 @@ def retry_argv(python: str, log: Path, logs: Path, flags: list[str]) -> list[str
             else:
                 kept += [flag, flags[i + 1]]
                 i += 1
-        elif name in ("--no-fail-on-error", "--continue-on-fail"):
+        elif name in RETRY_SWITCHES:
             kept.append(flag)
         i += 1
     # (the log's format is the retried log's own: eval-retry has no --log-format)

@@ -161,7 +161,7 @@ def summary_of(log_path: Path, model: str, resumed: Any = None,
     if resumed is None:
         prompt, completion = _tokens((log.stats.model_usage or {}).values())
     else:
-        own = [s for s in samples if by.get(f"{s.id}#{s.epoch}") == attempt]
+        own = [s for s in samples if by.get(reuse.sample_key(s.id, s.epoch)) == attempt]
         prompt, completion = _tokens(u for s in own for u in (s.model_usage or {}).values())
     errored = [s.error for s in samples if s.error is not None]
     scored = [s for s in samples if s.error is None and s.scores]
@@ -230,8 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     policy = (["--no-fail-on-error"] if args.last_try == "1" else ["--continue-on-fail"]
               ) if many else []
     resumed = None
-    prior = reuse.prior_attempt(args.previous, args.attempt, cmd)
-    if prior is not None and many:
+    # a one-sample cell has nothing to carry over: it is run afresh
+    prior = reuse.prior_attempt(args.previous, args.attempt, cmd) if many else None
+    if prior is not None:
         resumed = reuse.resume(prior, args.out)
     reuse.write_cmd(args.out, cmd)
     if resumed is not None:

@@ -224,7 +224,9 @@ class Supervisor(Recorder):
                    "pid": os.getpid(), "preset": self.preset.name, "dumpable": dumpable(),
                    "harness_user": {"mode": who.mode, "why": who.why,
                                     "groups": list(who.group_names)},
-                   "containment": cgroups.mode_line()}
+                   "containment": cgroups.mode_line(),
+                   # the clock this launch carries on from (its earlier launches' time)
+                   "elapsed_before": self.elapsed_before}
         if self.ledger.complete():
             # Nothing to run (e.g. a re-run with --publish): no endpoint needed.
             self.emit("run_started", **started, already_complete=True)
