@@ -478,7 +478,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         "target_n": args.target_n or remembered, "concurrency": args.concurrency,
         "max_passes": args.max_passes,
     }
-    preset = load_preset(args.preset, overlay=args.config, flags=flags)
+    from autopilot.run.admission import load_admitted
+
+    preset = load_admitted(args.preset, overlay=args.config, flags=flags)
     if preset.run.target_n is None:
         raise ConfigError("--target-n: not set (and the preset has no run.target_n)")
     from autopilot.cell.users import resolve

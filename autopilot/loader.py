@@ -1,10 +1,16 @@
 """Finding presets, reading TOML/JSON, ``extends``, ``${ENV:-default}``, overlay merge,
 and validation into a frozen ``Preset`` with one-line errors.
 
-Three layers, later wins: the preset TOML, an optional ``--config`` overlay (TOML or
-JSON, deep-merged: tables merge, everything else is replaced), then command-line flags.
-Every error names the file the offending key came from, the key path, and what was
-expected.
+Four layers, later wins: the preset TOML, an optional ``--config`` overlay (TOML or
+JSON, deep-merged: tables merge, everything else is replaced), the environment's
+overrides (``AUTOPILOT_STALL_*``, when the caller hands an environment), then
+command-line flags. Every error names the file, variable or flag the offending key came
+from, the key path, and what was expected.
+
+The loader only parses and validates. Checks that need the rest of the house (that a
+destructive path template stays inside the run, that the backend can carry the settings
+out) are handed in by the caller as ``checks`` (``autopilot.run.admission`` for a run),
+so this module imports nothing above the foundations.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import os
 import re
 import tomllib
 import typing
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -25,6 +31,18 @@ from pydantic import BaseModel, ValidationError
 from autopilot.config import NAME_RE, PRESETS_ENV, EnvRef, Preset
 from autopilot.errors import ConfigError
 from autopilot.templates import TemplateError, check_templates
+
+# A check handed to load_preset: (config key, why) for each problem, the first reported.
+Check = Callable[[Preset], list[tuple[str, str]]]
+
+# The environment's layer: a variable -> the key it sets. It lands in the preset, so the
+# value in force is the one status.json, the resolved record and every Ray node see.
+ENV_KEYS: dict[str, tuple[str, str]] = {
+    "AUTOPILOT_STALL_WARN_S": ("watchdog", "warn_secs"),
+    "AUTOPILOT_STALL_PROBE_S": ("watchdog", "probe_secs"),
+    "AUTOPILOT_STALL_KILL_S": ("watchdog", "kill_secs"),
+    "AUTOPILOT_STALL_GRACE_S": ("watchdog", "teardown_grace_secs"),
+}
 
 
 def builtin_presets_dir() -> Path:
@@ -229,9 +247,13 @@ def load_preset(
     *,
     overlay: str | Sequence[str] | None = None,
     flags: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    checks: Sequence[Check] = (),
 ) -> Preset:
     """Load, merge and validate. ``overlay``: one ``--config`` file or several, merged
-    in order (a later one wins). Raises ConfigError with a one-line message."""
+    in order (a later one wins); ``environ``: the environment whose ``ENV_KEYS`` are a
+    layer (None: none is); ``checks``: run after validation, in order. Raises
+    ConfigError with a one-line message."""
     preset_path = find_preset(preset)
     doc = _read_with_extends(preset_path)
     layers: list[tuple[Path, set[tuple[str, ...]]]] = []  # each overlay and its keys
@@ -245,6 +267,13 @@ def load_preset(
         layers.append((overlay_path, _leaf_paths(over)))
         doc = deep_merge(doc, over)
     doc.setdefault("name", preset_path.stem)
+    env_keys: dict[tuple[str, ...], str] = {}
+    for var, (table, key) in ENV_KEYS.items():
+        if environ is not None and environ.get(var, "") != "":
+            section = dict(doc.get(table, {})) if isinstance(doc.get(table), Mapping) else {}
+            section[key] = environ[var]  # a string: pydantic parses it as the field's type
+            doc[table] = section
+            env_keys[(table, key)] = var
     flag_keys: set[tuple[str, ...]] = set()
     if flags:
         run = dict(doc.get("run", {})) if isinstance(doc.get("run"), Mapping) else {}
@@ -259,10 +288,14 @@ def load_preset(
         for i in range(len(keys), 0, -1):
             if keys[:i] in flag_keys:
                 return "--" + keys[-1].replace("_", "-")
+            if keys[:i] in env_keys:
+                return env_keys[keys[:i]]
             for path, keys_of in reversed(layers):  # the last file to set it
                 if keys[:i] in keys_of:
                     return str(path)
-        return str(preset_path)
+        # A table's own check (watchdog's tier order) over keys the environment set.
+        under = [var for key, var in env_keys.items() if key[:len(keys)] == keys and keys]
+        return f"{preset_path} with {', '.join(under)}" if under else str(preset_path)
 
     refs: list[EnvRef] = []
     try:
@@ -295,18 +328,12 @@ def load_preset(
         check_templates(result)
     except TemplateError as e:
         raise ConfigError(f"{origin(tuple(e.path.split('.')))}: {e.path}: {e.msg}") from None
-    from autopilot.state.fsguard import template_problems  # after validation: it renders paths
-
-    problems = template_problems(result)
-    if not problems:
-        from autopilot.backends.base import backend_class
-
-        for key, why in backend_class(result.backend.kind).load_problems(result)[:1]:
-            raise ConfigError(f"{origin(tuple(key.split('[')[0].split('.')))}: {key}: {why}")
-    if problems:
-        key, why = problems[0]
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise ConfigError(f"{origin(tuple(key.split('[')[0].split('.')))}: {key}: "
-                          f"unsafe path {why}{more}")
+    for run_check in checks:
+        problems = run_check(result)
+        if problems:
+            key, why = problems[0]
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise ConfigError(f"{origin(tuple(key.split('[')[0].split('.')))}: {key}: "
+                              f"{why}{more}")
     result.set_env_refs(tuple(dict.fromkeys(refs)))
     return result

@@ -171,16 +171,15 @@ class _Tee:
 _current_file: IO[Any] | None = None
 
 
-def configure(log_path: Path | None, secrets: Iterable[str] = (), console: bool = True,
+def configure(log_file: IO[Any] | None, secrets: Iterable[str] = (), console: bool = True,
               level: str = "info", console_floor: str | None = None) -> Redactor:
+    """Route structured events to the console and to ``log_file``, a text file the
+    caller opened (the run opens ``autopilot.log`` through ``state.statedir``: 0600,
+    never through a symlink); it is this module's to close from then on."""
     global _current_file
-    if _current_file is not None:
+    if _current_file is not None and _current_file is not log_file:
         _current_file.close()
-        _current_file = None
-    if log_path is not None:
-        from autopilot.state.statedir import open_append
-
-        _current_file = open_append(log_path, binary=False)
+    _current_file = log_file
     redactor = Redactor(secrets)
     processors: list[Any] = [
         structlog.contextvars.merge_contextvars,

@@ -6,9 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import cli_env, run_cli, write_overlay
 
 from autopilot.errors import ConfigError
 from autopilot.loader import load_preset
+from autopilot.run.admission import load_admitted
+from autopilot.state.readers import load_recorded
 from autopilot.templates import render_argv
 
 DEMO = "demo"
@@ -208,3 +211,56 @@ def test_a_config_that_is_no_file_says_which(tmp_path: Path) -> None:
         r = run_cli("--preset", "demo", "--target-n", "1", "--config", given, "--dry-run",
                     "--state-dir", str(tmp_path / "s"))
         assert r.returncode == 2 and r.stderr == f"autopilot: error: --config {why}\n"
+
+
+def test_the_environments_stall_overrides_are_a_loader_layer(tmp_path: Path) -> None:
+    env = {"AUTOPILOT_STALL_WARN_S": "2.5", "AUTOPILOT_STALL_KILL_S": "40",
+           "AUTOPILOT_STALL_GRACE_S": ""}  # empty: not set
+    p = load_preset("demo", environ=env)
+    assert (p.watchdog.warn_secs, p.watchdog.kill_secs) == (2.5, 40)
+    assert p.watchdog.teardown_grace_secs == load_preset("demo").watchdog.teardown_grace_secs
+    # None: no layer (the readers of a state dir never take their shell's values)
+    assert load_preset("demo").watchdog.warn_secs == 2
+    # A bad value names the variable it came from.
+    with pytest.raises(ConfigError) as e:
+        load_preset("demo", environ={"AUTOPILOT_STALL_PROBE_S": "soon"})
+    assert str(e.value).startswith("AUTOPILOT_STALL_PROBE_S: watchdog.probe_secs: ")
+    with pytest.raises(ConfigError) as e:
+        load_preset("demo", environ={"AUTOPILOT_STALL_WARN_S": "1000"})
+    assert str(e.value).endswith("demo.toml with AUTOPILOT_STALL_WARN_S: watchdog: expected "
+                                 "warn_secs <= probe_secs <= kill_secs")
+
+
+def test_the_limits_in_force_reach_status_json_and_the_resolved_record(
+        state_dir: Path, tmp_path: Path) -> None:
+    over = write_overlay(tmp_path / "o.json", {
+        "vars": {"think_secs": "0"}, "tasks": [{"id": "p1_bugfix", "stuck_secs": 700}],
+        "arms": [{"label": "demo-nothink", "mode": "nothink"}]})
+    r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                "--state-dir", str(state_dir), "--quiet",
+                env=cli_env(AUTOPILOT_STALL_WARN_S="2.5", AUTOPILOT_STALL_KILL_S="44"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    status = json.loads((state_dir / "status.json").read_text())
+    assert status["thresholds"] == {"warn_secs": 2.5, "probe_secs": 3, "kill_secs": 44,
+                                    "stuck_secs": 4,
+                                    "tasks": {"p1_bugfix": {"stuck_secs": 700}}}
+    preset, _ = load_recorded(state_dir)  # what every later verb and a Ray node see
+    assert (preset.watchdog.warn_secs, preset.watchdog.kill_secs) == (2.5, 44)
+    bad = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                  "--state-dir", str(tmp_path / "st2"), "--quiet",
+                  env=cli_env(AUTOPILOT_STALL_KILL_S="-1"))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+    assert bad.stderr.startswith("autopilot: error: AUTOPILOT_STALL_KILL_S: watchdog.kill_secs: ")
+
+
+def test_the_backends_own_check_is_admissions_and_names_the_file(tmp_path: Path) -> None:
+    # Without shared storage a Ray node ships back only what lies under the state dir:
+    # an output dir elsewhere parses, and is refused before a run is made of it.
+    over = write_overlay(tmp_path / "o.json", {
+        "backend": {"kind": "ray", "shared_state_dir": False},
+        "harness": {"output_dir": str(tmp_path / "out/{cell}")}})
+    assert load_preset("demo", overlay=str(over)).backend.kind == "ray"
+    with pytest.raises(ConfigError) as e:
+        load_admitted("demo", overlay=str(over))
+    assert str(e.value).startswith(f"{over}: harness.output_dir: ")
+    assert "outside {state_dir}" in str(e.value)

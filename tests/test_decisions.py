@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
+from conftest import write_overlay
 
 from autopilot.cell.validity import Checks, GradeOutcome, RunOutcome, classify
-from autopilot.cell.watchdog import Limits, Observation, WatchState, cell_deadline, decide
+from autopilot.cell.watchdog import Limits, Observation, WatchState, decide
 from autopilot.config import DEFAULT_VERDICTS, BuiltinEndpoint
 from autopilot.endpoints.base import probe_pause
 from autopilot.endpoints.policy import backoff_secs, restart_action
+from autopilot.limits import limits_for
+from autopilot.loader import load_preset
 from autopilot.run.placement import ReplicaView, choose_replica
 from autopilot.run.runbook import StreakState, should_quarantine, streak_step
 from autopilot.state.status import eta_secs, fmt_secs, oneline
@@ -71,9 +75,16 @@ def test_teardown_not_flagged_when_process_exits() -> None:
     assert [d.action for d in ds] == ["OK", "OK"]
 
 
-def test_cell_deadline_cap() -> None:
-    assert cell_deadline(100, 600, 600, 3600) == 1300
-    assert cell_deadline(100, 5000, 600, 3600) == 3700
+def test_a_cells_deadline_is_its_budget_plus_overhead_under_the_cap(tmp_path: Path) -> None:
+    over = write_overlay(tmp_path / "o.json", {
+        "watchdog": {"deadline_overhead_secs": 600, "deadline_cap_secs": 3600},
+        "harness": {"wall_budget_secs": 600},
+        "tasks": [{"id": "p1_bugfix", "wall_budget_secs": 5000, "stuck_secs": 77},
+                  {"id": "p2_hallucination"}]})
+    p = load_preset("demo", overlay=str(over))
+    long, short = limits_for(p, "p1_bugfix"), limits_for(p, "p2_hallucination")
+    assert (short.deadline_secs, short.stuck_secs) == (1200, p.watchdog.stuck_secs)
+    assert (long.deadline_secs, long.stuck_secs, long.wall_budget_secs) == (3600, 77, 5000)
 
 
 R = DEFAULT_VERDICTS

@@ -12,6 +12,7 @@ from conftest import run_cli, write_overlay
 
 from autopilot.errors import ConfigError
 from autopilot.loader import load_preset
+from autopilot.run.admission import load_admitted
 from autopilot.state.fsguard import UnsafePath, check, move_tree, remove_tree, run_roots
 
 
@@ -122,13 +123,15 @@ def test_an_empty_scratch_placeholder_is_a_config_error_and_deletes_nothing(
     ("/{cell}", "it is or contains"),            # one level under /: no root to stay in
     ("relative/{cell}", "not an absolute path"),
 ])
-def test_unsafe_scratch_templates_are_refused_at_load(tmp_path: Path, scratch: str,
-                                                      why: str, monkeypatch) -> None:
+def test_unsafe_scratch_templates_are_refused_at_admission(tmp_path: Path, scratch: str,
+                                                           why: str, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     over = write_overlay(tmp_path / "o.json", {
         "vars": {"scratch": str(tmp_path)}, "harness": {"scratch_dirs": [scratch]}})
+    load_preset("demo", overlay=str(over))  # parses: the check is admission's, not the loader's
     with pytest.raises(ConfigError, match=r"harness\.scratch_dirs") as e:
-        load_preset("demo", overlay=str(over))
+        load_admitted("demo", overlay=str(over))
+    assert f"{over}: harness.scratch_dirs[0]: unsafe path" in str(e.value)
     assert why in str(e.value) or "outside the run's roots" in str(e.value)
 
 
@@ -147,5 +150,5 @@ def test_a_task_id_climbing_out_of_the_output_dir_is_refused(tmp_path: Path) -> 
     # task '..' with output_dir ".../logs/{task}" moved an unrelated dir into attempts/
     over = write_overlay(tmp_path / "o.json", {
         "tasks": [{"id": ".."}], "harness": {"output_dir": str(tmp_path / "logs/{task}")}})
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="task id"):  # the loader's: the id's shape
         load_preset("demo", overlay=str(over))

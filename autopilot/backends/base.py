@@ -22,7 +22,6 @@ from __future__ import annotations
 import abc
 import contextlib
 import importlib
-import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from functools import partial
@@ -132,9 +131,6 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
         stopping=port.stopping, forced=port.forced, clock=clock,
         on_tick=lambda cid, s, tier: port.tick(cid, clock() - s.last_transcript, tier,
                                                 s.last_signal),
-        # os.environ decoded once: for every cell it is measurable at 200 cells
-        env_overrides={k: v for k, v in os.environ.items()
-                       if k.startswith("AUTOPILOT_STALL_")},
         # A spooled log is redacted and capped when its attempt ends (logsetup.SPOOL_CAP).
         redact=w.redactor.scrub, scrub_file=partial(w.redactor.scrub_file, cap=SPOOL_CAP),
         remove_sandbox=w.remove_sandbox, sandbox_activity=w.sandbox_activity,

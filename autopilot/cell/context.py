@@ -114,7 +114,6 @@ class CellContext:
     forced: Callable[[], bool]
     clock: Callable[[], float] = time.monotonic
     on_tick: Callable[[str, WatchState, str], None] = lambda cid, s, tier: None
-    env_overrides: dict[str, str] = field(default_factory=dict)
     redact: Callable[[str], str] = lambda s: s
     scrub_file: Callable[[Path], bool] = lambda p: False  # logsetup.Redactor.scrub_file
     # Docker hooks (None when no sandbox is configured or Docker is not in use)

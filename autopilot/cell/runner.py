@@ -49,7 +49,8 @@ from autopilot.cell.validity import (
     served_as,
     unmetered,
 )
-from autopilot.cell.watchdog import Limits, Observation, WatchState, cell_deadline, decide
+from autopilot.cell.watchdog import Limits, Observation, WatchState, decide
+from autopilot.limits import limits_for
 from autopilot.logsetup import SPOOL_CAP, bind_contextvars, get_logger, unbind_contextvars
 from autopilot.plan import Cell
 from autopilot.state.fsguard import UnsafePath
@@ -82,6 +83,7 @@ class CellRun:
         self.cell = cell
         self.attempt = attempt
         self.p = cx.preset
+        self.limits = limits_for(cx.preset, cell.task)
         self.ctx = template_context(cx.preset, cell, attempt, cx.state_dir, cx.keeper)
         self.output_dir = Path(self.ctx["output_dir"])
         self.transcript = Path(self.ctx["transcript"])
@@ -125,19 +127,11 @@ class CellRun:
         return str(lookup(row, spec.field)) in spec.values
 
     def _limits(self, start_mono: float) -> Limits:
-        w = self.p.watchdog
-        task = self.p.task(self.cell.task)
-        budget = task.wall_budget_secs or self.p.harness.wall_budget_secs
-        env = self.cx.env_overrides
-        return Limits(
-            warn_secs=float(env.get("AUTOPILOT_STALL_WARN_S", w.warn_secs)),
-            probe_secs=float(env.get("AUTOPILOT_STALL_PROBE_S", w.probe_secs)),
-            kill_secs=float(env.get("AUTOPILOT_STALL_KILL_S", w.kill_secs)),
-            stuck_secs=task.stuck_secs or w.stuck_secs,
-            teardown_grace_secs=float(env.get("AUTOPILOT_STALL_GRACE_S", w.teardown_grace_secs)),
-            deadline=cell_deadline(start_mono, budget, w.deadline_overhead_secs,
-                                   w.deadline_cap_secs),
-        )
+        tl = self.limits
+        return Limits(warn_secs=tl.warn_secs, probe_secs=tl.probe_secs,
+                      kill_secs=tl.kill_secs, stuck_secs=tl.stuck_secs,
+                      teardown_grace_secs=tl.teardown_grace_secs,
+                      deadline=start_mono + tl.deadline_secs)
 
     def _env(self, deadline_epoch: float) -> dict[str, str]:
         env = dict(self.cx.base_env)
@@ -457,14 +451,14 @@ class CellRun:
                 return None, None
             if cx.stopping():
                 self.abandoned = True
-                await self._kill(0.0 if cx.forced() else self.p.watchdog.kill_grace_secs)
+                await self._kill(0.0 if cx.forced() else self.limits.kill_grace_secs)
                 return None, None
             if cx.keeper.failed:
                 # The endpoint has failed for good: nothing this cell waits for will
                 # come. End it now (INVALID(endpoint_down): its outage never ended),
                 # not after stuck_secs of a frozen transcript.
                 reason = f"endpoint failed for good: {cx.keeper.failed}"
-                pids = await self._kill(self.p.watchdog.kill_grace_secs)
+                pids = await self._kill(self.limits.kill_grace_secs)
                 cx.emit("cell_killed", cell=self.cell.id, attempt=self.attempt,
                         kind="endpoint_failed", reason=reason, pids=pids)
                 return None, reason
@@ -510,7 +504,7 @@ class CellRun:
                     return None, None  # it ended while we were not looking: the truth
                 # a substance kill is a stall with a reason: INVALID(stall)
                 self.working = bool(meter is not None and meter.in_flight)
-                pids = await self._kill(self.p.watchdog.kill_grace_secs)
+                pids = await self._kill(self.limits.kill_grace_secs)
                 cx.emit("cell_killed", cell=self.cell.id, attempt=self.attempt,
                         kind=d.kind, reason=d.reason, pids=pids)
                 return _KILLED.get(d.kind or "stall", "stall"), d.reason

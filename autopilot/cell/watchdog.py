@@ -144,8 +144,3 @@ def decide(state: WatchState, obs: Observation, limits: Limits) -> tuple[WatchSt
     changed = action != s.tier
     s = replace(s, tier=action)
     return s, Decision(action, reason, kind, changed, idle, frozen)
-
-
-def cell_deadline(start: float, wall_budget_secs: float, overhead: float, cap: float) -> float:
-    """Absolute deadline: the task's own wall budget + overhead, capped."""
-    return start + min(wall_budget_secs + overhead, cap)

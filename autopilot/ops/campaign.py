@@ -100,7 +100,7 @@ def load_roster(path: Path, target_n: int | None, campaign_dir: Path | None = No
                 ) -> tuple[Roster, list[Planned]]:
     """The roster, validated, with every entry's preset loaded (bad input: ConfigError);
     ``campaign_dir`` defaults to campaign_dir_for(the campaign's name)."""
-    from autopilot.loader import load_preset
+    from autopilot.run.admission import load_admitted
 
     try:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -127,8 +127,8 @@ def load_roster(path: Path, target_n: int | None, campaign_dir: Path | None = No
             ref = str((path.parent / ref).absolute())
         n = target_n or entry.target_n or roster.campaign.target_n
         try:
-            preset = load_preset(ref, overlay=overlay,
-                                 flags={"target_n": n} if n else None)
+            preset = load_admitted(ref, overlay=overlay,
+                                   flags={"target_n": n} if n else None)
         except ConfigError as e:
             raise ConfigError(f"{path}: entry {entry.name}: {e}") from None
         if preset.run.target_n is None:

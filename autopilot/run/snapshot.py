@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autopilot.config import Preset
+from autopilot.limits import limits_for
 from autopilot.plan import Plan
 from autopilot.run.throttle import Throttle
 from autopilot.state.ledger import Ledger
@@ -87,8 +88,7 @@ def build(v: RunView, light: bool = False) -> dict[str, Any]:
         "endpoint": v.endpoint if v.endpoint is not None else {
             "engine": preset.endpoint.engine, "state": "not running"},
         "endpoints": v.endpoints,
-        "thresholds": {"warn_secs": preset.watchdog.warn_secs,
-                       "stuck_secs": preset.watchdog.stuck_secs},
+        "thresholds": thresholds(preset),
         "baseline": preset.baseline.model_dump() if preset.baseline else None,
         "publish": v.publish,
         "spend": {"prompt_tokens": led.spend.prompt,
@@ -123,3 +123,21 @@ def build(v: RunView, light: bool = False) -> dict[str, Any]:
     snap["arms_order"] = arms
     snap["tasks_order"] = tasks
     return snap
+
+
+def thresholds(preset: Preset) -> dict[str, Any]:
+    """The watchdog limits in force (the environment's overrides included: they are a
+    loader layer), and each task whose own differ (``limits_for``)."""
+    w = preset.watchdog
+    out: dict[str, Any] = {"warn_secs": w.warn_secs, "probe_secs": w.probe_secs,
+                           "kill_secs": w.kill_secs, "stuck_secs": w.stuck_secs}
+    by_task = {}
+    for task in preset.tasks:
+        tl = limits_for(preset, task.id)
+        own = {**({"stuck_secs": tl.stuck_secs} if task.stuck_secs else {}),
+               **({"wall_budget_secs": tl.wall_budget_secs} if task.wall_budget_secs else {})}
+        if own:
+            by_task[task.id] = own
+    if by_task:
+        out["tasks"] = by_task
+    return out

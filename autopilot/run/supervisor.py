@@ -57,6 +57,7 @@ from autopilot.state.fsguard import remove_stale_temps, run_roots
 from autopilot.state.fsutil import atomic_write_json, storage_error
 from autopilot.state.journal import Journal
 from autopilot.state.lock import RunLock
+from autopilot.state.statedir import open_append
 
 log = get_logger(__name__)
 
@@ -110,7 +111,8 @@ class Supervisor(Recorder):
             self.run_token = run_token(self.state_dir)
             # Logging starts only once we own the run: a refused second supervisor
             # must not even append to the holder's autopilot.log.
-            logsetup.configure(self.state_dir / "autopilot.log", console=self.opts.console_log,
+            logsetup.configure(open_append(self.state_dir / "autopilot.log", binary=False),
+                               console=self.opts.console_log,
                                secrets=secret_values(self.preset),
                                console_floor="warning" if self.opts.live_view else None)
             self.journal = Journal(self.state_dir / "journal.jsonl")

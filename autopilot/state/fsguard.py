@@ -86,9 +86,9 @@ _LOAD_STATE_DIR = Path("/nonexistent-state-dir")
 
 def template_problems(preset: Preset) -> list[tuple[str, str]]:
     """(config key, why) for every destructive path template that would be refused for
-    some cell, found at load where the template shows it (an empty placeholder, a
-    relative result, a path outside the run's roots): a config error, never a run that
-    refuses each deletion later."""
+    some cell, found at admission (a check handed to the loader) where the template
+    shows it (an empty placeholder, a relative result, a path outside the run's roots):
+    a config error, never a run that refuses each deletion later."""
     from autopilot.plan import Plan, cell_context  # plan imports config only: no cycle
 
     roots = run_roots(preset, _LOAD_STATE_DIR)
@@ -101,7 +101,7 @@ def template_problems(preset: Preset) -> list[tuple[str, str]]:
             try:
                 check(render(template, ctx), roots, _LOAD_STATE_DIR)
             except UnsafePath as e:
-                problems[key] = f"{template!r} for cell {cell.id}: {e}"
+                problems[key] = f"unsafe path {template!r} for cell {cell.id}: {e}"
     return list(problems.items())
 
 

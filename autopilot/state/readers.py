@@ -17,6 +17,7 @@ from autopilot.errors import ConfigError, StateDirError
 from autopilot.loader import load_preset
 from autopilot.plan import Plan
 from autopilot.state import resolved
+from autopilot.state.fsguard import template_problems
 from autopilot.state.statedir import check_trusted
 from autopilot.state.untrusted import owner_of, state_json
 
@@ -85,7 +86,8 @@ def _unrecorded(state_dir: Path, rec: dict[str, Any]) -> Preset:
     preset_ref = rec.get("preset_path") or rec.get("preset")
     if rec.get("preset_path") and not Path(rec["preset_path"]).is_file():
         preset_ref = rec.get("preset")
-    return load_preset(str(preset_ref), overlay=overlays_of(rec.get("config_path")))
+    return load_preset(str(preset_ref), overlay=overlays_of(rec.get("config_path")),
+                       checks=(template_problems,))
 
 
 def record_problem(state_dir: Path) -> str | None:
@@ -121,7 +123,7 @@ def load_trusted(state_dir: Path, ref: str | None,
             raise ConfigError(f"{state_dir}/plan.json: recorded preset {name!r} is not a "
                               "preset name; pass --preset")
         ref = name
-    preset = load_preset(ref, overlay=overlay)
+    preset = load_preset(ref, overlay=overlay, checks=(template_problems,))
     plan = _plan(preset, rec)
     # The cells must be the run's (a fixed grader may change the identity: that is what
     # regrade is for), so the recorded tasks and arms are compared, not the identity.

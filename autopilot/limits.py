@@ -1,0 +1,45 @@
+"""A cell's watchdog limits, resolved in one place.
+
+The preset already holds what is in force (the environment's overrides are a loader
+layer), and a task may set its own ``stuck_secs`` and ``wall_budget_secs``. Every part
+that needs a cell's limits (the runner, recovery, a Ray node, status.json) asks
+``limits_for``, so a value can never differ between the kill decision and what a user
+is shown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from autopilot.config import Preset
+
+
+@dataclass(frozen=True)
+class TaskLimits:
+    warn_secs: float
+    probe_secs: float
+    kill_secs: float
+    stuck_secs: float
+    teardown_grace_secs: float
+    kill_grace_secs: float
+    wall_budget_secs: float
+    # From the attempt's start to the hard deadline: the wall budget plus the overhead
+    # allowed for start-up and teardown, never over the cap.
+    deadline_secs: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def limits_for(preset: Preset, task_id: str) -> TaskLimits:
+    w = preset.watchdog
+    task = preset.task(task_id)
+    budget = task.wall_budget_secs or preset.harness.wall_budget_secs
+    return TaskLimits(
+        warn_secs=w.warn_secs, probe_secs=w.probe_secs, kill_secs=w.kill_secs,
+        stuck_secs=task.stuck_secs or w.stuck_secs,
+        teardown_grace_secs=w.teardown_grace_secs, kill_grace_secs=w.kill_grace_secs,
+        wall_budget_secs=budget,
+        deadline_secs=min(budget + w.deadline_overhead_secs, w.deadline_cap_secs),
+    )
