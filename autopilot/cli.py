@@ -6,6 +6,8 @@
     autopilot regrade [--task T] [--arm A]            re-run the grader on finished cells
     autopilot cleanup [--endpoint] | release | notify-test   reclaim the box; free its
                                                       output dirs; test phone pushes
+    autopilot schema [--partial | --markdown]         the preset's JSON Schema; the
+                                                      option reference
 
 Exit codes: 0 COMPLETE, 1 INCOMPLETE, 2 bad config / usage / preflight, 3 double drive,
 130 / 143 stopped by SIGINT / SIGTERM. Bad input is one line on stderr and nothing is
@@ -15,6 +17,7 @@ written.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import replace
 from functools import partial
@@ -23,8 +26,8 @@ from typing import Any, NoReturn
 
 import anyio
 
-from autopilot import __version__
-from autopilot.cliutil import DEFAULT_STATE_DIR, OneLineParser, default_state_dir, run_and_exit
+from autopilot.cliparser import build_parser
+from autopilot.cliutil import default_state_dir, run_and_exit
 from autopilot.config import Preset
 from autopilot.errors import AutopilotError, ConfigError, LockHeld, OutputsOwned, StateDirError
 from autopilot.loader import find_preset, list_presets, load_preset
@@ -37,152 +40,11 @@ from autopilot.state.readers import load_recorded
 from autopilot.state.untrusted import state_json
 
 
-def positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
-    return n
-
-
-def build_parser() -> argparse.ArgumentParser:
-    ap = OneLineParser(
-        prog="autopilot",
-        description="Self-healing supervisor for long LLM benchmark runs.",
-        epilog="exit codes: 0 complete, 1 incomplete, 2 bad config/usage, 3 double drive, "
-        "130/143 stopped by signal",
-    )
-    ap.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    ap.add_argument("--preset", metavar="PRESET",
-                    help="preset name (see `autopilot presets`) or a .toml path")
-    ap.add_argument("--config", metavar="OVERLAY", action="append",
-                    help="TOML or JSON overlay, deep-merged over the preset (several: in "
-                    "order, a later one wins)")
-    ap.add_argument("--target-n", type=positive_int, metavar="N", help="replicates per task x arm")
-    ap.add_argument("--concurrency", type=positive_int, metavar="N", help="cells at once")
-    ap.add_argument("--max-passes", type=positive_int, metavar="N",
-                    help="sweeps over pending cells")
-    ap.add_argument("--state-dir", default=None, metavar="DIR",
-                    help=f"default $AUTOPILOT_STATE_DIR or {DEFAULT_STATE_DIR}")
-    ap.add_argument("--once", action="store_true",
-                    help="write one status snapshot rebuilt from the journal, then exit")
-    ap.add_argument("--allow-plan-change", action="store_true",
-                    help="resume a state dir whose plan identity differs")
-    ap.add_argument("--notify-config", metavar="FILE",
-                    help="apprise config file (YAML or text, with tags)")
-    ap.add_argument("--offline", action="store_true", help="skip live preflight probes")
-    ap.add_argument("--dry-run", action="store_true",
-                    help="preflight (offline), print the plan, launch nothing")
-    ap.add_argument("--publish", action="store_true",
-                    help="on COMPLETE: scorecard.md + findings.md, committed to a "
-                    "bench-results-<date> branch of the results repo (never pushed)")
-    ap.add_argument("--results-repo", metavar="REPO",
-                    help="git repo for --publish (default: preset "
-                    "publish.results_repo, else the current directory's repo)")
-    ap.add_argument("--metrics-textfile", metavar="PATH",
-                    help="also write Prometheus metrics there on every status write (for "
-                    "node_exporter's textfile collector; name it *.prom)")
-    ap.add_argument("--quiet", action="store_true", help="no console log (file log only)")
-    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
-    sub.add_parser("presets", help="list presets with a one-line description")
-    va = sub.add_parser("validate", help="postflight: classify what is on disk; exit 1 if "
-                        "any cell is INVALID")
-    _which_run(va)
-    rp = sub.add_parser("report", help="findings markdown from the per-cell artifacts")
-    rp.add_argument("--n", type=positive_int, help="up to replicate N (default: the run's)")
-    rp.add_argument("--out", help="write here instead of stdout")
-    _which_run(rp)
-    sm = sub.add_parser("summarize", help="print an arm's PASS/FAIL table")
-    sm.add_argument("arm")
-    _which_run(sm)
-    cl = sub.add_parser("cleanup", help="kill the run's leftover harness/grader processes, "
-                        "remove the plan's sandbox containers and scratch dirs (exact names); "
-                        "refuses while a supervisor holds the run")
-    cl.add_argument("--state-dir", dest="sub_state_dir", metavar="DIR",
-                    help="the run's state dir (default as for the run)")
-    cl.add_argument("--endpoint", action="store_true",
-                    help="also the endpoint container or process")
-    _trusted_preset_args(cl)
-    rl = sub.add_parser("release", help="let other runs write this run's output dirs "
-                        "(cleanup does it too); refuses while a supervisor holds the run")
-    rl.add_argument("--state-dir", dest="sub_state_dir", metavar="DIR",
-                    help="the run's state dir (default as for the run)")
-    _trusted_preset_args(rl)
-    rg = sub.add_parser("regrade", help="re-run the grader on finished cells (PASS, FAIL, "
-                        "ungraded) from their outputs, never the harness; journaled as new "
-                        "grades of the same attempt; refuses while a supervisor holds the run")
-    rg.add_argument("--task", help="only this task's cells")
-    rg.add_argument("--arm", help="only this arm's cells")
-    rg.add_argument("--state-dir", dest="sub_state_dir", metavar="DIR",
-                    help="the run's state dir (default as for the run)")
-    _trusted_preset_args(rg)
-    nt = sub.add_parser("notify-test", help="send one test message to each configured URL")
-    nt.add_argument("--preset", dest="nt_preset", metavar="PRESET",
-                    help="also use this preset's [notify] urls")
-    nt.add_argument("--notify-config", dest="nt_config", metavar="FILE",
-                    help="apprise config file")
-    ca = sub.add_parser("campaign", help="run a roster of presets (models) one after another "
-                        "(hosted providers beside them), each in its own state dir under "
-                        "the campaign dir; re-entrant like a run")
-    ca.add_argument("roster", metavar="ROSTER.toml")
-    ca.add_argument("--target-n", dest="ca_target_n", type=positive_int, metavar="N",
-                    help="N for every entry (default: the entry's, then [campaign])")
-    ca.add_argument("--state-dir", dest="sub_state_dir", metavar="DIR",
-                    help="the campaign dir (default $AUTOPILOT_STATE_DIR-campaigns/NAME)")
-    ca.add_argument("--dry-run", dest="ca_dry_run", action="store_true",
-                    help="print every entry's plan and the order; launch nothing")
-    ca.add_argument("--quiet", dest="ca_quiet", action="store_true",
-                    help="no console log (the campaign's journal and entry logs stay)")
-    bo = sub.add_parser("board", help="one board across runs (a campaign dir, or run dirs): "
-                        "board.json + board.md, per model and arm")
-    bo.add_argument("dirs", nargs="+", metavar="DIR")
-    bo.add_argument("--allow-mixed", action="store_true",
-                    help="build it even if the runs' task tables or graders differ (marked)")
-    bo.add_argument("--out", dest="bo_out", metavar="DIR",
-                    help="where board.json and board.md go (default: the campaign dir when "
-                    "one is given, else here)")
-    bo.add_argument("--publish", dest="bo_publish", action="store_true",
-                    help="also commit them to the results repo's bench-results-<date> branch")
-    bo.add_argument("--results-repo", dest="bo_repo", metavar="REPO",
-                    help="git repo for --publish (default: the current directory's)")
-    it = sub.add_parser("init", help="write a commented starter preset NAME.toml with its "
-                        "harness and grader scripts (what --dry-run accepts as it is)")
-    it.add_argument("name", metavar="NAME")
-    it.add_argument("--dir", default=".", metavar="DIR", help="where (default: here)")
-    co = sub.add_parser("completion", help="print a shell completion script (bash, zsh, "
-                        "tcsh): e.g. `autopilot completion bash > "
-                        "/etc/bash_completion.d/autopilot`")
-    co.add_argument("shell", choices=("bash", "zsh", "tcsh"))
-    return ap
-
-
-def _which_run(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--state-dir", dest="sub_state_dir", metavar="DIR",
-                    help="the run's state dir (default as for the run)")
-    sp.add_argument("--preset", dest="sub_preset", metavar="NAME",
-                    help="without --state-dir: the run of this preset in the default dirs")
-
-
-def _trusted_preset_args(sp: argparse.ArgumentParser) -> None:
-    # Verbs that delete or run commands never take a preset *path* from plan.json (a
-    # planted plan.json would name the attacker's preset): the user names it, or the
-    # recorded preset *name* is looked up among the preset dirs.
-    sp.add_argument("--preset", dest="sub_preset", metavar="PRESET",
-                    help="the preset the run was made with (default: the run's own record, "
-                    "preset.resolved.json; for a run without one its recorded name, looked "
-                    "up among the preset dirs; never a path from plan.json)")
-    sp.add_argument("--config", dest="sub_config", metavar="OVERLAY",
-                    help="the overlay the run was made with")
-
-
 def _state_dir(args: argparse.Namespace) -> Path:
     """``--state-dir`` given after a verb, before it, ``$AUTOPILOT_STATE_DIR``, or the default."""
     from autopilot.state.statedir import settled
 
-    chosen = getattr(args, "sub_state_dir", None) or args.state_dir or default_state_dir(
-        getattr(args, "sub_preset", None) or args.preset)
+    chosen = args.state_dir or default_state_dir(args.preset)
     # resolved once, link by link (a symlink of another user's is refused): every later
     # open goes through a path without a symlink, so a swap after the check is nothing
     return settled(Path(chosen).absolute())
@@ -204,10 +66,9 @@ def cmd_notify_test(args: argparse.Namespace) -> int:
     logsetup.configure(None)  # events to stderr; stdout is the per-URL result table
 
     urls = urls_from_env()
-    if args.nt_preset:
-        urls = [*load_preset(args.nt_preset).notify.urls, *urls]
-    config = args.nt_config or args.notify_config
-    notifier = Notifier(urls, config)
+    if args.preset:
+        urls = [*load_preset(args.preset).notify.urls, *urls]
+    notifier = Notifier(urls, args.notify_config)
     if not notifier.enabled:
         raise ConfigError("notify-test: no URLs (set [notify].urls in the preset, "
                           "AUTOPILOT_NOTIFY_URLS, or --notify-config)")
@@ -283,8 +144,7 @@ def load_trusted(state_dir: Path, args: argparse.Namespace) -> tuple[Preset, Pla
     autopilot.state.readers.load_trusted), from the verb's --preset / --config."""
     from autopilot.state.readers import load_trusted as trusted
 
-    return trusted(state_dir, getattr(args, "sub_preset", None) or args.preset,
-                   getattr(args, "sub_config", None) or args.config)
+    return trusted(state_dir, args.preset, args.config)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -403,8 +263,8 @@ def cmd_board(args: argparse.Namespace) -> int:
 
     dirs = [Path(d) for d in args.dirs]
     result = board.build(dirs, allow_mixed=args.allow_mixed)
-    if args.bo_out:
-        out = Path(args.bo_out).absolute()
+    if args.out:
+        out = Path(args.out).absolute()
     elif len(dirs) == 1 and not (dirs[0] / "plan.json").exists():
         out = dirs[0].absolute()  # a campaign dir: the board sits beside its entries
     else:
@@ -414,8 +274,8 @@ def cmd_board(args: argparse.Namespace) -> int:
         raise StateDirError(f"--out {why}")
     for path in board.write(result, out):
         print(f"wrote {path}")
-    if args.bo_publish:
-        repo = Path(args.bo_repo or Path.cwd())
+    if args.publish:
+        repo = Path(args.results_repo or Path.cwd())
         res = publish.publish(repo, {"bench-results/board/board.md": board.to_markdown(result),
                                      "bench-results/board/board.json": board.to_json(result)},
                               f"bench-autopilot: board of {len(result['runs'])} runs")
@@ -439,12 +299,10 @@ def cmd_campaign(args: argparse.Namespace) -> int:
     )
 
     roster_path = Path(args.roster).absolute()
-    target_n = args.ca_target_n or args.target_n
-    roster, planned = load_roster(roster_path, target_n, None)
-    cdir = campaign_dir_for(roster.campaign.name, getattr(args, "sub_state_dir", None)
-                            or args.state_dir)
+    roster, planned = load_roster(roster_path, args.target_n, None)
+    cdir = campaign_dir_for(roster.campaign.name, args.state_dir)
     planned = [replace(p, state_dir=cdir / p.entry.name) for p in planned]
-    if args.ca_dry_run:
+    if args.dry_run:
         print(f"campaign {roster.campaign.name}: {len(planned)} entries in {cdir}")
         print(order_text(planned, roster.providers))
         for p in planned:
@@ -458,7 +316,7 @@ def cmd_campaign(args: argparse.Namespace) -> int:
     why = check_writable_dir(cdir)
     if why:
         raise StateDirError(f"campaign dir {why}")
-    logsetup.configure(None, console=not (args.quiet or args.ca_quiet))
+    logsetup.configure(None, console=not args.quiet)
     return anyio.run(Campaign(roster_path, cdir, planned, roster.providers,
                               roster.campaign).run)
 
@@ -552,6 +410,12 @@ def main(argv: list[str] | None = None) -> int:
             for path in written:
                 print(f"wrote {path}")
             print(f"next: autopilot --preset {written[0]} --target-n 2 --dry-run")
+            return 0
+        if args.command == "schema":
+            from autopilot import reference
+
+            print(reference.reference_markdown() if args.markdown else
+                  json.dumps(reference.json_schema(partial=args.partial), indent=2))
             return 0
         if args.command == "completion":
             import shtab

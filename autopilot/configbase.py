@@ -16,7 +16,9 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # A field's docstring is its description: in `autopilot schema`, in the generated
+    # option reference (docs/reference.md) and in an editor's TOML completion.
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
 def check_name(value: str, what: str) -> str:

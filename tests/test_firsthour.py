@@ -204,8 +204,8 @@ def test_every_cell_that_is_not_valid_says_why(tmp_path: Path) -> None:
 
 
 def readme_blocks() -> dict[str, str]:
-    """The files of README's "Writing your own preset" example, by name."""
-    text = (ROOT / "README.md").read_text()
+    """The files of docs/presets.md's "Writing your own preset" example, by name."""
+    text = (ROOT / "docs" / "presets.md").read_text()
     section = text.split("### Writing your own preset", 1)[1].split("\n### ", 1)[0]
     out = {}
     for name, body in __import__("re").findall(r"`([\w.-]+)`:\n\n```\w+\n(.*?)```", section,
@@ -214,13 +214,13 @@ def readme_blocks() -> dict[str, str]:
     return out
 
 
-def test_the_readme_example_is_what_init_writes_and_it_runs(tmp_path: Path) -> None:
+def test_the_documented_example_is_what_init_writes_and_it_runs(tmp_path: Path) -> None:
     blocks = readme_blocks()
     assert set(blocks) == {"my-bench.toml", "my-bench_harness.py", "my-bench_grader.py"}
     r = run_cli("init", "my-bench", "--dir", str(tmp_path))
     assert r.returncode == 0, r.stderr
     for name, body in blocks.items():
-        assert (tmp_path / name).read_text() == body, name  # the README is the truth
+        assert (tmp_path / name).read_text() == body, name  # the page is the truth
     dry = run_cli("--preset", "./my-bench.toml", "--target-n", "2", "--dry-run",
                   "--state-dir", str(tmp_path / "s"), cwd=tmp_path)
     assert dry.returncode == 0, dry.stderr

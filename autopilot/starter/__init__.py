@@ -1,4 +1,4 @@
-"""``autopilot init NAME``: a starter preset, its harness and its grader (the README's
+"""``autopilot init NAME``: a starter preset, its harness and its grader (docs/presets.md's
 "Writing your own preset" example, which a test runs as written)."""
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ class NodePort:
         return self.stop
 
     def handing_over(self) -> bool:
-        return False  # a node's attempts end with its actor (README: Ray keeps its way)
+        return False  # a node's attempts end with its actor (docs/runbook.md: Ray keeps its way)
 
     def forced(self) -> bool:
         return self.force
