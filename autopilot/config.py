@@ -51,7 +51,6 @@ from autopilot.measureconfig import Baseline as Baseline
 from autopilot.measureconfig import Budget as Budget
 from autopilot.measureconfig import Comparator as Comparator
 from autopilot.measureconfig import Cost as Cost
-from autopilot.runconfig import GATEWAY_ENGINES as GATEWAY_ENGINES
 from autopilot.runconfig import RAY_ADDRESS_RE as RAY_ADDRESS_RE
 from autopilot.runconfig import Backend as Backend
 from autopilot.runconfig import Gateway as Gateway
@@ -124,7 +123,7 @@ class Preset(_Frozen):
         """The endpoint's GPUs are this host's (the local backend serving a local
         engine), and sampling is not off (autopilot.run.power)."""
         return (self.cost.power == "auto" and self.backend.kind == "local"
-                and self.endpoint.engine in ("llamacpp", "vllm"))
+                and self.endpoint.serves_here)
 
     @field_validator("comparators", mode="before")
     @classmethod
@@ -191,9 +190,12 @@ class Preset(_Frozen):
                              "settings (arms that restart the endpoint run one group at a "
                              "time); pin arms to replicas instead")
         requested = [a.label for a in self.arms if a.request]
-        if requested and not (self.gateway.enabled and self.endpoint.engine in GATEWAY_ENGINES):
+        if requested and not (self.gateway.enabled and self.endpoint.through_gateway):
             raise ValueError(f"arm(s) {', '.join(requested)}: request settings need the "
-                             f"gateway (gateway = true, engine one of {GATEWAY_ENGINES})")
+                             f"gateway (gateway = true, and an endpoint it serves: engine "
+                             f"{self.endpoint.engine!r} has none)" if self.gateway.enabled
+                             else f"arm(s) {', '.join(requested)}: request settings need "
+                             "the gateway (gateway = true)")
         self._check_backend()
         return self
 
@@ -217,7 +219,7 @@ class Preset(_Frozen):
         if self.grader.mode != "per-cell":
             raise ValueError("backend.kind = 'ray' grades on the node: grader.mode must "
                              "be 'per-cell'")
-        if self.harness.sandbox_container or getattr(self.endpoint, "mode", "") == "docker":
+        if self.harness.sandbox_container or self.endpoint.container() is not None:
             raise ValueError("backend.kind = 'ray' runs endpoints and harnesses as processes "
                              "on the nodes (Docker on nodes is not built yet): leave "
                              "harness.sandbox_container unset and endpoint.mode = 'process'")

@@ -6,7 +6,8 @@ endpoint code that runs these is in autopilot.endpoints.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field
 
@@ -15,6 +16,47 @@ from autopilot.configbase import Frozen as _Frozen
 
 class EndpointCommon(_Frozen):
     """What every engine's endpoint table has."""
+
+    # ---- the engine's traits (class-level: what the engine is, not how it is set)
+    # A cell's requests can go through the model gateway (a listener per attempt).
+    through_gateway: ClassVar[bool] = True
+    # /v1/models answers exactly the id it was given (a hosted provider may answer a
+    # dated version of it): the served model must then equal the preset's.
+    names_model_exactly: ClassVar[bool] = True
+    # Its process and GPUs are the machine's that starts it (power is sampled, its
+    # binary and model file are pinned and checked at preflight).
+    serves_here: ClassVar[bool] = False
+    # A hosted API: its host is a campaign's provider, its key a secret of the run.
+    hosted: ClassVar[bool] = False
+
+    def key_env(self) -> str:
+        """The NAME of the variable that holds the endpoint's key ("": none)."""
+        return ""
+
+    def hosted_at(self) -> str:
+        """Where a hosted API lives (its host: a campaign runs one entry per provider at
+        a time); "" for an engine of ours."""
+        return ""
+
+    def container(self) -> DockerFields | None:
+        """The container the endpoint runs in (None: a process, or nothing of ours)."""
+        return None
+
+    def engine_env(self) -> dict[str, str]:
+        """The environment the preset gives the engine's process."""
+        return {}
+
+    def gpus(self, replica: int) -> frozenset[str] | None:
+        """A replica's GPUs: its ``CUDA_VISIBLE_DEVICES``, else its container's ``gpus``,
+        else every GPU (None)."""
+        envs = self.replica_env
+        env = {**self.engine_env(), **(envs[replica] if replica < len(envs) else {})}
+        devices = env.get("CUDA_VISIBLE_DEVICES")
+        box = self.container()
+        if devices is None and box is not None and box.gpus != "all":
+            devices = "" if box.gpus == "none" else box.gpus
+        return None if devices is None else frozenset(
+            d.strip() for d in devices.split(",") if d.strip())
 
     host: str = "127.0.0.1"
     """The host the endpoint listens on."""
@@ -112,6 +154,14 @@ class LlamaCppEndpoint(EndpointCommon):
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment of the server."""
 
+    serves_here: ClassVar[bool] = True
+
+    def container(self) -> DockerFields | None:
+        return self.docker if self.mode == "docker" else None
+
+    def engine_env(self) -> dict[str, str]:
+        return self.env
+
 
 class VllmEndpoint(EndpointCommon):
     """vLLM's OpenAI-compatible server, started and kept by the run (or attached to)."""
@@ -141,6 +191,14 @@ class VllmEndpoint(EndpointCommon):
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment of the server."""
 
+    serves_here: ClassVar[bool] = True
+
+    def container(self) -> DockerFields | None:
+        return self.docker if self.mode == "docker" else None
+
+    def engine_env(self) -> dict[str, str]:
+        return self.env
+
 
 class ProviderEndpoint(EndpointCommon):
     """A hosted provider: probed for the key and the exact model id at preflight."""
@@ -152,6 +210,15 @@ class ProviderEndpoint(EndpointCommon):
     api_key_env: str = ""
     """The NAME of the variable that holds the key; its value is never logged."""
 
+    names_model_exactly: ClassVar[bool] = False
+    hosted: ClassVar[bool] = True
+
+    def key_env(self) -> str:
+        return self.api_key_env
+
+    def hosted_at(self) -> str:
+        return urlsplit(self.base_url).netloc or self.base_url
+
 
 class NoEndpoint(EndpointCommon):
     """A job without a model endpoint (a harness that needs none): nothing is started or
@@ -159,6 +226,8 @@ class NoEndpoint(EndpointCommon):
 
     engine: Literal["none"]
     """No endpoint."""
+
+    through_gateway: ClassVar[bool] = False
 
 
 # The endpoint table's model per engine tag (config-error suggestions walk them).

@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from autopilot.config import NAME_RE, PRESETS_ENV, EnvRef, Preset
+from autopilot.config import ENGINE_MODELS, NAME_RE, PRESETS_ENV, EnvRef, Preset
 from autopilot.errors import ConfigError
 from autopilot.templates import TemplateError, check_templates
 
@@ -235,7 +235,7 @@ def _fmt_loc(loc: Iterable[Any]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("builtin", "llamacpp", "vllm", "provider", "none") and out == "endpoint":
+        elif part in ENGINE_MODELS and out == "endpoint":
             continue  # the discriminator tag pydantic inserts; not a key the user wrote
         else:
             out += ("." if out else "") + str(part)

@@ -82,9 +82,6 @@ class Preflight(_Frozen):
     """Each of ``commands`` is killed, and the run refused, after this long."""
 
 
-GATEWAY_ENGINES = ("builtin", "llamacpp", "vllm", "provider")
-
-
 class Gateway(_Frozen):
     """The model gateway (autopilot.gateway): every model request of a cell through a
     listener of its own, metered and recorded (``gateway = false`` switches it off)."""

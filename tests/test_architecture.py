@@ -184,3 +184,52 @@ def test_httpx_and_structlog_load_without_the_cli_and_console_they_probe_for() -
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr[-1000:]
+
+
+def _strings(node: ast.AST) -> set[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return {s for e in node.elts for s in _strings(e)}
+    if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("frozenset", "set"):
+        return {s for a in node.args for s in _strings(a)}
+    return set()
+
+
+def test_no_module_outside_the_endpoints_switches_on_an_engine() -> None:
+    # An engine's knowledge is its own (the traits on its config model, the hooks on
+    # its class): a module that compares `engine` with a name, keeps a set of engine
+    # names or probes an endpoint's fields with getattr would have to change with every
+    # new engine.
+    from autopilot.config import ENGINE_MODELS
+    from autopilot.endpoints import ENGINES
+
+    assert set(ENGINES) == set(ENGINE_MODELS)
+    names = set(ENGINE_MODELS) - {"none"}  # "none" is a word of other settings too
+    found = []
+    for path in PKG.rglob("*.py"):
+        mod = module_name(path)
+        if mod.startswith("autopilot.endpoints") or mod == "autopilot.endpointconfig":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            where = f"{mod}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                if any(isinstance(s, ast.Attribute) and s.attr == "engine" for s in sides) \
+                        or any(_strings(s) & names for s in sides):
+                    found.append(where)
+            elif isinstance(node, ast.Tuple | ast.List | ast.Set | ast.Call) \
+                    and len(_strings(node) & names) >= 2:
+                found.append(where)
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", "") == "getattr" \
+                    and node.args and "endpoint" in ast.unparse(node.args[0]) + (
+                        (ast.unparse(node.args[0]) == "ep" and "endpoint") or ""):
+                found.append(where)
+    assert sorted(set(found)) == []
+
+
+def test_the_endpoints_base_names_the_files_an_engine_touches() -> None:
+    doc = ast.get_docstring(ast.parse((PKG / "endpoints" / "base.py").read_text())) or ""
+    for name in ("autopilot/endpoints/<engine>.py", "autopilot/endpointconfig.py",
+                 "autopilot/endpoints/__init__.py"):
+        assert name in doc, name

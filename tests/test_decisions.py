@@ -13,8 +13,8 @@ from conftest import write_overlay
 from autopilot.cell.validity import Checks, GradeOutcome, RunOutcome, classify
 from autopilot.cell.watchdog import Limits, Observation, WatchState, decide
 from autopilot.config import DEFAULT_VERDICTS, BuiltinEndpoint
-from autopilot.endpoints.base import probe_pause
 from autopilot.endpoints.policy import backoff_secs, restart_action
+from autopilot.endpoints.ports import probe_pause
 from autopilot.limits import limits_for
 from autopilot.loader import load_preset
 from autopilot.run.placement import ReplicaView, choose_replica

@@ -122,8 +122,8 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
     # key instead (as OPENAI_API_KEY, and under the provider's api_key_env), and the
     # gateway puts the real one on an allowed request upstream.
     key_env: tuple[str, ...] = (KEY_ENV,)
-    if ep.engine == "provider" and ep.api_key_env and ep.api_key_env != KEY_ENV:
-        key_env += (ep.api_key_env,)
+    if ep.key_env() and ep.key_env() != KEY_ENV:
+        key_env += (ep.key_env(),)
     disk = w.disk or DiskWatch(roots, floor_bytes(w.preset.run.disk_floor_mb,
                                                w.preset.preflight.min_free_gb), clock)
     return CellContext(

@@ -47,8 +47,8 @@ def passed(preset: Preset, role: Role) -> frozenset[str]:
     the harness), given besides the base."""
     if role == "harness":
         names = list(preset.harness.pass_env)
-        if preset.endpoint.engine == "provider" and preset.endpoint.api_key_env:
-            names.append(preset.endpoint.api_key_env)
+        if preset.endpoint.key_env():
+            names.append(preset.endpoint.key_env())
     elif role == "grader":
         names = list(preset.grader.pass_env)
     else:
@@ -97,8 +97,8 @@ def redactor(preset: Preset) -> Redactor:
 def secret_values(preset: Preset) -> list[str]:
     """Values of the env vars the preset names as secret (never logged anywhere)."""
     names = list(preset.preflight.secrets)
-    if preset.endpoint.engine == "provider" and preset.endpoint.api_key_env:
-        names.append(preset.endpoint.api_key_env)
+    if preset.endpoint.key_env():
+        names.append(preset.endpoint.key_env())
     # A notification URL is a credential too (an ntfy topic, a webhook path).
     return [os.environ[n] for n in names if os.environ.get(n)] + [
         *preset.notify.urls, *urls_from_env()]

@@ -62,7 +62,6 @@ from autopilot.templates import render, render_argv
 log = get_logger(__name__)
 # Engines whose responses name the model exactly as we serve it (llama-server: its
 # --alias, whatever the request said; vLLM: --served-model-name; the demo simulator).
-SERVED_BY_US = frozenset({"llamacpp", "vllm", "builtin"})
 
 REMEMBER_SECS = 5.0  # how often the descendants of a running cell are recorded
 
@@ -555,7 +554,7 @@ class CellRun:
             m = self.meter
             if m is not None:
                 c = unmetered(c, m.requests, self.p.gateway.require_metering, m.unmetered)
-                if self.p.endpoint.engine in SERVED_BY_US:  # a provider may add a version
+                if self.p.endpoint.names_model_exactly:  # a provider may add a version
                     c = served_as(c, m.models, self.ctx["served_model"])
                 c = count_by_evidence(c, outcome, Evidence(
                     m.requests, m.answered, dict(m.errors), m.first_error or None),

@@ -1,5 +1,12 @@
 """The endpoint interface and the process-backed implementation most engines share.
 
+Adding an engine touches three files: its module (``autopilot/endpoints/<engine>.py``,
+a subclass of ``Endpoint`` with the class hooks it needs), its config model in
+``autopilot/endpointconfig.py`` (with the engine's traits: ``through_gateway``,
+``names_model_exactly``, ``serves_here``, ``hosted``, ``key_env()``, ``container()``)
+and its line in ``ENGINES`` (``autopilot/endpoints/__init__.py``). The rest of the
+house asks the traits and hooks, never the engine's name.
+
 Alive means answering (uvicorn's multiprocess supervisor): a process that exists but
 whose ``/health`` does not answer is down. Readiness polls ``/health`` (llama.cpp answers
 503 while it loads) and then ``/v1/models``, while checking that the process has not
@@ -8,8 +15,6 @@ exited, and gives up after ``startup_timeout_secs`` with the tail of the endpoin
 
 from __future__ import annotations
 
-import re
-import socket
 import subprocess
 import time
 from collections import Counter
@@ -39,6 +44,14 @@ from autopilot.cell.procs import (
     spawn,
 )
 from autopilot.config import ArmEndpoint, EndpointCommon, Preset
+from autopilot.endpoints.ports import (
+    PORT_TAKEN,
+    PORT_TRIES,
+    free_port,
+    port_taken,
+    probe_pause,
+)
+from autopilot.endpoints.served import Pins
 from autopilot.errors import EndpointCrashed, EndpointError, EndpointStartTimeout
 from autopilot.logsetup import get_logger
 from autopilot.state.fsutil import log_tail
@@ -47,42 +60,31 @@ from autopilot.state.statedir import open_append
 log = get_logger(__name__)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-# How an engine says its port was taken: Python's and uvicorn's strerror, llama-server's
-# own words, Docker's port publisher.
-_PORT_TAKEN = re.compile(r"address already in use|couldn'?t bind|port is already allocated",
-                         re.IGNORECASE)
-PORT_TRIES = 3
-
-
-def port_taken(host: str, port: int) -> bool:
-    """Whether something else holds ``host:port`` now (a bind like a server's fails)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is not "taken"
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
-def probe_pause(waited: float) -> float:
-    """Seconds to the next readiness probe after ``waited`` seconds of waiting: readiness
-    is seen at most ~10% (+10 ms) late, so a simulator ready in 0.1 s is seen at once and
-    a 30-minute model load is probed twice a second, not hammered."""
-    return min(0.5, 0.01 + waited / 10)
-
-
 class Endpoint:
-    """Base: an endpoint we may own (start/stop/restart) or only watch (attach)."""
+    """Base: an endpoint we may own (start/stop/restart) or only watch (attach). What
+    the rest of the house needs of an engine beyond running it, it asks these class
+    hooks: ``preflight_problems`` (on the machine that starts it), ``capacity_problems``
+    (whatever the backend), ``pins`` (what drift hashes) and ``checked_live``
+    (preflight's authenticated probe)."""
 
     engine: ClassVar[str] = ""
     owns_lifecycle: ClassVar[bool] = True
+    checked_live: ClassVar[bool] = False  # preflight probes it: the key, the exact model
+
+    @classmethod
+    def preflight_problems(cls, preset: Preset) -> list[str]:
+        """Its program and model must resolve before anything launches."""
+        return []
+
+    @classmethod
+    def capacity_problems(cls, preset: Preset) -> list[str]:
+        """Whether it can serve what the harness asks (context, concurrency)."""
+        return []
+
+    @classmethod
+    def pins(cls, preset: Preset) -> Pins:
+        """What identifies the engine serving the run (recorded per launch)."""
+        return Pins()
 
     def __init__(self, preset: Preset, state_dir: Path, replica: int = 0) -> None:
         self.preset = preset
@@ -321,7 +323,7 @@ class Endpoint:
             return False
         # The engine's words, or a bind of our own: a client's ephemeral port may have
         # been on it for the instant the engine bound and be gone by now.
-        return bool(_PORT_TAKEN.search(why)) or port_taken(self.host, self.port)
+        return bool(PORT_TAKEN.search(why)) or port_taken(self.host, self.port)
 
     async def _start_once(self) -> None:
         if not self.attached and self.mode == "docker":
@@ -568,25 +570,25 @@ def slots_generation(slots: Any) -> int | None:
     return total if busy else None
 
 
-_METRIC = re.compile(r"^(vllm:num_requests_running|vllm:generation_tokens_total|"
-                     r"vllm:prompt_tokens_total)(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$")
+# vLLM's counters of tokens (prompt and generated) and its gauge of running requests.
+_TOKEN_SAMPLES = frozenset({"vllm:generation_tokens_total", "vllm:prompt_tokens_total"})
+_RUNNING = "vllm:num_requests_running"
 
 
 def metrics_generation(text: str) -> int | None:
-    """vLLM's Prometheus ``/metrics``: generated + prompt tokens so far, None when no
-    request is running."""
-    running = 0.0
-    tokens = 0.0
-    for line in text.splitlines():
-        m = _METRIC.match(line)
-        if not m:
-            continue
-        try:
-            value = float(m.group(2))
-        except ValueError:
-            continue
-        if m.group(1) == "vllm:num_requests_running":
-            running += value
-        else:
-            tokens += value
+    """vLLM's Prometheus ``/metrics`` (read by prometheus_client's own parser):
+    generated + prompt tokens so far, None when no request is running or the text is
+    not the exposition format ("cannot tell")."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    running = tokens = 0.0
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == _RUNNING:
+                    running += sample.value
+                elif sample.name in _TOKEN_SAMPLES:
+                    tokens += sample.value
+    except ValueError:  # an endpoint's text is untrusted: malformed is "cannot tell"
+        return None
     return int(tokens) if running > 0 else None

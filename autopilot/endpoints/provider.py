@@ -21,6 +21,7 @@ from autopilot.errors import EndpointError
 class ProviderEndpoint(Endpoint):
     engine = "provider"
     owns_lifecycle = False
+    checked_live = True
 
     def __init__(self, preset: Preset, state_dir: Path, replica: int = 0) -> None:
         super().__init__(preset, state_dir, replica)

@@ -290,16 +290,14 @@ class Meter:
 
 def mode_line(preset: Preset) -> str:
     """What --dry-run says of the gateway."""
-    from autopilot.config import GATEWAY_ENGINES
-
-    g, engine = preset.gateway, preset.endpoint.engine
+    g, ep = preset.gateway, preset.endpoint
     if not g.enabled:
         return "gateway: off (gateway = false): harnesses talk to the endpoint directly"
-    if engine not in GATEWAY_ENGINES:
-        return f"gateway: not used for a {engine!r} endpoint: harnesses reach it directly"
+    if not ep.through_gateway:
+        return f"gateway: not used for a {ep.engine!r} endpoint: harnesses reach it directly"
     arms = [a.label for a in preset.arms if a.request]
-    key, name = "", str(getattr(preset.endpoint, "api_key_env", "") or "")
-    if engine == "provider" and name:
+    key, name = "", ep.key_env()
+    if name:
         key = f"; ${name} stays here, the harness gets its attempt's key"
     return ("gateway: a 127.0.0.1 listener per attempt; {port}/{host}/{base_url} name it, "
             "{endpoint_port}/{endpoint_base_url} the endpoint; request settings from "

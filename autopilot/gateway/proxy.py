@@ -570,10 +570,8 @@ def gateway_for(preset: Preset, redact: Callable[[str], str], on_throttled: Call
                 emit: Callable[..., Any], auth: Callable[[], dict[str, str]] | None = None,
                 secrets: tuple[str, ...] = ()) -> Gateway | None:
     """The gateway a preset asks for (None: harnesses talk to the endpoint directly)."""
-    from autopilot.config import GATEWAY_ENGINES
-
     g = preset.gateway
-    if not g.enabled or preset.endpoint.engine not in GATEWAY_ENGINES:
+    if not g.enabled or not preset.endpoint.through_gateway:
         return None
     gw = Gateway(redact, Limits(max_request=int(g.max_request_mb * 2**20),
                                 max_records=g.max_records, hold_429=g.hold_429_secs,
@@ -583,7 +581,7 @@ def gateway_for(preset: Preset, redact: Callable[[str], str], on_throttled: Call
                  on_failover=lambda cell, attempt, frm, to, why: emit(
                      "request_failover", cell=cell, attempt=attempt, replica=frm, to=to,
                      why=why))
-    if preset.endpoint.engine == "provider":
+    if preset.endpoint.hosted:  # the key stays here; the harness has its attempt's
         gw.auth = auth
     gw.secrets = secrets
     return gw

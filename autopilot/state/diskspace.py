@@ -93,6 +93,7 @@ class DiskWatch:
         self.low_since: float | None = None
         self.periods: list[tuple[float, float]] = []  # ended low periods (start, end)
         self.last: Reading | None = None
+        self._back: anyio.Event | None = None  # made by a waiter (inside the loop)
 
     @property
     def low(self) -> bool:
@@ -110,9 +111,20 @@ class DiskWatch:
                 assert self.low_since is not None
                 self.periods = [*self.periods[-MAX_PERIODS + 1:], (self.low_since, now)]
                 self.low_since = None
+                if self._back is not None:
+                    self._back.set()
+                    self._back = None
             if self.on_change is not None:
                 self.on_change(change, reading)
         return self.low
+
+    async def wait_ok(self) -> None:
+        """Until free space is back above the floor (at once when it is): the next
+        ``apply`` that says so wakes every waiter."""
+        while self.low:
+            if self._back is None:
+                self._back = anyio.Event()
+            await self._back.wait()
 
     async def check(self) -> bool:
         """Measure in a worker thread, bounded (a hung network mount must not freeze the

@@ -38,8 +38,8 @@ MASK = "***"
 
 def _secret_names(preset: Preset) -> list[str]:
     names = list(preset.preflight.secrets)
-    if preset.endpoint.engine == "provider" and preset.endpoint.api_key_env:
-        names.append(preset.endpoint.api_key_env)
+    if preset.endpoint.key_env():
+        names.append(preset.endpoint.key_env())
     return names
 
 

@@ -108,18 +108,7 @@ def energy_of(samples: Sequence[Sample], index_of: Mapping[str, str], spans: lis
 def replica_gpus(preset: Preset) -> dict[int, frozenset[str] | None]:
     """Each replica's GPUs: its ``replica_env`` CUDA_VISIBLE_DEVICES, else the docker
     ``gpus`` setting, else every GPU (None)."""
-    ep = preset.endpoint
-    out: dict[int, frozenset[str] | None] = {}
-    for i in range(getattr(ep, "replicas", 1)):
-        envs = getattr(ep, "replica_env", [])
-        env = {**getattr(ep, "env", {}), **(envs[i] if i < len(envs) else {})}
-        devices = env.get("CUDA_VISIBLE_DEVICES")
-        docker = getattr(getattr(ep, "docker", None), "gpus", "all")
-        if devices is None and getattr(ep, "mode", "process") == "docker" and docker != "all":
-            devices = "" if docker == "none" else docker
-        out[i] = None if devices is None else frozenset(
-            d.strip() for d in devices.split(",") if d.strip())
-    return out
+    return {i: preset.endpoint.gpus(i) for i in range(preset.endpoint.replicas)}
 
 
 def read_samples(state_dir: Path) -> tuple[list[Sample], dict[str, str]]:
