@@ -81,6 +81,10 @@ def wait_for(pred: Callable[[], Any], timeout: float = 60, what: str = "conditio
 
 
 def events(state_dir: Path) -> list[dict[str, Any]]:
+    """A run's journal, each record held to its kind's type (autopilot.state.events):
+    every test that reads a journal checks that what the run wrote is typed."""
+    from autopilot.state.events import mistyped
+
     path = state_dir / "journal.jsonl"
     if not path.exists():
         return []
@@ -90,6 +94,8 @@ def events(state_dir: Path) -> list[dict[str, Any]]:
             out.append(json.loads(line))
         except ValueError:
             pass
+    bad = [why for ev in out if isinstance(ev, dict) and (why := mistyped(ev))]
+    assert bad == [], f"{path}: events that fit no type: {bad[:5]}"
     return out
 
 

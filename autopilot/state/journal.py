@@ -19,6 +19,7 @@ from typing import Any
 
 from autopilot.escape import bounded
 from autopilot.logsetup import get_logger
+from autopilot.state.events import mistyped
 from autopilot.state.fsutil import iso
 from autopilot.state.statedir import ensure_private_dir, open_private
 
@@ -124,6 +125,9 @@ class Journal:
         record = {"ts": iso(), "event": event, **{k: bounded(v) for k, v in fields.items()}}
         line = json.dumps(record, separators=(",", ":"), default=str) + "\n"
         self._write_all(line.encode())
+        why = mistyped(record)
+        if why is not None:  # our own bug: said loudly, the record kept (it is the truth)
+            log.error("journal_event_mistyped", why=why)
         return record
 
     def close(self) -> None:

@@ -21,7 +21,25 @@ from typing import Any, Literal
 
 from autopilot.plan import Cell, Plan
 from autopilot.state.budget import COST_BASES, MAX_COUNT, METERED, Spend, of_events, of_metered
+from autopilot.state.cellevents import (
+    CellAbandoned,
+    CellAdopted,
+    CellExited,
+    CellGradeMetered,
+    CellKilled,
+    CellMetered,
+    CellQuarantined,
+    CellRan,
+    CellSpawning,
+    CellStarted,
+    CellVerdict,
+    GradeRetry,
+    RequestFailover,
+)
+from autopilot.state.eventbase import CellEventBase, EventBase
+from autopilot.state.events import parse
 from autopilot.state.items import ITEM_KINDS, items_of
+from autopilot.state.runevents import EndpointRestart, NotifyFailed
 
 # INVALID reasons that spend no retry: a throttling provider, a full disk, the death of
 # the attempt's data path (the cell is re-run once the infrastructure is back; none of
@@ -121,118 +139,118 @@ class Ledger:
         # the journal but do not count towards this plan.
         return self.cells.get(cid)
 
-    def apply(self, ev: dict[str, Any]) -> None:
-        kind = ev.get("event")
-        if kind == "cell_killed" and isinstance(ev.get("cell"), str) and ev["cell"] in self.cells:
-            self.kills[str(ev.get("kind") or "stall")] += 1
-        elif kind == "notify_failed":
-            self.notify_failures += 1
-        elif kind == "cell_verdict" and ev.get("cell") in self.cells:
-            self.spend = self.spend + of_events([ev])
-            u = ev.get("unmetered")
-            if type(u) is int and 0 < u <= MAX_COUNT and not ev.get("regrade"):
-                self.unmetered += u
-        if kind == "cell_grade_metered":
-            g = of_metered(ev)
-            if g is not None:
-                self.grading = self.grading + g
-            u = ev.get("unmetered")
-            if type(u) is int and 0 < u <= MAX_COUNT:
-                self.unmetered += u
+    def apply(self, record: dict[str, Any] | EventBase) -> None:
+        """Fold one journal event, by its type (autopilot.state.events): a record that
+        fits no type changes nothing."""
+        ev = parse(record) if isinstance(record, dict) else record
+        if ev is None:
             return
-        if kind == "endpoint_restart":
-            self.endpoint_restarts += 1
-            return
-        if kind == "grade_retry":
-            self.grade_retries += 1
-            return
-        if kind == "request_failover":
-            self.failovers += 1
-            return
-        cid = ev.get("cell")
-        if not isinstance(cid, str):
-            return
-        cell = self._cell(cid)
+        raw = record if isinstance(record, dict) else ev.model_dump(by_alias=True)
+        match ev:
+            case CellKilled() if ev.cell in self.cells:
+                self.kills[ev.kind or "stall"] += 1
+            case NotifyFailed():
+                self.notify_failures += 1
+            case CellVerdict() if ev.cell in self.cells:
+                self.spend = self.spend + of_events([raw])
+                if _count(ev.unmetered) and not ev.regrade:
+                    self.unmetered += ev.unmetered
+            case CellGradeMetered():
+                g = of_metered(raw)
+                if g is not None:
+                    self.grading = self.grading + g
+                if _count(ev.unmetered):
+                    self.unmetered += ev.unmetered
+                return
+            case EndpointRestart():
+                self.endpoint_restarts += 1
+                return
+            case GradeRetry():
+                self.grade_retries += 1
+                return
+            case RequestFailover():
+                self.failovers += 1
+                return
+        cell = self._cell(ev.cell) if isinstance(ev, CellEventBase) and ev.cell else None
         if cell is None:
             return
-        if kind == "cell_spawning":
-            # The attempt exists from here on (its process may, unjournaled).
-            cell.status = "running"
-            cell.attempts = int(ev.get("attempt", cell.attempts + 1))
-            cell.pid = cell.create_time = cell.start_ticks = None
-            cell.started_ts = ev.get("ts")
-            cell.frozen_secs, cell.tier, cell.last_signal = 0.0, "OK", None
-            cell.exited, cell.abandoned = False, None
-        elif kind == "cell_started":
-            cell.status = "running"
-            cell.attempts = int(ev.get("attempt", cell.attempts + 1))
-            cell.pid = ev.get("pid")
-            cell.create_time = ev.get("create_time")
-            cell.start_ticks = ev.get("start_ticks")
-            cell.started_ts = ev.get("ts")
-            cell.frozen_secs, cell.tier, cell.last_signal = 0.0, "OK", None
-            cell.exited, cell.abandoned = False, None
-        elif kind in ("cell_exited", "cell_adopted"):
-            cell.exited = cell.status == "running"
-        elif kind == "cell_abandoned":
-            cell.status = "pending"
-            cell.pid = cell.create_time = None
-            cell.exited, cell.abandoned = False, str(ev.get("why") or "abandoned")
-        elif kind == "cell_verdict":
-            self._verdict(cell, ev)
-        elif kind == "cell_ran":
-            cell.status = "ran"
-            cell.ran_outcome = ev.get("outcome")
-            cell.pid = cell.create_time = None
-            cell.exited, cell.abandoned = False, None
-        elif kind == "cell_metered":
-            cell.metered = {k: ev.get(k) for k in ("attempt", "requests", "prompt_tokens",
-                                                   "completion_tokens", "errors",
-                                                   "unmetered")}
-        elif kind == "cell_quarantined":
-            cell.status = "quarantined"
-            cell.pid = cell.create_time = None
-            cell.exited, cell.abandoned = False, None
+        match ev:
+            case CellSpawning():
+                # The attempt exists from here on (its process may, unjournaled).
+                self._launched(cell, ev.attempt, ev.ts)
+                cell.pid = cell.create_time = cell.start_ticks = None
+            case CellStarted():
+                self._launched(cell, ev.attempt, ev.ts)
+                cell.pid, cell.create_time = ev.pid, ev.create_time
+                cell.start_ticks = ev.start_ticks
+            case CellExited() | CellAdopted():
+                cell.exited = cell.status == "running"
+            case CellAbandoned():
+                cell.status = "pending"
+                cell.pid = cell.create_time = None
+                cell.exited, cell.abandoned = False, ev.why or "abandoned"
+            case CellVerdict():
+                self._verdict(cell, ev, raw)
+            case CellRan():
+                cell.status = "ran"
+                cell.ran_outcome = ev.outcome if isinstance(ev.outcome, dict) else None
+                cell.pid = cell.create_time = None
+                cell.exited, cell.abandoned = False, None
+            case CellMetered():
+                cell.metered = {k: raw.get(k) for k in ("attempt", "requests",
+                                                        "prompt_tokens", "completion_tokens",
+                                                        "errors", "unmetered")}
+            case CellQuarantined():
+                cell.status = "quarantined"
+                cell.pid = cell.create_time = None
+                cell.exited, cell.abandoned = False, None
 
-    def _verdict(self, cell: CellState, ev: dict[str, Any]) -> None:
-        verdict = ev.get("verdict")
+    @staticmethod
+    def _launched(cell: CellState, attempt: int | None, ts: str | None) -> None:
+        cell.status = "running"
+        cell.attempts = attempt if attempt is not None else cell.attempts + 1
+        cell.started_ts = ts
+        cell.frozen_secs, cell.tier, cell.last_signal = 0.0, "OK", None
+        cell.exited, cell.abandoned = False, None
+
+    def _verdict(self, cell: CellState, ev: CellVerdict, raw: dict[str, Any]) -> None:
+        verdict = ev.verdict
         cell.pid = cell.create_time = None
         cell.exited, cell.abandoned = False, None
-        cell.finished_ts = ev.get("ts")
-        cell.word = ev.get("word")
-        cell.caveat = ev.get("caveat")
-        cell.teardown_masked = bool(ev.get("teardown_masked"))
-        cell.detail = str(ev.get("detail") or "")
-        basis = ev.get("cost_basis")
-        cell.cost_basis = basis if basis in COST_BASES else None
+        cell.finished_ts = ev.ts
+        cell.word = ev.word
+        cell.caveat = ev.caveat
+        cell.teardown_masked = ev.teardown_masked
+        cell.detail = ev.detail or ""
+        cell.cost_basis = ev.cost_basis if ev.cost_basis in COST_BASES else None
         # a state file's: shape-checked as when it was graded
-        cell.items = items_of(ev.get("items")) if verdict in VALID else None
+        cell.items = items_of(raw.get("items")) if verdict in VALID else None
         if verdict in VALID:
-            cell.status = verdict
+            cell.status = verdict  # type: ignore[assignment]
             cell.reason = None
-        elif ev.get("ungraded"):
+        elif ev.ungraded:
             # The attempt's outputs stand; only grading failed: no retry is spent.
             cell.status = "ungraded"
-            cell.reason = str(ev.get("reason") or "grader_failed")
+            cell.reason = ev.reason or "grader_failed"
             cell.reasons.append(cell.reason)
         else:
             cell.status = "invalid"
-            cell.reason = str(ev.get("reason") or "unknown")
+            cell.reason = ev.reason or "unknown"
             if cell.reason not in NOT_COUNTED:
                 cell.invalid_attempts += 1
             cell.reasons.append(cell.reason)
         row = {
             "cell": cell.id,
             "verdict": verdict if verdict in VALID else f"INVALID({cell.reason})",
-            "ts": ev.get("ts"),
-            "attempt": ev.get("attempt"),
+            "ts": ev.ts,
+            "attempt": ev.attempt,
             "teardown_masked": cell.teardown_masked,
         }
         self.recent = [*self.recent[-19:], row]
         if verdict != "PASS":
             self.fails = [*self.fails[-49:], row]
-        if verdict in VALID and not ev.get("regrade"):
-            self.completed_ts.append(str(ev.get("ts")))
+        if verdict in VALID and not ev.regrade:
+            self.completed_ts.append(str(ev.ts))
 
     # ------------------------------------------------------------------ queries
 
@@ -350,3 +368,8 @@ def _counts(c: Counter[str], items: Counter[str] | None = None) -> dict[str, Any
         # reused (samples an earlier attempt scored) only where there were some
         out["items"] = {k: items[k] for k in ITEM_KINDS if k != "reused" or items[k]}
     return out
+
+
+def _count(value: Any) -> bool:
+    """A count a state file carries, within bounds (a hostile value counts nothing)."""
+    return type(value) is int and 0 < value <= MAX_COUNT

@@ -1,0 +1,315 @@
+"""The journal's events of one cell's attempts: launched, watched, ended, graded.
+
+Each is a frozen type with its kind as the discriminator (autopilot.state.events holds
+them together and parses a line into one). Fields a later version adds are kept as
+extras, so an older reader still folds a newer journal.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from autopilot.state.eventbase import CellEventBase
+
+
+class CellSpawning(CellEventBase):
+    """An attempt's intent, journaled before its data path is spawned: a kill right
+    after it charges nothing (the resume re-attaches to it, or abandons it uncharged)."""
+
+    event: Literal["cell_spawning"] = "cell_spawning"
+    token: str | None = None
+    """The attempt's marker (``AUTOPILOT_CELL_TOKEN``) every process of it carries."""
+    group: str | None = None
+    """The attempt's cgroup, where it has one."""
+    uid: int | None = None
+    """The cell's own user, with ``harness.user = "cell"``."""
+
+
+class CellStarted(CellEventBase):
+    """The harness is running: its identity (pid + start time), for exact-pid kills."""
+
+    event: Literal["cell_started"] = "cell_started"
+    pid: int | None = None
+    """The harness's pid."""
+    create_time: float | None = None
+    """Its start time (psutil's), checked before every signal: a recycled pid is never
+    signalled."""
+    start_ticks: int | None = None
+    """Its start time in clock ticks (/proc/PID/stat)."""
+    token: str | None = None
+    """The attempt's marker."""
+    replica: int | None = None
+    """The endpoint replica serving it."""
+    datapath_pid: int | None = None
+    """The attempt's data path (its parent and reaper)."""
+    endpoint_arms: list[str] | None = None
+    """The arms the endpoint was configured for when it started."""
+
+
+class CellReattached(CellEventBase):
+    """A resume took over a running attempt through its data path."""
+
+    event: Literal["cell_reattached"] = "cell_reattached"
+    pid: int | None = None
+    """The harness's pid."""
+    datapath_pid: int | None = None
+    """The data path re-attached to."""
+    exited: bool | None = None
+    """The harness had already ended."""
+
+
+class CellWatchdog(CellEventBase):
+    """The watchdog's tier changed (OK, WARN, PROBE, KILL) or substance said so."""
+
+    event: Literal["cell_watchdog"] = "cell_watchdog"
+    tier: str = ""
+    """The new tier."""
+    reason: str = ""
+    """Why, in words (``no progress 95s``)."""
+    idle_secs: float | None = None
+    """Seconds without progress."""
+    frozen_secs: float | None = None
+    """Seconds the transcript has not grown."""
+
+
+class CellKilled(CellEventBase):
+    """The attempt's process tree was killed, by exact pid."""
+
+    event: Literal["cell_killed"] = "cell_killed"
+    kind: str | None = None
+    """What fired: stall, frozen, deadline, teardown, substance..."""
+    reason: str = ""
+    """Why, in words."""
+    pids: list[int] | None = None
+    """The pids signalled."""
+
+
+class CellExited(CellEventBase):
+    """The harness ended (its exit code, the outcome as the runner read it)."""
+
+    event: Literal["cell_exited"] = "cell_exited"
+    code: int | None = None
+    """Its exit code (negative: the signal)."""
+    elapsed_secs: float | None = None
+    """Its run time."""
+    outcome: Any = None
+    """The outcome as recorded (exit code, completion, kill)."""
+    error: str | None = None
+    """A spawn error, when it never ran."""
+
+
+class CellAdopted(CellEventBase):
+    """An attempt that ended while no supervisor watched it, taken up with its data
+    path's evidence."""
+
+    event: Literal["cell_adopted"] = "cell_adopted"
+    outcome: Any = None
+    """Its outcome, as its data path recorded it."""
+    metered: bool | None = None
+    """The data path's gateway meter was read."""
+    why: str = ""
+    """How it was found."""
+
+
+class CellRan(CellEventBase):
+    """The harness's run is over and its outputs wait for grading."""
+
+    event: Literal["cell_ran"] = "cell_ran"
+    outcome: Any = None
+    """The run's outcome."""
+
+
+class CellAbandoned(CellEventBase):
+    """The attempt was given up without a verdict (a stop, a lost launch): it is re-run
+    and no retry is spent."""
+
+    event: Literal["cell_abandoned"] = "cell_abandoned"
+    why: str = ""
+    """Why, in words."""
+    killed_pids: list[int] | None = None
+    """What was killed of it."""
+
+
+class CellMetered(CellEventBase):
+    """What the attempt's gateway saw: requests, tokens, errors."""
+
+    event: Literal["cell_metered"] = "cell_metered"
+    requests: Any = None
+    """Requests through the gateway (counts here are shape-checked where they are
+    summed: autopilot.state.budget)."""
+    prompt_tokens: Any = None
+    """Prompt tokens the endpoint reported."""
+    completion_tokens: Any = None
+    """Completion tokens the endpoint reported."""
+    errors: Any = None
+    """Failed requests, by kind."""
+    unmetered: Any = None
+    """Responses whose usage could not be read (spend of unknown size)."""
+
+
+class CellGradeMetered(CellMetered):
+    """What a model-graded grading's own gateway listener saw (spend as grading)."""
+
+    event: Literal["cell_grade_metered"] = "cell_grade_metered"  # type: ignore[assignment]
+
+
+class CellVerdict(CellEventBase):
+    """A verdict: PASS, FAIL, or INVALID with its reason (``ungraded`` when only the
+    grading failed: the outputs stand)."""
+
+    event: Literal["cell_verdict"] = "cell_verdict"
+    verdict: str = ""
+    """PASS, FAIL or INVALID."""
+    reason: str | None = None
+    """For INVALID: why (one of the INVALID reasons)."""
+    word: str | None = None
+    """The grader's own verdict word."""
+    caveat: str | None = None
+    """A caveat carried with it (``structural check only``)."""
+    teardown_masked: bool = False
+    """The harness's work was done but its teardown hung: killed, graded anyway."""
+    detail: str | None = None
+    """The evidence in words."""
+    ungraded: bool = False
+    """Only grading failed: the grader is re-run on the same outputs."""
+    regrade: bool = False
+    """A new grade of the same attempt (``autopilot regrade``): spends nothing."""
+    spend: Any = None
+    """[prompt, completion] tokens the attempt cost, by ``cost_basis`` (shape-checked
+    where it is summed: autopilot.state.budget)."""
+    cost_basis: str | None = None
+    """Where the spend comes from: metered, self_reported, self_reported_mismatch..."""
+    self_reported: Any = None
+    """The harness's own count, where it was not the basis."""
+    gateway: Any = None
+    """What the gateway saw of the attempt (requests, errors)."""
+    unmetered: Any = None
+    """Responses whose usage could not be read (a count; bounded where it is summed)."""
+    items: Any = None
+    """A many-sample cell's counts (pass, fail, errored, reused...; shape-checked by
+    autopilot.state.items)."""
+
+
+class CellQuarantined(CellEventBase):
+    """The cell ran out of retries: it is reported, never counted."""
+
+    event: Literal["cell_quarantined"] = "cell_quarantined"
+    attempts: int | None = None
+    """Its attempts."""
+    reasons: list[str] | None = None
+    """Each INVALID attempt's reason."""
+
+
+class GradeRetry(CellEventBase):
+    """A grading failed and is tried again on the same outputs."""
+
+    event: Literal["grade_retry"] = "grade_retry"
+    reason: str | None = None
+    """Why the grading failed."""
+    detail: str | None = None
+    """In words."""
+    tried: int | None = None
+    """Gradings tried so far."""
+
+
+class RequestFailover(CellEventBase):
+    """A request of the cell went to another replica (its own was down)."""
+
+    event: Literal["request_failover"] = "request_failover"
+    replica: int | None = None
+    """The replica it was meant for."""
+    to: int | None = None
+    """The replica that served it."""
+    why: str = ""
+    """Why."""
+
+
+class CellFilesReceived(CellEventBase):
+    """A Ray node without shared storage shipped the attempt's files back."""
+
+    event: Literal["cell_files_received"] = "cell_files_received"
+    files: int | None = None
+    """Files received."""
+    bytes: int | None = None
+    """Their size."""
+    skipped: Any = None
+    """What was refused (a symlink, a path outside the cell's)."""
+
+
+class ScratchNotRemoved(CellEventBase):
+    """A scratch dir could not be emptied before the attempt."""
+
+    event: Literal["scratch_not_removed"] = "scratch_not_removed"
+    path: str = ""
+    """The dir."""
+    why: str = ""
+    """Why."""
+
+
+class ScratchRemovedViaDocker(CellEventBase):
+    """A scratch dir of a root-owned sandbox's files was emptied by a throwaway
+    container (``harness.scratch_remove_image``)."""
+
+    event: Literal["scratch_removed_via_docker"] = "scratch_removed_via_docker"
+    path: str = ""
+    """The dir."""
+
+
+class UnsafePathRefused(CellEventBase):
+    """A destructive path outside the run's roots was refused (nothing touched)."""
+
+    event: Literal["unsafe_path_refused"] = "unsafe_path_refused"
+    action: str = ""
+    """What would have been done (remove, move)."""
+    path: str = ""
+    """The path refused."""
+    why: str = ""
+    """Why."""
+
+
+class ForeignInCellGroup(CellEventBase):
+    """A process in the cell's cgroup that is not the cell's: spared and said."""
+
+    event: Literal["foreign_in_cell_group"] = "foreign_in_cell_group"
+    cell: str | None = None  # type: ignore[assignment]
+    """The cell whose group it is in (none: found at start-up, of no live cell)."""
+
+
+class ForeignOutputsMoved(CellEventBase):
+    """Outputs found before a cell's first attempt, moved into its evidence."""
+
+    event: Literal["foreign_outputs_moved"] = "foreign_outputs_moved"
+    path: str = ""
+    """Where they were."""
+    to: str = ""
+    """Where they are now."""
+    why: str = ""
+    """Why."""
+
+
+class RegradeSkipped(CellEventBase):
+    """``regrade`` left a cell alone (its outputs were written after its attempt)."""
+
+    event: Literal["regrade_skipped"] = "regrade_skipped"
+    why: str = ""
+    """Why."""
+
+
+class DatapathVersionMismatch(CellEventBase):
+    """An attempt's data path is of another version: drained, watched by its files."""
+
+    event: Literal["datapath_version_mismatch"] = "datapath_version_mismatch"
+    version: Any = None
+    """Its version."""
+    ours: Any = None
+    """This supervisor's."""
+    why: str = ""
+    """What is done instead."""
+
+
+CELL_EVENTS = (CellSpawning, CellStarted, CellReattached, CellWatchdog, CellKilled,
+               CellExited, CellAdopted, CellRan, CellAbandoned, CellMetered,
+               CellGradeMetered, CellVerdict, CellQuarantined, GradeRetry, RequestFailover,
+               CellFilesReceived, ScratchNotRemoved, ScratchRemovedViaDocker,
+               UnsafePathRefused, ForeignInCellGroup, ForeignOutputsMoved, RegradeSkipped,
+               DatapathVersionMismatch)

@@ -1,0 +1,27 @@
+"""What every journal event has, before its own fields (autopilot.state.events)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class EventBase(BaseModel):
+    """One line of the journal. Frozen; fields of a later version are kept as extras
+    (an older reader still folds a newer journal, ignoring what it does not know)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", populate_by_name=True,
+                              use_attribute_docstrings=True)
+
+    ts: str | None = None
+    """When it was journaled (ISO 8601, UTC)."""
+    event: str
+    """The kind: the discriminator each event type fixes."""
+
+
+class CellEventBase(EventBase):
+    """An event of one attempt of one cell."""
+
+    cell: str
+    """The cell's id (``{task}_{arm}_v{n}``)."""
+    attempt: int | None = None
+    """Its attempt, counted from 1."""

@@ -1,0 +1,79 @@
+"""The journal's events, typed: one frozen pydantic type per kind (the cells' in
+``cellevents``, the run's in ``runevents``), a discriminated union of them, and the one
+parser every reader of a journal goes through.
+
+``parse`` turns a journal record (a dict) into its type: an unknown kind (a newer
+version's) stays readable as a plain ``Unknown`` event, a record whose fields do not fit
+its kind is None (skipped, as a torn line is). The journal checks what it appends
+against the same types (``mistyped``), and the ledger folds them by type.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Union
+
+from pydantic import Field, TypeAdapter, ValidationError
+
+from autopilot.state.cellevents import CELL_EVENTS
+from autopilot.state.eventbase import CellEventBase, EventBase
+from autopilot.state.runevents import RUN_EVENTS
+
+TYPES: dict[str, type[EventBase]] = {
+    str(t.model_fields["event"].default): t for t in (*CELL_EVENTS, *RUN_EVENTS)}
+
+Event = Annotated[Union[tuple(TYPES.values())], Field(discriminator="event")]  # type: ignore[valid-type]  # noqa: UP007
+_ADAPTER: TypeAdapter[Any] = TypeAdapter(Event)  # type: ignore[arg-type]
+
+
+_OPERATOR = ("a record for the operator: logged as it happens (autopilot.log) and kept in "
+             "the journal for the post-mortem; no view counts it")
+_CAMPAIGN = ("campaign.jsonl: the campaign's own record; its entries are resumed from their "
+             "own state dirs, not from it")
+# Kinds no module reads back, and why that is right (tests/test_events.py holds every
+# other kind to a reader).
+RECORD_ONLY: dict[str, str] = {
+    **dict.fromkeys(("cell_reattached", "cell_watchdog", "cell_files_received",
+                     "scratch_not_removed", "scratch_removed_via_docker",
+                     "foreign_in_cell_group", "foreign_outputs_moved", "regrade_skipped",
+                     "datapath_version_mismatch", "run_handed_over", "pass_started",
+                     "preset_changed", "arm_grading", "endpoint_up", "endpoint_reconfigure",
+                     "endpoint_not_readopted", "orphan_killed", "claim_dropped",
+                     "published", "ray_replica_started", "ray_actor_reaped", "lease_swept",
+                     "lease_sweep_failed", "lease_sweep_unreachable"), _OPERATOR),
+    **dict.fromkeys(("campaign_started", "campaign_finished", "campaign_blocked",
+                     "campaign_budget_reached", "entry_started", "entry_finished",
+                     "entry_skipped"), _CAMPAIGN),
+}
+
+
+class Unknown(EventBase):
+    """An event of a kind this version does not know (a newer one wrote it)."""
+
+
+def parse(record: Any) -> EventBase | None:
+    """A journal record as its type; None when it is no event or its fields do not fit."""
+    if not isinstance(record, dict) or not isinstance(record.get("event"), str):
+        return None
+    try:
+        if record["event"] not in TYPES:
+            return Unknown.model_validate(record)
+        return _ADAPTER.validate_python(record)  # type: ignore[no-any-return]
+    except ValidationError:
+        return None
+
+
+def mistyped(record: dict[str, Any]) -> str | None:
+    """Why ``record`` does not fit its kind's type (None: it does); an unknown kind is
+    one too: every kind the supervisor writes has a type."""
+    kind = record.get("event")
+    if kind not in TYPES:
+        return f"event kind {kind!r} has no type in autopilot.state.events"
+    try:
+        TYPES[kind].model_validate(record)
+    except ValidationError as e:
+        return f"{kind}: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}"
+    return None
+
+
+__all__ = ["RECORD_ONLY", "TYPES", "CellEventBase", "Event", "EventBase", "Unknown", "mistyped",
+           "parse"]

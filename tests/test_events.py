@@ -1,0 +1,98 @@
+"""The journal's events are typed: every kind the code emits has a type, every type is
+read back somewhere (or says why not), a run's whole journal fits its types, and a
+journal of another version stays readable."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from conftest import ROOT, events, run_cli, write_overlay
+
+from autopilot.state.events import RECORD_ONLY, TYPES, Unknown, mistyped, parse
+from autopilot.state.ledger import Ledger
+
+PKG = ROOT / "autopilot"
+EMITTERS = {"emit", "_emit", "append", "Emit"}
+
+
+def emitted_kinds() -> dict[str, str]:
+    """Every event kind the package emits as a literal -> where."""
+    out = {}
+    for path in PKG.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and node.args):
+                continue
+            name = node.func.attr if isinstance(node.func, ast.Attribute) \
+                else getattr(node.func, "id", "")
+            first = node.args[0]
+            if name in EMITTERS and isinstance(first, ast.Constant) \
+                    and isinstance(first.value, str) and re.fullmatch(r"[a-z_]+", first.value):
+                out.setdefault(first.value, f"{path.relative_to(ROOT)}:{node.lineno}")
+    return out
+
+
+def test_every_emitted_kind_has_a_type() -> None:
+    kinds = emitted_kinds()
+    assert len(kinds) > 40  # the scan sees the emit sites
+    # list.append("x") of plain strings is no event: only the journal's kinds are asked
+    untyped = {k: w for k, w in kinds.items() if k not in TYPES and k not in NOT_EVENTS}
+    assert untyped == {}
+
+
+# Literal first arguments of append/emit that are not journal events (a list's append).
+NOT_EVENTS = {"graders"}
+
+
+def test_every_type_has_a_reader_or_says_why_not() -> None:
+    sources = {p: p.read_text() for p in PKG.rglob("*.py")
+               if p.name not in ("events.py", "cellevents.py", "runevents.py")}
+    unread = []
+    for kind, cls in TYPES.items():
+        pattern = re.compile(re.escape(f'"{kind}"') + rf"|\b{cls.__name__}\b")
+        read = any(not re.search(r"(emit|append|Emit)\(\s*$", text[:m.start()][-40:])
+                   for text in sources.values() for m in pattern.finditer(text))
+        if not read and kind not in RECORD_ONLY:
+            unread.append(kind)
+    assert unread == []
+    assert set(RECORD_ONLY) <= set(TYPES)
+
+
+def test_every_type_documents_every_field() -> None:
+    # `event` is the discriminator: each type fixes it to its kind (EventBase says so).
+    missing = [f"{kind}.{name}" for kind, cls in TYPES.items()
+               for name, f in cls.model_fields.items()
+               if name != "event" and not (f.description or "").strip()]
+    assert missing == []
+    assert all(cls.__doc__ for cls in TYPES.values())
+
+
+def test_a_run_and_a_chaos_run_write_only_typed_events(state_dir: Path,
+                                                        tmp_path: Path) -> None:
+    over = write_overlay(tmp_path / "o.json", {"vars": {"think_secs": "0.05"}})
+    r = run_cli("--preset", "demo-chaos", "--target-n", "1", "--config", str(over),
+                "--state-dir", str(state_dir), "--quiet", timeout=300)
+    assert r.returncode in (0, 1), r.stderr[-2000:]
+    evs = events(state_dir)  # asserts each fits its type
+    kinds = {e["event"] for e in evs}
+    assert {"run_started", "cell_started", "cell_verdict", "endpoint_restart"} <= kinds
+    assert "journal_event_mistyped" not in (state_dir / "autopilot.log").read_text()
+    # The ledger folds the typed events as it folded the records.
+    led = Ledger([])
+    for ev in evs:
+        led.apply(parse(ev))  # type: ignore[arg-type]
+    assert led.endpoint_restarts == sum(e["event"] == "endpoint_restart" for e in evs)
+
+
+def test_a_journal_of_another_version_stays_readable() -> None:
+    newer = {"ts": "2026-01-01T00:00:00Z", "event": "cell_verdict", "cell": "a_b_v1",
+             "attempt": 1, "verdict": "PASS", "confidence": 0.9}  # a field added later
+    ev = parse(newer)
+    assert ev is not None and ev.model_extra == {"confidence": 0.9}
+    unknown = parse({"event": "cell_teleported", "cell": "a_b_v1"})
+    assert isinstance(unknown, Unknown) and unknown.event == "cell_teleported"
+    assert parse({"event": "cell_verdict", "cell": 7}) is None  # a kind's shape is kept
+    assert parse(["not", "an", "event"]) is None
+    assert mistyped({"event": "cell_teleported"}) is not None
+    assert mistyped({"event": "cell_started", "cell": "x", "pid": "not a pid"})
