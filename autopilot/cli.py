@@ -413,8 +413,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "schema":
             from autopilot import reference
+            from autopilot.state.events import events_markdown
 
-            print(reference.reference_markdown() if args.markdown else
+            print(events_markdown() if args.events else reference.reference_markdown()
+                  if args.markdown else
                   json.dumps(reference.json_schema(partial=args.partial), indent=2))
             return 0
         if args.command == "completion":

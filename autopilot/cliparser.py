@@ -133,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "a --config overlay): nothing required")
     sc.add_argument("--markdown", action="store_true",
                     help="the option reference (docs/reference.md) instead")
+    sc.add_argument("--events", action="store_true",
+                    help="the journal's events and their fields (docs/events.md) instead")
     co = sub.add_parser("completion", help="print a shell completion script (bash, zsh, "
                         "tcsh): e.g. `autopilot completion bash > "
                         "/etc/bash_completion.d/autopilot`")

@@ -1,17 +1,28 @@
-"""The journal's events are typed: every kind the code emits has a type, every type is
-read back somewhere (or says why not), a run's whole journal fits its types, and a
-journal of another version stays readable."""
+"""The contracts between the parts are typed: every journal kind the code emits has a
+type, every type is read back somewhere (or says why not), a run's whole journal and its
+status.json fit their types, and a journal or status of another version stays
+readable."""
 
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 
 from conftest import ROOT, events, run_cli, write_overlay
 
-from autopilot.state.events import RECORD_ONLY, TYPES, Unknown, mistyped, parse
+from autopilot.state.events import (
+    RECORD_ONLY,
+    TYPES,
+    Unknown,
+    events_markdown,
+    mistyped,
+    parse,
+)
 from autopilot.state.ledger import Ledger
+from autopilot.state.statusdoc import check
+from autopilot.state.statusdoc import read as read_status
 
 PKG = ROOT / "autopilot"
 EMITTERS = {"emit", "_emit", "append", "Emit"}
@@ -59,6 +70,13 @@ def test_every_type_has_a_reader_or_says_why_not() -> None:
     assert set(RECORD_ONLY) <= set(TYPES)
 
 
+def test_the_events_page_is_generated_from_the_types() -> None:
+    page = (ROOT / "docs" / "events.md").read_text()
+    assert page == events_markdown() + "\n", (
+        "docs/events.md is stale: python -m autopilot schema --events > docs/events.md")
+    assert all(f"## `{kind}`" in page for kind in TYPES)
+
+
 def test_every_type_documents_every_field() -> None:
     # `event` is the discriminator: each type fixes it to its kind (EventBase says so).
     missing = [f"{kind}.{name}" for kind, cls in TYPES.items()
@@ -78,6 +96,11 @@ def test_a_run_and_a_chaos_run_write_only_typed_events(state_dir: Path,
     kinds = {e["event"] for e in evs}
     assert {"run_started", "cell_started", "cell_verdict", "endpoint_restart"} <= kinds
     assert "journal_event_mistyped" not in (state_dir / "autopilot.log").read_text()
+    status = json.loads((state_dir / "status.json").read_text())
+    assert check(status) is None  # what the snapshot built is the schema's, field by field
+    doc = read_status(status)
+    assert doc.totals.total == status["totals"]["total"] > 0
+    assert doc.thresholds.warn_secs == status["thresholds"]["warn_secs"]
     # The ledger folds the typed events as it folded the records.
     led = Ledger([])
     for ev in evs:
@@ -96,3 +119,16 @@ def test_a_journal_of_another_version_stays_readable() -> None:
     assert parse(["not", "an", "event"]) is None
     assert mistyped({"event": "cell_teleported"}) is not None
     assert mistyped({"event": "cell_started", "cell": "x", "pid": "not a pid"})
+
+
+def test_a_status_of_another_shape_reads_as_defaults_never_as_another_type() -> None:
+    doc = read_status({"phase": "COMPLETE", "pass": 2, "eta_secs": "soon",
+                       "totals": {"total": "many", "pass": 3},
+                       "running": [{"cell": "a_b_v1", "pid": "x"}], "added_later": 1})
+    assert (doc.phase, doc.pass_no, doc.eta_secs) == ("COMPLETE", 2, None)
+    assert (doc.totals.total, doc.totals.pass_) == (0, 3)
+    assert doc.running[0].cell == "a_b_v1" and doc.running[0].pid is None
+    assert doc.model_extra == {"added_later": 1}
+    assert read_status(["not", "a", "status"]).phase == ""
+    assert check({"totals": {"total": "many"}}) == (
+        "totals.total: Input should be a valid integer, unable to parse string as an integer")

@@ -23,6 +23,7 @@ from autopilot.run.runbook import (
     on_verdict,
     outcome,
 )
+from autopilot.state.cellevents import CellQuarantined
 from autopilot.state.ledger import Ledger
 
 CELLS = [Cell("t1", "a", 1), Cell("t2", "a", 1), Cell("t1", "b", 1)]
@@ -43,7 +44,7 @@ def kinds(effects: list[Any]) -> list[str]:
     out = []
     for fx in effects:
         if isinstance(fx, Emit):
-            out.append(f"emit:{fx.event}")
+            out.append(f"emit:{fx.kind}")
         elif isinstance(fx, Milestone):
             out.append(f"milestone:{fx.kind}")
         else:
@@ -88,8 +89,10 @@ def test_on_verdict(verdicts: list[tuple[str, str, str | None]], c: Classificati
 def test_quarantine_names_the_attempts_and_reasons() -> None:
     led = ledger(("t1_a_v1", "INVALID", "stall"), ("t1_a_v1", "INVALID", "endpoint_down"))
     _, effects = on_verdict(Policy(), RULES, led, "t1_a_v1", STALL, regrade=False, now=9.0)
-    assert effects == [Emit("cell_quarantined", {"cell": "t1_a_v1", "attempts": 2,
-                                                 "reasons": ["stall", "endpoint_down"]})]
+    assert effects == [Emit(CellQuarantined(cell="t1_a_v1", attempts=2,
+                                            reasons=["stall", "endpoint_down"]))]
+    assert effects[0].fields() == {"cell": "t1_a_v1", "attempts": 2,  # as journaled
+                                   "reasons": ["stall", "endpoint_down"]}
 
 
 def test_an_arm_is_announced_once() -> None:

@@ -12,7 +12,6 @@ evidence of an INVALID attempt survives its retry.
 from __future__ import annotations
 
 import contextlib
-import json
 import socket
 import time
 import uuid
@@ -37,7 +36,7 @@ from autopilot.cell.context import (
 from autopilot.cell.grading import judge_cell, model_access
 from autopilot.cell.procs import TOKEN_ENV, Tracker, kill_tree, probe
 from autopilot.cell.scratch import clean_scratch
-from autopilot.cell.substance import SubstanceState, check_substance
+from autopilot.cell.substance import SubstanceState, check_substance, last_row_says
 from autopilot.cell.users import as_user, disown, own_dirs
 from autopilot.cell.validity import (
     Classification,
@@ -45,7 +44,6 @@ from autopilot.cell.validity import (
     Killed,
     RunOutcome,
     count_by_evidence,
-    lookup,
     served_as,
     unmetered,
 )
@@ -56,7 +54,6 @@ from autopilot.plan import Cell
 from autopilot.state.fsguard import UnsafePath
 from autopilot.state.fsutil import cap_in_place, log_tail
 from autopilot.state.statedir import open_append
-from autopilot.state.untrusted import read_tail
 from autopilot.templates import render, render_argv
 
 log = get_logger(__name__)
@@ -113,24 +110,12 @@ class CellRun:
 
     def _terminal_evidence(self) -> bool:
         """Completion artifacts, or the preset's terminal transcript row as last row."""
-        if self._completion_present():
-            return True
         spec = self.p.harness.terminal_row
-        if spec is None:
-            return False
-        try:
-            lines = read_tail(self.transcript, 8192)[0].splitlines()
-            row = json.loads(lines[-1]) if lines else None
-        except (OSError, ValueError):  # missing, refused (a FIFO, a symlink), torn
-            return False
-        return str(lookup(row, spec.field)) in spec.values
+        return self._completion_present() or (
+            spec is not None and last_row_says(self.transcript, spec.field, spec.values))
 
     def _limits(self, start_mono: float) -> Limits:
-        tl = self.limits
-        return Limits(warn_secs=tl.warn_secs, probe_secs=tl.probe_secs,
-                      kill_secs=tl.kill_secs, stuck_secs=tl.stuck_secs,
-                      teardown_grace_secs=tl.teardown_grace_secs,
-                      deadline=start_mono + tl.deadline_secs)
+        return Limits.starting(self.limits, start_mono)
 
     def _env(self, deadline_epoch: float) -> dict[str, str]:
         env = dict(self.cx.base_env)
@@ -348,24 +333,44 @@ class CellRun:
         dp.failovers.clear()
 
     async def _execute(self, attached: AttemptPath | None) -> RunOutcome | None:
-        cx = self.cx
-        if attached is None:
-            early = await self._prepare()
-            if early is not None:
-                return early
-            start_mono = cx.clock()
-            limits = self._limits(start_mono)
-            launched = await self._launch(start_mono, limits)
-            if isinstance(launched, RunOutcome):
-                return launched
-            dp = launched
-        else:
-            dp = attached
-            start_mono, limits = self._reattach(dp)
-        self.dp = dp
-        served_arms = tuple(dp.meta.get("arms") or ()) if attached else cx.keeper.ep.arm_group
-        ep = cx.keeper.ep
-        ident = harness_identity(dp)
+        """The attempt's stages: begin (launch, or take over a running one), watch it to
+        its end, then read what it came to."""
+        begun = await self._begin(attached)
+        if isinstance(begun, RunOutcome):
+            return begun
+        dp, start_mono, limits = begun
+        # The arms the endpoint served when the attempt started (a re-attached one's, as
+        # its data path recorded them).
+        served_arms = (tuple(dp.meta.get("arms") or ()) if attached
+                       else self.cx.keeper.ep.arm_group)
+        self._track(dp, attached)
+        watched = await self._supervise(dp, start_mono, limits)
+        if watched is None:  # handed over: the data path goes on without us
+            return None
+        return await self._outcome(dp, start_mono, served_arms, *watched)
+
+    async def _begin(self, attached: AttemptPath | None
+                     ) -> tuple[AttemptPath, float, Limits] | RunOutcome:
+        """A new attempt prepared and launched under its data path, or a running one
+        taken over; an outcome when it never came to run."""
+        if attached is not None:
+            start_mono, limits = self._reattach(attached)
+            self.dp = attached
+            return attached, start_mono, limits
+        early = await self._prepare()
+        if early is not None:
+            return early
+        start_mono = self.cx.clock()
+        limits = self._limits(start_mono)
+        launched = await self._launch(start_mono, limits)
+        if isinstance(launched, RunOutcome):
+            return launched
+        self.dp = launched
+        return launched, start_mono, limits
+
+    def _track(self, dp: AttemptPath, attached: AttemptPath | None) -> None:
+        """Know the harness by identity, and journal that it started."""
+        cx, ident = self.cx, harness_identity(dp)
         # The harness is the data path's child: its orphans re-parent there (a subreaper)
         # while it lives, here once it is gone; a re-attached one's went to init before
         # this loop was its ancestor, so its marker is looked for among every process.
@@ -375,11 +380,15 @@ class CellRun:
             cx.emit("cell_started", cell=self.cell.id, attempt=self.attempt, pid=dp.harness_pid,
                     create_time=ident.create_time if ident else None,
                     start_ticks=ident.ticks if ident else None, token=self.token,
-                    endpoint_arms=list(ep.arm_group), replica=cx.replica,
+                    endpoint_arms=list(cx.keeper.ep.arm_group), replica=cx.replica,
                     datapath_pid=dp.pid)
-        metered = dp.port is not None
-        killed: Killed | None = None
-        kill_reason: str | None = None
+
+    async def _supervise(self, dp: AttemptPath, start_mono: float, limits: Limits
+                         ) -> tuple[Killed | None, str | None] | None:
+        """Watch the attempt to its end and settle it (what the kill left, its group, its
+        data path); None when it was handed over. Whatever ends this early (a stop, a
+        full disk) kills the harness tree first: it must not outlive that decision."""
+        cx, metered = self.cx, dp.port is not None
         try:
             killed, kill_reason = await self._watch(dp, start_mono, limits, metered)
             if self.detached:
@@ -388,8 +397,6 @@ class CellRun:
             with anyio.CancelScope(shield=True):
                 await self._settle(dp)
         except BaseException:
-            # Cancelled, or an event could not be journaled (a full disk): the run is
-            # ending, and the harness tree must not outlive that decision.
             with anyio.CancelScope(shield=True):
                 await self._kill(0.5)
                 await self._end_group()
@@ -405,13 +412,22 @@ class CellRun:
                         with contextlib.suppress(OSError, AssertionError):
                             cx.emit("cell_metered", cell=self.cell.id, attempt=self.attempt,
                                     **dp.meter.summary())
+        return killed, kill_reason
+
+    async def _outcome(self, dp: AttemptPath, start_mono: float,
+                       served_arms: tuple[str, ...], killed: Killed | None,
+                       kill_reason: str | None) -> RunOutcome | None:
+        """What the attempt came to, journaled (``cell_exited``); None when it was
+        abandoned by a stop."""
+        cx = self.cx
         end_mono = cx.clock()
+        arm_group = cx.keeper.ep.arm_group
         arm_mismatch = None
         if served_arms and self.cell.arm not in served_arms:
             arm_mismatch = (f"endpoint configured for {', '.join(served_arms)}, not "
                             f"{self.cell.arm}")
-        elif ep.arm_group != served_arms:
-            arm_mismatch = f"endpoint reconfigured for {', '.join(ep.arm_group)} mid-cell"
+        elif arm_group != served_arms:
+            arm_mismatch = f"endpoint reconfigured for {', '.join(arm_group)} mid-cell"
         disk_low = False
         if cx.disk is not None:
             # Measured now, up to now: a harness that hit ENOSPC ends before the periodic

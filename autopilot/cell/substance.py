@@ -137,3 +137,17 @@ def check_substance(
     if found is None:
         return state, (Decision("OK", "substance ok", None, changed) if changed else None)
     return state, Decision(action, found[1], "substance" if action == "KILL" else None, changed)
+
+
+def last_row_says(transcript: Path, field: str, values: list[str]) -> bool:
+    """The transcript's last row holds one of ``values`` at ``field`` (a dotted path):
+    the harness's own word that its work is done (``harness.terminal_row``)."""
+    from autopilot.cell.validity import lookup
+    from autopilot.state.untrusted import read_tail
+
+    try:
+        lines = read_tail(transcript, 8192)[0].splitlines()
+        row = json.loads(lines[-1]) if lines else None
+    except (OSError, ValueError):  # missing, refused (a FIFO, a symlink), torn
+        return False
+    return str(lookup(row, field)) in values

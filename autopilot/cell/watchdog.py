@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from autopilot.limits import TaskLimits
+
 Action = Literal["OK", "WARN", "PROBE", "KILL"]
 KillKind = Literal["stall", "deadline", "teardown", "substance"]
 
@@ -37,6 +39,14 @@ class Limits:
     stuck_secs: float
     teardown_grace_secs: float
     deadline: float  # absolute, on the same clock as Observation.now
+
+    @classmethod
+    def starting(cls, task: TaskLimits, start: float) -> Limits:
+        """A task's limits (autopilot.limits) for an attempt that starts at ``start``."""
+        return cls(warn_secs=task.warn_secs, probe_secs=task.probe_secs,
+                   kill_secs=task.kill_secs, stuck_secs=task.stuck_secs,
+                   teardown_grace_secs=task.teardown_grace_secs,
+                   deadline=start + task.deadline_secs)
 
 
 @dataclass(frozen=True)

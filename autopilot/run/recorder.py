@@ -234,7 +234,7 @@ class Recorder:
         self.policy, effects = decision
         for fx in effects:
             if isinstance(fx, runbook.Emit):
-                self.emit(fx.event, **fx.fields)
+                self.emit(fx.kind, **fx.fields())
             elif isinstance(fx, runbook.Milestone):
                 self.milestone(fx.kind, **fx.info)
             elif isinstance(fx, runbook.Throttled):

@@ -27,7 +27,10 @@ from typing import Any, Literal
 from autopilot.cell.validity import Classification
 from autopilot.config import Preset
 from autopilot.state import budget
+from autopilot.state.cellevents import CellQuarantined
+from autopilot.state.eventbase import EventBase
 from autopilot.state.ledger import VALID, Ledger
+from autopilot.state.runevents import LaunchingPaused
 
 
 def should_quarantine(invalid_attempts: int, infra_retries: int) -> bool:
@@ -89,9 +92,17 @@ def streak_step(state: StreakState, kind: StreakKind, launched: float,
 
 @dataclass(frozen=True)
 class Emit:
-    """Journal an event (and so apply it to the ledger)."""
-    event: str
-    fields: dict[str, Any]
+    """Journal a typed event (autopilot.state.events), and so apply it to the ledger."""
+    event: EventBase
+
+    @property
+    def kind(self) -> str:
+        return self.event.event
+
+    def fields(self) -> dict[str, Any]:
+        """What the journal records beside its time and kind: the fields the policy set."""
+        return self.event.model_dump(by_alias=True, exclude={"ts", "event"},
+                                     exclude_unset=True)
 
 
 @dataclass(frozen=True)
@@ -170,8 +181,8 @@ def on_verdict(policy: Policy, rules: Rules, ledger: Ledger, cid: str, c: Classi
             state.invalid_attempts, rules.infra_retries)):
         # INVALID(config): the preset's own settings refuse the cell; a retry is the same
         # refusal again, never a silent loop.
-        effects.append(Emit("cell_quarantined", {"cell": cid, "attempts": state.attempts,
-                                                 "reasons": list(state.reasons)}))
+        effects.append(Emit(CellQuarantined(cell=cid, attempts=state.attempts,
+                                            reasons=list(state.reasons))))
     if not regrade:  # the streak is about fresh runs and fresh grades
         policy, fx = on_grade_failure(policy, rules, cid, c, now=now)
         effects += fx
@@ -201,7 +212,7 @@ def on_grade_failure(policy: Policy, rules: Rules, cid: str, c: Classification, 
                f"(last {cid}: {c.label()}{' ' + c.word if c.word else ''}); "
                "fix the harness, then re-run the same command")
         policy = replace(policy, paused=why)
-        effects.append(Emit("launching_paused", {"why": why}))
+        effects.append(Emit(LaunchingPaused(why=why)))
     return policy, effects
 
 
@@ -216,7 +227,7 @@ def budget_tick(policy: Policy, rules: Rules, ledger: Ledger) -> Decision:
     paused = (f"{why}; launching stopped (fail closed: look for \"unmetered\" in the "
               "cells' gateway logs)" if why.startswith("budget unprovable")
               else f"{why}; launching stopped (raise [budget] to go on)")
-    return replace(policy, paused=paused), [Emit("launching_paused", {"why": paused}),
+    return replace(policy, paused=paused), [Emit(LaunchingPaused(why=paused)),
                                             Milestone("budget_reached", {"why": why})]
 
 

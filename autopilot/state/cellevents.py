@@ -130,10 +130,10 @@ class CellAbandoned(CellEventBase):
     """What was killed of it."""
 
 
-class CellMetered(CellEventBase):
-    """What the attempt's gateway saw: requests, tokens, errors."""
+class MeterEvent(CellEventBase):
+    """What a gateway listener saw: requests, tokens, errors (the fields both meter
+    events share)."""
 
-    event: Literal["cell_metered"] = "cell_metered"
     requests: Any = None
     """Requests through the gateway (counts here are shape-checked where they are
     summed: autopilot.state.budget)."""
@@ -147,10 +147,16 @@ class CellMetered(CellEventBase):
     """Responses whose usage could not be read (spend of unknown size)."""
 
 
-class CellGradeMetered(CellMetered):
+class CellMetered(MeterEvent):
+    """What the attempt's gateway saw: requests, tokens, errors."""
+
+    event: Literal["cell_metered"] = "cell_metered"
+
+
+class CellGradeMetered(MeterEvent):
     """What a model-graded grading's own gateway listener saw (spend as grading)."""
 
-    event: Literal["cell_grade_metered"] = "cell_grade_metered"  # type: ignore[assignment]
+    event: Literal["cell_grade_metered"] = "cell_grade_metered"
 
 
 class CellVerdict(CellEventBase):

@@ -75,5 +75,35 @@ def mistyped(record: dict[str, Any]) -> str | None:
     return None
 
 
-__all__ = ["RECORD_ONLY", "TYPES", "CellEventBase", "Event", "EventBase", "Unknown", "mistyped",
-           "parse"]
+def events_markdown() -> str:
+    """docs/events.md: every kind of the journal, its fields and what they mean."""
+    lines = ["# Journal events", "",
+             "Every line of a run's `journal.jsonl` (and a campaign's `campaign.jsonl`) is "
+             "one of these, generated from their types (`autopilot schema --events > "
+             "docs/events.md`; a test keeps this page equal to them). Every event has "
+             "`ts` (ISO 8601, UTC) and `event` (its kind); an event of a cell has `cell` "
+             "and `attempt`. Fields a later version adds are kept by an older reader.", ""]
+    for kind, cls in TYPES.items():
+        lines += [f"## `{kind}`", "", " ".join((cls.__doc__ or "").split()), ""]
+        own = {n: f for n, f in cls.model_fields.items() if n not in ("ts", "event")}
+        if kind in RECORD_ONLY:
+            lines += [f"Read by no view: {RECORD_ONLY[kind]}.", ""]
+        if own:
+            lines += ["| field | description |", "| --- | --- |"]
+            lines += [f"| `{f.alias or n}` | {' '.join((f.description or '').split())} |"
+                      for n, f in own.items()]
+            lines.append("")
+    return "\n".join(lines)
+
+
+__all__ = [
+    "RECORD_ONLY",
+    "TYPES",
+    "CellEventBase",
+    "Event",
+    "EventBase",
+    "Unknown",
+    "events_markdown",
+    "mistyped",
+    "parse",
+]

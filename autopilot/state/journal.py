@@ -19,7 +19,8 @@ from typing import Any
 
 from autopilot.escape import bounded
 from autopilot.logsetup import get_logger
-from autopilot.state.events import mistyped
+from autopilot.state.eventbase import EventBase
+from autopilot.state.events import mistyped, parse
 from autopilot.state.fsutil import iso
 from autopilot.state.statedir import ensure_private_dir, open_private
 
@@ -30,6 +31,11 @@ log = get_logger(__name__)
 class ReplayResult:
     events: list[dict[str, Any]] = field(default_factory=list)
     torn_lines: list[int] = field(default_factory=list)
+
+    def typed(self) -> list[EventBase]:
+        """The events as their types (autopilot.state.events): what a view reads; a
+        record that fits no type is left out, as a torn line is."""
+        return [ev for ev in map(parse, self.events) if ev is not None]
 
 
 def read_events(path: Path, owner: int | None = None) -> ReplayResult:

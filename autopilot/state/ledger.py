@@ -145,18 +145,21 @@ class Ledger:
         ev = parse(record) if isinstance(record, dict) else record
         if ev is None:
             return
-        raw = record if isinstance(record, dict) else ev.model_dump(by_alias=True)
+        # The record as written, for the budget's shape checks (a typed event is dumped
+        # only where one is needed: a verdict's spend, a meter).
+        raw = record if isinstance(record, dict) else None
         match ev:
             case CellKilled() if ev.cell in self.cells:
                 self.kills[ev.kind or "stall"] += 1
             case NotifyFailed():
                 self.notify_failures += 1
             case CellVerdict() if ev.cell in self.cells:
+                raw = raw or ev.model_dump(by_alias=True)
                 self.spend = self.spend + of_events([raw])
                 if _count(ev.unmetered) and not ev.regrade:
                     self.unmetered += ev.unmetered
             case CellGradeMetered():
-                g = of_metered(raw)
+                g = of_metered(raw or ev.model_dump(by_alias=True))
                 if g is not None:
                     self.grading = self.grading + g
                 if _count(ev.unmetered):
@@ -190,16 +193,17 @@ class Ledger:
                 cell.pid = cell.create_time = None
                 cell.exited, cell.abandoned = False, ev.why or "abandoned"
             case CellVerdict():
-                self._verdict(cell, ev, raw)
+                self._verdict(cell, ev, raw or ev.model_dump(by_alias=True))
             case CellRan():
                 cell.status = "ran"
                 cell.ran_outcome = ev.outcome if isinstance(ev.outcome, dict) else None
                 cell.pid = cell.create_time = None
                 cell.exited, cell.abandoned = False, None
             case CellMetered():
-                cell.metered = {k: raw.get(k) for k in ("attempt", "requests",
-                                                        "prompt_tokens", "completion_tokens",
-                                                        "errors", "unmetered")}
+                cell.metered = {k: getattr(ev, k) for k in ("attempt", "requests",
+                                                            "prompt_tokens",
+                                                            "completion_tokens", "errors",
+                                                            "unmetered")}
             case CellQuarantined():
                 cell.status = "quarantined"
                 cell.pid = cell.create_time = None

@@ -117,11 +117,11 @@ class Status(_Part):
 
     schema_version: int = SCHEMA_VERSION
     """The schema's version (fields are only ever added)."""
-    phase: str = "?"
+    phase: str = ""
     """starting, run:pass<N>, COMPLETE, INCOMPLETE or stopped."""
     outcome_reason: str = ""
     """Why the run ended so."""
-    preset: str = "?"
+    preset: str = ""
     """The preset's name."""
     description: str = ""
     """The preset's description."""

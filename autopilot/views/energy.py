@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autopilot.config import Preset
+from autopilot.state.cellevents import CellExited, CellStarted
+from autopilot.state.eventbase import CellEventBase
 from autopilot.state.fsutil import parse_iso
 from autopilot.state.journal import state_events
 from autopilot.state.untrusted import lines, owner_of
@@ -141,19 +143,19 @@ def read_spans(state_dir: Path) -> list[Span]:
     open_: dict[tuple[str, int], tuple[float, int]] = {}
     last: dict[tuple[str, int], float] = {}
     spans = []
-    for ev in state_events(state_dir).events:
-        cell, attempt, ts = ev.get("cell"), ev.get("attempt"), parse_iso(ev.get("ts"))
-        if not isinstance(cell, str) or not isinstance(attempt, int) or ts is None:
+    for ev in state_events(state_dir).typed():
+        ts = parse_iso(ev.ts)
+        if not isinstance(ev, CellEventBase) or not ev.cell or ev.attempt is None \
+                or ts is None:
             continue
-        key = (cell, attempt)
-        if ev.get("event") == "cell_started" and ev.get("pid") is not None:
-            replica = ev.get("replica")
-            open_[key] = (ts, replica if isinstance(replica, int) else 0)
+        key = (ev.cell, ev.attempt)
+        if isinstance(ev, CellStarted) and ev.pid is not None:
+            open_[key] = (ts, ev.replica or 0)
         elif key in open_:
             last[key] = ts
-            if ev.get("event") == "cell_exited":
+            if isinstance(ev, CellExited):
                 start, replica = open_.pop(key)
-                spans.append(Span(cell, replica, start, ts))
+                spans.append(Span(ev.cell, replica, start, ts))
     spans += [Span(c, r, s, last.get((c, a), s)) for (c, a), (s, r) in open_.items()]
     return spans
 

@@ -27,6 +27,7 @@ from prometheus_client.registry import Collector
 from autopilot.escape import finite
 from autopilot.state.ledger import Ledger
 from autopilot.state.liveness import Liveness
+from autopilot.state.statusdoc import read as read_status
 
 # What a cell's ledger status is called in the metric (one state label per cell).
 STATES = {"PASS": "pass", "FAIL": "fail", "invalid": "invalid", "quarantined": "quarantined",
@@ -39,7 +40,8 @@ class RunCollector(Collector):
         self.ledger, self.status, self.live = ledger, status, live
 
     def collect(self) -> Any:
-        preset = str(self.status.get("preset") or "")
+        doc = read_status(self.status)  # every field its type or its default
+        preset = doc.preset
         cells = GaugeMetricFamily("autopilot_cells", "Cells of the plan by arm and state",
                                   labels=["preset", "arm", "state"])
         by: Counter[tuple[str, str]] = Counter()
@@ -65,11 +67,7 @@ class RunCollector(Collector):
         for kind in sorted({"stall", "deadline", "teardown", *self.ledger.kills}):
             kills.add_metric([preset, kind], self.ledger.kills[kind])
         yield kills
-        raw = self.status.get("endpoints")
-        eps = [e for e in raw if isinstance(e, dict)] if isinstance(raw, list) else []
-        if not eps:  # one endpoint: status.json's "endpoint"
-            one = self.status.get("endpoint")
-            eps = [one] if isinstance(one, dict) else [{}]
+        eps = doc.endpoints or [doc.endpoint]  # one endpoint: status.json's "endpoint"
         up = GaugeMetricFamily("autopilot_endpoint_up", "1 when the model endpoint answers",
                                labels=["preset", "replica"])
         restarts = CounterMetricFamily("autopilot_endpoint_restarts", "Endpoint restarts",
@@ -94,14 +92,12 @@ class RunCollector(Collector):
         yield _gauge("autopilot_stale",
                      "1 when the run is not finished and its supervisor is frozen or gone",
                      [preset], 1 if self.live.state in ("stale", "gone", "unknown") else 0)
-        eta = self.status.get("eta_secs")
+        eta = doc.eta_secs
         yield _gauge("autopilot_eta_seconds", "Estimated seconds to the end of the run",
                      [preset], _num(eta) if eta is not None else math.nan)
         info = GaugeMetricFamily("autopilot_run_info", "The run (value 1): phase and model",
                                  labels=["preset", "model", "phase", "target_n"])
-        info.add_metric([preset, str(self.status.get("model") or ""),
-                         str(self.status.get("phase") or ""),
-                         str(self.status.get("target_n") or "")], 1)
+        info.add_metric([preset, doc.model, doc.phase, str(doc.target_n or "")], 1)
         yield info
 
 

@@ -21,10 +21,12 @@ from autopilot.config import INVALID_REASONS, Preset
 from autopilot.escape import md, term
 from autopilot.plan import Plan, cell_context
 from autopilot.state.budget import METERED, count_or_none
+from autopilot.state.cellevents import CellExited, CellMetered, CellStarted, CellVerdict
 from autopilot.state.fsutil import read_json
 from autopilot.state.items import ITEM_KINDS, items_of
 from autopilot.state.journal import state_events
 from autopilot.state.ledger import VALID, CellState
+from autopilot.state.runevents import PlanChanged
 from autopilot.templates import render
 from autopilot.views import stats
 from autopilot.views.energy import J_PER_KWH, Energy, energy_lines, measure
@@ -73,24 +75,23 @@ def collect(preset: Preset, n: int, state_dir: Path,
     metered: dict[str, tuple[str, int, int]] = {}  # the gateway's count, where it is used
     wall: dict[str, float | None] = {}
     items: dict[str, dict[str, int] | None] = {}
-    for ev in state_events(state_dir).events:
-        cid = ev.get("cell")
-        if ev.get("event") == "cell_started" and isinstance(cid, str):
-            attempts[cid] += 1
-        elif ev.get("event") == "cell_exited" and isinstance(cid, str):
-            secs = count_or_none(ev.get("elapsed_secs"))
-            wall[cid] = secs
-        elif ev.get("event") == "cell_verdict" and isinstance(cid, str):
-            masked[cid] = bool(ev.get("teardown_masked"))
-            items[cid] = items_of(ev.get("items")) if ev.get("verdict") in VALID else None
-            spend, basis = ev.get("spend"), ev.get("cost_basis")
+    for ev in state_events(state_dir).typed():
+        if isinstance(ev, CellStarted):
+            attempts[ev.cell] += 1
+        elif isinstance(ev, CellExited):
+            wall[ev.cell] = count_or_none(ev.elapsed_secs)
+        elif isinstance(ev, CellVerdict):
+            cid = ev.cell
+            masked[cid] = ev.teardown_masked
+            items[cid] = items_of(ev.items) if ev.verdict in VALID else None
+            spend, basis = ev.spend, ev.cost_basis
             if basis in METERED and isinstance(spend, list) \
                     and len(spend) == 2 and all(_int(x) is not None for x in spend):
                 metered[cid] = (str(basis), int(spend[0]), int(spend[1]))
-            elif not ev.get("regrade"):
+            elif not ev.regrade:
                 metered.pop(cid, None)
-            if ev.get("verdict") == "INVALID":
-                reason = ev.get("reason")  # a word of ours, unless the journal was forged
+            if ev.verdict == "INVALID":
+                reason = ev.reason  # a word of ours, unless the journal was forged
                 invalid.setdefault(cid, []).append(
                     reason if reason in INVALID_REASONS else md(scrub(reason), 40))
     energy = energy or measure(preset, state_dir)
@@ -286,9 +287,8 @@ def arm_summary(preset: Preset, facts: list[CellFacts], arm: str) -> str:
 def plan_changes(state_dir: Path) -> list[tuple[str, str, str]]:
     """(when, old identity, new identity) of every plan change the journal records (a
     resume with --allow-plan-change relabels earlier verdicts under the new preset)."""
-    return [(md(ev.get("ts"), 40), md(ev.get("old"), 40), md(ev.get("new"), 40))
-            for ev in state_events(state_dir).events
-            if ev.get("event") == "plan_changed"]
+    return [(md(ev.ts, 40), md(ev.old, 40), md(ev.new, 40))
+            for ev in state_events(state_dir).typed() if isinstance(ev, PlanChanged)]
 
 
 def recorded_pins(state_dir: Path) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
@@ -344,8 +344,8 @@ def endpoint_record(state_dir: Path) -> list[str]:
 def gateway_errors(state_dir: Path) -> dict[str, int]:
     """Every attempt's gateway errors by kind (cell_metered), summed; shape-checked."""
     total: Counter[str] = Counter()
-    for ev in state_events(state_dir).events:
-        errors = ev.get("errors") if ev.get("event") == "cell_metered" else None
+    for ev in state_events(state_dir).typed():
+        errors = ev.errors if isinstance(ev, CellMetered) else None
         if isinstance(errors, dict):
             total.update({md(k, 40): v for k, v in errors.items()
                           if type(v) is int and 0 < v < 10**9})

@@ -29,6 +29,8 @@ from autopilot.cell.validity import (
 from autopilot.config import Preset
 from autopilot.escape import clean, term
 from autopilot.plan import Plan, cell_context
+from autopilot.state.cellevents import CellExited, CellMetered, CellRan, CellSpawning, CellStarted
+from autopilot.state.eventbase import CellEventBase
 from autopilot.state.fsutil import parse_iso, read_json
 from autopilot.state.journal import state_events
 from autopilot.state.ledger import Ledger
@@ -73,25 +75,24 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
     last_outcome: dict[str, dict[str, Any]] = {}
     spans: dict[tuple[str, int], list[float]] = {}  # each attempt's first and last event
     metered: dict[str, dict[str, Any]] = {}  # the gateway's evidence of the latest attempt
-    for ev in state_events(state_dir).events:
+    for ev in state_events(state_dir).typed():
         ledger.apply(ev)
-        cid = ev.get("cell")
-        if not isinstance(cid, str):
+        if not isinstance(ev, CellEventBase) or not ev.cell:
             continue
-        kind = ev["event"]
-        ts = parse_iso(ev.get("ts"))
+        cid, ts = ev.cell, parse_iso(ev.ts)
         if ts is not None:
-            key = (cid, ev["attempt"] if type(ev.get("attempt")) is int else
+            key = (cid, ev.attempt if ev.attempt is not None else
                    max(1, ledger.cells[cid].attempts if cid in ledger.cells else 1))
             span = spans.setdefault(key, [ts, ts])
             span[0], span[1] = min(span[0], ts), max(span[1], ts)
-        if kind in ("cell_spawning", "cell_started"):
-            last_outcome.pop(cid, None)
-            metered.pop(cid, None)
-        elif kind in ("cell_exited", "cell_ran") and isinstance(ev.get("outcome"), dict):
-            last_outcome[cid] = ev["outcome"]
-        elif kind == "cell_metered":
-            metered[cid] = ev
+        match ev:
+            case CellSpawning() | CellStarted():
+                last_outcome.pop(cid, None)
+                metered.pop(cid, None)
+            case CellExited() | CellRan() if isinstance(ev.outcome, dict):
+                last_outcome[cid] = ev.outcome
+            case CellMetered():
+                metered[cid] = ev.model_dump(by_alias=True)
     result = ValidationResult(in_progress=in_progress)
     for cell in plan.cells:
         state = ledger.cells[cell.id]

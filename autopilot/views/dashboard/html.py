@@ -35,7 +35,7 @@ def _spark(times: list[float], width: int = 400, height: int = 40) -> dict[str, 
 def live_context(d: DashData, links: bool = False) -> dict[str, Any]:
     """What the grid fragment (``_live.html.j2``) shows; ``links``: each cell links to
     its own page (the served view)."""
-    warn = finite((d.status.get("thresholds") or {}).get("warn_secs"))
+    warn = finite(d.doc.thresholds.warn_secs)
     arms = []
     for arm in d.arms:
         rows = []

@@ -15,10 +15,14 @@ from typing import Any
 
 from autopilot.escape import clean, finite, sane
 from autopilot.plan import Cell
+from autopilot.state.cellevents import CellVerdict
+from autopilot.state.events import parse
 from autopilot.state.fsutil import parse_iso
 from autopilot.state.journal import state_events
 from autopilot.state.ledger import CellState, Ledger
 from autopilot.state.liveness import annotate, look
+from autopilot.state.statusdoc import Status
+from autopilot.state.statusdoc import read as read_status
 from autopilot.state.untrusted import state_json
 
 NOTABLE = {
@@ -41,6 +45,7 @@ class DashData:
     completions: list[float] = field(default_factory=list)
     baseline: dict[str, Any] | None = None
     ledger: Ledger | None = None  # the replay behind ``cells`` (metrics read its counters)
+    doc: Status = field(default_factory=Status)  # ``status`` read through its schema
 
     def cell(self, task: str, arm: str, n: int) -> CellState | None:
         return self.cells.get(f"{task}_{arm}_v{n}")
@@ -98,29 +103,29 @@ def load(state_dir: Path, recent: int = 8) -> DashData | None:
     ledger = Ledger(cells)
     events: list[dict[str, Any]] = []
     completions: list[float] = []
-    for ev in state_events(state_dir).events:
+    replay = state_events(state_dir)
+    for raw, ev in zip(replay.events, map(parse, replay.events), strict=True):
+        if ev is None:
+            continue
         ledger.apply(ev)  # the ledger keeps words; views escape what they show of them
-        if ev.get("event") in NOTABLE:
-            events.append(sane(ev))  # shown as they are: cleaned here, once
-        if ev.get("event") == "cell_verdict" and ev.get("verdict") in ("PASS", "FAIL"):
-            t = _epoch(ev.get("ts"))
+        if ev.event in NOTABLE:
+            events.append(sane(raw))  # shown as written (cleaned here, once)
+        if isinstance(ev, CellVerdict) and ev.verdict in ("PASS", "FAIL"):
+            t = _epoch(ev.ts)
             if t is not None:
                 completions.append(t)
     _clean_cells(ledger)
-    running = status.get("running")
-    for run in running if isinstance(running, list) else []:
-        if not isinstance(run, dict):
-            continue
-        c = ledger.cells.get(str(run.get("cell")))
+    doc = read_status(status)  # every field its type or its default
+    for run in doc.running:
+        c = ledger.cells.get(run.cell)
         if c is not None and c.status == "running":
-            c.frozen_secs = _float(run.get("frozen_secs"))
-            c.tier = str(run.get("tier") or "OK")
+            c.frozen_secs = _float(run.frozen_secs)
+            c.tier = run.tier or "OK"
     return DashData(
         state_dir=state_dir, status=status, tasks=tasks, arms=arms, target_n=target_n,
         cells=ledger.cells, trust=ledger.trust(), events=events[-recent:],
         completions=completions,
-        baseline=status["baseline"] if isinstance(status.get("baseline"), dict) else None,
-        ledger=ledger,
+        baseline=doc.baseline, ledger=ledger, doc=doc,
     )
 
 

@@ -83,7 +83,7 @@ def grid_table(d: DashData, arm: str, width: int | None = None) -> tuple[Table, 
     """One row per task. Wide: a column per replicate with its full code. Compact, when
     that would not fit ``width`` (e.g. N=20 on 80 columns): one strip of one-letter codes
     in groups of 5, which wraps instead of being cut to '…'. Returns (table, compact)."""
-    warn = finite((d.status.get("thresholds") or {}).get("warn_secs"))
+    warn = finite(d.doc.thresholds.warn_secs)
     n_max = d.target_n
     has_base = bool(d.baseline and d.baseline.get("arm") == arm)
     rows: list[tuple[str, list[CellState | None], str, list[str]]] = []
