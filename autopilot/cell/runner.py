@@ -85,7 +85,7 @@ class CellRun:
         self.transcript = Path(self.ctx["transcript"])
         self.spool = cx.state_dir / "logs" / f"{cell.id}.launcher.log"
         self.grade_log = cx.state_dir / "logs" / f"{cell.id}.grade.log"
-        self.completion = [Path(render(c, self.ctx)) for c in self.p.harness.completion]
+        self.completion = [Path(render(done, self.ctx)) for done in self.p.harness.completion]
         template = self.p.harness.sandbox_container
         # The exact name of this attempt's sandbox container, where Docker is wired.
         self.sandbox = render(template, self.ctx) if template and cx.remove_sandbox else None
@@ -106,7 +106,7 @@ class CellRun:
     # ------------------------------------------------------------------ helpers
 
     def _completion_present(self) -> bool:
-        return all(p.exists() for p in self.completion)
+        return all(path.exists() for path in self.completion)
 
     def _terminal_evidence(self) -> bool:
         """Completion artifacts, or the preset's terminal transcript row as last row."""
@@ -119,7 +119,7 @@ class CellRun:
 
     def _env(self, deadline_epoch: float) -> dict[str, str]:
         env = dict(self.cx.base_env)
-        env.update({k: render(v, self.ctx) for k, v in self.p.harness.env.items()})
+        env.update({key: render(value, self.ctx) for key, value in self.p.harness.env.items()})
         env.update({
             "AUTOPILOT_CELL_ID": self.cell.id,
             "AUTOPILOT_CELL_ATTEMPT": str(self.attempt),
@@ -137,9 +137,9 @@ class CellRun:
                                                   spared)
             if pids:
                 log.info("cell_group_killed", pids=pids)
-            for f in spared:  # moved into the cell's group by someone: never signalled
+            for foreign in spared:  # moved into the cell's group by someone: never signalled
                 self.cx.emit("foreign_in_cell_group", cell=self.cell.id,
-                             attempt=self.attempt, **f)
+                             attempt=self.attempt, **foreign)
             self.group = None
 
     async def _kill(self, grace: float) -> list[int]:
@@ -496,24 +496,24 @@ class CellRun:
                 completion=self._terminal_evidence(), alive=True, generating=decoding,
                 metered=meter.progress if meter is not None else None,
             )
-            state, d = decide(state, obs, limits)
+            state, step = decide(state, obs, limits)
             if obs.spool_size > 2 * SPOOL_CAP:  # capped as it grows, not only at its end
                 await anyio.to_thread.run_sync(cap_in_place, self.spool, SPOOL_CAP)
-            if self.p.watchdog.substance and d.action != "KILL":
-                substance, sd = check_substance(substance, self.transcript, obs.now,
-                                                self.p.watchdog)
-                if sd is not None and sd.changed:
+            if self.p.watchdog.substance and step.action != "KILL":
+                substance, found = check_substance(substance, self.transcript, obs.now,
+                                                   self.p.watchdog)
+                if found is not None and found.changed:
                     cx.emit("cell_watchdog", cell=self.cell.id, attempt=self.attempt,
-                            tier=sd.action, reason=sd.reason)
-                if sd is not None and sd.action == "KILL":
-                    d = sd
-            cx.on_tick(self.cell.id, state, d.action)
-            if d.changed and d.kind != "substance":
-                extra = {"probe": probe(self.tracker, activity)} if d.action == "PROBE" else {}
+                            tier=found.action, reason=found.reason)
+                if found is not None and found.action == "KILL":
+                    step = found
+            cx.on_tick(self.cell.id, state, step.action)
+            if step.changed and step.kind != "substance":
+                extra = {"probe": probe(self.tracker, activity)} if step.action == "PROBE" else {}
                 cx.emit("cell_watchdog", cell=self.cell.id, attempt=self.attempt,
-                        tier=d.action, reason=d.reason, idle_secs=round(d.idle_secs, 1),
-                        frozen_secs=round(d.frozen_secs, 1), **extra)
-            if d.action == "KILL":
+                        tier=step.action, reason=step.reason, idle_secs=round(step.idle_secs, 1),
+                        frozen_secs=round(step.frozen_secs, 1), **extra)
+            if step.action == "KILL":
                 await dp.wait(0)
                 if dp.exited:
                     return None, None  # it ended while we were not looking: the truth
@@ -521,8 +521,8 @@ class CellRun:
                 self.working = bool(meter is not None and meter.in_flight)
                 pids = await self._kill(self.limits.kill_grace_secs)
                 cx.emit("cell_killed", cell=self.cell.id, attempt=self.attempt,
-                        kind=d.kind, reason=d.reason, pids=pids)
-                return _KILLED.get(d.kind or "stall", "stall"), d.reason
+                        kind=step.kind, reason=step.reason, pids=pids)
+                return _KILLED.get(step.kind or "stall", "stall"), step.reason
 
     async def _settle(self, dp: AttemptPath) -> None:
         """After the watch: the harness's end as its data path records it (a killed
@@ -547,35 +547,37 @@ class CellRun:
     async def judge(self, outcome: RunOutcome) -> Classification:
         """Checks, grader and classification of a finished attempt."""
 
-        def retry(n: int, c: Classification) -> None:
-            self.cx.emit("grade_retry", cell=self.cell.id, attempt=self.attempt, tried=n,
-                         reason=c.reason, detail=c.detail)
+        def retry(tries: int, judged: Classification) -> None:
+            self.cx.emit("grade_retry", cell=self.cell.id, attempt=self.attempt, tried=tries,
+                         reason=judged.reason, detail=judged.detail)
             if self.cx.on_grade_failure is not None:
-                self.cx.on_grade_failure(self.cell.id, c)
+                self.cx.on_grade_failure(self.cell.id, judged)
 
         try:
             async with model_access(self.cx, self.cell.id, self.attempt, self.ctx,
                                     self._upstreams) as (ctx, extra_env):
-                c = await judge_cell(self.p, ctx, outcome, self.grade_log,
-                                     base_env=self.cx.base_env, on_retry=retry,
-                                     contain=self.cx.contain, extra_env=extra_env,
-                                     user=self.uid)
-            if c.reason in ("harness_crash", "missing_output"):
+                judged = await judge_cell(self.p, ctx, outcome, self.grade_log,
+                                          base_env=self.cx.base_env, on_retry=retry,
+                                          contain=self.cx.contain, extra_env=extra_env,
+                                          user=self.uid)
+            if judged.reason in ("harness_crash", "missing_output"):
                 # Why it broke is in its own output: the last lines go with the verdict.
                 tail = await anyio.to_thread.run_sync(log_tail, self.spool, 3)
                 if tail:
-                    c = replace(c, detail=f"{c.detail}; launcher log: {tail}")
-            if c.launched is None:  # decided without a grader: the harness's evidence
-                c = replace(c, launched=self.launched or time.time())
-            m = self.meter
-            if m is not None:
-                c = unmetered(c, m.requests, self.p.gateway.require_metering, m.unmetered)
+                    judged = replace(judged, detail=f"{judged.detail}; launcher log: {tail}")
+            if judged.launched is None:  # decided without a grader: the harness's evidence
+                judged = replace(judged, launched=self.launched or time.time())
+            meter = self.meter
+            if meter is not None:
+                judged = unmetered(judged, meter.requests, self.p.gateway.require_metering,
+                                   meter.unmetered)
                 if self.p.endpoint.names_model_exactly:  # a provider may add a version
-                    c = served_as(c, m.models, self.ctx["served_model"])
-                c = count_by_evidence(c, outcome, Evidence(
-                    m.requests, m.answered, dict(m.errors), m.first_error or None),
+                    judged = served_as(judged, meter.models, self.ctx["served_model"])
+                judged = count_by_evidence(judged, outcome, Evidence(
+                    meter.requests, meter.answered, dict(meter.errors),
+                    meter.first_error or None),
                     self.p.trust.count)
-            return c
+            return judged
         finally:
             with anyio.CancelScope(shield=True):
                 await self._clean_scratch()

@@ -51,6 +51,10 @@ NOT_COUNTED = frozenset({"rate_limited", "disk_full", "datapath_lost"})
 # metrics skip it; re-running the harness would not give it one).
 SETTLED_UNGRADED = frozenset({"grader_unavailable", "unscored"})
 
+# What a cell keeps of its latest attempt's meter (cell_metered).
+METER_FIELDS = ("attempt", "requests", "prompt_tokens", "completion_tokens", "errors",
+                "unmetered")
+
 Status = Literal["pending", "running", "ran", "PASS", "FAIL", "invalid", "quarantined",
                  "ungraded"]
 VALID = ("PASS", "FAIL")
@@ -115,7 +119,7 @@ class Ledger:
     def __init__(self, plan: Plan | Sequence[Cell]) -> None:
         cells = plan.cells if isinstance(plan, Plan) else plan
         self.cells: dict[str, CellState] = {
-            c.id: CellState(c.id, c.task, c.arm, c.n) for c in cells
+            cell.id: CellState(cell.id, cell.task, cell.arm, cell.n) for cell in cells
         }
         self.recent: list[dict[str, Any]] = []
         self.fails: list[dict[str, Any]] = []
@@ -159,9 +163,9 @@ class Ledger:
                 if _count(ev.unmetered) and not ev.regrade:
                     self.unmetered += ev.unmetered
             case CellGradeMetered():
-                g = of_metered(raw or ev.model_dump(by_alias=True))
-                if g is not None:
-                    self.grading = self.grading + g
+                spent = of_metered(raw or ev.model_dump(by_alias=True))
+                if spent is not None:
+                    self.grading = self.grading + spent
                 if _count(ev.unmetered):
                     self.unmetered += ev.unmetered
                 return
@@ -200,10 +204,7 @@ class Ledger:
                 cell.pid = cell.create_time = None
                 cell.exited, cell.abandoned = False, None
             case CellMetered():
-                cell.metered = {k: getattr(ev, k) for k in ("attempt", "requests",
-                                                            "prompt_tokens",
-                                                            "completion_tokens", "errors",
-                                                            "unmetered")}
+                cell.metered = {key: getattr(ev, key) for key in METER_FIELDS}
             case CellQuarantined():
                 cell.status = "quarantined"
                 cell.pid = cell.create_time = None
@@ -260,23 +261,23 @@ class Ledger:
 
     def pending(self) -> list[CellState]:
         """Cells to run in the next pass, in plan order."""
-        return [c for c in self.cells.values() if c.status in ("pending", "invalid")]
+        return [cell for cell in self.cells.values() if cell.status in ("pending", "invalid")]
 
     def complete(self) -> bool:
-        return all(self.settled(c) for c in self.cells.values())
+        return all(self.settled(cell) for cell in self.cells.values())
 
-    def settled(self, c: CellState) -> bool:
+    def settled(self, cell: CellState) -> bool:
         """Counts towards completion: a valid verdict, or a cell the preset chose to
         record as ungradable (its grader cannot run here; reported, never a success)."""
-        return c.valid or (c.status == "ungraded" and c.reason in SETTLED_UNGRADED)
+        return cell.valid or (cell.status == "ungraded" and cell.reason in SETTLED_UNGRADED)
 
     def counts(self, cells: list[CellState] | None = None) -> dict[str, Any]:
         cells = list(self.cells.values()) if cells is None else cells
         items: Counter[str] = Counter()
-        for x in cells:
-            if x.items and x.status in VALID:
-                items.update(x.items)
-        return _counts(Counter(x.phase for x in cells), items)
+        for cell in cells:
+            if cell.items and cell.status in VALID:
+                items.update(cell.items)
+        return _counts(Counter(cell.phase for cell in cells), items)
 
     def trust(self) -> dict[str, Any]:
         """The fail-closed accounting block shown everywhere aggregates are shown."""
@@ -292,20 +293,20 @@ class Ledger:
         excluded = []
         attempts = masked = retried = 0
         basis: Counter[str] = Counter()
-        for c in self.cells.values():
-            groups[(c.arm, c.task)][c.phase] += 1
-            if c.items and c.status in VALID:
-                items[(c.arm, c.task)].update(c.items)
-            if c.cost_basis and c.status in VALID:
-                basis[c.cost_basis] += 1
-            if c.reasons:
-                by_reason.update(c.reasons)
-                attempts += c.invalid_attempts
-            if c.status in ("invalid", "quarantined", "ungraded"):
-                excluded.append({"cell": c.id, "status": c.status, "reasons": c.reasons})
-            if c.teardown_masked and c.status in VALID:
+        for cell in self.cells.values():
+            groups[(cell.arm, cell.task)][cell.phase] += 1
+            if cell.items and cell.status in VALID:
+                items[(cell.arm, cell.task)].update(cell.items)
+            if cell.cost_basis and cell.status in VALID:
+                basis[cell.cost_basis] += 1
+            if cell.reasons:
+                by_reason.update(cell.reasons)
+                attempts += cell.invalid_attempts
+            if cell.status in ("invalid", "quarantined", "ungraded"):
+                excluded.append({"cell": cell.id, "status": cell.status, "reasons": cell.reasons})
+            if cell.teardown_masked and cell.status in VALID:
                 masked += 1
-            if c.attempts > 1:
+            if cell.attempts > 1:
                 retried += 1
         by_arm: dict[str, Counter[str]] = defaultdict(Counter)
         arm_items: dict[str, Counter[str]] = defaultdict(Counter)
@@ -329,7 +330,7 @@ class Ledger:
             "ungraded_cells": total["ungraded"],
             # whose word a valid cell's tokens rest on: the gateway's, or the harness's
             # own where the gateway's count disagrees with it (a flag; the verdict stands)
-            "metered_cells": sum(basis[b] for b in METERED),
+            "metered_cells": sum(basis[kind] for kind in METERED),
             "cost_mismatch_cells": basis["self_reported_mismatch"],
             "grade_retries": self.grade_retries,
             "retried_cells": retried,
@@ -339,8 +340,8 @@ class Ledger:
             trust["items"] = dict(total_items)
         return Summary(
             totals=_counts(total, total_items),
-            arms={a: _counts(c, arm_items.get(a)) for a, c in by_arm.items()},
-            tasks={k: _counts(c, items.get(k)) for k, c in groups.items()},
+            arms={name: _counts(cnt, arm_items.get(name)) for name, cnt in by_arm.items()},
+            tasks={key: _counts(cnt, items.get(key)) for key, cnt in groups.items()},
             trust=trust,
         )
 
@@ -353,20 +354,20 @@ class Summary:
     trust: dict[str, Any]
 
 
-def _counts(c: Counter[str], items: Counter[str] | None = None) -> dict[str, Any]:
+def _counts(phases: Counter[str], items: Counter[str] | None = None) -> dict[str, Any]:
     """A group's cells by phase; with ``items``, what its many-item cells scored (the
     counting unit there: passed of scored)."""
     out: dict[str, Any] = {
-        "total": sum(c.values()),
-        "pass": c["PASS"],
-        "fail": c["FAIL"],
-        "invalid": c["invalid"],
-        "quarantined": c["quarantined"],
-        "ungraded": c["ungraded"],
-        "running": c["running"],
-        "grading": c["ran"],
-        "pending": c["pending"],
-        "done": c["PASS"] + c["FAIL"],
+        "total": sum(phases.values()),
+        "pass": phases["PASS"],
+        "fail": phases["FAIL"],
+        "invalid": phases["invalid"],
+        "quarantined": phases["quarantined"],
+        "ungraded": phases["ungraded"],
+        "running": phases["running"],
+        "grading": phases["ran"],
+        "pending": phases["pending"],
+        "done": phases["PASS"] + phases["FAIL"],
     }
     if items:
         # reused (samples an earlier attempt scored) only where there were some
