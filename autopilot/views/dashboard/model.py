@@ -16,7 +16,6 @@ from typing import Any
 from autopilot.escape import clean, finite, sane
 from autopilot.plan import Cell
 from autopilot.state.cellevents import CellVerdict
-from autopilot.state.events import parse
 from autopilot.state.fsutil import parse_iso
 from autopilot.state.journal import state_events
 from autopilot.state.ledger import CellState, Ledger
@@ -103,12 +102,10 @@ def load(state_dir: Path, recent: int = 8) -> DashData | None:
     ledger = Ledger(cells)
     events: list[dict[str, Any]] = []
     completions: list[float] = []
-    replay = state_events(state_dir)
-    for raw, ev in zip(replay.events, map(parse, replay.events), strict=True):
-        if ev is None:
-            continue
-        ledger.apply(ev)  # the ledger keeps words; views escape what they show of them
-        if ev.event in NOTABLE:
+    for raw in state_events(state_dir).events:
+        # the ledger keeps words; views escape what they show of them
+        ev = ledger.apply(raw)  # typed, for the kinds it folds
+        if raw["event"] in NOTABLE:
             events.append(sane(raw))  # shown as written (cleaned here, once)
         if isinstance(ev, CellVerdict) and ev.verdict in ("PASS", "FAIL"):
             t = _epoch(ev.ts)
