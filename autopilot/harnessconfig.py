@@ -112,8 +112,9 @@ class Harness(_Frozen):
 class Watchdog(_Frozen):
     """The tiers that watch every attempt: no progress for ``warn_secs`` warns, for
     ``probe_secs`` probes the endpoint, for ``kill_secs`` kills; a frozen transcript is
-    killed after ``stuck_secs`` whatever else moves. ``AUTOPILOT_STALL_{WARN,PROBE,KILL,
-    GRACE}_S`` in the environment override the tiers and the teardown grace."""
+    killed after ``stuck_secs`` whatever else moves. In the supervisor's environment,
+    ``AUTOPILOT_STALL_{WARN,PROBE,KILL,GRACE}_S`` override the tiers and the teardown
+    grace."""
 
     poll_secs: float = Field(default=2.0, gt=0)
     """How often each attempt's progress is read."""
