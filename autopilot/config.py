@@ -45,6 +45,7 @@ from autopilot.harnessconfig import Watchdog as Watchdog
 from autopilot.matrixconfig import Argv as Argv
 from autopilot.matrixconfig import Arm as Arm
 from autopilot.matrixconfig import ArmEndpoint as ArmEndpoint
+from autopilot.matrixconfig import Route as Route
 from autopilot.matrixconfig import Task as Task
 from autopilot.matrixconfig import label_tokens as label_tokens
 from autopilot.measureconfig import Baseline as Baseline
@@ -119,6 +120,12 @@ class Preset(_Frozen):
     """The model gateway every request of a cell goes through."""
 
     @property
+    def uses_gateway(self) -> bool:
+        """Some arm's requests can go through the gateway: the endpoint is one it serves,
+        or an arm has a route of its own."""
+        return self.endpoint.through_gateway or any(a.route for a in self.arms)
+
+    @property
     def samples_power(self) -> bool:
         """The endpoint's GPUs are this host's (the local backend serving a local
         engine), and sampling is not off (autopilot.run.power)."""
@@ -189,8 +196,12 @@ class Preset(_Frozen):
             raise ValueError("endpoint.replicas > 1 needs every arm on the same endpoint "
                              "settings (arms that restart the endpoint run one group at a "
                              "time); pin arms to replicas instead")
-        requested = [a.label for a in self.arms if a.request]
-        if requested and not (self.gateway.enabled and self.endpoint.through_gateway):
+        requested = [a.label for a in self.arms if a.requests_settings]
+        routed = [a.label for a in self.arms if a.route]
+        if routed and not self.gateway.enabled:
+            raise ValueError(f"arm(s) {', '.join(routed)}: a route of their own needs the "
+                             "gateway (gateway = true): it holds the route's key")
+        if requested and not (self.gateway.enabled and self.uses_gateway):
             raise ValueError(f"arm(s) {', '.join(requested)}: request settings need the "
                              f"gateway (gateway = true, and an endpoint it serves: engine "
                              f"{self.endpoint.engine!r} has none)" if self.gateway.enabled

@@ -7,7 +7,8 @@ they make are in autopilot.plan.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
@@ -54,6 +55,58 @@ class ArmEndpoint(_Frozen):
     """Extra environment of the endpoint's process for this arm."""
 
 
+Dialect = Literal["chat", "responses", "messages", "gemini"]
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+
+class Route(_Frozen):
+    """An arm's own way to its model (``[arms.route]``): a vendor's own API for a native
+    arm, an aggregator for a kernel arm. The arm's cells reach only this route, through
+    their gateway; the run's ``[endpoint]`` serves the arms without one."""
+
+    base_url: str
+    """The provider's base URL as its own SDKs take it (https://api.anthropic.com,
+    https://openrouter.ai/api/v1, https://generativelanguage.googleapis.com);
+    ``{base_url}`` gives the harness the gateway's address with this path."""
+    dialect: Dialect
+    """The protocol the provider speaks: ``chat`` (OpenAI chat/completions), ``responses``
+    (OpenAI Responses), ``messages`` (Anthropic Messages), ``gemini`` (Google
+    generateContent). The key is attached only to this dialect's model routes."""
+    api_key_env: str = ""
+    """The NAME of the variable that holds this route's key (never its value; it stays
+    in the supervisor, the harness gets its attempt's key)."""
+    model: str
+    """The model id as this provider spells it: the gateway asks for it on every request
+    of the arm (an agent CLI asks for its own vendor's ids) and preflight checks it
+    exists."""
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        u = urlsplit(v)
+        if u.scheme not in ("http", "https") or not u.hostname or u.query or u.fragment:
+            raise ValueError(f"{v!r} is not an http(s) base URL without query")
+        return v.rstrip("/")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env(cls, v: str) -> str:
+        if v and not _ENV_NAME.fullmatch(v):
+            raise ValueError(f"{v!r} is not a variable name (write the NAME, not the key)")
+        return v
+
+    def origin(self) -> str:
+        """scheme://host:port: the harness sends the path."""
+        u = urlsplit(self.base_url)
+        return f"{u.scheme}://{u.netloc}"
+
+    def path(self) -> str:
+        return urlsplit(self.base_url).path
+
+    def dialects(self) -> frozenset[str]:
+        return frozenset({self.dialect})
+
+
 class Arm(_Frozen):
     """One arm: a setting every task is run under (think / nothink, a model...)."""
 
@@ -73,6 +126,16 @@ class Arm(_Frozen):
     request: dict[str, Any] = Field(default_factory=dict)
     """Deep-merged into each of this arm's generation requests by the gateway (e.g.
     ``chat_template_kwargs``): arms that differ only here share one loaded model."""
+    request_by_dialect: dict[Dialect, dict[str, Any]] = Field(default_factory=dict)
+    """Settings for one dialect's requests only, over ``request``, each where that
+    dialect takes it (``[arms.request_by_dialect.messages] thinking = {...}``;
+    ``responses``: ``reasoning``; ``gemini``: ``generationConfig.thinkingConfig``)."""
+    route: Route | None = None
+    """This arm's own route to its model (``[arms.route]``); none: the run's endpoint."""
+
+    @property
+    def requests_settings(self) -> bool:
+        return bool(self.request or any(self.request_by_dialect.values()))
 
     @field_validator("label")
     @classmethod

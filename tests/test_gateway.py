@@ -15,7 +15,9 @@ import httpx
 import pytest
 from gateway_fake import FakeUpstream, client, here, records
 
-from autopilot.gateway.evidence import StreamScan, Usage, error_kind, merge, usage_of
+from autopilot.gateway.dialects import CHAT
+from autopilot.gateway.evidence import StreamScan, Usage, error_kind, merge
+from autopilot.state.tokens import Tokens
 from autopilot.gateway.proxy import Gateway, Limits
 
 # ---------------------------------------------------------------------- the rules
@@ -53,15 +55,18 @@ def test_error_kinds(status: int | None, text: str, kind: str | None) -> None:
 
 
 @pytest.mark.parametrize(("usage", "want"), [
-    ({"prompt_tokens": 3, "completion_tokens": 5}, Usage(3, 5, None, False)),
-    ({"prompt_tokens": 10**401, "completion_tokens": -5}, Usage(None, None, None, True)),
-    ({"prompt_tokens": "3", "completion_tokens": True}, Usage(None, None, None, True)),
+    ({"prompt_tokens": 3, "completion_tokens": 5}, Usage(Tokens(input=3, output=5))),
+    ({"prompt_tokens": 10**401, "completion_tokens": -5}, Usage(Tokens(), True)),
+    ({"prompt_tokens": "3", "completion_tokens": True}, Usage(Tokens(), True)),
     ({"completion_tokens": 2, "completion_tokens_details": {"reasoning_tokens": 1}},
-     Usage(None, 2, 1, False)),
+     Usage(Tokens(output=2, reasoning=1))),
+    ({"prompt_tokens": 10, "completion_tokens": 2,
+      "prompt_tokens_details": {"cached_tokens": 6}},
+     Usage(Tokens(input=4, cache_read=6, output=2))),
 ])
 def test_usage_is_shape_checked(usage: dict[str, Any], want: Usage) -> None:
-    assert usage_of({"usage": usage}) == want
-    assert usage_of({"usage": "lots"}) is None and usage_of([1]) is None
+    assert CHAT.usage({"usage": usage}) == want
+    assert CHAT.usage({"usage": "lots"}) is None and CHAT.usage([1]) is None
 
 
 def test_the_stream_scan_reads_lines_split_anywhere_and_drops_an_endless_one() -> None:
@@ -72,7 +77,8 @@ def test_the_stream_scan_reads_lines_split_anywhere_and_drops_an_endless_one() -
         scan = StreamScan()
         for i in range(0, len(stream), size):
             scan.feed(stream[i:i + size])
-        assert (scan.chunks, scan.finish, scan.usage) == (2, "stop", Usage(2, 2, None, False))
+        assert (scan.chunks, scan.finish, scan.usage) == (
+            2, "stop", Usage(Tokens(input=2, output=2)))
     scan = StreamScan()
     for _ in range(40):
         scan.feed(b"x" * 65536)  # 2.5 MB without a newline: not held
@@ -427,7 +433,7 @@ def test_a_first_answer_longer_than_the_deadline_is_the_models_fail(tmp_path: Pa
 async def test_the_provider_key_is_added_only_to_the_attempts_own_allowed_requests(
         upstream: FakeUpstream, tmp_path: Path) -> None:
     gw = Gateway()
-    gw.auth = lambda: {"Authorization": "Bearer REAL"}
+    gw.key = lambda: "REAL"
     log = tmp_path / "g"
     try:
         async with gw.attempt("c1", 1, {}, here(upstream), log, model="fake") as att, \
@@ -474,7 +480,7 @@ async def test_the_provider_key_is_added_only_to_the_attempts_own_allowed_reques
     ([], None),
 ])
 def test_the_model_a_response_names_is_shape_checked(doc: Any, want: str | None) -> None:
-    from autopilot.gateway.evidence import model_of
+    model_of = CHAT.model
 
     assert model_of(doc) == want
 

@@ -20,7 +20,8 @@ import psutil
 import pytest
 from gateway_fake import FakeUpstream, client, here, records
 
-from autopilot.gateway.evidence import is_provider_route, loads_bounded
+from autopilot.gateway.dialects import route_of
+from autopilot.gateway.evidence import loads_bounded
 from autopilot.gateway.proxy import Gateway, Limits, attempt_key, retry_after
 
 # ---------------------------------------------------------------------- the rules
@@ -74,7 +75,8 @@ def test_json_is_read_with_a_depth_bound_and_never_raises() -> None:
 ])
 def test_a_provider_key_reaches_only_generation_and_embedding_routes(
         method: str, path: str, ok: bool) -> None:
-    assert is_provider_route(method, path) is ok
+    route = route_of(method, path)
+    assert (route is not None and route.keyed) is ok
 
 
 def test_unmetered_responses_make_a_budget_unprovable_and_require_metering_invalid() -> None:

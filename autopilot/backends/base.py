@@ -115,15 +115,14 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
     who = users.resolve(w.preset, w.state_dir)  # on this machine: a Ray node decides its own
     roots = run_roots(w.preset, w.state_dir)
     gateway = gateway_for(w.preset, w.redactor.scrub, port.throttled, port.emit,
-                          auth=getattr(keeper.ep, "headers", None),
+                          key=getattr(keeper.ep, "api_key", None),
                           secrets=tuple(secret_values(w.preset)))
     ep = w.preset.endpoint
     # Through the gateway a provider's key stays here: the harness gets its attempt's
-    # key instead (as OPENAI_API_KEY, and under the provider's api_key_env), and the
-    # gateway puts the real one on an allowed request upstream.
-    key_env: tuple[str, ...] = (KEY_ENV,)
-    if ep.key_env() and ep.key_env() != KEY_ENV:
-        key_env += (ep.key_env(),)
+    # key instead (as OPENAI_API_KEY, and under the provider's and each arm route's
+    # api_key_env), and the gateway puts the real one on an allowed request upstream.
+    names = [ep.key_env(), *(a.route.api_key_env for a in w.preset.arms if a.route)]
+    key_env: tuple[str, ...] = (KEY_ENV, *sorted({n for n in names if n and n != KEY_ENV}))
     disk = w.disk or DiskWatch(roots, floor_bytes(w.preset.run.disk_floor_mb,
                                                w.preset.preflight.min_free_gb), clock)
     return CellContext(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -16,7 +16,7 @@ from autopilot.cell.cgroups import Containment
 from autopilot.cell.procs import ProcIdentity
 from autopilot.cell.validity import Classification
 from autopilot.cell.watchdog import WatchState
-from autopilot.config import Preset
+from autopilot.config import Preset, Route
 from autopilot.plan import Cell, cell_context
 from autopilot.state.diskspace import DiskWatch
 from autopilot.state.fsguard import move_tree
@@ -82,7 +82,9 @@ class Gatekeeper(Protocol):
     attempt's data path needs to run the attempt's own listener."""
 
     def datapath_spec(self, settings: dict[str, Any], upstream: list[tuple[str, str]],
-                      log_path: Path, key: str = "", model: str | None = None
+                      log_path: Path, key: str = "", model: str | None = None, *,
+                      route: Route | None = None, route_key: str = "",
+                      dialect_settings: Mapping[Any, Mapping[str, Any]] | None = None
                       ) -> dict[str, Any]: ...
 
     def grading(self, cell: str, attempt: int, upstream: Callable[[], list[tuple[str, str]]],

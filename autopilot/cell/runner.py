@@ -12,6 +12,7 @@ evidence of an INVALID attempt survives its retry.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import time
 import uuid
@@ -233,7 +234,9 @@ class CellRun:
         port the harness is told answers from its first request) and its harness
         spawned; or the outcome of a spawn that failed."""
         cx = self.cx
-        gw: Gatekeeper | None = cx.gateway if self.ctx["endpoint_base_url"] else None
+        arm = self.p.arm(self.cell.arm)
+        gw: Gatekeeper | None = (cx.gateway if self.ctx["endpoint_base_url"] or arm.route
+                                 else None)
         listen = None
         direct = {k: self.ctx[k] for k in ("port", "host", "base_url")}
         if gw is not None:
@@ -241,7 +244,8 @@ class CellRun:
             listen.bind(("127.0.0.1", 0))
             listen.listen(128)
             port = listen.getsockname()[1]
-            path = urlsplit(cx.keeper.ep.api_base).path
+            # the harness is told the gateway's address with its upstream's own path
+            path = arm.route.path() if arm.route else urlsplit(cx.keeper.ep.api_base).path
             self.ctx.update(port=str(port), host="127.0.0.1",
                             base_url=f"http://127.0.0.1:{port}{path}")
         key = cx.new_key() if gw is not None else ""
@@ -281,9 +285,14 @@ class CellRun:
         if gw is not None:
             log_path = (cx.state_dir / "gateway" / self.cell.id
                         / f"attempt-{self.attempt}.jsonl")
-            spec["gateway"] = gw.datapath_spec(self.p.arm(self.cell.arm).request,
-                                               self._upstreams(), log_path, key=key,
-                                               model=self.ctx["model"])
+            # An arm's route: its key is read here, at launch, and travels to the data
+            # path on its stdin only (never to the harness).
+            route_key = (os.environ.get(arm.route.api_key_env, "")
+                         if arm.route and arm.route.api_key_env else "")
+            spec["gateway"] = gw.datapath_spec(arm.request, self._upstreams(), log_path,
+                                               key=key, model=self.ctx["model"],
+                                               route=arm.route, route_key=route_key,
+                                               dialect_settings=arm.request_by_dialect)
         try:
             dp = await cx.launch(cx.state_dir, self.cell.id, self.attempt, spec,
                                  listen=listen, run_token=cx.run_token, token=self.token)

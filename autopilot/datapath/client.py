@@ -44,6 +44,7 @@ READY_SECS = 60.0  # a data path that has not spawned its harness by then is bro
 ANSWER_SECS = 10.0  # beyond a wait's own timeout, for the data path to answer
 
 _METER_FIELDS = {f.name: f.type for f in fields(Meter)}
+_ABSENT_OK = frozenset({"cache_read_tokens", "cache_write_tokens"})
 # A channel that is closed, cut or silent: the data path is read by its files instead.
 CHANNEL_ERRORS = (OSError, TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError,
                   anyio.ClosedResourceError, anyio.IncompleteRead, anyio.DelimiterNotFound)
@@ -67,6 +68,8 @@ def meter_from(doc: Any) -> Meter | None:
             v = {str(a)[:200]: b for a, b in v.items() if type(b) is int and b >= 0}
         elif k in ("first_error", "last_error"):
             v = None if v is None else str(v)[:300]
+        elif v is None and k in _ABSENT_OK:
+            pass  # a bucket no response reported
         elif type(v) is not int or v < 0:
             return None
         kept[k] = v

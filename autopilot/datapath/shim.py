@@ -248,10 +248,9 @@ class Shim:
 
         g = Gateway(redactor.scrub, Limits(**gw["limits"]), on_throttled=throttled,
                     on_failover=failover)
-        auth = gw.get("auth")
-        if isinstance(auth, dict):
-            headers = {str(k): str(v) for k, v in auth.items()}
-            g.auth = lambda: headers
+        upstream_key = gw.get("upstream_key")
+        if isinstance(upstream_key, str):
+            g.key = lambda: upstream_key
         sock = socket.socket(fileno=int(gw["fd"]))
         sock.setblocking(False)
         local = sock.getsockname()[:2]
@@ -266,7 +265,10 @@ class Shim:
                                      gw.get("settings") or {}, lambda: self.upstream,
                                      Path(gw["log_path"]), sock=sock,
                                      key=str(gw.get("key") or "") or None, caller=caller,
-                                     model=model if isinstance(model, str) else None))
+                                     model=model if isinstance(model, str) else None,
+                                     rewrite=gw.get("rewrite") is True,
+                                     dialects=frozenset(map(str, gw.get("dialects") or ())),
+                                     dialect_settings=gw.get("dialect_settings") or {}))
 
     def _tell(self, msg: dict[str, Any]) -> None:
         """One line to the loop that started us, if it is still there."""

@@ -37,8 +37,12 @@ class ProviderEndpoint(Endpoint):
     def api_base(self) -> str:
         return self.base_url
 
+    def api_key(self) -> str:
+        """The key's value, read when it is used (never kept, logged or written)."""
+        return os.environ.get(self.key_env, "") if self.key_env else ""
+
     def headers(self) -> dict[str, str]:
-        key = os.environ.get(self.key_env, "") if self.key_env else ""
+        key = self.api_key()
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     def describe(self) -> dict[str, Any]:

@@ -10,24 +10,19 @@ endpoint's response — so every value is shape-checked and bounded before it co
 from __future__ import annotations
 
 import copy
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from autopilot.state.budget import count_or_none
+from autopilot.gateway.dialects import CHAT, Dialect, StreamState, Usage
+from autopilot.gateway.jsonbound import STREAM_DEPTH, loads_bounded
+from autopilot.state.tokens import Tokens
 
 if TYPE_CHECKING:  # the attempt's data path runs this module: it must not load config
     from autopilot.config import Preset
 
-# Routes whose JSON body is a generation request: the arm's settings go into these.
-MODEL_ROUTES = ("/chat/completions", "/completions")
-# Routes a model is used (and paid for) through: each response's usage is read, and one
-# the gateway cannot read is marked unmetered. The only routes a provider's key reaches.
-METERED_ROUTES = (*MODEL_ROUTES, "/responses", "/embeddings")
 LINE_CAP = 1 << 20  # one SSE line we still parse; a longer one is passed, not parsed
-STREAM_DEPTH = 64  # JSON nesting read in one stream event
 
 ErrorKind = Literal["endpoint_error", "throttled", "context_overflow", "request_error",
                     "client_closed"]
@@ -38,49 +33,6 @@ _CONTEXT = re.compile(
     r"context_length_exceeded|too many tokens|prompt is too long|max_model_len|"
     r"maximum (input|model) length",
     re.IGNORECASE)
-
-
-def is_model_route(method: str, path: str) -> bool:
-    return method == "POST" and path.rstrip("/").endswith(MODEL_ROUTES)
-
-
-def is_provider_route(method: str, path: str) -> bool:
-    """A route a model is used through (METERED_ROUTES), by POST: what a provider's key
-    may be attached to. ``..`` and ``//`` are never such a route."""
-    p = path.rstrip("/")
-    return (method == "POST" and p.endswith(METERED_ROUTES) and "//" not in p
-            and "/../" not in p + "/" and "%" not in p)
-
-
-def loads_bounded(data: bytes | str, max_depth: int) -> Any:
-    """JSON from untrusted bytes, or None: invalid (UTF-8 included), or nested deeper
-    than ``max_depth``. The C parser guards its own recursion (RecursionError, caught
-    here); the depth is then checked without recursion, looking at containers only."""
-    try:
-        doc = json.loads(data)
-    except (ValueError, RecursionError):
-        return None
-    if isinstance(data, str):
-        data = data.encode("utf-8", "surrogatepass")
-    if data.count(b"[") + data.count(b"{") <= max_depth:
-        return doc  # fewer brackets than the bound (counted in C): cannot nest deeper
-    return None if _deeper_than(doc, max_depth) else doc
-
-
-def _deeper_than(doc: Any, limit: int) -> bool:
-    stack = [(doc, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict):
-            children: Any = node.values()
-        elif isinstance(node, list):
-            children = node
-        else:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
-    return False
 
 
 def merge(body: Any, settings: Mapping[str, Any]) -> Any:
@@ -97,14 +49,20 @@ def merge(body: Any, settings: Mapping[str, Any]) -> Any:
     return out
 
 
-def error_kind(status: int | None, text: str = "") -> ErrorKind | None:
+def error_kind(status: int | None, text: str = "", vendor: str | None = None
+               ) -> ErrorKind | None:
     """What a failed request is a sign of. ``status`` None: no answer at all (refused,
-    reset, timed out): the endpoint's fault, as a 5xx is. A 400 that says the prompt
-    does not fit is the model's context, not the harness's request."""
+    reset, timed out): the endpoint's fault, as a 5xx is. A 429, Anthropic's 529 and
+    what a dialect's own words say is capacity (``vendor``: its reading, e.g.
+    ``overloaded_error``) are the provider asking us to slow down: infrastructure, never
+    the model's FAIL. A 400 that says the prompt does not fit is the model's context,
+    not the harness's request."""
+    if vendor in ("throttled", "endpoint_error"):
+        return vendor  # type: ignore[return-value]
+    if status in (429, 529):
+        return "throttled"
     if status is None or status >= 500:
         return "endpoint_error"
-    if status == 429:
-        return "throttled"
     if status >= 400:
         if status in (400, 413, 422) and _CONTEXT.search(text[:4000]):
             return "context_overflow"
@@ -112,90 +70,33 @@ def error_kind(status: int | None, text: str = "") -> ErrorKind | None:
     return None
 
 
-@dataclass(frozen=True)
-class Usage:
-    prompt: int | None = None
-    completion: int | None = None
-    reasoning: int | None = None
-    malformed: bool = False  # a count of the wrong shape (negative, huge, a string)
-
-
-def _count(v: Any) -> tuple[int | None, bool]:
-    if v is None:
-        return None, False
-    n = count_or_none(v)
-    if n is None or n < 0 or isinstance(v, bool):
-        return None, True
-    return int(n), False
-
-
-def usage_of(doc: Any) -> Usage | None:
-    """The ``usage`` object of a response (or of a stream's final chunk), checked."""
-    if not isinstance(doc, dict) or not isinstance(doc.get("usage"), dict):
-        return None
-    u = doc["usage"]
-    # Chat and completions say prompt/completion_tokens; the Responses API input/output.
-    responses = "prompt_tokens" not in u and ("input_tokens" in u or "output_tokens" in u)
-    prompt, bad_p = _count(u.get("input_tokens" if responses else "prompt_tokens"))
-    completion, bad_c = _count(u.get("output_tokens" if responses else "completion_tokens"))
-    details = u.get("output_tokens_details" if responses else "completion_tokens_details")
-    reasoning, bad_r = _count(details.get("reasoning_tokens")
-                              if isinstance(details, dict) else None)
-    return Usage(prompt, completion, reasoning, bad_p or bad_c or bad_r)
-
-
-def finish_of(doc: Any) -> str | None:
-    if not isinstance(doc, dict) or not isinstance(doc.get("choices"), list):
-        return None
-    for ch in doc["choices"]:
-        if isinstance(ch, dict) and isinstance(ch.get("finish_reason"), str):
-            return str(ch["finish_reason"])[:40]
-    return None
-
-
-def _has_content(doc: Any) -> bool:
-    """A stream chunk that carries generated text (content, reasoning or a tool call)."""
-    if not isinstance(doc, dict) or not isinstance(doc.get("choices"), list):
-        return False
-    for ch in doc["choices"]:
-        d = ch.get("delta") if isinstance(ch, dict) else None
-        if isinstance(d, dict) and any(d.get(k) for k in ("content", "reasoning_content",
-                                                           "reasoning", "tool_calls")):
-            return True
-        if isinstance(ch, dict) and isinstance(ch.get("text"), str) and ch["text"]:
-            return True
-    return False
-
-
-_MODEL_NAME = re.compile(r"[\w.:/@+-]{1,200}")
-
-
-def model_of(doc: Any) -> str | None:
-    """The model a response says answered (its ``model``): the server's own word, not
-    the harness's, so a check against it is not circular. Shape-checked."""
-    name = doc.get("model") if isinstance(doc, dict) else None
-    return name if isinstance(name, str) and _MODEL_NAME.fullmatch(name) else None
-
-
-# Most of a stream is deltas: these find, in C, whether one carries text (a non-empty
-# content / reasoning / text string, or a tool call) and whether it can carry a finish
-# reason (a non-null one). A key inside a string value is escaped (\") and never matches.
-_TEXT = re.compile(rb'"(?:content|reasoning_content|reasoning|text)"\s*:\s*"(?!")'
-                   rb'|"tool_calls"\s*:\s*\[\s*\{')
-_FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
-
-
 @dataclass
 class StreamScan:
-    """Reads a server-sent event stream as it passes: the last usage it carried, the
-    finish reason, and how many chunks carried text (the estimate when the endpoint
-    sends no usage). Holds at most one partial line, cut at LINE_CAP."""
-    usage: Usage | None = None
-    finish: str | None = None
-    model: str | None = None
-    chunks: int = 0
+    """Reads a server-sent event stream as it passes, in its dialect: the last usage it
+    carried, the finish reason, who answered, an error it carried, and how many events
+    carried text (the estimate when the endpoint sends no usage). Holds at most one
+    partial line, cut at LINE_CAP."""
+    dialect: Dialect = CHAT
+    state: StreamState = field(default_factory=StreamState)
+    _event: str | None = None  # the current event's name (an ``event:`` line)
     _partial: bytes = b""
     _skipping: bool = False  # inside an over-long line: drop to its end
+
+    @property
+    def usage(self) -> Usage | None:
+        return self.state.usage
+
+    @property
+    def finish(self) -> str | None:
+        return self.state.finish
+
+    @property
+    def model(self) -> str | None:
+        return self.state.model
+
+    @property
+    def chunks(self) -> int:
+        return self.state.chunks
 
     def feed(self, data: bytes) -> None:
         buf = self._partial + data
@@ -211,26 +112,15 @@ class StreamScan:
 
     def _line(self, line: bytes) -> None:
         line = line.strip()
+        if not line:
+            self._event = None  # a blank line ends an event
+            return
+        if line.startswith(b"event:"):
+            self._event = line[6:].strip()[:80].decode("ascii", "replace")
+            return
         if not line.startswith(b"data:"):
             return
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
-            return
-        if self.model is not None and b'"usage"' not in payload \
-                and not _FINISH.search(payload):
-            # A chunk that can carry neither usage nor a finish reason (the model is
-            # known): only whether it carries text counts, read without parsing it.
-            if _TEXT.search(payload):
-                self.chunks += 1
-            return
-        doc = loads_bounded(payload, STREAM_DEPTH)
-        if doc is None:
-            return
-        if _has_content(doc):
-            self.chunks += 1
-        self.usage = usage_of(doc) or self.usage
-        self.finish = finish_of(doc) or self.finish
-        self.model = model_of(doc) or self.model
+        self.dialect.event(self.state, self._event, line[5:].strip())
 
 
 @dataclass
@@ -241,9 +131,12 @@ class Meter:
     requests: int = 0
     answered: int = 0
     errors: dict[str, int] = field(default_factory=dict)
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
+    prompt_tokens: int = 0  # every input token, cache-inclusive
+    completion_tokens: int = 0  # output, reasoning included
     reasoning_tokens: int = 0
+    # The cache buckets: None until a response reports one (absent, not 0).
+    cache_read_tokens: int | None = None
+    cache_write_tokens: int | None = None
     estimated: int = 0  # responses whose completion count is an estimate (no usage)
     malformed_usage: int = 0
     in_flight: int = 0
@@ -270,8 +163,22 @@ class Meter:
             self.completion_tokens += estimate
             self.estimated += 1
         if usage is not None:
-            self.prompt_tokens += usage.prompt or 0
-            self.reasoning_tokens += usage.reasoning or 0
+            t = usage.tokens
+            self.prompt_tokens += t.prompt or 0
+            self.reasoning_tokens += t.reasoning or 0
+            if t.cache_read is not None:
+                self.cache_read_tokens = (self.cache_read_tokens or 0) + t.cache_read
+            if t.cache_write is not None:
+                self.cache_write_tokens = (self.cache_write_tokens or 0) + t.cache_write
+
+    def tokens(self) -> Tokens:
+        """The attempt's tokens by bucket (fresh input is the input no cache bucket
+        holds; reasoning is said only where some response reported it)."""
+        cached = (self.cache_read_tokens or 0) + (self.cache_write_tokens or 0)
+        return Tokens(input=max(self.prompt_tokens - cached, 0),
+                      cache_write=self.cache_write_tokens,
+                      cache_read=self.cache_read_tokens, output=self.completion_tokens,
+                      reasoning=self.reasoning_tokens or None)
 
     def error(self, kind: str, why: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
@@ -281,7 +188,8 @@ class Meter:
         return {"requests": self.requests, "answered": self.answered,
                 "errors": dict(self.errors), "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,
-                "reasoning_tokens": self.reasoning_tokens, "estimated": self.estimated,
+                "reasoning_tokens": self.reasoning_tokens,
+                "tokens": self.tokens().as_dict(), "estimated": self.estimated,
                 "malformed_usage": self.malformed_usage, "failovers": self.failovers,
                 "first_error": self.first_error or None, "last_error": self.last_error,
                 "models": dict(self.models), "unmetered": self.unmetered,
@@ -293,17 +201,19 @@ def mode_line(preset: Preset) -> str:
     g, ep = preset.gateway, preset.endpoint
     if not g.enabled:
         return "gateway: off (gateway = false): harnesses talk to the endpoint directly"
-    if not ep.through_gateway:
+    routed = [f"{a.label} -> {a.route.dialect} {a.route.origin()} ({a.route.model})"
+              for a in preset.arms if a.route]
+    if not preset.uses_gateway:
         return f"gateway: not used for a {ep.engine!r} endpoint: harnesses reach it directly"
-    arms = [a.label for a in preset.arms if a.request]
+    arms = [a.label for a in preset.arms if a.requests_settings]
     key, name = "", ep.key_env()
     if name:
         key = f"; ${name} stays here, the harness gets its attempt's key"
     return ("gateway: a 127.0.0.1 listener per attempt; {port}/{host}/{base_url} name it, "
             "{endpoint_port}/{endpoint_base_url} the endpoint; request settings from "
-            + (", ".join(arms) if arms else "no arm") + key)
+            + (", ".join(arms) if arms else "no arm") + key
+            + ("; routes: " + ", ".join(routed) if routed else ""))
 
 
-__all__ = ["METERED_ROUTES", "MODEL_ROUTES", "ErrorKind", "Meter", "StreamScan", "Usage",
-           "error_kind", "finish_of", "is_model_route", "is_provider_route", "loads_bounded",
-           "merge", "mode_line", "model_of", "usage_of"]
+__all__ = ["STREAM_DEPTH", "ErrorKind", "Meter", "StreamScan", "Usage", "error_kind",
+           "loads_bounded", "merge", "mode_line"]

@@ -11,7 +11,7 @@ import time
 import zlib
 from typing import Any
 
-from autopilot.gateway.evidence import is_provider_route
+from autopilot.gateway.dialects import Route
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones the gateway re-makes; a header a
 # ``Connection:`` line names is hop-by-hop too.
@@ -19,8 +19,10 @@ HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-author
                   "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length",
                   "accept-encoding"})
 # Where a harness may put its key: OpenAI's SDKs (Authorization: Bearer), Anthropic's
-# (x-api-key), Azure's (api-key). Never forwarded upstream.
-KEY_HEADERS = ("authorization", "x-api-key", "api-key")
+# (x-api-key), Azure's (api-key), Google's (x-goog-api-key; or the ``key`` query
+# parameter, KEY_QUERY). Never forwarded upstream.
+KEY_HEADERS = ("authorization", "x-api-key", "api-key", "x-goog-api-key")
+KEY_QUERY = "key"
 ERROR_BODY = 2000  # characters of an error body kept in the record (redacted)
 ERROR_READ = 64 << 10  # bytes of an error response read before the harness is answered
 
@@ -77,17 +79,37 @@ def forwardable(headers: Any) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in drop}
 
 
-def provider_refusal(method: str, path: str, doc: Any, model: str | None) -> str | None:
-    """Why a request may not go upstream with a provider's key, or None."""
-    if not is_provider_route(method, path):
+def provider_refusal(method: str, path: str, route: Route | None, doc: Any,
+                     model: str | None, dialects: frozenset[str] = frozenset(),
+                     rewrite: bool = False) -> str | None:
+    """Why a request may not go upstream with a provider's key, or None: only a model
+    route (or a free one its clients need, such as counting tokens) of the dialects the
+    upstream speaks (``dialects``; empty: any), only for the arm's model. ``rewrite``:
+    the gateway sets the model itself (an arm's route names it as its provider spells
+    it), so the request's own word on it does not matter."""
+    if route is None or not route.keyed:
         return (f"{method} {path[:80]} is not a route this run's key is used for "
-                "(POST chat/completions, completions, responses, embeddings)")
+                "(POST to a model route: chat/completions, completions, embeddings, "
+                "responses, messages, generateContent)")
+    if dialects and route.dialect.name not in dialects:
+        return (f"{method} {path[:80]} is a {route.dialect.name} route; this upstream "
+                f"speaks {', '.join(sorted(dialects))}")
     if not isinstance(doc, dict):
         return "a request body the gateway cannot read: its model is not known"
-    asked = doc.get("model")
-    if model and asked != model:
+    asked = route.dialect.asked(doc, route)
+    if model and not rewrite and asked != model:
         return f"model {str(asked)[:80]!r} is not the arm's model {model!r}"
     return None
+
+
+def without_key(query: str) -> str:
+    """A query string without the key a Google client may put in it (``key=``)."""
+    from urllib.parse import parse_qsl, urlencode
+
+    if KEY_QUERY + "=" not in query:
+        return query
+    kept = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k != KEY_QUERY]
+    return urlencode(kept)
 
 
 def inflate(body: bytes, encoding: str, cap: int) -> bytes | None:
@@ -107,5 +129,5 @@ def inflate(body: bytes, encoding: str, cap: int) -> bytes | None:
 
 
 __all__ = ["ERROR_BODY", "ERROR_READ", "HOP", "KEY_ENV", "KEY_HEADERS", "KEY_PREFIX",
-           "MAX_HOLD", "attempt_key", "forwardable", "inflate", "named_in_connection",
-           "provider_refusal", "retry_after"]
+           "KEY_QUERY", "MAX_HOLD", "attempt_key", "forwardable", "inflate",
+           "named_in_connection", "provider_refusal", "retry_after", "without_key"]

@@ -46,17 +46,13 @@ from aiohttp import (
     web,
 )
 
+from autopilot.gateway.dialects import CHAT, Dialect, route_of
 from autopilot.gateway.evidence import (
     Meter,
     StreamScan,
     error_kind,
-    finish_of,
-    is_model_route,
-    is_provider_route,
     loads_bounded,
     merge,
-    model_of,
-    usage_of,
 )
 from autopilot.gateway.policy import (
     ERROR_BODY,
@@ -64,17 +60,19 @@ from autopilot.gateway.policy import (
     HOP,
     KEY_ENV,
     KEY_HEADERS,
+    KEY_QUERY,
     attempt_key,
     forwardable,
     inflate,
     named_in_connection,
     provider_refusal,
     retry_after,
+    without_key,
 )
 from autopilot.state.statedir import open_append
 
 if TYPE_CHECKING:  # the attempt's data path runs this module: it must not load config
-    from autopilot.config import Preset
+    from autopilot.config import Preset, Route
 
 @dataclass(frozen=True)
 class Limits:
@@ -101,6 +99,12 @@ class Attempt:
     # (peer host, peer port) -> the connection is one a process of the attempt opened
     caller: Callable[[tuple[str, int]], bool] | None = None
     model: str | None = None  # the arm's model: the only one a provider key is used for
+    # The gateway sets ``model`` on every keyed request (an arm's route names the model as
+    # its provider spells it; an agent CLI asks for its own vendor's ids).
+    rewrite: bool = False
+    dialects: frozenset[str] = frozenset()  # what the upstream speaks (empty: any)
+    # The arm's settings for one dialect only, over ``settings`` (arms.request_by_dialect)
+    dialect_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     max_records: int = 5000
     port: int = 0
     meter: Meter = field(default_factory=Meter)
@@ -120,15 +124,29 @@ class Attempt:
         self._log.write((json.dumps(record, separators=(",", ":")) + "\n").encode())
         self._log.flush()
 
+    def settings_for(self, dialect: str) -> Mapping[str, Any]:
+        extra = self.dialect_settings.get(dialect)
+        return merge(dict(self.settings), extra) if extra else self.settings
+
+    def _holds_key(self, req: web.Request) -> bool:
+        given = [v[7:] if v[:7].lower() == "bearer " else v
+                 for name in KEY_HEADERS for v in req.headers.getall(name, ())]
+        given += req.query.getall(KEY_QUERY, ())  # a Google client's ?key=
+        for value in given:
+            try:
+                raw = value.strip().encode()
+            except UnicodeEncodeError:  # bytes that are no text: not a key
+                continue
+            if hmac.compare_digest(raw, self.key.encode()):
+                return True
+        return False
+
     def admits(self, req: web.Request) -> bool:
         """The caller is this attempt's harness: it holds the key, or (for a harness
         that sends none) its connection is one the attempt's own processes opened. Only
         headers and the socket are looked at: the body is not read yet."""
-        for name in KEY_HEADERS:
-            for value in req.headers.getall(name, ()):
-                given = value[7:] if value[:7].lower() == "bearer " else value
-                if self.key and hmac.compare_digest(given.strip().encode(), self.key.encode()):
-                    return True
+        if self.key and self._holds_key(req):
+            return True
         if self.caller is None or req.transport is None:
             return False
         peer = req.transport.get_extra_info("peername")
@@ -160,22 +178,34 @@ class Gateway:
         # a request sent to another replica than the cell's own: (cell, attempt, from, to,
         # why), journaled by the loop as request_failover
         self.on_failover = on_failover
-        # the upstream's own credentials (a provider's Authorization), put on every
-        # admitted request of an allowed route
-        self.auth: Callable[[], dict[str, str]] | None = None
+        # the upstream's own key (a provider's), put on every admitted request of an
+        # allowed route in the header its dialect takes it in
+        self.key: Callable[[], str] | None = None
         self.secrets: tuple[str, ...] = ()  # what a data path's records redact
         self._session: ClientSession | None = None
 
     def datapath_spec(self, settings: Mapping[str, Any], upstream: list[tuple[str, str]],
-                      log_path: Path, key: str = "", model: str | None = None
+                      log_path: Path, key: str = "", model: str | None = None, *,
+                      route: Route | None = None, route_key: str = "",
+                      dialect_settings: Mapping[Any, Mapping[str, Any]] | None = None
                       ) -> dict[str, Any]:
         """What an attempt's data path needs to run its listener with this gateway's
         settings (autopilot.datapath.shim). It travels on the data path's stdin only:
-        the provider's headers and the attempt's key are never written to a file."""
+        the upstream's key and the attempt's key are never written to a file. ``route``:
+        the arm's own route (its upstream, key, model and dialect) instead of the run's
+        endpoint."""
+        upstream_key = self.key() if self.key is not None else None
+        rewrite, dialects = False, frozenset[str]()
+        if route is not None:
+            upstream = [("route", route.origin())]
+            upstream_key, model = route_key or None, route.model
+            rewrite, dialects = True, route.dialects()
         return {"settings": dict(settings), "upstream": [list(u) for u in upstream],
+                "dialect_settings": {k: dict(v) for k, v in (dialect_settings or {}).items()},
                 "log_path": str(log_path), "limits": asdict(self.limits),
-                "auth": self.auth() if self.auth is not None else None,
-                "key": key, "model": model, "secrets": list(self.secrets)}
+                "upstream_key": upstream_key, "rewrite": rewrite,
+                "dialects": sorted(dialects), "key": key, "model": model,
+                "secrets": list(self.secrets)}
 
     def _client(self) -> ClientSession:
         if self._session is None or self._session.closed:
@@ -199,12 +229,17 @@ class Gateway:
                       log_path: Path, sock: socket.socket | None = None, *,
                       key: str | None = None,
                       caller: Callable[[tuple[str, int]], bool] | None = None,
-                      model: str | None = None) -> AsyncIterator[Attempt]:
+                      model: str | None = None, rewrite: bool = False,
+                      dialects: frozenset[str] = frozenset(),
+                      dialect_settings: Mapping[str, Mapping[str, Any]] | None = None
+                      ) -> AsyncIterator[Attempt]:
         """Listen for one attempt's requests until the block ends (on ``sock``, a
         listening socket the loop bound and handed over, else on a fresh port). ``key``:
         the attempt's key (a fresh one when None: ``Attempt.key``)."""
         att = Attempt(cell, attempt, settings, upstream, log_path,
                       key=key or attempt_key(), caller=caller, model=model,
+                      rewrite=rewrite, dialects=dialects,
+                      dialect_settings=dialect_settings or {},
                       max_records=self.limits.max_records)
 
         async def handle(req: web.Request) -> web.StreamResponse:
@@ -282,7 +317,8 @@ class Gateway:
             else:  # the harness hung up: its request (and the upstream's work) ends
                 m.error("client_closed", "the harness closed its connection")
                 rec.update(error="client_closed", ended_by="harness")
-                if rec.get("status", 200) < 400 and is_provider_route(req.method, req.path):
+                route = route_of(req.method, req.path)
+                if rec.get("status", 200) < 400 and route is not None and route.metered:
                     rec["unmetered"] = "the harness hung up before the response ended"
             raise
         finally:
@@ -318,47 +354,67 @@ class Gateway:
         except TimeoutError:
             return self._refuse(att, rec, 408, "request_error",
                                 f"request body not received within {lim.body_secs:g}s")
-        generation = is_model_route(req.method, req.path)
-        metered = generation or is_provider_route(req.method, req.path)
+        route = route_of(req.method, req.path)
+        dialect = route.dialect if route is not None else CHAT
+        metered = route is not None and route.metered
+        generation = route is not None and route.generates
         encoding = req.headers.get("Content-Encoding", "identity").strip().lower()
         stream = False
         doc: Any = None
         parsed = False
-        if metered and body:
-            raw = inflate(body, encoding, lim.max_request)
-            if raw is not None:
-                doc = loads_bounded(raw, lim.max_depth)
-                parsed = isinstance(doc, dict)
-            if parsed:
-                stream = doc.get("stream") is True
-                rec["stream"] = stream
-                if isinstance(doc.get("model"), str):
-                    rec["model"] = doc["model"][:120]
+        path = req.path
+        if route is not None:
+            rec["dialect"] = dialect.name
+            if body:
+                raw = inflate(body, encoding, lim.max_request)
+                if raw is not None:
+                    doc = loads_bounded(raw, lim.max_depth)
+                    parsed = isinstance(doc, dict)
+            stream = dialect.streams(doc if parsed else None, route, req.path)
+            rec["stream"] = stream
+            asked = dialect.asked(doc if parsed else None, route)
+            if asked is not None:
+                rec["model"] = asked[:120]
         out_headers = forwardable(req.headers)
-        if self.auth is not None:
-            # A provider's key: only a generation or embedding route, only the arm's model.
-            why = provider_refusal(req.method, req.path, doc if parsed else None, att.model)
+        if self.key is not None:
+            # A provider's key: only a model route of its dialect, only the arm's model.
+            why = provider_refusal(req.method, req.path, route, doc if parsed else None,
+                                   att.model, att.dialects, att.rewrite)
             if why is not None:
                 return self._refuse(att, rec, 403, "request_error", why)
-            out_headers.update(self.auth())
-        if generation and att.settings:
+            upstream_key = self.key()
+            if upstream_key:
+                out_headers.update(dialect.auth(upstream_key))
+        changed = False
+        if route is not None and route.keyed and att.rewrite and att.model and parsed:
+            # The route names the model as its provider spells it; the agent's own id is
+            # kept in the record (an agent CLI refuses ids it does not know).
+            doc, path = dialect.with_model(doc, path, route, att.model)
+            rec["sent_model"] = att.model
+            changed = True
+        settings = att.settings_for(dialect.name) if generation else {}
+        if settings:
             if not parsed:
                 # The arm's settings are the experiment: a body they cannot go into is not
                 # sent without them.
                 return self._refuse(att, rec, 400, "request_error",
                                     "a generation request whose body is not a JSON object "
                                     "the gateway can read (the arm's settings go into it)")
-            doc = merge(doc, att.settings)
+            doc = merge(doc, settings)
+            rec["applied"] = settings
+            changed = True
+        if changed:
             body = json.dumps(doc).encode()
             out_headers = {k: v for k, v in out_headers.items()
                            if k.lower() != "content-encoding"}
-            rec["applied"] = att.settings
+        query = without_key(req.query_string)
+        target = path + ("?" + query if query else "")
         out_headers["Accept-Encoding"] = "identity"
         resp: web.StreamResponse | None = None
         held_until = time.monotonic() + lim.hold_429
         try:
             while True:
-                up = await self._send(att, req, body, out_headers, rec)
+                up = await self._send(att, req.method, target, body, out_headers, rec)
                 if up.status != 429:
                     break
                 # Throttled: the loop launches fewer cells at once; within the preset's
@@ -384,7 +440,8 @@ class Gateway:
                     resp.content_length = up.content_length
                 sse = "text/event-stream" in up.headers.get("Content-Type", "").lower()
                 up_encoding = up.headers.get("Content-Encoding", "identity").strip().lower()
-                scan = StreamScan() if (stream or sse) and up.status < 400 else None
+                scan = (StreamScan(dialect) if (stream or sse) and up.status < 400
+                        else None)
                 held: list[bytes] = []
                 held_n = 0
                 first = True
@@ -403,8 +460,8 @@ class Gateway:
                     first = False
                     m.bytes_in += held_n
                     m.answered += 1
-                    self._account(att, rec, up.status, None, held, held_n, metered,
-                                  up_encoding)
+                    self._account(att, rec, up.status, dialect, None, held, held_n,
+                                  metered, up_encoding)
                     rec["accounted"] = True
                 try:
                     await resp.prepare(req)
@@ -454,7 +511,7 @@ class Gateway:
                         if metered:
                             rec["unmetered"] = "the harness hung up before the response ended"
                         return resp
-                self._account(att, rec, up.status, scan, held, held_n, metered,
+                self._account(att, rec, up.status, dialect, scan, held, held_n, metered,
                               up_encoding)
                 return resp
         except (ClientError, TimeoutError, OSError) as e:
@@ -476,7 +533,7 @@ class Gateway:
                                                 "answer (autopilot gateway): " + why}},
                                      status=502)
 
-    async def _send(self, att: Attempt, req: web.Request, body: bytes,
+    async def _send(self, att: Attempt, method: str, target: str, body: bytes,
                     headers: dict[str, str], rec: dict[str, Any]) -> Any:
         """Send to the first replica that takes the connection, the cell's own first (an
         empty origin: known to be down): a replica that died costs this request a try
@@ -489,7 +546,7 @@ class Gateway:
         for i, (replica, origin) in enumerate(live):
             try:
                 up = await self._client().request(
-                    req.method, origin.rstrip("/") + req.path_qs, data=body, headers=headers,
+                    method, origin.rstrip("/") + target, data=body, headers=headers,
                     allow_redirects=False, skip_auto_headers=("User-Agent",))
             except (ClientConnectionError, OSError) as e:
                 if i == len(live) - 1:
@@ -510,7 +567,7 @@ class Gateway:
         if self.on_failover is not None:
             self.on_failover(att.cell, att.attempt, frm, to, why)
 
-    def _account(self, att: Attempt, rec: dict[str, Any], status: int,
+    def _account(self, att: Attempt, rec: dict[str, Any], status: int, dialect: Dialect,
                  scan: StreamScan | None, held: list[bytes], held_n: int,
                  metered: bool, encoding: str) -> None:
         m = att.meter
@@ -537,11 +594,23 @@ class Gateway:
             elif status < 400:
                 rec["unparsed"] = f"body over {lim.parse_cap} bytes"
                 unmetered = f"a response over {lim.parse_cap} bytes"
-            usage, finish, estimate = usage_of(doc), finish_of(doc), 0
-            model = model_of(doc)
+            usage, finish, estimate = dialect.usage(doc), dialect.finish(doc), 0
+            model = dialect.model(doc)
             if unmetered is None and usage is None and status < 400:
                 unmetered = "a response without usage"
-        kind = error_kind(status, _text(doc, held) if status >= 400 else "")
+        kind = error_kind(status, _text(doc, held) if status >= 400 else "",
+                          dialect.refusal(status, doc) if status >= 400 else None)
+        if kind is None and scan is not None and scan.state.error is not None:
+            # An error the stream itself carried after a 200 (Anthropic's
+            # overloaded_error mid-stream): the provider's, never the model's answer.
+            why = scan.state.error
+            kind = "throttled" if "overloaded" in why or "rate_limit" in why else \
+                "endpoint_error"
+            m.error(kind, f"in-stream error: {why}"[:300])
+            rec.update(error=kind, body=self.redact(why)[:ERROR_BODY])
+            if usage is not None:
+                m.count(usage, 0)
+            return
         if kind is not None:
             m.error(kind, f"HTTP {status}")
             rec["error"] = kind
@@ -557,7 +626,7 @@ class Gateway:
             rec["model"] = model
         if usage is not None:
             rec.update(prompt_tokens=usage.prompt, completion_tokens=usage.completion,
-                       reasoning_tokens=usage.reasoning)
+                       reasoning_tokens=usage.reasoning, tokens=usage.tokens.as_dict())
             if usage.malformed:
                 rec["malformed_usage"] = True
         elif estimate:
@@ -567,11 +636,12 @@ class Gateway:
 
 
 def gateway_for(preset: Preset, redact: Callable[[str], str], on_throttled: Callable[[], None],
-                emit: Callable[..., Any], auth: Callable[[], dict[str, str]] | None = None,
+                emit: Callable[..., Any], key: Callable[[], str] | None = None,
                 secrets: tuple[str, ...] = ()) -> Gateway | None:
-    """The gateway a preset asks for (None: harnesses talk to the endpoint directly)."""
+    """The gateway a preset asks for (None: harnesses talk to the endpoint directly).
+    ``key``: the hosted endpoint's key, read when an attempt starts."""
     g = preset.gateway
-    if not g.enabled or not preset.endpoint.through_gateway:
+    if not g.enabled or not preset.uses_gateway:
         return None
     gw = Gateway(redact, Limits(max_request=int(g.max_request_mb * 2**20),
                                 max_records=g.max_records, hold_429=g.hold_429_secs,
@@ -582,7 +652,7 @@ def gateway_for(preset: Preset, redact: Callable[[str], str], on_throttled: Call
                      "request_failover", cell=cell, attempt=attempt, replica=frm, to=to,
                      why=why))
     if preset.endpoint.hosted:  # the key stays here; the harness has its attempt's
-        gw.auth = auth
+        gw.key = key
     gw.secrets = secrets
     return gw
 
