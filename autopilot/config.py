@@ -52,6 +52,7 @@ from autopilot.measureconfig import Baseline as Baseline
 from autopilot.measureconfig import Budget as Budget
 from autopilot.measureconfig import Comparator as Comparator
 from autopilot.measureconfig import Cost as Cost
+from autopilot.measureconfig import Rate as Rate
 from autopilot.runconfig import RAY_ADDRESS_RE as RAY_ADDRESS_RE
 from autopilot.runconfig import Backend as Backend
 from autopilot.runconfig import Gateway as Gateway
@@ -112,12 +113,22 @@ class Preset(_Frozen):
     """The pass counts an arm is held against (the report's flips and trend)."""
     comparators: dict[str, Comparator] = Field(default_factory=dict)
     """Other models' published results, by name, in their own unit."""
-    rate_card: dict[str, tuple[float, float]] = Field(default_factory=dict)
-    """A model -> [USD per million prompt tokens, USD per million completion tokens]."""
+    rate_card: dict[str, Rate] = Field(default_factory=dict)
+    """A model -> its price per million tokens: ``[in, out]``, or by bucket ``{ input,
+    output, cache_read, cache_write }`` (an arm with a route is priced by its route's
+    model id)."""
     backend: Backend = Field(default_factory=Backend)
     """Where cells run: this machine or a Ray cluster."""
     gateway: Gateway = Field(default_factory=Gateway)
     """The model gateway every request of a cell goes through."""
+
+    def rate_for(self, arm: str | None = None) -> Rate | None:
+        """The rate card's price of what an arm's cells are billed for: its route's model
+        where it has one, else its own or the preset's model."""
+        a = self.arm(arm) if arm is not None else None
+        model = (a.route.model if a and a.route else (a.model if a and a.model else None)
+                 ) or self.model
+        return self.rate_card.get(model)
 
     @property
     def uses_gateway(self) -> bool:

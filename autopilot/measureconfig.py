@@ -9,7 +9,7 @@ autopilot.views.report / energy.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -83,3 +83,31 @@ class Cost(_Frozen):
     """How often the GPUs' power draw is read."""
     nvidia_smi: str = "nvidia-smi"
     """The nvidia-smi program."""
+
+
+class Rate(_Frozen):
+    """A model's list price by token bucket, in USD per million tokens (a ``rate_card``
+    entry). A bare ``[in, out]`` pair prices every input token (cache reads and writes
+    too) at ``in``, as before buckets; a table prices each bucket it names, and a
+    bucket with tokens but no price makes the cell's cost a floor, said as such."""
+
+    input: float | None = Field(default=None, ge=0)
+    """Fresh input tokens."""
+    output: float | None = Field(default=None, ge=0)
+    """Output tokens (reasoning included: it is billed as output)."""
+    cache_read: float | None = Field(default=None, ge=0)
+    """Input read from the prompt cache (often a tenth of ``input``)."""
+    cache_write: float | None = Field(default=None, ge=0)
+    """Input written to the prompt cache."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pair(cls, v: Any) -> Any:
+        if isinstance(v, list | tuple):
+            if len(v) != 2:
+                raise ValueError(f"a bare rate is [in, out] (two prices), not {len(v)} values")
+            return {"input": v[0], "output": v[1], "cache_read": v[0], "cache_write": v[0]}
+        return v
+
+    def price_of(self, bucket: str) -> float | None:
+        return getattr(self, bucket, None)  # type: ignore[no-any-return]

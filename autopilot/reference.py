@@ -62,6 +62,11 @@ def json_schema(partial: bool = False) -> dict[str, Any]:
     verdicts = schema["$defs"]["Grader"]["properties"]["verdicts"]
     verdicts["additionalProperties"] = {"anyOf": [verdicts["additionalProperties"],
                                                   {"enum": ["PASS", "FAIL"]}]}
+    # a rate card entry as a bare [in, out] pair
+    rates = schema["properties"]["rate_card"]
+    rates["additionalProperties"] = {"anyOf": [rates["additionalProperties"], {
+        "type": "array", "items": {"type": "number", "minimum": 0},
+        "minItems": 2, "maxItems": 2}]}
     if partial:
         _drop_required(schema)
     return schema

@@ -335,9 +335,10 @@ def test_throttle_halves_per_episode_and_grows_back_when_calm() -> None:
     (None, 1.0, (10, 10), None, "budget unusable: a USD budget needs a rate-card price"),
 ])
 def test_budget_reached(tokens, usd, spend, rate, why) -> None:
+    from autopilot.config import Rate
     from autopilot.state.budget import Spend, reached
 
-    got = reached(tokens, usd, Spend(*spend), rate)
+    got = reached(tokens, usd, Spend(*spend), Rate.model_validate(rate) if rate else None)
     assert (got is None and why is None) or (got is not None and why is not None
                                              and got.startswith(why))
 

@@ -17,8 +17,8 @@ from gateway_fake import FakeUpstream, client, here, records
 
 from autopilot.gateway.dialects import CHAT
 from autopilot.gateway.evidence import StreamScan, Usage, error_kind, merge
-from autopilot.state.tokens import Tokens
 from autopilot.gateway.proxy import Gateway, Limits
+from autopilot.state.tokens import Tokens
 
 # ---------------------------------------------------------------------- the rules
 

@@ -57,7 +57,7 @@ def test_report_content(tmp_path: Path) -> None:
     assert "| t_alpha | 5/5 (+10pp) | 5/5 |" in text
     assert "Fisher" in text and "Wilson" in text
     assert "| **total** |" in text and "Other model A" in text
-    assert "list price from the preset rate card" in text
+    assert "priced by bucket from the preset's rate card" in text and "| buckets 15 |" in text
     trust = report(trust_run(tmp_path / "t"))
     assert "t_beta_fx-nothink_v1: quarantined after 3 INVALID attempts (grader_failed 3)" in trust
     assert "t_beta_fx-think_v1: INVALID(missing_output)" in trust

@@ -6,6 +6,7 @@ attempt's data path). cell/ imports none of those parts; a backend wires them in
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from autopilot.cell.cgroups import Containment
 from autopilot.cell.procs import ProcIdentity
 from autopilot.cell.validity import Classification
 from autopilot.cell.watchdog import WatchState
-from autopilot.config import Preset, Route
+from autopilot.config import Arm, Preset, Route
 from autopilot.plan import Cell, cell_context
 from autopilot.state.diskspace import DiskWatch
 from autopilot.state.fsguard import move_tree
@@ -182,6 +183,18 @@ def move_aside(output_dir: Path, state_dir: Path, cell_id: str, attempt: int,
 
 __all__ = ["AttemptPath", "CellContext", "Gatekeeper", "Launch", "LaunchFailed", "Served",
            "move_aside", "template_context"]
+
+
+def gateway_spec(gw: Gatekeeper, arm: Arm, upstream: list[tuple[str, str]], key: str,
+                 model: str, log_path: Path) -> dict[str, Any]:
+    """What an attempt's data path needs for its gateway listener. An arm's route: its
+    key is read here, at launch, and travels to the data path on its stdin only (never
+    to the harness)."""
+    route_key = (os.environ.get(arm.route.api_key_env, "")
+                 if arm.route and arm.route.api_key_env else "")
+    return gw.datapath_spec(arm.request, upstream, log_path, key=key, model=model,
+                            route=arm.route, route_key=route_key,
+                            dialect_settings=arm.request_by_dialect)
 
 
 def upstreams(cx: CellContext, allowed: Sequence[int] | None) -> list[tuple[str, str]]:

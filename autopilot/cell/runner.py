@@ -12,7 +12,6 @@ evidence of an INVALID attempt survives its retry.
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import time
 import uuid
@@ -29,6 +28,7 @@ from autopilot.cell.context import (
     CellContext,
     Gatekeeper,
     LaunchFailed,
+    gateway_spec,
     harness_identity,
     move_aside,
     template_context,
@@ -44,9 +44,8 @@ from autopilot.cell.validity import (
     Evidence,
     Killed,
     RunOutcome,
-    count_by_evidence,
+    by_gateway,
     served_as,
-    unmetered,
 )
 from autopilot.cell.watchdog import Limits, Observation, WatchState, decide
 from autopilot.limits import limits_for
@@ -283,16 +282,9 @@ class CellRun:
                      "replica": cx.replica, "deadline": deadline_epoch,
                      "launched": self.launched, "arms": list(cx.keeper.ep.arm_group)}}
         if gw is not None:
-            log_path = (cx.state_dir / "gateway" / self.cell.id
-                        / f"attempt-{self.attempt}.jsonl")
-            # An arm's route: its key is read here, at launch, and travels to the data
-            # path on its stdin only (never to the harness).
-            route_key = (os.environ.get(arm.route.api_key_env, "")
-                         if arm.route and arm.route.api_key_env else "")
-            spec["gateway"] = gw.datapath_spec(arm.request, self._upstreams(), log_path,
-                                               key=key, model=self.ctx["model"],
-                                               route=arm.route, route_key=route_key,
-                                               dialect_settings=arm.request_by_dialect)
+            spec["gateway"] = gateway_spec(
+                gw, arm, self._upstreams(), key, self.ctx["model"],
+                cx.state_dir / "gateway" / self.cell.id / f"attempt-{self.attempt}.jsonl")
         try:
             dp = await cx.launch(cx.state_dir, self.cell.id, self.attempt, spec,
                                  listen=listen, run_token=cx.run_token, token=self.token)
@@ -578,14 +570,13 @@ class CellRun:
                 judged = replace(judged, launched=self.launched or time.time())
             meter = self.meter
             if meter is not None:
-                judged = unmetered(judged, meter.requests, self.p.gateway.require_metering,
-                                   meter.unmetered)
                 if self.p.endpoint.names_model_exactly:  # a provider may add a version
                     judged = served_as(judged, meter.models, self.ctx["served_model"])
-                judged = count_by_evidence(judged, outcome, Evidence(
+                judged = by_gateway(judged, outcome, Evidence(
                     meter.requests, meter.answered, dict(meter.errors),
-                    meter.first_error or None),
-                    self.p.trust.count)
+                    meter.first_error or None, meter.throttled_tail),
+                    unread=meter.unmetered, required=self.p.gateway.require_metering,
+                    policy=self.p.trust.count)
             return judged
         finally:
             with anyio.CancelScope(shield=True):

@@ -236,6 +236,7 @@ class Evidence:
     answered: int = 0
     errors: Mapping[str, int] = field(default_factory=dict)
     first_error: str | None = None  # the kind of error the first request got, if any
+    throttled_tail: int = 0  # the attempt's last requests, refused by a throttling provider
 
 
 def evidence_of(ev: Any) -> Evidence | None:
@@ -248,8 +249,34 @@ def evidence_of(ev: Any) -> Evidence | None:
     if type(n) is not int or type(a) is not int or not isinstance(errors, Mapping):
         return None
     first = ev.get("first_error")
+    tail = ev.get("throttled_tail")
     return Evidence(n, a, {str(k): v for k, v in errors.items() if type(v) is int},
-                    first if isinstance(first, str) and first else None)
+                    first if isinstance(first, str) and first else None,
+                    tail if type(tail) is int and tail >= 0 else 0)
+
+
+def by_gateway(c: Classification, run: RunOutcome, ev: Evidence, *, unread: int,
+               required: bool, policy: str) -> Classification:
+    """A verdict as the gateway's evidence leaves it — the one chain the run and
+    ``validate`` both apply: unmetered spend, then counting by evidence, then a
+    provider that throttled the attempt to its end."""
+    c = unmetered(c, ev.requests, required, unread)
+    return throttled_out(count_by_evidence(c, run, ev, policy), ev)
+
+
+def throttled_out(c: Classification, ev: Evidence | None) -> Classification:
+    """A cell that did not pass while the provider was refusing its last requests (429,
+    Anthropic's 529 ``overloaded_error``, Gemini's RESOURCE_EXHAUSTED), with none
+    answered since, ended on the provider's capacity, not on the task: an agent CLI
+    that gives up after its own retries leaves no deliverable, and that is no FAIL of
+    the model. INVALID(rate_limited): re-run, no retry spent."""
+    if ev is None or ev.throttled_tail < 1 or c.verdict == "PASS" or c.grade_side:
+        return c
+    if c.verdict == "INVALID" and c.reason == "rate_limited":
+        return c
+    return _invalid("rate_limited", f"{c.label()} after the provider refused the attempt's "
+                    f"last {ev.throttled_tail} request(s) as throttled (429/529), none "
+                    "answered since", launched=c.launched)
 
 
 LOOP_KILLS = ("scroll loop", "runaway generation")  # the substance watchdog's reasons

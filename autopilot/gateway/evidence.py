@@ -149,6 +149,10 @@ class Meter:
     unmetered: int = 0  # answered requests whose spend the gateway could not read
     unauthorized: int = 0  # requests refused for not carrying the attempt's key (401)
     refused: int = 0  # the attempt's own requests refused for their route or model (403)
+    # Requests at the end of the attempt the provider refused as throttled (429, 529,
+    # overloaded), none answered since: a harness that gave up on them gave up on the
+    # provider, not on the task (autopilot.cell.validity.throttled_out).
+    throttled_tail: int = 0
 
     def answered_as(self, model: str | None) -> None:
         if model is not None and (model in self.models or len(self.models) < 8):
@@ -183,6 +187,8 @@ class Meter:
     def error(self, kind: str, why: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
         self.last_error = why[:300]
+        if kind == "throttled":
+            self.throttled_tail += 1
 
     def summary(self) -> dict[str, Any]:
         return {"requests": self.requests, "answered": self.answered,
@@ -193,7 +199,8 @@ class Meter:
                 "malformed_usage": self.malformed_usage, "failovers": self.failovers,
                 "first_error": self.first_error or None, "last_error": self.last_error,
                 "models": dict(self.models), "unmetered": self.unmetered,
-                "unauthorized": self.unauthorized, "refused": self.refused}
+                "unauthorized": self.unauthorized, "refused": self.refused,
+                "throttled_tail": self.throttled_tail}
 
 
 def mode_line(preset: Preset) -> str:

@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import (
     ClientConnectionError,
@@ -46,21 +45,18 @@ from aiohttp import (
     web,
 )
 
-from autopilot.gateway.dialects import CHAT, Dialect, route_of
+from autopilot.gateway.accounting import account
+from autopilot.gateway.attempt import Attempt, Limits
+from autopilot.gateway.dialects import CHAT, route_of
 from autopilot.gateway.evidence import (
-    Meter,
     StreamScan,
-    error_kind,
     loads_bounded,
     merge,
 )
 from autopilot.gateway.policy import (
-    ERROR_BODY,
     ERROR_READ,
     HOP,
     KEY_ENV,
-    KEY_HEADERS,
-    KEY_QUERY,
     attempt_key,
     forwardable,
     inflate,
@@ -74,105 +70,15 @@ from autopilot.state.statedir import open_append
 if TYPE_CHECKING:  # the attempt's data path runs this module: it must not load config
     from autopilot.config import Preset, Route
 
-@dataclass(frozen=True)
-class Limits:
-    max_request: int = 64 << 20  # a request body larger than this is refused (413)
-    parse_cap: int = 8 << 20  # bytes of a JSON response held to read its usage
-    max_records: int = 5000  # request lines per attempt's gateway.jsonl
-    hold_429: float = 0.0  # seconds a throttled request may be held and retried here
-    body_secs: float = 300.0  # a request body not received within this: 408
-    upstream_read_secs: float = 1800.0  # the upstream silent this long: the request is cut
-    max_depth: int = 64  # JSON nesting read (a request's body, a response's)
-
-
-@dataclass
-class Attempt:
-    """One attempt's listener: its address, its key, its meter, its request log."""
-    cell: str
-    attempt: int
-    settings: Mapping[str, Any]
-    # Where to send a request, asked per request: (replica, origin) pairs, the cell's own
-    # replica first (sticky: its prompt cache), then the live ones that may serve it.
-    upstream: Callable[[], list[tuple[str, str]]]
-    log_path: Path
-    key: str = ""
-    # (peer host, peer port) -> the connection is one a process of the attempt opened
-    caller: Callable[[tuple[str, int]], bool] | None = None
-    model: str | None = None  # the arm's model: the only one a provider key is used for
-    # The gateway sets ``model`` on every keyed request (an arm's route names the model as
-    # its provider spells it; an agent CLI asks for its own vendor's ids).
-    rewrite: bool = False
-    dialects: frozenset[str] = frozenset()  # what the upstream speaks (empty: any)
-    # The arm's settings for one dialect only, over ``settings`` (arms.request_by_dialect)
-    dialect_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    max_records: int = 5000
-    port: int = 0
-    meter: Meter = field(default_factory=Meter)
-    records: int = 0
-    dropped: int = 0
-    closing: bool = False  # the attempt is ending: what is still open is cut by us
-    _log: IO[bytes] | None = None
-    _callers: dict[tuple[str, int], int] = field(default_factory=dict)
-
-    def write(self, record: dict[str, Any]) -> None:
-        if self._log is None:
-            return
-        if self.records >= self.max_records:
-            self.dropped += 1
-            return
-        self.records += 1
-        self._log.write((json.dumps(record, separators=(",", ":")) + "\n").encode())
-        self._log.flush()
-
-    def settings_for(self, dialect: str) -> Mapping[str, Any]:
-        extra = self.dialect_settings.get(dialect)
-        return merge(dict(self.settings), extra) if extra else self.settings
-
-    def _holds_key(self, req: web.Request) -> bool:
-        given = [v[7:] if v[:7].lower() == "bearer " else v
-                 for name in KEY_HEADERS for v in req.headers.getall(name, ())]
-        given += req.query.getall(KEY_QUERY, ())  # a Google client's ?key=
-        for value in given:
-            try:
-                raw = value.strip().encode()
-            except UnicodeEncodeError:  # bytes that are no text: not a key
-                continue
-            if hmac.compare_digest(raw, self.key.encode()):
-                return True
-        return False
-
-    def admits(self, req: web.Request) -> bool:
-        """The caller is this attempt's harness: it holds the key, or (for a harness
-        that sends none) its connection is one the attempt's own processes opened. Only
-        headers and the socket are looked at: the body is not read yet."""
-        if self.key and self._holds_key(req):
-            return True
-        if self.caller is None or req.transport is None:
-            return False
-        peer = req.transport.get_extra_info("peername")
-        if not isinstance(peer, tuple) or len(peer) < 2:
-            return False
-        where = (str(peer[0]), int(peer[1]))
-        conn = id(req.transport)
-        if self._callers.get(where) == conn:  # a kept-alive connection already known
-            return True
-        if not self.caller(where):
-            return False
-        if len(self._callers) > 1024:
-            self._callers.clear()
-        self._callers[where] = conn
-        return True
-
-
 class Gateway:
     """The run's gateway (one per backend context; its attempts share one client)."""
 
     def __init__(self, redact: Callable[[str], str] = lambda s: s,
-                 limits: Limits = Limits(),
+                 limits: Limits | None = None,
                  on_throttled: Callable[[], None] = lambda: None,
                  on_failover: Callable[[str, int, str, str, str], Any] | None = None) -> None:
         self.redact = redact
-        self.limits = limits
+        self.limits = limits or Limits()
         # a 429 from upstream: the loop launches fewer cells at once (run.throttle)
         self.on_throttled = on_throttled
         # a request sent to another replica than the cell's own: (cell, attempt, from, to,
@@ -460,8 +366,8 @@ class Gateway:
                     first = False
                     m.bytes_in += held_n
                     m.answered += 1
-                    self._account(att, rec, up.status, dialect, None, held, held_n,
-                                  metered, up_encoding)
+                    account(att, rec, up.status, dialect, None, held, held_n, metered,
+                            up_encoding, lim, self.redact)
                     rec["accounted"] = True
                 try:
                     await resp.prepare(req)
@@ -511,8 +417,8 @@ class Gateway:
                         if metered:
                             rec["unmetered"] = "the harness hung up before the response ended"
                         return resp
-                self._account(att, rec, up.status, dialect, scan, held, held_n, metered,
-                              up_encoding)
+                account(att, rec, up.status, dialect, scan, held, held_n, metered,
+                        up_encoding, lim, self.redact)
                 return resp
         except (ClientError, TimeoutError, OSError) as e:
             why = f"{type(e).__name__}: {e}"[:300]
@@ -567,74 +473,6 @@ class Gateway:
         if self.on_failover is not None:
             self.on_failover(att.cell, att.attempt, frm, to, why)
 
-    def _account(self, att: Attempt, rec: dict[str, Any], status: int, dialect: Dialect,
-                 scan: StreamScan | None, held: list[bytes], held_n: int,
-                 metered: bool, encoding: str) -> None:
-        m = att.meter
-        lim = self.limits
-        unmetered: str | None = None
-        doc: Any = None
-        if encoding not in ("", "identity"):
-            # asked for identity; an endpoint that encodes anyway is not read as 0 tokens
-            unmetered = f"response encoded as {encoding[:20]!r}"
-            usage, finish, estimate, model = None, None, 0, None
-            if scan is not None:
-                scan = None
-        elif scan is not None:
-            rec["chunks"] = scan.chunks
-            usage, finish, estimate = scan.usage, scan.finish, scan.chunks
-            model = scan.model
-            if usage is None and not scan.chunks:
-                unmetered = "a stream with no usage and no content the gateway could read"
-        else:
-            if held_n <= lim.parse_cap:
-                doc = loads_bounded(b"".join(held), lim.max_depth)
-                if doc is None and status < 400:
-                    unmetered = "a response that is not JSON the gateway can read"
-            elif status < 400:
-                rec["unparsed"] = f"body over {lim.parse_cap} bytes"
-                unmetered = f"a response over {lim.parse_cap} bytes"
-            usage, finish, estimate = dialect.usage(doc), dialect.finish(doc), 0
-            model = dialect.model(doc)
-            if unmetered is None and usage is None and status < 400:
-                unmetered = "a response without usage"
-        kind = error_kind(status, _text(doc, held) if status >= 400 else "",
-                          dialect.refusal(status, doc) if status >= 400 else None)
-        if kind is None and scan is not None and scan.state.error is not None:
-            # An error the stream itself carried after a 200 (Anthropic's
-            # overloaded_error mid-stream): the provider's, never the model's answer.
-            why = scan.state.error
-            kind = "throttled" if "overloaded" in why or "rate_limit" in why else \
-                "endpoint_error"
-            m.error(kind, f"in-stream error: {why}"[:300])
-            rec.update(error=kind, body=self.redact(why)[:ERROR_BODY])
-            if usage is not None:
-                m.count(usage, 0)
-            return
-        if kind is not None:
-            m.error(kind, f"HTTP {status}")
-            rec["error"] = kind
-            rec["body"] = self.redact(_text(doc, held))[:ERROR_BODY]
-            return
-        if usage is not None and usage.malformed and unmetered is None:
-            unmetered = "usage of the wrong shape"
-        if metered and unmetered is not None:
-            rec["unmetered"] = unmetered
-        m.count(usage, estimate)
-        m.answered_as(model)
-        if model is not None:
-            rec["model"] = model
-        if usage is not None:
-            rec.update(prompt_tokens=usage.prompt, completion_tokens=usage.completion,
-                       reasoning_tokens=usage.reasoning, tokens=usage.tokens.as_dict())
-            if usage.malformed:
-                rec["malformed_usage"] = True
-        elif estimate:
-            rec.update(completion_tokens=estimate, estimated=True)
-        if finish:
-            rec["finish_reason"] = finish
-
-
 def gateway_for(preset: Preset, redact: Callable[[str], str], on_throttled: Callable[[], None],
                 emit: Callable[..., Any], key: Callable[[], str] | None = None,
                 secrets: tuple[str, ...] = ()) -> Gateway | None:
@@ -655,12 +493,6 @@ def gateway_for(preset: Preset, redact: Callable[[str], str], on_throttled: Call
         gw.key = key
     gw.secrets = secrets
     return gw
-
-
-def _text(doc: Any, held: list[bytes]) -> str:
-    if doc is not None:
-        return json.dumps(doc)[:ERROR_BODY * 2]
-    return b"".join(held)[:ERROR_BODY * 2].decode("utf-8", "replace")
 
 
 __all__ = ["KEY_ENV", "Attempt", "Gateway", "Limits", "attempt_key", "gateway_for",

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from autopilot.cell.childenv import urls_from_env
 from autopilot.cell.procs import existing_run_token, journaled_identity, marked_processes, verify
-from autopilot.config import NAME_RE
+from autopilot.config import NAME_RE, Rate
 from autopilot.errors import ConfigError
 from autopilot.logsetup import get_logger
 from autopilot.run.notify import Notifier
@@ -91,7 +91,7 @@ class Planned:
     overlay: str | None
     target_n: int
     provider: str | None  # the provider's host for hosted entries; None: a local engine
-    rate: tuple[float, float] | None = None  # the entry model's price (rate card)
+    rate: Rate | None = None  # the entry model's price (rate card)
 
 
 def load_roster(path: Path, target_n: int | None, campaign_dir: Path | None = None
@@ -136,7 +136,7 @@ def load_roster(path: Path, target_n: int | None, campaign_dir: Path | None = No
         if preset.endpoint.hosted:
             provider = preset.endpoint.hosted_at()
         out.append(Planned(entry, campaign_dir / entry.name, ref, overlay,
-                           preset.run.target_n, provider, preset.rate_card.get(preset.model)))
+                           preset.run.target_n, provider, preset.rate_for()))
     for host, cap in roster.providers.items():
         if cap < 1:
             raise ConfigError(f"{path}: providers.{host}: the cap must be >= 1")

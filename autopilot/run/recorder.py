@@ -44,6 +44,7 @@ from autopilot.state.journal import Journal
 from autopilot.state.ledger import Ledger
 from autopilot.state.progress import oneline
 from autopilot.state.status import StatusWriter
+from autopilot.state.tokens import tokens_of
 from autopilot.templates import render
 
 log = get_logger(__name__)
@@ -214,6 +215,9 @@ class Recorder:
                                              budget.reported_fields(summary), unread)
             extra["spend"] = [spent.prompt, spent.completion]
             extra["cost_basis"] = basis
+            by_bucket = tokens_of(m.get("tokens")) if metered is not None and m else None
+            if basis == "metered" and by_bucket is not None and not by_bucket.empty:
+                extra["tokens"] = by_bucket.as_dict()
             if metered is not None and basis != "metered":
                 extra["self_reported"] = [reported.prompt, reported.completion]
             if m and m.get("attempt") == attempt:  # what the gateway saw, with the verdict

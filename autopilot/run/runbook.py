@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from autopilot.cell.validity import Classification
-from autopilot.config import Preset
+from autopilot.config import Preset, Rate
 from autopilot.state import budget
 from autopilot.state.cellevents import CellQuarantined
 from autopilot.state.eventbase import EventBase
@@ -139,7 +139,7 @@ class Rules:
     pause_on_anomaly: bool
     budget_tokens: int | None = None
     budget_usd: float | None = None
-    rate: tuple[float, float] | None = None
+    rate: Rate | None = None
     max_passes: int = 6
 
     @classmethod
@@ -148,7 +148,7 @@ class Rules:
                    anomaly_streak=preset.trust.anomaly_streak,
                    pause_on_anomaly=preset.trust.on_anomaly == "pause",
                    budget_tokens=preset.budget.tokens, budget_usd=preset.budget.usd,
-                   rate=preset.rate_card.get(preset.model),
+                   rate=preset.rate_for(),
                    max_passes=preset.run.max_passes)
 
 

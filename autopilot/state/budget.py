@@ -13,7 +13,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the data path reads counts through this module: no pydantic there
+    from autopilot.measureconfig import Rate
 
 # A token count past this is no count (a quadrillion tokens; a hostile 401-digit integer
 # would overflow every float it meets).
@@ -43,10 +46,12 @@ class Spend:
     def __add__(self, other: Spend) -> Spend:
         return Spend(self.prompt + other.prompt, self.completion + other.completion)
 
-    def usd(self, rate: tuple[float, float] | None) -> float | None:
-        if rate is None:
+    def usd(self, rate: Rate | None) -> float | None:
+        """Priced for a budget: every prompt token at the fresh input price (a cache
+        read costs less, so this bound errs toward stopping early, never late)."""
+        if rate is None or rate.input is None or rate.output is None:
             return None
-        return (self.prompt * rate[0] + self.completion * rate[1]) / 1e6
+        return (self.prompt * rate.input + self.completion * rate.output) / 1e6
 
 
 def of_summary(summary: Any) -> Spend:
@@ -117,7 +122,7 @@ def of_events(events: Iterable[dict[str, Any]]) -> Spend:
 
 
 def reached(tokens: int | None, usd: float | None, spend: Spend,
-            rate: tuple[float, float] | None, unmetered: int = 0) -> str | None:
+            rate: Rate | None, unmetered: int = 0) -> str | None:
     """Why the budget is reached (or can no longer be shown not to be), or None.
     ``unmetered``: responses whose spend the gateway could not read. Their size is
     unknown, never 0, so a run with any cannot prove it is under its cap: it fails

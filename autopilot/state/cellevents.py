@@ -145,6 +145,12 @@ class MeterEvent(CellEventBase):
     """Failed requests, by kind."""
     unmetered: Any = None
     """Responses whose usage could not be read (spend of unknown size)."""
+    tokens: Any = None
+    """Tokens by bucket (input, cache_write, cache_read, output, reasoning; a bucket no
+    response reported is absent, not 0: autopilot.state.tokens)."""
+    throttled_tail: Any = None
+    """Requests at the attempt's end the provider refused as throttled, none answered
+    since."""
 
 
 class CellMetered(MeterEvent):
@@ -185,6 +191,9 @@ class CellVerdict(CellEventBase):
     where it is summed: autopilot.state.budget)."""
     cost_basis: str | None = None
     """Where the spend comes from: metered, self_reported, self_reported_mismatch..."""
+    tokens: Any = None
+    """The spend by bucket, where the gateway metered it (autopilot.state.tokens; a
+    bucket no response reported is absent)."""
     self_reported: Any = None
     """The harness's own count, where it was not the basis."""
     gateway: Any = None

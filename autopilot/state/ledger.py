@@ -53,7 +53,7 @@ SETTLED_UNGRADED = frozenset({"grader_unavailable", "unscored"})
 
 # What a cell keeps of its latest attempt's meter (cell_metered).
 METER_FIELDS = ("attempt", "requests", "prompt_tokens", "completion_tokens", "errors",
-                "unmetered")
+                "unmetered", "tokens")
 
 Status = Literal["pending", "running", "ran", "PASS", "FAIL", "invalid", "quarantined",
                  "ungraded"]

@@ -2,21 +2,24 @@
 
 Any set of state dirs (a campaign dir stands for its entries) becomes one row per
 (model, arm): pass over valid with a 95% Wilson interval, the N reached, valid / INVALID
-by reason / quarantined / teardown-masked counts, tokens, and cost with its basis
-(``priced`` from the preset's rate card, or ``unpriced``: never $0). A task a run does not
+by reason / quarantined / teardown-masked counts, tokens by bucket, and cost with its
+price basis (autopilot.views.cost: ``buckets``, ``floor``, ``partial``, or ``unpriced``:
+never $0) and the route its arm's requests took. A task a run does not
 have is ``not_applicable``, not a fake 0/0. Runs whose task tables or graders differ are
 refused (exit 2) unless ``--allow-mixed``, which records what differs.
 
 Verdicts come from each run's own artifacts through the same fail-closed classification
 as ``report`` (never from status.json). Output is deterministic (no timestamps).
 
-board.json, schema_version 1:
-  {"schema_version": 1, "runs": [{"dir", "preset", "model", "target_n", "tasks",
+board.json, schema_version 2:
+  {"schema_version": 2, "runs": [{"dir", "preset", "model", "target_n", "tasks",
    "grader"}], "tasks": [...], "mixed": null | {"tasks": {...}, "graders": {...}},
    "rows": [{"model", "arm", "preset", "dir", "pass", "valid", "rate", "wilson": [lo, hi]
    | null, "target_n", "n_reached", "invalid_by_reason": {...}, "quarantined",
    "teardown_masked", "tokens": {"prompt", "completion"} | null,
-   "cost": {"usd": float | null, "basis": "priced" | "unpriced"},
+   "cost": {"usd": float | null, "basis": "buckets" | "floor" | "partial" | "unpriced",
+            "bases": {basis: cells}, "unpriced_buckets": [...], "tokens": {bucket: n},
+            "tokens_total", "tokens_fresh", "route"},
    "tasks": {task: {"pass", "valid"} | "not_applicable"},
    "samples": absent | {"passed", "scored", "unscored", "errored", "reused"?, "rate",
    "wilson"}}]}
@@ -37,8 +40,9 @@ from autopilot.errors import ConfigError
 from autopilot.escape import md
 from autopilot.state.items import ITEM_KINDS
 from autopilot.views import stats
+from autopilot.views.cost import cost_doc, route_name
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def expand(dirs: list[Path]) -> list[Path]:
@@ -137,11 +141,10 @@ def _row(d: Path, preset: Preset, arm: str, model: str, target_n: int, facts: li
     usage = [f for f in facts if f.completion_tokens is not None]
     tokens = ({"prompt": sum(f.prompt_tokens or 0 for f in usage),
                "completion": sum(f.completion_tokens or 0 for f in usage)} if usage else None)
-    rate = preset.rate_card.get(model)
     cost: dict[str, Any] = {"usd": None, "basis": "unpriced"}
-    if rate and tokens:
-        cost = {"usd": round((tokens["prompt"] * rate[0] + tokens["completion"] * rate[1])
-                             / 1e6, 6), "basis": "priced"}
+    if usage:
+        cost = cost_doc(preset, arm, usage)
+    cost["route"] = route_name(preset, arm)
     return {
         "model": model, "arm": arm, "preset": preset.name, "dir": str(d),
         "pass": passes, "valid": len(valid),
@@ -174,7 +177,14 @@ def to_json(board: dict[str, Any]) -> str:
 
 
 def _cost(c: dict[str, Any]) -> str:
-    return f"${c['usd']:.4f}" if c.get("usd") is not None else "unpriced"
+    if c.get("usd") is None:
+        return "unpriced"
+    return ("≥ " if c.get("basis") in ("floor", "partial") else "") + f"${c['usd']:.4f}"
+
+
+def _bases(c: dict[str, Any]) -> str:
+    got = c.get("bases") or {}
+    return ", ".join(f"{md(k)} {v}" for k, v in got.items()) or "-"
 
 
 def to_markdown(board: dict[str, Any]) -> str:
@@ -185,16 +195,20 @@ def to_markdown(board: dict[str, Any]) -> str:
                 "`--allow-mixed`); rates do not compare across them. A task a run does not "
                 "have is `not_applicable`.", ""]
     out += ["| model | arm | pass/valid | rate [95% CI] | N reached / target | invalid | "
-            "quarantined | teardown-masked | tokens (in/out) | cost |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+            "quarantined | teardown-masked | route | tokens (in/out) | tokens cache-incl. / "
+            "fresh | cost | price basis (cells) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in board["rows"]:
         ci = (f"{r['rate'] * 100:.0f}% [{r['wilson'][0] * 100:.0f}–{r['wilson'][1] * 100:.0f}]"
               if r["wilson"] else "-")
         inv = ", ".join(f"{md(k)} {v}" for k, v in r["invalid_by_reason"].items()) or "0"
         tok = f"{r['tokens']['prompt']}/{r['tokens']['completion']}" if r["tokens"] else "-"
+        c = r["cost"]
+        both = (f"{c['tokens_total']} / {c['tokens_fresh']}" if "tokens_total" in c else "-")
         out.append(f"| {md(r['model'])} | {md(r['arm'])} | {r['pass']}/{r['valid']} | {ci} | "
                    f"{r['n_reached']}/{r['target_n']} | {inv} | {r['quarantined']} | "
-                   f"{r['teardown_masked']} | {tok} | {_cost(r['cost'])} |")
+                   f"{r['teardown_masked']} | {md(c.get('route', '-'))} | {tok} | {both} | "
+                   f"{_cost(c)} | {_bases(c)} |")
     out += ["", "## Per task (pass/valid)", ""]
     tasks = board["tasks"]
     out += ["| model | arm | " + " | ".join(md(t) for t in tasks) + " |",
@@ -215,8 +229,10 @@ def to_markdown(board: dict[str, Any]) -> str:
             out.append(f"| {md(r['model'])} | {md(r['arm'])} | {sm['passed']}/{sm['scored']} "
                        f"| {ci} | {sm['unscored']} | {sm['errored']} | {sm.get('reused', 0)} |")
     out += ["", "Rates count valid cells only; INVALID, quarantined and teardown-masked "
-            "cells are counted beside them, never hidden. Cost is `priced` from the "
-            "preset's rate card, else `unpriced` (never $0).", ""]
+            "cells are counted beside them, never hidden. Cost is priced per cell by "
+            "token bucket from the preset's rate card: `buckets` where every bucket a "
+            "cell used has a price, `floor` where one has none (a lower bound, marked ≥), "
+            "`unpriced` where the model has no entry (never $0).", ""]
     return "\n".join(out)
 
 

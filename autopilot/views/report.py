@@ -9,7 +9,6 @@ Aggregates count valid cells only and always stand next to the trust counts.
 
 from __future__ import annotations
 
-import statistics
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +26,11 @@ from autopilot.state.items import ITEM_KINDS, items_of
 from autopilot.state.journal import state_events
 from autopilot.state.ledger import VALID, CellState
 from autopilot.state.runevents import PlanChanged
+from autopilot.state.tokens import Tokens, tokens_of
 from autopilot.templates import render
 from autopilot.views import stats
-from autopilot.views.energy import J_PER_KWH, Energy, energy_lines, measure
+from autopilot.views.cost import tokens_section
+from autopilot.views.energy import Energy, energy_lines, measure
 from autopilot.views.validate import validate_run
 
 
@@ -55,10 +56,21 @@ class CellFacts:
     wall_secs: float | None = None  # the harness's run of the latest attempt (journal)
     joules: float | None = None  # GPU energy of all its attempts (power samples), if any
     items: dict[str, int] | None = None  # a many-item cell's counts (autopilot.state.items)
+    by_bucket: Tokens | None = None  # the gateway's count by bucket, where it metered one
 
     @property
     def valid(self) -> bool:
         return self.verdict in ("PASS", "FAIL")
+
+    @property
+    def tokens(self) -> Tokens | None:
+        """Its tokens by bucket: the gateway's split, else the two counts it has (all
+        input taken as fresh: nothing says what a cache held)."""
+        if self.by_bucket is not None:
+            return self.by_bucket
+        if self.completion_tokens is None:
+            return None
+        return Tokens(input=self.prompt_tokens or 0, output=self.completion_tokens)
 
 
 def collect(preset: Preset, n: int, state_dir: Path,
@@ -73,6 +85,7 @@ def collect(preset: Preset, n: int, state_dir: Path,
     attempts: Counter[str] = Counter()
     invalid: dict[str, list[str]] = {}
     metered: dict[str, tuple[str, int, int]] = {}  # the gateway's count, where it is used
+    buckets: dict[str, Tokens] = {}
     wall: dict[str, float | None] = {}
     items: dict[str, dict[str, int] | None] = {}
     for ev in state_events(state_dir).typed():
@@ -88,8 +101,14 @@ def collect(preset: Preset, n: int, state_dir: Path,
             if basis in METERED and isinstance(spend, list) \
                     and len(spend) == 2 and all(_int(x) is not None for x in spend):
                 metered[cid] = (str(basis), int(spend[0]), int(spend[1]))
+                split = tokens_of(ev.tokens) if basis == "metered" else None
+                if split is not None and not split.empty:
+                    buckets[cid] = split
+                else:
+                    buckets.pop(cid, None)
             elif not ev.regrade:
                 metered.pop(cid, None)
+                buckets.pop(cid, None)
             if ev.verdict == "INVALID":
                 reason = ev.reason  # a word of ours, unless the journal was forged
                 invalid.setdefault(cid, []).append(
@@ -122,6 +141,7 @@ def collect(preset: Preset, n: int, state_dir: Path,
             wall_secs=wall.get(cell.id),
             joules=energy.joules.get(cell.id) if energy and energy.ran.get(cell.id) else None,
             items=items.get(cell.id) if chk.verdict in VALID else None,
+            by_bucket=buckets.get(cell.id),
         ))
     return facts
 
@@ -494,7 +514,7 @@ def findings(preset: Preset, facts: list[CellFacts], n: int,
             f"{k} ({v} cells)" for k, v in sorted(caveats.items())) + ".", ""]
 
     out += ["## 6. Tokens and cost", ""]
-    out += _tokens_section(preset, facts, arms)
+    out += tokens_section(preset, facts, arms)
     if energy:
         out += [*energy, ""]
 
@@ -517,47 +537,6 @@ def _wilson_txt(p: int, v: int) -> str:
     if w is None:
         return "-"
     return f"{p}/{v} {_pct(p, v)} [{w[0] * 100:.0f}–{w[1] * 100:.0f}]"
-
-
-def _tokens_section(preset: Preset, facts: list[CellFacts], arms: list[str]) -> list[str]:
-    with_usage = [f for f in facts if f.completion_tokens is not None]
-    if not with_usage:
-        return ["No usage data: the harness reported no token counts.", ""]
-    rate = preset.rate_card.get(preset.model)
-    metered = sum(f.cost_basis is not None for f in with_usage)
-    source = (f"the gateway's metered counts ({metered} of {len(with_usage)} cells; the "
-              "summary files' elsewhere)" if metered else "the token totals in the summary "
-              "files")
-    basis = (f"list price from the preset rate card × {source}" if rate else
-             f"unpriced: the preset's rate card has no entry for this model; tokens are "
-             f"{source}")
-    out = [f"Cost basis: {basis}.", "", "| arm | cells with usage | prompt tokens | "
-           "completion tokens | cost (USD) |", "|---|---|---|---|---|"]
-    for arm in arms:
-        mine = [f for f in with_usage if f.arm == arm]
-        pin = sum(f.prompt_tokens or 0 for f in mine)
-        pout = sum(f.completion_tokens or 0 for f in mine)
-        cost = f"{(pin * rate[0] + pout * rate[1]) / 1e6:.4f}" if rate else "unpriced"
-        out.append(f"| {arm} | {len(mine)} | {pin} | {pout} | {cost} |")
-    energy = any(f.joules is not None for f in facts)
-    out += ["", "Per task (valid cells; medians, as the origin's summarize.sh):", "",
-            "| task | arm | pass / valid | median tokens | median wall (s) |"
-            + (" median energy (Wh) |" if energy else ""),
-            "|---|---|---|---|---|" + ("---|" if energy else "")]
-    for task in dict.fromkeys(f.task for f in facts):
-        for arm in arms:
-            cells = [f for f in facts if f.task == task and f.arm == arm and f.valid]
-            if not cells:
-                continue
-            toks = [float((f.prompt_tokens or 0) + (f.completion_tokens or 0)) for f in cells
-                    if f.completion_tokens is not None]
-            walls = [f.wall_secs for f in cells if f.wall_secs is not None]
-            passes = sum(f.verdict == "PASS" for f in cells)
-            wh = [f.joules * 1000 / J_PER_KWH for f in cells if f.joules is not None]
-            out.append(f"| {task} | {arm} | {passes}/{len(cells)} | "
-                       f"{_median(toks, '{:.0f}')} | {_median(walls, '{:.1f}')} |"
-                       + (f" {_median(wh, '{:.2f}')} |" if energy else ""))
-    return [*out, ""]
 
 
 FAMILY_BAR = 2 / 3  # a task family "passes" at >= 2/3 of its valid replicates (the origin's)
@@ -583,10 +562,6 @@ def _comparators(preset: Preset, facts: list[CellFacts], arms: list[str]) -> lis
         out.append(f"| **this run: {arm}** | {p}/{v} valid ({len(mine)} planned) | "
                    f"{held}/{len(tasks)} | this report |")
     return out
-
-
-def _median(values: list[float], fmt: str) -> str:
-    return fmt.format(statistics.median(values)) if values else "-"
 
 
 def render_findings(preset: Preset, n: int, state_dir: Path) -> str:

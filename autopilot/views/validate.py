@@ -20,11 +20,10 @@ from autopilot.cell.validity import (
     Checks,
     GradeOutcome,
     RunOutcome,
+    by_gateway,
     classify,
-    count_by_evidence,
     evidence_of,
     grader_unavailable,
-    unmetered,
 )
 from autopilot.config import Preset
 from autopilot.escape import clean, term
@@ -152,9 +151,9 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
         seen = evidence_of(metered.get(cell.id))
         if seen is not None:  # as the run judged it: the gateway's evidence counts too
             u = (metered.get(cell.id) or {}).get("unmetered")
-            c = unmetered(c, seen.requests, preset.gateway.require_metering,
-                          u if type(u) is int and u > 0 else 0)
-            c = count_by_evidence(c, outcome, seen, preset.trust.count)
+            c = by_gateway(c, outcome, seen, unread=u if type(u) is int and u > 0 else 0,
+                           required=preset.gateway.require_metering,
+                           policy=preset.trust.count)
         result.cells.append(CellCheck(cell.id, c.verdict, c.reason or "", c.detail,
                                       c.caveat))
     result.armless, result.foreign = armless_dirs(preset, plan, state_dir,

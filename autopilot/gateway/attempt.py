@@ -1,0 +1,110 @@
+"""One attempt's listener as the gateway holds it: its address, key, meter and request
+log, and who it admits (before a byte of a body is read: its key, in whichever header or
+query parameter a dialect's clients send it, or a connection its own processes opened)."""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from aiohttp import web
+
+from autopilot.gateway.evidence import Meter, merge
+from autopilot.gateway.policy import KEY_HEADERS, KEY_QUERY
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_request: int = 64 << 20  # a request body larger than this is refused (413)
+    parse_cap: int = 8 << 20  # bytes of a JSON response held to read its usage
+    max_records: int = 5000  # request lines per attempt's gateway.jsonl
+    hold_429: float = 0.0  # seconds a throttled request may be held and retried here
+    body_secs: float = 300.0  # a request body not received within this: 408
+    upstream_read_secs: float = 1800.0  # the upstream silent this long: the request is cut
+    max_depth: int = 64  # JSON nesting read (a request's body, a response's)
+
+
+@dataclass
+class Attempt:
+    """One attempt's listener: its address, its key, its meter, its request log."""
+    cell: str
+    attempt: int
+    settings: Mapping[str, Any]
+    # Where to send a request, asked per request: (replica, origin) pairs, the cell's own
+    # replica first (sticky: its prompt cache), then the live ones that may serve it.
+    upstream: Callable[[], list[tuple[str, str]]]
+    log_path: Path
+    key: str = ""
+    # (peer host, peer port) -> the connection is one a process of the attempt opened
+    caller: Callable[[tuple[str, int]], bool] | None = None
+    model: str | None = None  # the arm's model: the only one a provider key is used for
+    # The gateway sets ``model`` on every keyed request (an arm's route names the model as
+    # its provider spells it; an agent CLI asks for its own vendor's ids).
+    rewrite: bool = False
+    dialects: frozenset[str] = frozenset()  # what the upstream speaks (empty: any)
+    # The arm's settings for one dialect only, over ``settings`` (arms.request_by_dialect)
+    dialect_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    max_records: int = 5000
+    port: int = 0
+    meter: Meter = field(default_factory=Meter)
+    records: int = 0
+    dropped: int = 0
+    closing: bool = False  # the attempt is ending: what is still open is cut by us
+    _log: IO[bytes] | None = None
+    _callers: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._log is None:
+            return
+        if self.records >= self.max_records:
+            self.dropped += 1
+            return
+        self.records += 1
+        self._log.write((json.dumps(record, separators=(",", ":")) + "\n").encode())
+        self._log.flush()
+
+    def settings_for(self, dialect: str) -> Mapping[str, Any]:
+        extra = self.dialect_settings.get(dialect)
+        return merge(dict(self.settings), extra) if extra else self.settings
+
+    def _holds_key(self, req: web.Request) -> bool:
+        given = [v[7:] if v[:7].lower() == "bearer " else v
+                 for name in KEY_HEADERS for v in req.headers.getall(name, ())]
+        given += req.query.getall(KEY_QUERY, ())  # a Google client's ?key=
+        for value in given:
+            try:
+                raw = value.strip().encode()
+            except UnicodeEncodeError:  # bytes that are no text: not a key
+                continue
+            if hmac.compare_digest(raw, self.key.encode()):
+                return True
+        return False
+
+    def admits(self, req: web.Request) -> bool:
+        """The caller is this attempt's harness: it holds the key, or (for a harness
+        that sends none) its connection is one the attempt's own processes opened. Only
+        headers and the socket are looked at: the body is not read yet."""
+        if self.key and self._holds_key(req):
+            return True
+        if self.caller is None or req.transport is None:
+            return False
+        peer = req.transport.get_extra_info("peername")
+        if not isinstance(peer, tuple) or len(peer) < 2:
+            return False
+        where = (str(peer[0]), int(peer[1]))
+        conn = id(req.transport)
+        if self._callers.get(where) == conn:  # a kept-alive connection already known
+            return True
+        if not self.caller(where):
+            return False
+        if len(self._callers) > 1024:
+            self._callers.clear()
+        self._callers[where] = conn
+        return True
+
+
+__all__ = ["Attempt", "Limits"]
