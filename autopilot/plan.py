@@ -108,7 +108,8 @@ def cell_context(
         "base_url": base_url, "model": arm.model or preset.model,
         # the endpoint itself, whatever {port}/{host}/{base_url} say (the gateway's)
         "endpoint_host": host, "endpoint_port": str(port), "endpoint_base_url": base_url,
-        "served_model": preset.model, "state_dir": str(state_dir),
+        "served_model": arm.route.model if arm.route else preset.model,
+        "state_dir": str(state_dir),
         "python": sys.executable, "deadline": "0",
         # "1" when this attempt's INVALID would quarantine the cell (trust.infra_retries;
         # attempts ended otherwise count too, so it is never later than the real last)

@@ -197,10 +197,11 @@ def gateway_spec(gw: Gatekeeper, arm: Arm, upstream: list[tuple[str, str]], key:
                             dialect_settings=arm.request_by_dialect)
 
 
-def upstreams(cx: CellContext, allowed: Sequence[int] | None) -> list[tuple[str, str]]:
-    """Where the gateway sends a cell's next request: its own replica (an empty origin
-    while it is known to be down), then every other replica that is up and may serve the
-    cell's arm (``allowed``: its pins), all serving the same model."""
+def upstreams(cx: CellContext, arm: Arm) -> list[tuple[str, str]]:
+    """Where the gateway sends a cell's next request: an arm's own route (no replica of
+    the run's to fail over to); else its own replica (an empty origin while it is known
+    to be down), then every other replica that is up and may serve the cell's arm (its
+    pins), all serving the same model."""
     from urllib.parse import urlsplit
 
     def origin(k: Served) -> str:  # scheme://host:port; the harness sends the path
@@ -209,6 +210,9 @@ def upstreams(cx: CellContext, allowed: Sequence[int] | None) -> list[tuple[str,
         u = urlsplit(str(k.ep.api_base))
         return f"{u.scheme}://{u.netloc}"
 
+    if arm.route is not None:
+        return [("route", arm.route.origin())]
+    allowed = arm.replicas
     out = [(str(cx.replica), origin(cx.keeper))]
     for i, k in enumerate(cx.peers()):
         if i != cx.replica and (allowed is None or i in allowed) and origin(k):

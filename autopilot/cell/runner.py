@@ -171,7 +171,7 @@ class CellRun:
                         await self.cx.remove_projects(render(listed, self.ctx))
 
     def _upstreams(self) -> list[tuple[str, str]]:
-        return upstreams(self.cx, self.p.arm(self.cell.arm).replicas)
+        return upstreams(self.cx, self.p.arm(self.cell.arm))
 
     def _refused(self, why: str, code: int) -> RunOutcome:
         """An attempt that never started a harness: journaled as started and exited."""
@@ -570,7 +570,8 @@ class CellRun:
                 judged = replace(judged, launched=self.launched or time.time())
             meter = self.meter
             if meter is not None:
-                if self.p.endpoint.names_model_exactly:  # a provider may add a version
+                if self.p.endpoint.names_model_exactly and not self.p.arm(self.cell.arm).route:
+                    # (a provider, a route's included, may add a version to the name)
                     judged = served_as(judged, meter.models, self.ctx["served_model"])
                 judged = by_gateway(judged, outcome, Evidence(
                     meter.requests, meter.answered, dict(meter.errors),

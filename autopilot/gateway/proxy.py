@@ -103,7 +103,6 @@ class Gateway:
         upstream_key = self.key() if self.key is not None else None
         rewrite, dialects = False, frozenset[str]()
         if route is not None:
-            upstream = [("route", route.origin())]
             upstream_key, model = route_key or None, route.model
             rewrite, dialects = True, route.dialects()
         return {"settings": dict(settings), "upstream": [list(u) for u in upstream],

@@ -281,6 +281,7 @@ async def run_preflight(
     names = list(preset.preflight.env)
     if preset.endpoint.key_env():
         names.append(preset.endpoint.key_env())
+    names += [a.route.api_key_env for a in preset.arms if a.route and a.route.api_key_env]
     missing = resolve_env(names, Path.cwd() / ".env")
     if missing:
         problems.append(f"env var(s) not set (nor in ./.env): {', '.join(missing)}")
@@ -334,6 +335,12 @@ async def run_preflight(
             await ep.aclose()
         if not ok:
             raise PreflightError(f"preflight: provider {ep.api_base} not answering ({why})")
+    if not offline and any(a.route for a in preset.arms):
+        from autopilot.run.routes import route_problems
+
+        bad = await route_problems(preset)
+        if bad:
+            raise PreflightError("preflight: " + "; ".join(bad))
     return report
 
 

@@ -216,7 +216,7 @@ class Recorder:
             extra["spend"] = [spent.prompt, spent.completion]
             extra["cost_basis"] = basis
             by_bucket = tokens_of(m.get("tokens")) if metered is not None and m else None
-            if basis == "metered" and by_bucket is not None and not by_bucket.empty:
+            if spent == metered and by_bucket is not None and not by_bucket.empty:
                 extra["tokens"] = by_bucket.as_dict()
             if metered is not None and basis != "metered":
                 extra["self_reported"] = [reported.prompt, reported.completion]

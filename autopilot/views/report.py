@@ -101,7 +101,7 @@ def collect(preset: Preset, n: int, state_dir: Path,
             if basis in METERED and isinstance(spend, list) \
                     and len(spend) == 2 and all(_int(x) is not None for x in spend):
                 metered[cid] = (str(basis), int(spend[0]), int(spend[1]))
-                split = tokens_of(ev.tokens) if basis == "metered" else None
+                split = tokens_of(ev.tokens)  # journaled where the metered count is the spend
                 if split is not None and not split.empty:
                     buckets[cid] = split
                 else:

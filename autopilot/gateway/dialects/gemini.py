@@ -38,7 +38,7 @@ class Gemini(Dialect):
     name: ClassVar[str] = "gemini"
     key_header: ClassVar[str] = "x-goog-api-key"
     key_scheme: ClassVar[str] = ""
-    models_path: ClassVar[str] = "/v1beta/models"
+    models_path: ClassVar[str] = "/v1beta/models?pageSize=1000"
 
     def route(self, method: str, path: str) -> Route | None:
         m = _PATH.search(path)

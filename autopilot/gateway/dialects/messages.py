@@ -31,7 +31,7 @@ class Messages(Dialect):
     name: ClassVar[str] = "messages"
     key_header: ClassVar[str] = "x-api-key"
     key_scheme: ClassVar[str] = ""
-    models_path: ClassVar[str] = "/v1/models"
+    models_path: ClassVar[str] = "/v1/models?limit=1000"
 
     def route(self, method: str, path: str) -> Route | None:
         if method != "POST":
