@@ -56,9 +56,11 @@ class Vendor:
         return auth[7:] if auth.startswith("Bearer ") else None
 
     def bill(self, i: int) -> dict[str, int]:
-        """What request i (1-based) is billed, by bucket: a cache written on the first,
-        read on the later ones, as a long agent conversation is."""
-        return {"input": 100 + i, "cache_write": 40 if i == 1 else 0,
+        """What request i (1-based) is billed, by bucket: a cache written on the first
+        (Anthropic bills the write; OpenAI and Google caches have no write bucket), read
+        on the later ones, as a long agent conversation is."""
+        write = 40 if i == 1 and self.a.dialect == "messages" else 0
+        return {"input": 100 + i, "cache_write": write,
                 "cache_read": 0 if i == 1 else 300 * (i - 1), "output": 7 + i,
                 "reasoning": 3}
 
