@@ -42,7 +42,7 @@ class Vendor:
         self.a = a
         self.n = 0  # model requests answered or refused
         self.models = a.models.split(",")
-        self.record = open(a.record, "a", buffering=1)  # noqa: SIM115 (lives as long as we do)
+        self.record = open(a.record, "a", buffering=1)  # lives as long as we do
 
     # ------------------------------------------------------------ shared
 
@@ -230,8 +230,7 @@ class Vendor:
                               "model": name, "choices": [{"index": 0, "delta": {},
                                                           "finish_reason": "stop"}],
                               "usage": usage}))
-        resp = await self.sse(req, chunks[:-1] + [chunks[-1]])
-        return resp
+        return await self.sse(req, chunks)
 
     # ------------------------------------------------------------ Google generateContent
 
