@@ -349,8 +349,6 @@ class Gateway:
                         else None)
                 held: list[bytes] = []
                 held_n = 0
-                first = True
-                gone = False
                 if up.status >= 400:
                     # An error's words are read, and counted, before the harness is
                     # answered: a client that hangs up on a 4xx (urllib raises on the
@@ -362,7 +360,6 @@ class Gateway:
                         held.append(chunk)
                         held_n += len(chunk)
                     rec["ttfb_ms"] = round((time.perf_counter() - t0) * 1000, 2)
-                    first = False
                     m.bytes_in += held_n
                     m.answered += 1
                     account(att, rec, up.status, dialect, None, held, held_n, metered,
@@ -378,25 +375,18 @@ class Gateway:
                         rec["error"] = "client_closed"
                     rec.update(client_closed=True, ended_by="harness")
                     return resp
-                async for chunk in up.content.iter_any():
-                    if first:
-                        rec["ttfb_ms"] = round((time.perf_counter() - t0) * 1000, 2)
-                        first = False
-                    m.bytes_in += len(chunk)
-                    m.progress += 1
-                    try:
-                        # to the harness first, read by us after: our reading is never
-                        # in its time to first byte
-                        await resp.write(chunk)
-                    except (ConnectionError, RuntimeError):
-                        gone = True
-                    if scan is not None:
-                        scan.feed(chunk)
-                    elif held_n <= lim.parse_cap and "accounted" not in rec:
-                        held.append(chunk)
-                        held_n += len(chunk)
-                    if gone:
-                        break
+                try:
+                    gone = await self._relay(att, up, resp, rec, scan, held, t0)
+                except asyncio.CancelledError:
+                    if scan is not None and scan.state.done:
+                        # The harness hung up after the dialect's last event: a finished
+                        # response, counted in full (not an unmetered cut).
+                        m.answered += 1
+                        account(att, rec, up.status, dialect, scan, held, 0, metered,
+                                up_encoding, lim, self.redact)
+                        rec["accounted"] = True
+                    raise
+                held_n = sum(map(len, held))
                 if not gone:
                     await resp.write_eof()
                 rec["ended_by"] = "harness" if gone else "complete"
@@ -437,6 +427,33 @@ class Gateway:
             return web.json_response({"error": {"message": "the model endpoint did not "
                                                 "answer (autopilot gateway): " + why}},
                                      status=502)
+
+    async def _relay(self, att: Attempt, up: Any, resp: web.StreamResponse,
+                     rec: dict[str, Any], scan: StreamScan | None, held: list[bytes],
+                     t0: float) -> bool:
+        """The response body, chunk by chunk, to the harness first and read by us after
+        (our reading is never in its time to first byte): into the stream scan, or held
+        (up to the parse cap) for reading whole. True when the harness stopped reading."""
+        m, cap = att.meter, self.limits.parse_cap
+        held_n = sum(map(len, held))
+        first = "ttfb_ms" not in rec
+        async for chunk in up.content.iter_any():
+            if first:
+                rec["ttfb_ms"] = round((time.perf_counter() - t0) * 1000, 2)
+                first = False
+            m.bytes_in += len(chunk)
+            m.progress += 1
+            try:
+                await resp.write(chunk)
+            except (ConnectionError, RuntimeError):
+                return True
+            finally:
+                if scan is not None:
+                    scan.feed(chunk)
+                elif held_n <= cap and "accounted" not in rec:
+                    held.append(chunk)
+                    held_n += len(chunk)
+        return False
 
     async def _send(self, att: Attempt, method: str, target: str, body: bytes,
                     headers: dict[str, str], rec: dict[str, Any]) -> Any:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -48,6 +49,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--dialect", default="", help="the wire, for an agent that speaks several")
     ap.add_argument("--bin-dir", default="", help="where the CLI's executable is "
                     "(default: PATH)")
+    ap.add_argument("--args", default="", help="more arguments for the CLI, split as a "
+                    "shell would (never run by one)")
     ap.add_argument("extra", nargs="*", help="after --: the preset's own CLI arguments")
     return ap.parse_args(argv)
 
@@ -99,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     setup = Setup(home=home, workdir=work, base_url=a.base_url.rstrip("/"),
                   key=os.environ.get(a.key_env, ""), model=a.model, prompt=prompt,
                   max_output_tokens=a.max_output_tokens or None, dialect=a.dialect or None,
-                  extra=tuple(a.extra))
+                  extra=(*shlex.split(a.args), *a.extra))
     launch = agent.launch(setup, binary)
     env = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
            "XDG_DATA_HOME": str(home / ".local/share"),

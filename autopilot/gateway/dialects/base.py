@@ -116,6 +116,9 @@ class StreamState:
     model: str | None = None
     chunks: int = 0  # events that carried generated text (the estimate without usage)
     error: str | None = None  # an error the stream itself carried, in its words
+    # The dialect's last event arrived (its usage with it): a client that hangs up after
+    # it (Codex does, at response.completed) hung up on a finished response.
+    done: bool = False
 
 
 class Dialect:

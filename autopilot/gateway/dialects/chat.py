@@ -70,6 +70,7 @@ class Chat(Dialect):
 
     def event(self, state: StreamState, name: str | None, payload: bytes) -> None:
         if payload == b"[DONE]":
+            state.done = True
             return
         if state.model is not None and b'"usage"' not in payload \
                 and not _FINISH.search(payload):

@@ -100,6 +100,7 @@ class Gemini(Dialect):
         if got is not None:
             state.usage = got.over(state.usage)
         state.finish = self.finish(doc) or state.finish
+        state.done = state.done or self.finish(doc) is not None
         state.model = self.model(doc) or state.model
         if isinstance(doc.get("error"), dict):
             err = doc["error"]

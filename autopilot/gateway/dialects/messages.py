@@ -65,7 +65,10 @@ class Messages(Dialect):
             if _TEXT.search(payload):
                 state.chunks += 1
             return
-        if name in ("ping", "content_block_stop", "message_stop"):
+        if name == "message_stop" or (name is None and b'"message_stop"' in payload[:40]):
+            state.done = True
+            return
+        if name in ("ping", "content_block_stop"):
             return
         doc = loads_bounded(payload, STREAM_DEPTH)
         if not isinstance(doc, dict):

@@ -80,6 +80,8 @@ class Responses(Dialect):
             if kind == "response.failed" and isinstance(doc.get("response"), dict):
                 err = doc["response"].get("error")
             state.error = _words(err) or "the stream ended in an error"
+        if kind in ("response.completed", "response.incomplete", "response.failed"):
+            state.done = True
         if kind in _ENDS and isinstance(doc.get("response"), dict):
             resp = doc["response"]
             state.usage = self.usage(resp) or state.usage
