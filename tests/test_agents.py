@@ -1,7 +1,7 @@
 """Agent CLIs as their vendors ship them, as harnesses (issue #43): Claude Code, Codex CLI,
 Gemini CLI and opencode (pinned, from npm: tools/install-agents), each running real cells
 through the autopilot and its gateway — against FAKE vendors on 127.0.0.1
-(tests/fakebin/vendor_fake.py, one per route), and Claude Code and Codex CLI against the
+(autopilot/demo/vendor.py, one per route), and Claude Code and Codex CLI against the
 real llama-server + 270M GGUF too (its Anthropic Messages and Responses endpoints).
 Skipped, saying why, only where the CLIs (or the model) are not installed."""
 

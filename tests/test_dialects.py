@@ -1,7 +1,7 @@
 """The gateway's dialects (issue #43): OpenAI chat and Responses, Anthropic Messages and
 Google generateContent, each as its vendor documents it. Real HTTP on 127.0.0.1: the
 gateway in this process, each vendor a FAKE in a child of its own shaped from its public
-protocol (tests/fakebin/vendor_fake.py). For each dialect, streamed and not: the meter by
+protocol (autopilot/demo/vendor.py). For each dialect, streamed and not: the meter by
 bucket equals what the vendor billed, request by request; the attempt's key admits the
 harness in the header that dialect's clients send and never goes upstream, the real key
 goes in the vendor's own header; the arm's settings arrive in the dialect's own field; a

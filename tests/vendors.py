@@ -1,4 +1,4 @@
-"""The FAKE vendor APIs (tests/fakebin/vendor_fake.py) as a test starts them: a child on
+"""The FAKE vendor APIs (autopilot/demo/vendor.py) as a test starts them: a child on
 127.0.0.1 that says ``ready PORT`` once it listens (a handshake, not a sleep), killed by
 its pid when the test ends; and where the agent CLIs are (tools/install-agents)."""
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from conftest import ROOT, reap_or_kill
 
-FAKE = ROOT / "tests" / "fakebin" / "vendor_fake.py"
+FAKE = ROOT / "autopilot" / "demo" / "vendor.py"
 
 
 class Vendor:

@@ -1,4 +1,6 @@
-"""FAKE vendor APIs for the gateway's dialect tests, on 127.0.0.1 (aiohttp).
+"""FAKE vendor APIs, on 127.0.0.1 (aiohttp): ``python -m autopilot.demo.vendor --dialect
+messages --key K [--port P] [--models a,b]``. For trying an agent preset without a
+vendor's account (docs/agents.md) and for the gateway's dialect tests.
 
 Each speaks one vendor's protocol as its public documentation shapes it, with a key
 checked in that vendor's header; nothing here is any vendor's code:
@@ -20,8 +22,8 @@ checked in that vendor's header; nothing here is any vendor's code:
   "message", "status"}}`` (429 RESOURCE_EXHAUSTED).
 
 What each request was billed (by bucket) is written, one JSON line per request, to
-``--record``, with the body it got and whether the key was the real one; the answer is
-always ``--answer``. ``--refuse N``: the first N model requests are refused with the
+``--record`` (when given), with the body it got and whether the key was the real one;
+the answer is always ``--answer``. ``--refuse N``: the first N model requests are refused with the
 vendor's capacity error (``--refuse-status``: 429 or 529); ``--refuse -1``: all of them.
 Prints ``ready PORT`` once it listens.
 """
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from typing import Any
 
@@ -42,7 +45,8 @@ class Vendor:
         self.a = a
         self.n = 0  # model requests answered or refused
         self.models = a.models.split(",")
-        self.record = open(a.record, "a", buffering=1)  # lives as long as we do
+        # lives as long as we do
+        self.record = open(a.record or os.devnull, "a", buffering=1)  # noqa: SIM115
 
     # ------------------------------------------------------------ shared
 
@@ -114,7 +118,9 @@ class Vendor:
             return self.refusal()
         billed = self.bill(self.n)
         self.note(req, body, billed, 200)
-        return await getattr(self, self.a.dialect)(req, body, billed, model)
+        answer: web.StreamResponse = await getattr(self, self.a.dialect)(req, body, billed,
+                                                                         model)
+        return answer
 
     async def sse(self, req: web.Request, events: list[tuple[str | None, Any]]
                   ) -> web.StreamResponse:
@@ -308,7 +314,7 @@ async def main() -> None:
                     required=True)
     ap.add_argument("--key", required=True)
     ap.add_argument("--models", default="fake-model")
-    ap.add_argument("--record", required=True)
+    ap.add_argument("--record", default="")
     ap.add_argument("--answer", default="banana")
     ap.add_argument("--refuse", type=int, default=0)
     ap.add_argument("--refuse-status", type=int, default=529)
