@@ -811,6 +811,103 @@ def bench_gateway(tmp: Path, n: int, rounds: int = 5) -> list[Row]:
     return rows
 
 
+DIALECT_CLIENT = r'''
+import asyncio, json, sys, time
+import httpx
+dialect, base, n, conc, key = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+path, body, head = {
+    "chat": ("/v1/chat/completions", {"model": "m", "stream": True, "messages": []},
+             {"Authorization": f"Bearer {key}"}),
+    "responses": ("/v1/responses", {"model": "m", "stream": True, "input": "hi"},
+                  {"Authorization": f"Bearer {key}"}),
+    "messages": ("/v1/messages", {"model": "m", "stream": True, "max_tokens": 64,
+                 "messages": []}, {"x-api-key": key}),
+    "gemini": ("/v1beta/models/m:streamGenerateContent?alt=sse", {"contents": []},
+               {"x-goog-api-key": key}),
+}[dialect]
+events = [0]
+async def one(c):
+    async with c.stream("POST", path, json=body) as r:
+        buf = b""
+        async for raw in r.aiter_raw():
+            buf += raw
+        assert r.status_code == 200, buf[:200]
+        events[0] += buf.count(b"data:")
+async def main():
+    sem = asyncio.Semaphore(conc)
+    async with httpx.AsyncClient(base_url=base, timeout=60, headers=head,
+                                 limits=httpx.Limits(max_connections=conc)) as c:
+        async def guarded():
+            async with sem:
+                await one(c)
+        await one(c)
+        events[0] = 0
+        t0 = time.perf_counter()
+        await asyncio.gather(*(guarded() for _ in range(n)))
+        wall = time.perf_counter() - t0
+    print(json.dumps({"eps": events[0] / wall}))
+asyncio.run(main())
+'''
+
+
+def bench_dialects(tmp: Path, n: int, rounds: int = 5) -> list[Row]:
+    """Each dialect streamed through the gateway vs straight to a FAKE vendor of that
+    dialect (autopilot.demo.vendor, its own process; a 64-chunk answer), concurrency 8,
+    the load generator a third process, direct and through interleaved round by round:
+    stream events per second, best round each; and the gateway's own CPU per streamed
+    request (this process is the gateway), the best round's."""
+    import asyncio
+
+    from autopilot.gateway.proxy import Gateway
+
+    rows: list[Row] = []
+    real = "sk-bench-real"
+    for dialect in ("chat", "responses", "messages", "gemini"):
+        up = subprocess.Popen([PY, "-m", "autopilot.demo.vendor", "--dialect", dialect,
+                               "--key", real, "--answer", "tok" * 64],
+                              stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        assert up.stdout is not None
+        origin = f"http://127.0.0.1:{up.stdout.readline().split()[1]}"
+        got: dict[str, list[float]] = {"direct": [], "through": []}
+        cpu: list[float] = []
+
+        async def client(base: str, key: str, d: str = dialect) -> float:
+            p = await asyncio.create_subprocess_exec(PY, "-c", DIALECT_CLIENT, d, base,
+                                                     str(n), "8", key,
+                                                     stdout=subprocess.PIPE)
+            out, _ = await p.communicate()
+            return float(json.loads(out)["eps"])
+
+        async def measure(origin: str = origin, got: dict[str, list[float]] = got,
+                          cpu: list[float] = cpu) -> None:
+            gw = Gateway()
+            gw.key = lambda: real
+            try:
+                async with gw.attempt("bench", 1, {}, lambda: [("0", origin)],
+                                      tmp / "gw.jsonl") as att:
+                    for _ in range(rounds):
+                        got["direct"].append(await client(origin, real))
+                        c0 = time.process_time()
+                        got["through"].append(await client(f"http://127.0.0.1:{att.port}",
+                                                           att.key))
+                        cpu.append(time.process_time() - c0)
+            finally:
+                await gw.close()
+
+        try:
+            asyncio.run(measure())
+        finally:
+            up.kill()
+            up.wait()
+        ratio = max(got["through"]) / max(got["direct"])
+        rows.append(Row(f"gateway, {dialect}: streamed events/s through / direct (conc 8)",
+                        f"{ratio:.2f}", ">= 0.98",
+                        f"{max(got['direct']):.0f} events/s direct, best of {rounds}; "
+                        f"gateway CPU {min(cpu) / n * 1000:.2f} ms per streamed request",
+                        ratio >= 0.98))
+    return rows
+
+
 def bench_oneload(tmp: Path, load: float) -> list[Row]:
     """Two arms whose endpoint takes ``load`` s to load: request-level arms (one load,
     both at once) vs endpoint-level arms (a restart between the groups), each against
@@ -925,7 +1022,8 @@ def main() -> int:
     ap.add_argument("--write", help="also write the table to this markdown file")
     ap.add_argument("--only", nargs="*", default=None,
                     choices=["overhead", "stuck", "endpoint", "scale", "idle", "chaos",
-                             "restore", "replicas", "ray", "gateway", "oneload", "inspect"])
+                             "restore", "replicas", "ray", "gateway", "dialects", "oneload",
+                             "inspect"])
     if len(sys.argv) == 4 and sys.argv[1] == RAY_INNER:  # inside `unshare -n` (bench_ray)
         ray_inner(Path(sys.argv[2]), int(sys.argv[3]))
         return 0
@@ -942,6 +1040,7 @@ def main() -> int:
         "replicas": lambda t: bench_replicas(t, 1 if q else 2),
         "ray": lambda t: bench_ray(t, 60 if q else 200),
         "gateway": lambda t: bench_gateway(t, 100 if q else 400),
+        "dialects": lambda t: bench_dialects(t, 60 if q else 200),
         "oneload": lambda t: bench_oneload(t, 5 if q else 20),
         "inspect": lambda t: bench_inspect(t, 1 if q else 3),
     }

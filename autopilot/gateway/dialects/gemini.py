@@ -91,11 +91,16 @@ class Gemini(Dialect):
         return model_name(doc.get("modelVersion")) if isinstance(doc, dict) else None
 
     def event(self, state: StreamState, name: str | None, payload: bytes) -> None:
+        if _TEXT.search(payload):
+            state.chunks += 1
+        if state.model is not None and b'"finishReason"' not in payload \
+                and b'"error"' not in payload:
+            # Each chunk repeats a running usage; the last one (with its finish reason)
+            # has it whole: the chunks between are read for text only, without parsing.
+            return
         doc = loads_bounded(payload, STREAM_DEPTH)
         if not isinstance(doc, dict):
             return
-        if _TEXT.search(payload):
-            state.chunks += 1
         got = self.usage(doc)
         if got is not None:
             state.usage = got.over(state.usage)
