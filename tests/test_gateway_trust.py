@@ -652,3 +652,19 @@ async def test_an_oversized_body_is_413_and_a_gzip_bomb_passes_uninflated(
     assert big.status_code == 413
     assert upstream.raw == [bomb]  # forwarded as received, never inflated here
     assert through.status_code == 400  # the fake's own refusal of what it inflated
+
+
+@pytest.mark.parametrize("header", [b"Authorization: Bearer \xff\xfe\x80", b"x-api-key: \xc3\x28",
+                                    b"x-goog-api-key: \xed\xa0\x80"])
+async def test_a_key_that_is_no_text_is_a_401_counted_never_a_500(
+        upstream: FakeUpstream, tmp_path: Path, header: bytes) -> None:
+    gw = Gateway()
+    try:
+        async with gw.attempt("c1", 1, {}, here(upstream), tmp_path / "g") as att:
+            got = await _raw(att.port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                             + header + b"\r\nContent-Length: 2\r\n\r\n{}")
+            meter = att.meter
+    finally:
+        await gw.close()
+    assert got.split(b" ", 2)[1] == b"401", got[:120]
+    assert meter.unauthorized == 1 and meter.requests == 0 and upstream.bodies == []
