@@ -65,7 +65,7 @@ class Plan:
 # Fields added after state dirs existed: left out of the digest while at their default,
 # so upgrading the autopilot does not refuse a run that did not change.
 _LATER_FIELDS = frozenset({"grader_argv", "grader_requires", "endpoint", "streak", "replicas",
-                           "request"})
+                           "request", "request_by_dialect", "route"})
 
 
 def _dump(obj: Any) -> dict[str, Any]:
