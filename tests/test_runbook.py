@@ -143,7 +143,8 @@ def test_a_regrade_feeds_neither_the_streak_nor_the_budget() -> None:
 @pytest.mark.parametrize(("rules", "spend", "why"), [
     (Rules(1, 3, False, budget_tokens=100), (40, 60), "budget reached: 100 tokens of 100"),
     (Rules(1, 3, False, budget_tokens=100), (40, 59), None),
-    (Rules(1, 3, False, budget_usd=1.0, rate=Rate.model_validate([1e6, 0.0])), (1, 0), "budget reached: $1.0000 of $1"),
+    (Rules(1, 3, False, budget_usd=1.0, rate=Rate.model_validate([1e6, 0.0])), (1, 0),
+     "budget reached: $1.0000 of $1"),
     (Rules(1, 3, False, budget_usd=1.0), (1, 0), "budget unusable"),
     (Rules(1, 3, False), (10**6, 10**6), None),
 ])
