@@ -74,7 +74,9 @@ def test_a_journaled_spend_of_401_digits_counts_nothing_and_crashes_nothing() ->
     spend = of_events([{"event": "cell_verdict", "spend": [BIG, 5]},
                        {"event": "cell_verdict", "spend": [3, 4]}])
     assert (spend.prompt, spend.completion) == (3, 4)
-    assert spend.usd((1.0, 1.0)) == 7e-6
+    from autopilot.config import Rate
+
+    assert spend.usd(Rate.model_validate([1.0, 1.0])) == 7e-6
 
 
 def test_numbers_from_a_state_dir_never_overflow_a_view() -> None:
