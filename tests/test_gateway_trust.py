@@ -668,3 +668,36 @@ async def test_a_key_that_is_no_text_is_a_401_counted_never_a_500(
         await gw.close()
     assert got.split(b" ", 2)[1] == b"401", got[:120]
     assert meter.unauthorized == 1 and meter.requests == 0 and upstream.bodies == []
+
+
+async def test_an_expectation_never_met_is_not_unmetered_and_expect_stays_here(
+        upstream: FakeUpstream, tmp_path: Path) -> None:
+    """``Expect: 100-continue`` then no body: the request never reached the endpoint, so
+    nothing was spent on it (not unmetered); with a body, the endpoint gets no Expect."""
+    gw = Gateway()
+    try:
+        async with gw.attempt("c1", 1, {}, here(upstream), tmp_path / "g") as att:
+            reader, writer = await asyncio.open_connection("127.0.0.1", att.port)
+            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: "
+                         b"Bearer " + att.key.encode() + b"\r\nExpect: 100-continue\r\n"
+                         b"Content-Length: 40\r\nContent-Type: application/json\r\n\r\n")
+            await writer.drain()
+            assert (await asyncio.wait_for(reader.readline(), 30)).startswith(
+                b"HTTP/1.1 100")
+            writer.close()
+            for _ in range(600):  # the server sees the hang-up (observable state, bounded)
+                if att.meter.requests == 1 and att.meter.in_flight == 0:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the abandoned request never ended")
+            async with client(att) as c:
+                r = await c.post("/v1/chat/completions", headers={"Expect": "100-continue"},
+                                 json={"model": "fake", "messages": []})
+            meter = att.meter
+    finally:
+        await gw.close()
+    assert r.status_code == 200
+    assert meter.unmetered == 0 and len(upstream.bodies) == 1
+    assert "Expect" not in upstream.headers[0] and "expect" not in {
+        k.lower() for k in upstream.headers[0]}

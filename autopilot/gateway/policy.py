@@ -14,8 +14,10 @@ from typing import Any
 from autopilot.gateway.dialects import Route
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones the gateway re-makes; a header a
-# ``Connection:`` line names is hop-by-hop too.
+# ``Connection:`` line names is hop-by-hop too. ``Expect`` is answered here (100
+# Continue, by the server), once: the body is sent upstream whole, with no expectation.
 HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
+                 "expect",
                   "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length",
                   "accept-encoding"})
 # Where a harness may put its key: OpenAI's SDKs (Authorization: Bearer), Anthropic's

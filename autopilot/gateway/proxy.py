@@ -223,7 +223,10 @@ class Gateway:
                 m.error("client_closed", "the harness closed its connection")
                 rec.update(error="client_closed", ended_by="harness")
                 route = route_of(req.method, req.path)
-                if rec.get("status", 200) < 400 and route is not None and route.metered:
+                # Unmetered only if it reached an upstream (which may have spent on it): a
+                # body that never came was never sent anywhere.
+                if "replica" in rec and rec.get("status", 200) < 400 \
+                        and route is not None and route.metered:
                     rec["unmetered"] = "the harness hung up before the response ended"
             raise
         finally:
