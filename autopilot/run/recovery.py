@@ -185,7 +185,10 @@ async def reattach_datapaths(preset: Preset, plan: Plan, state_dir: Path, ledger
         emit("cell_adopted", cell=cell.id, attempt=cell.attempts,
              why="the harness ended while no supervisor watched; its data path recorded "
                  "the end", outcome=asdict(outcome), metered=meter is not None)
-        if meter is not None:  # the attempt's spend, as for an attempt watched to its end
+        known = cell.metered is not None and cell.metered.get("attempt") == cell.attempts
+        if meter is not None and not known:
+            # the attempt's spend, as for an attempt watched to its end: once per attempt
+            # (a successor that adopts it again journals no second one to add up)
             emit("cell_metered", cell=cell.id, attempt=cell.attempts, **meter.summary())
     return lost
 
