@@ -141,6 +141,17 @@ def test_a_kill_storm_loses_no_attempt_and_counts_as_a_run_without_kills(
     # one cell_metered per attempt, however often it was adopted: a reader adding up the
     # journal counts each spend once
     assert {k: n for k, n in metered.items() if n != 1} == {}
+    # a re-attached attempt's wall is its whole wall (spawn to exit, as its data path
+    # recorded both), not the part its last supervisor watched (1 s: the exit's poll)
+    from autopilot.state.fsutil import parse_iso
+
+    at = {(e["event"], e["cell"], e["attempt"]): parse_iso(e["ts"]) for e in evs
+          if e["event"] in ("cell_started", "cell_reattached", "cell_exited")}
+    walls = [(e["cell"], e["elapsed_secs"], at[("cell_exited", e["cell"], e["attempt"])]
+              - at[("cell_started", e["cell"], e["attempt"])]) for e in evs
+             if e["event"] == "cell_exited"
+             and ("cell_reattached", e["cell"], e["attempt"]) in at]
+    assert walls and [w for w in walls if w[1] < w[2] - 1.0] == []
     assert sum(e["event"] == "cell_reattached" for e in evs) > 0
     assert sum(e["event"] == "endpoint_spawned" for e in evs) == 1
     assert marked(state) == []

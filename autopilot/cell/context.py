@@ -56,6 +56,7 @@ class AttemptPath(Protocol):
     meter: Any
     exited: bool
     code: int | None
+    ended: float | None  # when the harness ended (epoch), as the data path recorded it
     lost: str | None
     spawn_error: str | None
     throttled: int
@@ -183,6 +184,30 @@ def move_aside(output_dir: Path, state_dir: Path, cell_id: str, attempt: int,
 
 __all__ = ["AttemptPath", "CellContext", "Gatekeeper", "Launch", "LaunchFailed", "Served",
            "move_aside", "template_context"]
+
+
+def whole_wall(launched: float | None, ended: float | None, watched: float) -> float:
+    """An attempt's wall, spawn to exit, as its data path recorded both (a successor
+    that re-attached watched only the end of it); the watched span where they are not
+    known."""
+    if launched is not None and ended is not None and ended >= launched:
+        return round(ended - launched, 3)
+    return round(watched, 3)
+
+
+def gateway_news(cx: CellContext, cell: str, attempt: int, dp: AttemptPath,
+                 told: int) -> int:
+    """Journal what an attempt's gateway saw since the last look: throttling (the loop
+    launches fewer cells) and requests that failed over to another replica. Returns the
+    429 count the loop has now been told of (``told``: the count before)."""
+    for _ in range(dp.throttled - told):
+        cx.on_throttled()
+    for fo in dp.failovers:
+        cx.emit("request_failover", cell=cell, attempt=attempt,
+                replica=str(fo.get("replica"))[:20], to=str(fo.get("to"))[:20],
+                why=cx.redact(str(fo.get("why"))[:200]))
+    dp.failovers.clear()
+    return dp.throttled
 
 
 def gateway_spec(gw: Gatekeeper, arm: Arm, upstream: list[tuple[str, str]], key: str,

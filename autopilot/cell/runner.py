@@ -28,11 +28,13 @@ from autopilot.cell.context import (
     CellContext,
     Gatekeeper,
     LaunchFailed,
+    gateway_news,
     gateway_spec,
     harness_identity,
     move_aside,
     template_context,
     upstreams,
+    whole_wall,
 )
 from autopilot.cell.grading import judge_cell, model_access
 from autopilot.cell.procs import TOKEN_ENV, Tracker, kill_tree, probe
@@ -321,18 +323,6 @@ class CellRun:
                      datapath_pid=dp.pid, pid=dp.harness_pid, exited=dp.exited)
         return start_mono, limits
 
-    def _journal_gateway_news(self, dp: AttemptPath) -> None:
-        """What the data path's gateway saw since the last look: throttling (the loop
-        launches fewer cells) and requests that failed over to another replica."""
-        for _ in range(dp.throttled - self._throttled):
-            self.cx.on_throttled()
-        self._throttled = dp.throttled
-        for fo in dp.failovers:
-            self.cx.emit("request_failover", cell=self.cell.id, attempt=self.attempt,
-                         replica=str(fo.get("replica"))[:20], to=str(fo.get("to"))[:20],
-                         why=self.cx.redact(str(fo.get("why"))[:200]))
-        dp.failovers.clear()
-
     async def _execute(self, attached: AttemptPath | None) -> RunOutcome | None:
         """The attempt's stages: begin (launch, or take over a running one), watch it to
         its end, then read what it came to."""
@@ -442,7 +432,8 @@ class CellRun:
             datapath_lost=dp.lost, working=killed is not None and self.working,
         )
         cx.emit("cell_exited", cell=self.cell.id, attempt=self.attempt, code=dp.code,
-                elapsed_secs=round(end_mono - start_mono, 3), outcome=asdict(outcome))
+                elapsed_secs=whole_wall(self.launched, dp.ended, end_mono - start_mono),
+                outcome=asdict(outcome))
         if self.abandoned:
             cx.emit("cell_abandoned", cell=self.cell.id, attempt=self.attempt,
                     why="supervisor stopping")
@@ -459,7 +450,8 @@ class CellRun:
         remembered = start_mono
         while True:
             await dp.wait(self.p.watchdog.poll_secs, self._upstreams() if metered else None)
-            self._journal_gateway_news(dp)
+            self._throttled = gateway_news(self.cx, self.cell.id, self.attempt, dp,
+                                           self._throttled)
             if dp.exited or dp.lost:
                 return None, None
             if cx.handing_over():

@@ -26,6 +26,7 @@ from typing import Any
 import anyio
 
 from autopilot.cell import cgroups, sweep
+from autopilot.cell.context import whole_wall
 from autopilot.cell.validity import RunOutcome, attempt_outcomes
 from autopilot.config import Preset
 from autopilot.errors import PlanChangedError
@@ -182,9 +183,14 @@ async def reattach_datapaths(preset: Preset, plan: Plan, state_dir: Path, ledger
         outcome = ended_outcome(preset, plan.by_id[cell.id], state_dir, cell, code,
                                 launched if isinstance(launched, int | float) else None)
         found.adopted.append((cell.id, cell.attempts, outcome, meter))
+        ended = rec[2].get("ended")
+        wall = (whole_wall(float(launched), float(ended), -1.0)
+                if isinstance(launched, int | float) and isinstance(ended, int | float)
+                else None)
         emit("cell_adopted", cell=cell.id, attempt=cell.attempts,
              why="the harness ended while no supervisor watched; its data path recorded "
-                 "the end", outcome=asdict(outcome), metered=meter is not None)
+                 "the end", outcome=asdict(outcome), metered=meter is not None,
+             elapsed_secs=wall if wall is not None and wall >= 0 else None)
         known = cell.metered is not None and cell.metered.get("attempt") == cell.attempts
         if meter is not None and not known:
             # the attempt's spend, as for an attempt watched to its end: once per attempt

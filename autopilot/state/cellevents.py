@@ -107,6 +107,8 @@ class CellAdopted(CellEventBase):
     """Its outcome, as its data path recorded it."""
     metered: bool | None = None
     """The data path's gateway meter was read."""
+    elapsed_secs: Any = None
+    """Its whole wall, spawn to exit, as its data path recorded both."""
     why: str = ""
     """How it was found."""
 

@@ -20,7 +20,13 @@ from autopilot.config import INVALID_REASONS, Preset
 from autopilot.escape import md, term
 from autopilot.plan import Plan, cell_context
 from autopilot.state.budget import METERED, count_or_none
-from autopilot.state.cellevents import CellExited, CellMetered, CellStarted, CellVerdict
+from autopilot.state.cellevents import (
+    CellAdopted,
+    CellExited,
+    CellMetered,
+    CellStarted,
+    CellVerdict,
+)
 from autopilot.state.fsutil import read_json
 from autopilot.state.items import ITEM_KINDS, items_of
 from autopilot.state.journal import state_events
@@ -91,7 +97,7 @@ def collect(preset: Preset, n: int, state_dir: Path,
     for ev in state_events(state_dir).typed():
         if isinstance(ev, CellStarted):
             attempts[ev.cell] += 1
-        elif isinstance(ev, CellExited):
+        elif isinstance(ev, CellExited | CellAdopted):
             wall[ev.cell] = count_or_none(ev.elapsed_secs)
         elif isinstance(ev, CellVerdict):
             cid = ev.cell
