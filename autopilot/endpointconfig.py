@@ -28,6 +28,8 @@ class EndpointCommon(_Frozen):
     serves_here: ClassVar[bool] = False
     # A hosted API: its host is a campaign's provider, its key a secret of the run.
     hosted: ClassVar[bool] = False
+    # The gateway dialects its key may be attached to (empty: any it serves).
+    dialects: ClassVar[frozenset[str]] = frozenset()
 
     def key_env(self) -> str:
         """The NAME of the variable that holds the endpoint's key ("": none)."""
@@ -212,6 +214,7 @@ class ProviderEndpoint(EndpointCommon):
 
     names_model_exactly: ClassVar[bool] = False
     hosted: ClassVar[bool] = True
+    dialects: ClassVar[frozenset[str]] = frozenset({"chat", "responses"})  # OpenAI's
 
     def key_env(self) -> str:
         return self.api_key_env

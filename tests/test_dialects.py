@@ -266,3 +266,24 @@ def test_prices_by_bucket_a_cache_read_at_a_tenth_floors_and_unpriced() -> None:
     pair = Rate.model_validate([1.0, 2.0])  # a bare [in, out] prices every input at in
     assert price(t, pair).usd == pytest.approx(5.0 + 0.2) and price(t, pair).basis == "buckets"
     assert json.loads(Rate.model_validate([1.0, 2.0]).model_dump_json())["cache_read"] == 1.0
+
+
+async def test_an_upstreams_key_goes_to_its_own_dialects_routes_only(
+        vendors: dict[str, Vendor], tmp_path: Path) -> None:
+    """A hosted OpenAI-compatible endpoint's key (dialects chat and responses) is never
+    put on an Anthropic or Google route, whatever the harness asks."""
+    gw = Gateway()
+    gw.key = lambda: REAL
+    v = vendors["messages"]
+    try:
+        async with gw.attempt("c1", 1, {}, lambda: [("0", v.origin)], tmp_path / "g.jsonl",
+                              dialects=frozenset({"chat", "responses"})) as att:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{att.port}",
+                                         headers=CLIENT_KEY["messages"](att.key)) as c:
+                path, body = request("messages", stream=False)
+                r = await c.post(path, json=body)
+            meter = att.meter
+    finally:
+        await gw.close()
+    assert r.status_code == 403 and "speaks chat, responses" in r.text
+    assert meter.refused == 1 and v.requests() == []

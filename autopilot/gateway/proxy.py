@@ -87,6 +87,8 @@ class Gateway:
         # the upstream's own key (a provider's), put on every admitted request of an
         # allowed route in the header its dialect takes it in
         self.key: Callable[[], str] | None = None
+        # the dialects the run's endpoint speaks, where its key is used (empty: any)
+        self.dialects: frozenset[str] = frozenset()
         self.secrets: tuple[str, ...] = ()  # what a data path's records redact
         self._session: ClientSession | None = None
 
@@ -101,7 +103,7 @@ class Gateway:
         the arm's own route (its upstream, key, model and dialect) instead of the run's
         endpoint."""
         upstream_key = self.key() if self.key is not None else None
-        rewrite, dialects = False, frozenset[str]()
+        rewrite, dialects = False, self.dialects
         if route is not None:
             upstream_key, model = route_key or None, route.model
             rewrite, dialects = True, route.dialects()
@@ -510,6 +512,7 @@ def gateway_for(preset: Preset, redact: Callable[[str], str], on_throttled: Call
                      why=why))
     if preset.endpoint.hosted:  # the key stays here; the harness has its attempt's
         gw.key = key
+        gw.dialects = preset.endpoint.dialects
     gw.secrets = secrets
     return gw
 
