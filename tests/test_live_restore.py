@@ -147,11 +147,12 @@ def test_a_kill_storm_loses_no_attempt_and_counts_as_a_run_without_kills(
 
     at = {(e["event"], e["cell"], e["attempt"]): parse_iso(e["ts"]) for e in evs
           if e["event"] in ("cell_started", "cell_reattached", "cell_exited")}
-    walls = [(e["cell"], e["elapsed_secs"], at[("cell_exited", e["cell"], e["attempt"])]
+    spans = [(e["cell"], e["elapsed_secs"], at[("cell_exited", e["cell"], e["attempt"])]
               - at[("cell_started", e["cell"], e["attempt"])]) for e in evs
              if e["event"] == "cell_exited"
              and ("cell_reattached", e["cell"], e["attempt"]) in at]
-    assert walls and [w for w in walls if w[1] < w[2] - 1.0] == []
+    cut_short = [s for s in spans if s[1] + 1.0 < s[2]]  # recorded values, not timing
+    assert spans and cut_short == []
     assert sum(e["event"] == "cell_reattached" for e in evs) > 0
     assert sum(e["event"] == "endpoint_spawned" for e in evs) == 1
     assert marked(state) == []
