@@ -92,7 +92,9 @@ class Route(_Frozen):
     @classmethod
     def _env(cls, v: str) -> str:
         if v and not _ENV_NAME.fullmatch(v):
-            raise ValueError(f"{v!r} is not a variable name (write the NAME, not the key)")
+            # never echoed: a key pasted here by mistake must not reach a log or a terminal
+            raise ValueError(f"not a variable name ({len(v)} characters, not shown): write "
+                             "the NAME of the variable that holds the key, not the key")
         return v
 
     def origin(self) -> str:

@@ -287,3 +287,18 @@ async def test_an_upstreams_key_goes_to_its_own_dialects_routes_only(
         await gw.close()
     assert r.status_code == 403 and "speaks chat, responses" in r.text
     assert meter.refused == 1 and v.requests() == []
+
+
+def test_a_key_pasted_as_a_routes_variable_name_is_refused_without_echoing_it(
+        tmp_path: Path) -> None:
+    from conftest import run_cli
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[arms]]\nlabel = "x-native"\nmode = "native"\n[arms.route]\n'
+                   'base_url = "file:///etc/passwd"\ndialect = "messages"\n'
+                   'api_key_env = "sk-ant-api03-SECRETSECRET"\nmodel = "m"\n')
+    r = run_cli("--preset", "frontier", "--config", str(bad), "--dry-run")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "SECRETSECRET" not in r.stderr + r.stdout
+    assert "api_key_env: not a variable name" in r.stderr
+    assert "not an http(s) base URL" in r.stderr
