@@ -226,6 +226,8 @@ def test_streams_split_anywhere_read_the_same_usage_in_every_dialect() -> None:
 
 @pytest.mark.parametrize(("doc", "want"), [
     ({"usage": {"input_tokens": 3, "output_tokens": 2}}, Tokens(input=3, output=2)),
+    ({"usage": {"input_tokens": 3.0, "output_tokens": 2}}, Tokens(input=3, output=2)),
+    ({"usage": {"input_tokens": 3.5, "output_tokens": 2}}, None),  # no count: malformed
     ({"usage": {"input_tokens": -3, "output_tokens": 2}}, None),  # malformed: not counted
     ({"usage": {"input_tokens": "3", "cache_read_input_tokens": 10**401}}, None),
 ])

@@ -84,8 +84,11 @@ class Tokens:
 
 
 def count_of(value: Any) -> int | None:
-    """An integer count in [0, MAX_COUNT], or None (a bool, a float, a string, a
-    negative, a 401-digit integer: not a count)."""
+    """An integer count in [0, MAX_COUNT], or None (a bool, a fraction, NaN, a string, a
+    negative, a 401-digit integer: not a count). A whole float (``12.0``, as some
+    servers write every number) is its integer."""
+    if type(value) is float and value.is_integer():
+        value = int(value)
     if type(value) is not int or not 0 <= value <= MAX_COUNT:
         return None
     return value
