@@ -32,7 +32,7 @@ import json
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +47,7 @@ from aiohttp import (
 
 from autopilot.gateway.accounting import account
 from autopilot.gateway.attempt import Attempt, Limits
-from autopilot.gateway.dialects import CHAT, route_of
+from autopilot.gateway.dialects import CHAT, Dialect, route_of
 from autopilot.gateway.evidence import (
     StreamScan,
     loads_bounded,
@@ -69,6 +69,19 @@ from autopilot.state.statedir import open_append
 
 if TYPE_CHECKING:  # the attempt's data path runs this module: it must not load config
     from autopilot.config import Preset, Route
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """A request as the gateway sends it upstream (Gateway._outgoing)."""
+
+    dialect: Dialect
+    metered: bool
+    stream: bool
+    body: bytes
+    headers: dict[str, str]
+    target: str  # path and query, the harness's key taken off
+
 
 class Gateway:
     """The run's gateway (one per backend context; its attempts share one client)."""
@@ -264,6 +277,101 @@ class Gateway:
         except TimeoutError:
             return self._refuse(att, rec, 408, "request_error",
                                 f"request body not received within {lim.body_secs:g}s")
+        out = self._outgoing(att, req, body, rec)
+        if isinstance(out, web.Response):
+            return out
+        dialect, metered, stream = out.dialect, out.metered, out.stream
+        body, out_headers, target = out.body, out.headers, out.target
+        out_headers["Accept-Encoding"] = "identity"
+        resp: web.StreamResponse | None = None
+        try:
+            up = await self._send_held(att, req.method, target, body, out_headers, rec)
+            async with up:
+                resp = _response_head(up, rec)
+                sse = "text/event-stream" in up.headers.get("Content-Type", "").lower()
+                up_encoding = up.headers.get("Content-Encoding", "identity").strip().lower()
+                scan = StreamScan(dialect) if (stream or sse) and up.status < 400 else None
+                held: list[bytes] = []
+                if up.status >= 400:
+                    # An error's words are read, and counted, before the harness is
+                    # answered: a client that hangs up on a 4xx (urllib raises on the
+                    # status) must not take the endpoint's evidence with it.
+                    held_n = await _read_error(up, held)
+                    rec["ttfb_ms"] = round((time.perf_counter() - t0) * 1000, 2)
+                    m.bytes_in += held_n
+                    m.answered += 1
+                    account(att, rec, up.status, dialect, None, held, held_n, metered,
+                            up_encoding, lim, self.redact)
+                    rec["accounted"] = True
+                try:
+                    await resp.prepare(req)
+                    for chunk in held if up.status >= 400 else ():
+                        await resp.write(chunk)
+                except (ConnectionError, RuntimeError):
+                    if not rec.pop("accounted", False):
+                        m.error("client_closed", "the harness closed its connection")
+                        rec["error"] = "client_closed"
+                    rec.update(client_closed=True, ended_by="harness")
+                    return resp
+                try:
+                    gone = await self._relay(att, up, resp, rec, scan, held, t0)
+                except asyncio.CancelledError:
+                    if scan is not None and scan.state.done:
+                        # hung up after the dialect's last event: counted in full
+                        m.answered += 1
+                        account(att, rec, up.status, dialect, scan, held, 0, metered,
+                                up_encoding, lim, self.redact)
+                        rec["accounted"] = True
+                    raise
+                held_n = sum(map(len, held))
+                if not gone:
+                    await resp.write_eof()
+                rec["ended_by"] = "harness" if gone else "complete"
+                if rec.pop("accounted", False):  # an error, counted before it was sent
+                    if gone:
+                        rec["client_closed"] = True
+                    return resp
+                m.answered += 1
+                if gone:
+                    # The harness stopped reading (an HTTP client that raises on a 4xx
+                    # may close before the body): what the endpoint said still counts.
+                    rec["client_closed"] = True
+                    if up.status < 400:
+                        m.error("client_closed", "the harness closed its connection "
+                                "mid-response")
+                        rec["error"] = "client_closed"
+                        if metered:
+                            rec["unmetered"] = "the harness hung up before the response ended"
+                        return resp
+                account(att, rec, up.status, dialect, scan, held, held_n, metered,
+                        up_encoding, lim, self.redact)
+                return resp
+        except (ClientError, TimeoutError, OSError) as e:
+            why = f"{type(e).__name__}: {e}"[:300]
+            if resp is not None and resp.prepared:
+                # Cut mid-body by the endpoint (or its silence): the harness must see a
+                # cut, not a clean end, so its connection is dropped, not finished.
+                m.error("endpoint_error", why)
+                rec.update(error="endpoint_error", detail=self.redact(why), cut="endpoint",
+                           ended_by="endpoint")
+                if metered:
+                    rec["unmetered"] = "the response was cut before it ended"
+                if req.transport is not None:
+                    req.transport.abort()
+                return resp
+            m.error("endpoint_error", why)
+            rec.update(error="endpoint_error", detail=self.redact(why), ended_by="endpoint")
+            return web.json_response({"error": {"message": "the model endpoint did not "
+                                                "answer (autopilot gateway): " + why}},
+                                     status=502)
+
+    def _outgoing(self, att: Attempt, req: web.Request, body: bytes,
+                  rec: dict[str, Any]) -> Outgoing | web.Response:
+        """The request as it goes upstream: its dialect (by route alone), the upstream's
+        key in that vendor's header (only on its own model routes, for the arm's
+        model), the route's model asked for, the arm's settings merged in; or the
+        refusal the harness gets instead."""
+        lim = self.limits
         route = route_of(req.method, req.path)
         dialect = route.dialect if route is not None else CHAT
         metered = route is not None and route.metered
@@ -319,119 +427,27 @@ class Gateway:
                            if k.lower() != "content-encoding"}
         query = without_key(req.query_string)
         target = path + ("?" + query if query else "")
-        out_headers["Accept-Encoding"] = "identity"
-        resp: web.StreamResponse | None = None
+        return Outgoing(dialect, metered, stream, body, out_headers, target)
+
+    async def _send_held(self, att: Attempt, method: str, target: str, body: bytes,
+                         headers: dict[str, str], rec: dict[str, Any]) -> Any:
+        """Send; a 429 tells the loop to launch fewer cells at once, and within the
+        preset's bound (hold_429) the request is held and retried here, unseen by the
+        harness, as its Retry-After asks."""
+        lim = self.limits
         held_until = time.monotonic() + lim.hold_429
-        try:
-            while True:
-                up = await self._send(att, req.method, target, body, out_headers, rec)
-                if up.status != 429:
-                    break
-                # Throttled: the loop launches fewer cells at once; within the preset's
-                # bound the request is held and retried here, unseen by the harness.
-                self.on_throttled()
-                wait = retry_after(up.headers.get("Retry-After"))
-                if lim.hold_429 <= 0 or wait is None or time.monotonic() + wait > held_until:
-                    break
-                m.error("throttled", "HTTP 429 (held and retried by the gateway)")
-                rec["held_429"] = rec.get("held_429", 0) + 1
-                up.release()
-                await asyncio.sleep(wait)
-            async with up:
-                rec["status"] = up.status
-                if up.status == 429 and up.headers.get("Retry-After"):
-                    rec["retry_after"] = up.headers["Retry-After"][:40]
-                resp = web.StreamResponse(status=up.status, reason=up.reason)
-                hop = HOP | named_in_connection(up.headers)
-                for k, v in up.headers.items():
-                    if k.lower() not in hop:
-                        resp.headers.add(k, v)
-                if up.content_length is not None:
-                    resp.content_length = up.content_length
-                sse = "text/event-stream" in up.headers.get("Content-Type", "").lower()
-                up_encoding = up.headers.get("Content-Encoding", "identity").strip().lower()
-                scan = (StreamScan(dialect) if (stream or sse) and up.status < 400
-                        else None)
-                held: list[bytes] = []
-                held_n = 0
-                if up.status >= 400:
-                    # An error's words are read, and counted, before the harness is
-                    # answered: a client that hangs up on a 4xx (urllib raises on the
-                    # status) must not take the endpoint's evidence with it.
-                    while held_n < ERROR_READ:
-                        chunk = await up.content.read(ERROR_READ - held_n)
-                        if not chunk:
-                            break
-                        held.append(chunk)
-                        held_n += len(chunk)
-                    rec["ttfb_ms"] = round((time.perf_counter() - t0) * 1000, 2)
-                    m.bytes_in += held_n
-                    m.answered += 1
-                    account(att, rec, up.status, dialect, None, held, held_n, metered,
-                            up_encoding, lim, self.redact)
-                    rec["accounted"] = True
-                try:
-                    await resp.prepare(req)
-                    for chunk in held if up.status >= 400 else ():
-                        await resp.write(chunk)
-                except (ConnectionError, RuntimeError):
-                    if not rec.pop("accounted", False):
-                        m.error("client_closed", "the harness closed its connection")
-                        rec["error"] = "client_closed"
-                    rec.update(client_closed=True, ended_by="harness")
-                    return resp
-                try:
-                    gone = await self._relay(att, up, resp, rec, scan, held, t0)
-                except asyncio.CancelledError:
-                    if scan is not None and scan.state.done:
-                        # The harness hung up after the dialect's last event: a finished
-                        # response, counted in full (not an unmetered cut).
-                        m.answered += 1
-                        account(att, rec, up.status, dialect, scan, held, 0, metered,
-                                up_encoding, lim, self.redact)
-                        rec["accounted"] = True
-                    raise
-                held_n = sum(map(len, held))
-                if not gone:
-                    await resp.write_eof()
-                rec["ended_by"] = "harness" if gone else "complete"
-                if rec.pop("accounted", False):  # an error, counted before it was sent
-                    if gone:
-                        rec["client_closed"] = True
-                    return resp
-                m.answered += 1
-                if gone:
-                    # The harness stopped reading (an HTTP client that raises on a 4xx
-                    # may close before the body): what the endpoint said still counts.
-                    rec["client_closed"] = True
-                    if up.status < 400:
-                        m.error("client_closed", "the harness closed its connection "
-                                "mid-response")
-                        rec["error"] = "client_closed"
-                        if metered:
-                            rec["unmetered"] = "the harness hung up before the response ended"
-                        return resp
-                account(att, rec, up.status, dialect, scan, held, held_n, metered,
-                        up_encoding, lim, self.redact)
-                return resp
-        except (ClientError, TimeoutError, OSError) as e:
-            why = f"{type(e).__name__}: {e}"[:300]
-            if resp is not None and resp.prepared:
-                # Cut mid-body by the endpoint (or its silence): the harness must see a
-                # cut, not a clean end, so its connection is dropped, not finished.
-                m.error("endpoint_error", why)
-                rec.update(error="endpoint_error", detail=self.redact(why), cut="endpoint",
-                           ended_by="endpoint")
-                if metered:
-                    rec["unmetered"] = "the response was cut before it ended"
-                if req.transport is not None:
-                    req.transport.abort()
-                return resp
-            m.error("endpoint_error", why)
-            rec.update(error="endpoint_error", detail=self.redact(why), ended_by="endpoint")
-            return web.json_response({"error": {"message": "the model endpoint did not "
-                                                "answer (autopilot gateway): " + why}},
-                                     status=502)
+        while True:
+            up = await self._send(att, method, target, body, headers, rec)
+            if up.status != 429:
+                return up
+            self.on_throttled()
+            wait = retry_after(up.headers.get("Retry-After"))
+            if lim.hold_429 <= 0 or wait is None or time.monotonic() + wait > held_until:
+                return up
+            att.meter.error("throttled", "HTTP 429 (held and retried by the gateway)")
+            rec["held_429"] = rec.get("held_429", 0) + 1
+            up.release()
+            await asyncio.sleep(wait)
 
     async def _relay(self, att: Attempt, up: Any, resp: web.StreamResponse,
                      rec: dict[str, Any], scan: StreamScan | None, held: list[bytes],
@@ -493,6 +509,34 @@ class Gateway:
         att.meter.failovers += 1
         if self.on_failover is not None:
             self.on_failover(att.cell, att.attempt, frm, to, why)
+
+def _response_head(up: Any, rec: dict[str, Any]) -> web.StreamResponse:
+    """The harness's response as the upstream began it: its status and end-to-end
+    headers (hop-by-hop ones, and those its Connection line names, stay here)."""
+    rec["status"] = up.status
+    if up.status == 429 and up.headers.get("Retry-After"):
+        rec["retry_after"] = up.headers["Retry-After"][:40]
+    resp = web.StreamResponse(status=up.status, reason=up.reason)
+    hop = HOP | named_in_connection(up.headers)
+    for k, v in up.headers.items():
+        if k.lower() not in hop:
+            resp.headers.add(k, v)
+    if up.content_length is not None:
+        resp.content_length = up.content_length
+    return resp
+
+
+async def _read_error(up: Any, held: list[bytes]) -> int:
+    """Up to ERROR_READ bytes of an error response into ``held``; how many."""
+    held_n = 0
+    while held_n < ERROR_READ:
+        chunk = await up.content.read(ERROR_READ - held_n)
+        if not chunk:
+            break
+        held.append(chunk)
+        held_n += len(chunk)
+    return held_n
+
 
 def gateway_for(preset: Preset, redact: Callable[[str], str], on_throttled: Callable[[], None],
                 emit: Callable[..., Any], key: Callable[[], str] | None = None,
