@@ -1,5 +1,5 @@
 """``python -m autopilot``: the same as the ``autopilot`` command."""
 
-from autopilot.cli import entry
+from autopilot.boot import entry
 
 entry()

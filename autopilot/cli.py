@@ -26,13 +26,21 @@ from typing import Any, NoReturn
 
 import anyio
 
+from autopilot import sigrecord
 from autopilot.cliparser import build_parser
 from autopilot.cliutil import default_state_dir, run_and_exit
 from autopilot.config import Preset
-from autopilot.errors import AutopilotError, ConfigError, LockHeld, OutputsOwned, StateDirError
+from autopilot.errors import (
+    EXIT_HANDOVER,
+    AutopilotError,
+    ConfigError,
+    LockHeld,
+    OutputsOwned,
+    StateDirError,
+)
 from autopilot.loader import find_preset, list_presets, load_preset
 from autopilot.plan import Plan
-from autopilot.run.preflight import run_preflight
+from autopilot.run.preflight import PreflightReport, run_preflight
 from autopilot.runline import recorded_overlays, resume_command
 from autopilot.state.fsutil import atomic_write_json, atomic_write_text, check_writable_dir
 from autopilot.state.journal import state_events
@@ -355,8 +363,15 @@ def cmd_run(args: argparse.Namespace) -> int:
               file=sys.stderr)
     check_plan_identity(state_dir, plan, args.allow_plan_change)
 
-    report = anyio.run(partial(run_preflight, preset, plan, state_dir,
-                               offline=args.offline or args.dry_run))
+    asked = sigrecord.asked()  # a signal during the start-up so far
+    if asked == "handover":  # nothing touched yet: everything stays for the successor
+        print("AUTOPILOT_HANDED_OVER: during start-up, before the run was taken: "
+              "nothing touched", file=sys.stderr, flush=True)
+        return EXIT_HANDOVER
+    # A stop needs no preflight (it may fail on what it is to stop: the predecessor's
+    # endpoint on its port): the supervisor ends what was left and says so.
+    report = PreflightReport() if asked == "stop" else anyio.run(partial(
+        run_preflight, preset, plan, state_dir, offline=args.offline or args.dry_run))
     if args.dry_run:
         print(dry_run_text(preset, plan, state_dir, report.warnings))
         return 0
@@ -394,6 +409,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command or args.dry_run or args.once:
+        # Not a run: stop signals mean what they mean to any command (autopilot.sigrecord
+        # held them since the first instruction for the case that this was a run).
+        sigrecord.release()
     try:
         if args.command == "presets":
             return cmd_presets()
@@ -452,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> NoReturn:
+    sigrecord.install()  # `python -m autopilot.cli`: late, but before the first step
     run_and_exit(main)
 
 

@@ -54,7 +54,7 @@ def run_cli(*args: str, timeout: float = 180, env: dict[str, str] | None = None,
             ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m",
-         "autopilot.cli" if prog == "autopilot" else "autopilot.views.dashboard.cli", *args],
+         "autopilot" if prog == "autopilot" else "autopilot.views.dashboard.cli", *args],
         capture_output=True, text=True, timeout=timeout, env=env or cli_env(),
         cwd=cwd or ROOT,
     )
@@ -64,7 +64,7 @@ def spawn_cli(*args: str, env: dict[str, str] | None = None,
               log: Path | None = None) -> subprocess.Popen[bytes]:
     out = log.open("ab") if log else subprocess.DEVNULL
     return subprocess.Popen(
-        [sys.executable, "-m", "autopilot.cli", *args], env=env or cli_env(), cwd=ROOT,
+        [sys.executable, "-m", "autopilot", *args], env=env or cli_env(), cwd=ROOT,
         stdout=out, stderr=subprocess.STDOUT,
     )
 

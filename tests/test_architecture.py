@@ -106,7 +106,7 @@ EXCEPTIONS: set[tuple[str, str]] = set()
 
 def part(module: str) -> str:
     name = module.split(".")[1]
-    if name in ("cli", "__main__"):
+    if name in ("cli", "__main__", "boot"):  # the entry points
         return "cli"
     if not (PKG / name).is_dir() or name in ("demo", "starter", "harnesses"):
         return FOUNDATIONS  # a top-level module, or the shipped demo and starter

@@ -7,6 +7,7 @@ the wild (tests/gateway_fake.py)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import gzip
 import json
 import os
@@ -239,6 +240,48 @@ async def test_a_keyless_caller_outside_the_tree_is_refused_as_nobody_too(
     assert ours.stdout.strip() == "401", ours.stderr
     assert nobody.stdout.strip() == "401", nobody.stderr
     assert meter.unauthorized == 2 and meter.requests == 0
+
+
+def _get_from(port: int, src: int) -> int:
+    """One keyless GET /v1/models from source port ``src``; the status. The gateway
+    closes first (``Connection: close``), so the port can be bound again at once."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", src))
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        head = s.recv(64)
+    return int(head.split()[1])
+
+
+async def test_a_re_bound_source_port_is_a_new_caller_checked_again(
+        upstream: FakeUpstream, tmp_path: Path) -> None:
+    """A keyless caller is admitted per connection, never per source port or Python
+    object: once the harness's connection closes, whoever binds that port next (a local
+    user) is checked afresh and refused. Twenty rounds: a freed transport's id comes
+    back, a closed connection's port is bound again."""
+    gw = Gateway()
+    harness = {"port": 0, "alive": True}
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        src = probe.getsockname()[1]
+    try:
+        async with gw.attempt("c1", 1, {}, here(upstream), tmp_path / "g",
+                              caller=lambda peer: harness["alive"] and peer[1] == src) as att:
+            got = []
+            for _ in range(20):
+                harness["alive"] = True  # the harness's own connection
+                got.append(await asyncio.to_thread(_get_from, att.port, src))
+                for _ in range(3):  # the closed connection's transport freed, its id free
+                    await asyncio.sleep(0)
+                gc.collect()
+                harness["alive"] = False  # gone: the same port is a stranger's now
+                got.append(await asyncio.to_thread(_get_from, att.port, src))
+            meter = att.meter
+    finally:
+        await gw.close()
+    assert got == [200, 401] * 20
+    assert meter.unauthorized == 20
 
 
 # ---------------------------------------------------------------------- never a silent 0

@@ -24,6 +24,9 @@ HB = {"pid": 1, "create_time": 1.0, "host": "h", "epoch": 1000.0, "interval_secs
     ("run:pass1", {**HB, "interval_secs": 0.5}, True, 1002.0, "stale",
      "STALE (heartbeat 2s old)"),
     ("run:pass1", HB, False, 1001.0, "gone", "stopped (supervisor gone)"),
+    ("handed_over", HB, False, 1001.0, "handover",  # systemctl restart: the gap
+     "handing over: attempts run on under their data paths; the next supervisor "
+     "re-attaches"),
     ("run:pass1", HB, None, 1200.0, "stale", "STALE (heartbeat 3m20s old)"),  # other host
     ("run:pass1", HB, None, 1001.0, "live", ""),
     ("run:pass1", None, False, 1001.0, "unknown", "no heartbeat (supervisor not running?)"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +56,7 @@ class Attempt:
     dropped: int = 0
     closing: bool = False  # the attempt is ending: what is still open is cut by us
     _log: IO[bytes] | None = None
-    _callers: dict[tuple[str, int], int] = field(default_factory=dict)
+    _callers: set[tuple[tuple[str, int], int]] = field(default_factory=set)
 
     def write(self, record: dict[str, Any]) -> None:
         if self._log is None:
@@ -90,21 +91,38 @@ class Attempt:
         headers and the socket are looked at: the body is not read yet."""
         if self.key and self._holds_key(req):
             return True
-        if self.caller is None or req.transport is None:
+        if self.caller is None:
             return False
-        peer = req.transport.get_extra_info("peername")
-        if not isinstance(peer, tuple) or len(peer) < 2:
+        conn = _connection(req)
+        if conn is None:
             return False
-        where = (str(peer[0]), int(peer[1]))
-        conn = id(req.transport)
-        if self._callers.get(where) == conn:  # a kept-alive connection already known
+        if conn in self._callers:  # a kept-alive connection already checked
             return True
-        if not self.caller(where):
+        if not self.caller(conn[0]):
             return False
-        if len(self._callers) > 1024:
+        if len(self._callers) >= 1024:
             self._callers.clear()
-        self._callers[where] = conn
+        self._callers.add(conn)
         return True
+
+
+def _connection(req: web.Request) -> tuple[tuple[str, int], int] | None:
+    """A connection as the kernel knows it: the peer's address and the inode of our end
+    of it. A source port is re-bound by anyone once its connection closes, and a Python
+    object's id is reused once it is freed; the socket's inode is neither (a new
+    connection is a new socket), so a connection checked once is that connection only."""
+    transport = req.transport
+    if transport is None:
+        return None
+    peer = transport.get_extra_info("peername")
+    sock = transport.get_extra_info("socket")
+    if not isinstance(peer, tuple) or len(peer) < 2 or sock is None:
+        return None
+    try:
+        inode = os.fstat(sock.fileno()).st_ino
+    except (OSError, ValueError):
+        return None
+    return (str(peer[0]), int(peer[1])), inode
 
 
 __all__ = ["Attempt", "Limits"]

@@ -38,6 +38,7 @@ from autopilot.run.stopping import Stop
 from autopilot.run.throttle import Throttle, on_throttled
 from autopilot.state import budget
 from autopilot.state.diskspace import DiskWatch, Reading, floor_bytes
+from autopilot.state.eventbase import EventBase
 from autopilot.state.fsguard import run_roots
 from autopilot.state.fsutil import atomic_write_text, iso, read_json
 from autopilot.state.journal import Journal
@@ -114,8 +115,15 @@ class Recorder:
 
     # ------------------------------------------------------------------ the port
 
-    def emit(self, event: str, **fields: Any) -> dict[str, Any]:
+    def emit(self, event: str | EventBase, **fields: Any) -> dict[str, Any]:
+        """Journal, apply, log, mark. ``event`` is its type, constructed where it is
+        written (``emit(LeftoversStopped(...))``), or, in the older form, its kind's name
+        and fields (checked against the same type by the journal)."""
         assert self.journal is not None
+        if isinstance(event, EventBase):
+            fields = {**event.model_dump(exclude_unset=True, exclude={"ts", "event"}),
+                      **fields}
+            event = event.event
         record = self.journal.append(event, **fields)
         self.ledger.apply(record)
         name = fields.get("kind") if event == "milestone" else event

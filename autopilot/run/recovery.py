@@ -40,6 +40,7 @@ from autopilot.state import resolved
 from autopilot.state.fsutil import atomic_write_json, iso, parse_iso, read_json
 from autopilot.state.journal import began, read_events
 from autopilot.state.ledger import CellState, Ledger
+from autopilot.state.runevents import LeftoversStopped
 from autopilot.state.statedir import open_append
 from autopilot.templates import render
 
@@ -323,6 +324,34 @@ async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Led
             found.cleaned.append({"uid": uid, "pids": pids})
             emit("orphan_killed", cell=None, uid=uid, pids=pids,
                  why="a process of a past cell's own uid")
+    return found
+
+
+async def stop_leftovers(preset: Preset, plan: Plan, state_dir: Path, ledger: Ledger,
+                         run_token: str, emit: Emit) -> Swept:
+    """A stop during start-up (``systemctl stop`` right after a ``restart``): end what a
+    predecessor left, since no one else will (``KillMode=process``): its attempts by
+    identity and marker (the sweep without re-attaching), its endpoint process, and an
+    endpoint container or a backend's endpoint elsewhere. Journaled like any sweep."""
+    found = await sweep_orphans(preset, plan, state_dir, ledger, run_token, emit)
+    from autopilot.backends.base import backend_class  # the backends import this module
+
+    grace = preset.watchdog.kill_grace_secs
+    elsewhere = await anyio.to_thread.run_sync(
+        backend_class(preset.backend.kind).cleanup, preset, run_token, grace, True)
+    if needs_docker(preset):
+        from autopilot.cell.sandbox import Docker
+
+        docker = Docker()
+        try:
+            elsewhere += [f"container {n}" for n in
+                          await docker.remove_labelled(str(state_dir), role="endpoint")]
+        finally:
+            await docker.close()
+    for what in elsewhere:
+        found.cleaned.append({"removed": what})
+    emit(LeftoversStopped(cleaned=found.cleaned[:1000], why="a stop signal during "
+                          "start-up: nothing of the run is left running"))
     return found
 
 

@@ -1,5 +1,9 @@
 """Stop signals as events (uvicorn's supervisors): the handler only records, the loop acts.
 
+The recording starts at the process's first instruction (autopilot.sigrecord); the run
+``listen``s from the start of ``Supervisor.run``, before the lock, so each step of a
+start-up (lock, replay, sweep, endpoint) sees a signal that came before it.
+
 The first SIGINT or SIGTERM asks for a graceful stop: every wait that is not cell work
 (an endpoint start, a replica to come back) is cancelled at once through the scopes made
 by ``interruptible``, and running cells are terminated and abandoned, never judged. A
@@ -13,12 +17,14 @@ its data path and the endpoint is left serving; the successor re-attaches to bot
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 from collections.abc import Callable, Iterator
 
 import anyio
 
+from autopilot import sigrecord
 from autopilot.logsetup import get_logger
 
 log = get_logger(__name__)
@@ -73,11 +79,23 @@ class Stop:
         log.warning("stop_forced", signal=signal.Signals(sig).name)
         return False
 
-    async def receive(self, on_stop: Callable[[], None]) -> None:
-        """Until cancelled: turn SIGINT / SIGTERM into ``request`` (``on_stop`` after the
-        first, e.g. to write status)."""
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM,
-                                        signal.SIGUSR2) as signals:
-            async for sig in signals:
-                if self.request(sig):
-                    on_stop()
+    def listen(self, on_stop: Callable[[], None]) -> None:
+        """From now until ``unlisten``: every stop signal becomes a ``request`` on the
+        event loop (``on_stop`` after the first, e.g. to write status). Those that came
+        before, since the process's first instruction (autopilot.sigrecord), are applied
+        here at once, so the start-up's next step sees them."""
+        loop = asyncio.get_running_loop()
+
+        def on_signal(sig: int) -> None:
+            if self.request(sig):
+                on_stop()
+
+        def from_handler(sig: int) -> None:  # between any two bytecodes: only schedule
+            loop.call_soon_threadsafe(on_signal, sig)
+
+        for sig in sigrecord.attach(from_handler):
+            on_signal(sig)
+
+    @staticmethod
+    def unlisten() -> None:
+        sigrecord.detach()  # recorded again until the process ends, never a default death

@@ -92,7 +92,15 @@ class Supervisor(Recorder):
 
     async def run(self) -> int:
         """Drive the run; returns the process exit code. The caller took care of config
-        and state-dir validation; the lock is taken here (raises LockHeld)."""
+        and state-dir validation; the lock is taken here (raises LockHeld). Stop signals
+        are acted on from the first step (those recorded since the process began too)."""
+        self.stop.listen(self.status.mark)
+        try:
+            return await self._run()
+        finally:
+            self.stop.unlisten()
+
+    async def _run(self) -> int:
         # Before any secret is read into a value of ours: a harness of the same user must
         # not read this process's environment (autopilot.privacy).
         make_undumpable()
@@ -117,6 +125,8 @@ class Supervisor(Recorder):
                                console_floor="warning" if self.opts.live_view else None)
             self.journal = Journal(self.state_dir / "journal.jsonl")
             self.replay()
+            if self.stop.signal is not None:  # came during start-up (before the sweep)
+                return await self._stopped_starting()
             for gone in self.claims.dropped:
                 self.emit("claim_dropped", **gone, why="its state dir is gone")
             recovery.record_plan(self.state_dir, self.preset, self.plan, self.emit,
@@ -142,6 +152,19 @@ class Supervisor(Recorder):
                 self.journal.close()
             self.claims.release()
             self.lock.release()
+
+    async def _stopped_starting(self) -> int:
+        """A signal before the first launch. A hand-over leaves everything to the
+        successor; a stop ends what a predecessor left (``KillMode=process``: no one else
+        will), journals what it ended, and says so."""
+        if self.stop.handover:
+            return self._handed_over()
+        self.swept = await recovery.stop_leftovers(self.preset, self.plan, self.state_dir,
+                                                   self.ledger, self.run_token, self.emit)
+        ended = sum(len(c.get("pids") or ()) for c in self.swept.cleaned)
+        print(f"autopilot: stopped during start-up: {ended} process(es) a predecessor "
+              f"left were ended", file=sys.stderr, flush=True)
+        return await self._finish()
 
     def _disk_full(self, err: OSError) -> int:
         """ENOSPC / EIO / EDQUOT / EROFS anywhere: every cell task has been cancelled (and
@@ -184,7 +207,6 @@ class Supervisor(Recorder):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.status.run)
                 tg.start_soon(self.notifier.run)
-                tg.start_soon(self.stop.receive, self.status.mark)
                 tg.start_soon(background.heartbeat, self.lock, lambda: self.phase,
                               self.progress_line)
                 if self.opts.live_view:
@@ -244,6 +266,10 @@ class Supervisor(Recorder):
             self.milestone("endpoint_failed", why=str(e))
             return await self._finish(), True
         if scope.cancelled_caught:
+            if not self.stop.handover:  # re-attached attempts the passes never took
+                self.swept = await recovery.stop_leftovers(
+                    self.preset, self.plan, self.state_dir, self.ledger, self.run_token,
+                    self.emit)
             return await self._finish(), False
         for k in self.keepers:
             if not k.failed:

@@ -39,7 +39,7 @@ from autopilot.state.cellevents import (
 from autopilot.state.eventbase import CellEventBase, EventBase
 from autopilot.state.events import parse
 from autopilot.state.items import ITEM_KINDS, items_of
-from autopilot.state.runevents import EndpointRestart, NotifyFailed
+from autopilot.state.runevents import EndpointRestart, NotifyFailed, RunHandedOver, RunStarted
 
 # INVALID reasons that spend no retry: a throttling provider, a full disk, the death of
 # the attempt's data path (the cell is re-run once the infrastructure is back; none of
@@ -137,6 +137,9 @@ class Ledger:
         # own line: not any cell's spend, but the run's (budgets count it)
         self.grading = Spend()
         self.failovers = 0  # requests the gateway sent to another replica than the cell's
+        # The last launch handed over (SIGUSR2): a "running" cell runs on under its data
+        # path until a successor re-attaches, it was not interrupted.
+        self.handed_over = False
 
     def _cell(self, cid: str) -> CellState | None:
         # Events of cells outside this plan (an earlier, bigger --target-n) are kept in
@@ -175,6 +178,10 @@ class Ledger:
                 self.grade_retries += 1
             case RequestFailover():
                 self.failovers += 1
+            case RunHandedOver():  # until the next launch: its running attempts go on
+                self.handed_over = True
+            case RunStarted():
+                self.handed_over = False
 
     def _grade_metered(self, ev: CellGradeMetered, raw: dict[str, Any] | None) -> None:
         spent = of_metered(raw or ev.model_dump(by_alias=True))
@@ -394,7 +401,8 @@ def _count(value: Any) -> bool:
 
 # Which fold each event type goes to; every other kind leaves the ledger as it is.
 _FOLDS: dict[type[EventBase], Any] = {
-    **dict.fromkeys((NotifyFailed, EndpointRestart, GradeRetry, RequestFailover),
+    **dict.fromkeys((NotifyFailed, EndpointRestart, GradeRetry, RequestFailover,
+                     RunHandedOver, RunStarted),
                     Ledger._run_counter),
     CellGradeMetered: Ledger._grade_metered,
     **dict.fromkeys((CellVerdict, CellSpawning, CellStarted, CellExited, CellAdopted,

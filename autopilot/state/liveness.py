@@ -4,7 +4,8 @@ html, systemd STATUS readers, the served page and its metric).
 status.json says what the supervisor last wrote; after a ``kill -9`` or a SIGSTOP it
 keeps saying "run:pass1, 3 running, eta 0:06" forever. The heartbeat (rewritten every
 ``HEARTBEAT_SECS`` by a live supervisor, with its pid and exact start time) tells the
-difference: a holder that is gone means "stopped (supervisor gone)"; a heartbeat older
+difference: a holder that is gone means "stopped (supervisor gone)" (or "handing over"
+after a SIGUSR2, until the successor beats); a heartbeat older
 than ``STALE_BEATS`` of its own beat interval means STALE (frozen, or dead on another
 host). ``judge`` is pure; ``look`` reads the heartbeat and asks the kernel whether its
 process is alive. Neither takes the lock (a shared flock probe would race a starting
@@ -25,7 +26,9 @@ HEARTBEAT_SECS = 10.0  # the supervisor's default beat (lock.beat_interval)
 STALE_BEATS = 3  # missed beats before a view says STALE
 FINAL_PHASES = frozenset({"COMPLETE", "INCOMPLETE", "stopped"})
 
-State = Literal["live", "stale", "gone", "finished", "unknown"]
+State = Literal["live", "stale", "gone", "handover", "finished", "unknown"]
+HANDOVER_LABEL = "handing over: attempts run on under their data paths; the next " \
+    "supervisor re-attaches"
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,10 @@ def judge(phase: Any, heartbeat: Any, holder_alive: bool | None, now: float) -> 
     if hb is None or age is None:
         return Liveness("unknown", None, "no heartbeat (supervisor not running?)")
     if holder_alive is False:
+        # SIGUSR2 (`systemctl restart`): the gap until the successor beats is a hand-over,
+        # not a stop; its attempts run normally meanwhile.
+        if phase == "handed_over":
+            return Liveness("handover", age, HANDOVER_LABEL)
         return Liveness("gone", age, "stopped (supervisor gone)")
     every = hb.get("interval_secs")
     every = every if isinstance(every, int | float) and not isinstance(every, bool) \
@@ -95,8 +102,8 @@ def annotate(status: dict[str, Any], live: Liveness) -> dict[str, Any]:
     supervisor that wrote it is not alive, and ``liveness`` says why."""
     out = dict(status)
     out["liveness"] = live.to_json()
-    if live.state in ("stale", "gone"):
+    if live.state in ("stale", "gone", "handover"):
         out["phase_written"] = status.get("phase")
-        out["phase"] = "STALE" if live.state == "stale" else "stopped"
+        out["phase"] = {"stale": "STALE", "gone": "stopped"}.get(live.state, "handing over")
         out["eta_secs"] = None
     return out

@@ -54,6 +54,17 @@ class RunHandedOver(EventBase):
     """The cells left running."""
 
 
+class LeftoversStopped(EventBase):
+    """A stop signal came during start-up: what a predecessor left (its attempts, its
+    endpoint) was ended, since no one else would."""
+
+    event: Literal["leftovers_stopped"] = "leftovers_stopped"
+    cleaned: list[dict[str, Any]] = Field(default_factory=list)
+    """What was ended: cells' pids, the endpoint's, containers removed."""
+    why: str | None = None
+    """Why, in words."""
+
+
 class PassStarted(EventBase):
     """A pass over the cells still pending."""
 
@@ -406,7 +417,7 @@ class EntrySkipped(EventBase):
     """Why."""
 
 
-RUN_EVENTS = (RunStarted, RunFinished, RunHandedOver, PassStarted, PlanChanged,
+RUN_EVENTS = (RunStarted, RunFinished, RunHandedOver, LeftoversStopped, PassStarted, PlanChanged,
               PresetChanged, BenchmarkDrift, LaunchingPaused, LaunchThrottled, ArmGrading,
               Milestone, NotifyFailed, EndpointSpawned, EndpointStarted,
               EndpointDown, EndpointUp, EndpointRestart, EndpointFailed, EndpointThrottled,

@@ -116,6 +116,11 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
             result.cells.append(CellCheck(cell.id, "PENDING", "abandoned",
                                           clean(state.abandoned, 120)))
             continue
+        if phase == "running" and ledger.handed_over:
+            result.cells.append(CellCheck(
+                cell.id, "RUNNING", "handed_over",
+                "under its data path; the next supervisor re-attaches to it"))
+            continue
         if phase == "running":
             result.cells.append(CellCheck(
                 cell.id, "PENDING", "interrupted",
