@@ -95,6 +95,24 @@ def test_unmetered_responses_make_a_budget_unprovable_and_require_metering_inval
     assert unmetered(c, 4, required=True, unread=0) == c
 
 
+def test_a_claim_is_never_the_gateways_count_and_never_a_budgets() -> None:
+    """A harness's summary may say anything (99,999,999 tokens). With the gateway's count
+    beside it the count is the spend, a floor when some responses were unreadable (never
+    topped up by the claim); without one it is a claim, and a budget fails closed on it
+    rather than count it either way."""
+    from autopilot.state.budget import METERED, Spend, cost_basis, reached
+
+    claim, counted = Spend(99_999_999, 1), Spend(120, 30)
+    assert cost_basis(counted, claim, 0.1, unmetered=1) == (counted, "metered_partial")
+    assert cost_basis(counted, claim, 0.1) == (counted, "self_reported_mismatch")
+    assert cost_basis(None, claim, 0.1) == (claim, "self_reported")
+    assert "self_reported" not in METERED and "metered_partial" in METERED
+    why = reached(10**9, None, Spend(), None, claimed=claim)
+    assert why is not None and why.startswith("budget unprovable: 100000000 tokens rest")
+    assert reached(10**9, None, counted, None, claimed=Spend()) is None
+    assert reached(None, None, counted, None, claimed=claim) is None  # no budget to prove
+
+
 # ---------------------------------------------------------------------- who may call
 
 

@@ -220,12 +220,13 @@ def budget_tick(policy: Policy, rules: Rules, ledger: Ledger) -> Decision:
     """Before a launch and after a verdict: stop launching once the budget is spent."""
     if policy.paused or (rules.budget_tokens is None and rules.budget_usd is None):
         return policy, []
-    why = budget.reached(rules.budget_tokens, rules.budget_usd,
-                         ledger.spend + ledger.grading, rules.rate, ledger.unmetered)
+    metered = ledger.spend - ledger.claimed + ledger.grading
+    why = budget.reached(rules.budget_tokens, rules.budget_usd, metered, rules.rate,
+                         ledger.unmetered, ledger.claimed)
     if not why:
         return policy, []
-    paused = (f"{why}; launching stopped (fail closed: look for \"unmetered\" in the "
-              "cells' gateway logs)" if why.startswith("budget unprovable")
+    paused = (f"{why}; launching stopped (fail closed: the gateway's count is the only one "
+              "a budget takes)" if why.startswith("budget unprovable")
               else f"{why}; launching stopped (raise [budget] to go on)")
     return replace(policy, paused=paused), [Emit(LaunchingPaused(why=paused)),
                                             Milestone("budget_reached", {"why": why})]

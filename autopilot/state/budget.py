@@ -46,6 +46,9 @@ class Spend:
     def __add__(self, other: Spend) -> Spend:
         return Spend(self.prompt + other.prompt, self.completion + other.completion)
 
+    def __sub__(self, other: Spend) -> Spend:
+        return Spend(self.prompt - other.prompt, self.completion - other.completion)
+
     def usd(self, rate: Rate | None) -> float | None:
         """Priced for a budget: every prompt token at the fresh input price (a cache
         read costs less, so this bound errs toward stopping early, never late)."""
@@ -64,26 +67,28 @@ def of_summary(summary: Any) -> Spend:
 
 
 # Whose word an attempt's tokens rest on; METERED: the gateway's count is used.
-COST_BASES = frozenset({"metered", "self_reported", "self_reported_mismatch"})
-METERED = frozenset({"metered", "self_reported_mismatch"})
+# "metered_partial": the gateway's count of what it could read, a floor (some responses
+# could not be metered: their size is unknown, and the budget fails closed on them).
+COST_BASES = frozenset({"metered", "metered_partial", "self_reported",
+                        "self_reported_mismatch"})
+METERED = frozenset({"metered", "metered_partial", "self_reported_mismatch"})
 
 
 def cost_basis(metered: Spend | None, reported: Spend, tolerance: float,
                fields: tuple[str, ...] = ("prompt", "completion"),
                unmetered: int = 0) -> tuple[Spend, str]:
-    """What an attempt spent, and on whose word. The gateway's count (``metered``) wins
-    where there is one; the harness's own summary is kept beside it, and a disagreement
-    beyond ``tolerance`` (a share of the larger count) in a field the harness reported
-    (``fields``) is flagged — a kernel that under-reports its cost, a CLI that records 0
-    billed tokens. Without the gateway the harness's word is all there is. With
-    ``unmetered`` responses the gateway's count is only a floor: each field is the larger
-    of the two words (the run's budget treats the rest as unknown)."""
+    """What an attempt spent, and on whose word. The gateway's count (``metered``) is
+    the spend wherever there is one; the harness's own summary is kept beside it, and a
+    disagreement beyond ``tolerance`` (a share of the larger count) in a field the
+    harness reported (``fields``) is flagged — a kernel that under-reports its cost, a
+    CLI that records 0 billed tokens. With ``unmetered`` responses the gateway's count
+    is a floor ("metered_partial"), never topped up by the harness's word: a claim is
+    never shown as the gateway's count. Without the gateway the harness's word is all
+    there is ("self_reported"), and a budget does not count on it (``reached``)."""
     if metered is None:
         return reported, "self_reported"
     if unmetered:
-        floor = Spend(max(metered.prompt, reported.prompt),
-                      max(metered.completion, reported.completion))
-        return floor, "self_reported_mismatch" if floor != metered else "metered"
+        return metered, "metered_partial"
     for f in fields:
         m, r = getattr(metered, f), getattr(reported, f)
         if abs(m - r) > tolerance * max(m, r, 1):
@@ -122,14 +127,20 @@ def of_events(events: Iterable[dict[str, Any]]) -> Spend:
 
 
 def reached(tokens: int | None, usd: float | None, spend: Spend,
-            rate: Rate | None, unmetered: int = 0) -> str | None:
+            rate: Rate | None, unmetered: int = 0, claimed: Spend | None = None) -> str | None:
     """Why the budget is reached (or can no longer be shown not to be), or None.
-    ``unmetered``: responses whose spend the gateway could not read. Their size is
-    unknown, never 0, so a run with any cannot prove it is under its cap: it fails
-    closed."""
-    if (tokens is not None or usd is not None) and unmetered > 0:
+    ``spend``: what the gateway metered. ``unmetered``: responses whose spend the gateway
+    could not read; ``claimed``: spend only a harness's own summary states (no gateway
+    count). The size of either is unknown to us, never 0 and never the harness's word,
+    so a run with any cannot prove it is under its cap: it fails closed."""
+    if tokens is None and usd is None:
+        return None
+    if unmetered > 0:
         return (f"budget unprovable: {unmetered} response(s) the gateway could not meter "
                 f"(spend unknown, not 0; metered so far {spend.tokens} tokens)")
+    if claimed is not None and claimed.tokens > 0:
+        return (f"budget unprovable: {claimed.tokens} tokens rest only on harnesses' own "
+                f"summaries, which no gateway counted (metered so far {spend.tokens} tokens)")
     if tokens is not None and spend.tokens >= tokens:
         return f"budget reached: {spend.tokens} tokens of {tokens}"
     if usd is not None:

@@ -131,6 +131,7 @@ class Ledger:
         self.kills: Counter[str] = Counter()
         self.notify_failures = 0
         self.spend = Spend()  # tokens used by every attempt (journaled with its verdict)
+        self.claimed = Spend()  # the part of it only harnesses' summaries state
         # responses the gateway answered but could not meter: spend of unknown size
         self.unmetered = 0
         # what graders spent through their own listener (model-graded scoring), on its
@@ -197,7 +198,10 @@ class Ledger:
         match ev:
             case CellVerdict():
                 raw = raw or ev.model_dump(by_alias=True)
-                self.spend = self.spend + of_events([raw])
+                spent = of_events([raw])
+                self.spend = self.spend + spent
+                if ev.cost_basis == "self_reported":  # a harness's word: no budget's count
+                    self.claimed = self.claimed + spent
                 if _count(ev.unmetered) and not ev.regrade:
                     self.unmetered += ev.unmetered
                 self._verdict(cell, ev, raw)

@@ -86,9 +86,12 @@ def tokens_section(preset: Preset, facts: Sequence[Any], arms: list[str]) -> lis
     if not with_usage:
         return ["No usage data: the harness reported no token counts.", ""]
     metered = sum(f.cost_basis is not None for f in with_usage)
-    source = (f"the gateway's metered counts ({metered} of {len(with_usage)} cells; the "
-              "summary files' elsewhere)" if metered else "the token totals in the summary "
-              "files")
+    partial = sum(f.cost_basis == "metered_partial" for f in with_usage)
+    source = (f"the gateway's metered counts ({metered} of {len(with_usage)} cells"
+              + (f", {partial} of them a floor: responses the gateway could not meter, "
+                 "their size unknown" if partial else "")
+              + "; the summary files' self-reported counts elsewhere)" if metered else
+              "the token totals in the summary files (self-reported: no gateway counted)")
     out = [f"Tokens: {source}; priced by bucket from the preset's rate card (an arm "
            "with a route by its route's model). Price basis per cell: buckets (every "
            "bucket it used is priced), floor (a bucket it used has no price: the figure "
