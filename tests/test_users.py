@@ -306,3 +306,71 @@ def test_a_past_cells_process_of_its_uid_is_found_by_the_successor(reachable: Pa
             first.wait()
         if daemon is not None and alive([daemon]):
             os.kill(daemon, 9)
+
+
+def test_a_uid_is_clean_before_it_is_handed_on() -> None:
+    """What a uid left in the shared sticky dirs (a 0600 file, a directory tree, a FIFO,
+    a symlink to a file of root's) is gone when the pool hands it out again, to this
+    run or the next; the symlink's target and anyone else's entries stay."""
+    uid = 61207
+    tag = f"autopilot-scrub-{os.getpid()}"
+    made = [Path(f"/tmp/{tag}-secret"), Path(f"/tmp/{tag}-dir"), Path(f"/dev/shm/{tag}"),
+            Path(f"/var/tmp/{tag}-fifo"), Path(f"/tmp/{tag}-link")]
+    target = Path(f"/tmp/{tag}-roots")
+    theirs = Path(f"/tmp/{tag}-theirs")
+    try:
+        made[0].write_text("the last cell's answer")
+        made[0].chmod(0o600)
+        (made[1] / "deep" / "er").mkdir(parents=True)
+        (made[1] / "deep" / "er" / "notes").write_text("x")
+        made[2].write_text("shm")
+        os.mkfifo(made[3])
+        target.write_text("root's own")
+        made[4].symlink_to(target)
+        theirs.write_text("another uid's")
+        for p in made:
+            for sub in [p, *(p.rglob("*") if p.is_dir() and not p.is_symlink() else [])]:
+                os.chown(sub, uid, uid, follow_symlinks=False)
+        os.chown(theirs, uid + 1, uid + 1)
+        assert UidPool(uid, uid).take("next") == uid
+        assert [p for p in made if os.path.lexists(p)] == []
+        assert target.read_text() == "root's own" and target.stat().st_uid == 0
+        assert theirs.read_text() == "another uid's"
+    finally:
+        for p in [*made, target, theirs]:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            elif os.path.lexists(p):
+                p.unlink()
+
+
+def test_a_uid_drawn_again_by_the_next_run_finds_nothing_of_the_last(
+        reachable: Path) -> None:
+    """Two runs, one uid: run 1's cell leaves a 0600 file in /tmp; run 2's cell, as the
+    same uid, finds it gone (every run draws from the same range)."""
+    left = f"/tmp/autopilot-left-{os.getpid()}"
+    script = ('id -u > "$1/uid"; if [ -e "$2" ]; then cat "$2" > "$1/found" 2>&1 || '
+              'echo denied > "$1/found"; else echo gone > "$1/found"; fi; '
+              'umask 077; echo "run secret" > "$2"; '
+              'echo \'{{"total_completion_tokens": 3}}\' > "$1/summary.json"')
+    found = []
+    try:
+        for run in ("one", "two"):
+            over = write_overlay(reachable / f"{run}.json", {
+                "tasks": [{"id": "p1_bugfix"}],
+                "arms": [{"label": "demo-nothink", "mode": "nothink"}],
+                "harness": {"argv": ["/bin/sh", "-c", script, "h", "{output_dir}", left],
+                            "user": "cell", "uids": [61191, 61191]},
+                "grader": {"argv": GRADER}, "trust": {"arm_checks": []},
+                "baseline": None})
+            state = reachable / run
+            r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                        "--state-dir", str(state), "--quiet")
+            assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+            [cell] = list((state / "cells").iterdir())
+            assert (cell / "uid").read_text() == "61191\n"
+            found.append((cell / "found").read_text().strip())
+    finally:
+        if os.path.lexists(left):
+            os.unlink(left)
+    assert found == ["gone", "gone"]

@@ -25,8 +25,13 @@ from typing import TYPE_CHECKING, Literal
 
 import psutil
 
+from autopilot.logsetup import get_logger
+from autopilot.state.fsguard import remove_owned_by
+
 if TYPE_CHECKING:
     from autopilot.config import Preset
+
+log = get_logger(__name__)
 
 SETPRIV = "setpriv"
 
@@ -53,6 +58,11 @@ class UidPool:
                     continue
                 self._held[uid] = cell
                 self._next = uid + 1 if uid < self.last else self.first
+                # Clean before it is handed on (this run's last cell of it, or another
+                # run's: every run draws from the same range): no process of it is left.
+                left = remove_owned_by(uid)
+                if left:
+                    log.info("uid_scrubbed", uid=uid, cell=cell, removed=left[:20])
                 return uid
         raise LookupError(f"no free uid in {self.first}-{self.last} (every one held by a "
                           "live cell, an account or a running process)")

@@ -262,6 +262,53 @@ def _remove_dir(top: Path) -> list[str]:
     return failed
 
 
+# Where a cell's uid (no account, no home) can write outside its own cell: the machine's
+# world-writable sticky dirs. In them no one else can rename or replace its entries.
+SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue")
+
+
+def remove_owned_by(uid: int, dirs: Iterable[str] = SHARED_DIRS) -> list[str]:
+    """What ``uid`` left directly inside the shared sticky dirs (a file, a FIFO, a
+    symlink itself, a directory with its whole tree), removed before the uid is handed
+    to another cell or another run: the uid's next holder reaches nothing of its last.
+    Only a root-owned, sticky, world-writable directory is looked into, through a
+    descriptor that follows no symlink. Call it only for a uid with no process left
+    (autopilot.cell.users.UidPool.take), so nothing of it changes meanwhile. Returns
+    what was removed."""
+    removed: list[str] = []
+    for top in dirs:
+        try:
+            fd = os.open(top, _DIR_FLAGS)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != 0 or not st.st_mode & stat.S_ISVTX or not st.st_mode & 0o002:
+                continue
+            with os.scandir(fd) as it:
+                mine = [e.name for e in it if _owner(e) == uid]
+            for name in mine:
+                where = f"{top}/{name}"
+                if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                    if not _remove_dir(Path(where)):
+                        removed.append(where)
+                else:
+                    os.unlink(name, dir_fd=fd)
+                    removed.append(where)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _owner(entry: os.DirEntry[str]) -> int | None:
+    try:
+        return entry.stat(follow_symlinks=False).st_uid
+    except OSError:
+        return None
+
+
 Clear = Callable[[str], Awaitable[str | None]]  # empties a dir another way; None: done
 
 
