@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import ROOT, events, run_cli, spawn_cli, wait_for
 from test_live_restore import demo, gone, marked, slow_overlay, started, verdicts
@@ -47,6 +49,12 @@ def handed_over(tmp: Path, state: Path, over: Path) -> list[int]:
         gone(p)
     left = marked(state)
     assert left  # the endpoint and the data paths with their harnesses
+    # What an operator looks for in `ps` (docs/runbook.md): the data paths by name.
+    parents = {psutil.Process(pid).ppid() for pid in left}  # a harness's: its data path
+    titles = [" ".join(psutil.Process(pid).cmdline()).strip() for pid in parents]
+    paths = [t for t in titles if t.startswith("autopilot data path ")]
+    assert paths and all(re.fullmatch(r"autopilot data path [a-z0-9_-]+_v1 attempt 1", t)
+                         for t in paths), titles
     return left
 
 

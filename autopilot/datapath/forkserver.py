@@ -100,6 +100,10 @@ def main() -> int:
     import autopilot.gateway.proxy
     import autopilot.logsetup  # noqa: F401
 
+    with contextlib.suppress(ImportError):  # what `ps` shows (the runbook's name)
+        from setproctitle import setproctitle
+
+        setproctitle("autopilot data path fork server")
     server = socket.socket(fileno=int(sys.argv[1]))
     os.write(1, b"ready\n")
     os.close(1)

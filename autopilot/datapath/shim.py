@@ -314,7 +314,19 @@ def run_spec(spec: dict[str, Any]) -> int:
         print("autopilot data path: no spec of version", wire.VERSION, file=sys.stderr)
         return 2
     _subreaper()
+    _title(spec)
     return asyncio.run(Shim(spec).run())
+
+
+def _title(spec: dict[str, Any]) -> None:
+    """What ``ps`` shows of this process: the runbook's name for it and its attempt (a
+    forked data path would otherwise show as its fork server's command line)."""
+    try:
+        from setproctitle import setproctitle
+    except ImportError:  # a title is a courtesy, never a reason not to run
+        return
+    cell, attempt = str(spec.get("cell", "?"))[:200], spec.get("attempt", "?")
+    setproctitle(f"autopilot data path {cell} attempt {attempt}")
 
 
 if __name__ == "__main__":
