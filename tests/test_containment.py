@@ -380,13 +380,20 @@ def test_a_second_run_on_the_same_output_root_is_refused_naming_the_holder(
     v = run_cli("validate", "--state-dir", str(first_state))
     assert v.returncode == 0, v.stdout
     # ... and once released, the next run takes them, and journals what it moved aside.
+    before = v.stdout
     rel = run_cli("release", "--state-dir", str(first_state))
-    assert rel.returncode == 0 and f"output root {shared} (released)" in rel.stdout
+    assert rel.returncode == 0 and f"output root {shared} (released: " in rel.stdout
+    assert "may move this run's cell output dirs it shares into its own attempts" in rel.stdout
     again = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
                     "--state-dir", str(second_state), "--quiet")
     assert again.returncode == 0, again.stderr[-1000:]
     moved = [e for e in events(second_state) if e["event"] == "foreign_outputs_moved"]
     assert len(moved) == 12 and all(e["to"].startswith(str(second_state)) for e in moved)
+    # Its outputs gone, the first run's views keep its verdicts and say it was released.
+    v = run_cli("validate", "--state-dir", str(first_state))
+    assert v.returncode == 0 and v.stdout == before, v.stdout
+    one = run_cli("--state-dir", str(first_state), "--oneline", prog="dashboard").stdout
+    assert one.startswith("COMPLETE demo") and "| released " in one, one
     # The first run, released, never grades the second run's files as its own.
     rg = run_cli("regrade", "--state-dir", str(first_state))
     assert rg.returncode == 0, rg.stderr

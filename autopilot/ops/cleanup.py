@@ -26,7 +26,7 @@ from autopilot.config import Preset
 from autopilot.plan import Plan, cell_context
 from autopilot.run.preflight import needs_docker
 from autopilot.run.recovery import sandbox_owner
-from autopilot.state.claims import outside_roots, release_owned
+from autopilot.state.claims import mark_released, outside_roots, release_owned
 from autopilot.state.fsguard import remove_or_clear, run_roots
 from autopilot.templates import render
 
@@ -46,8 +46,13 @@ async def cleanup(preset: Preset, plan: Plan, state_dir: Path, *, endpoint: bool
                   release_only: bool = False) -> list[str]:
     # The run's output dirs are its own until now (autopilot.state.claims): from here
     # another run may write, move and grade there.
-    removed = [f"ownership of output root {r} (released)" for r in release_owned(
-        outside_roots(run_roots(preset, state_dir), state_dir), state_dir)]
+    let_go = release_owned(outside_roots(run_roots(preset, state_dir), state_dir), state_dir)
+    removed = [f"ownership of output root {r} (released: a next run over it may move this "
+               "run's cell output dirs it shares into its own attempts, or rewrite them; "
+               "this run's verdicts stand in its journal and its views say released)"
+               for r in let_go]
+    if let_go:
+        mark_released(state_dir, let_go)
     if release_only:
         return removed
     token = existing_run_token(state_dir)  # none: no supervisor ever marked a process

@@ -37,6 +37,7 @@ from autopilot.state.statedir import open_private
 from autopilot.state.untrusted import read_json
 
 CLAIM_SUFFIX = ".autopilot-claim"
+RELEASED = "released.json"  # in the state dir: when its output dirs were let go
 OWNERS_SUFFIX = ".autopilot-owners"
 
 
@@ -107,6 +108,8 @@ class Claims:
         except BaseException:
             self.release()
             raise
+        with contextlib.suppress(FileNotFoundError):  # its outputs are its own again
+            (state_dir / RELEASED).unlink()
 
     def _lock(self, root: Path, state_dir: Path) -> None:
         path = claim_path(root)
@@ -169,3 +172,19 @@ def release_owned(roots: Iterable[Path], state_dir: Path) -> list[Path]:
                 save(rest)
                 released.append(root)
     return released
+
+
+def mark_released(state_dir: Path, roots: list[Path]) -> None:
+    """Say in the state dir that its outputs were let go: its verdicts stand in its
+    journal, and its views say "released" rather than judge outputs a next run may have
+    moved or rewritten. A run that takes the roots again removes it (``Claims.take``)."""
+    from autopilot.state.fsutil import atomic_write_json
+
+    atomic_write_json(state_dir / RELEASED, {"ts": iso(), "roots": [str(r) for r in roots]})
+
+
+def released_at(state_dir: Path) -> str | None:
+    """When the state dir's outputs were released (None: they are its own)."""
+    doc = read_json(state_dir / RELEASED)
+    ts = doc.get("ts") if isinstance(doc, dict) else None
+    return ts[:40] if isinstance(ts, str) else None

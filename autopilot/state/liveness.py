@@ -107,3 +107,15 @@ def annotate(status: dict[str, Any], live: Liveness) -> dict[str, Any]:
         out["phase"] = {"stale": "STALE", "gone": "stopped"}.get(live.state, "handing over")
         out["eta_secs"] = None
     return out
+
+
+def shown(state_dir: Path, status: dict[str, Any]) -> dict[str, Any]:
+    """status.json as every view shows it: annotated with its liveness, and with
+    ``released`` when the run's outputs were let go (autopilot.state.claims)."""
+    from autopilot.state.claims import released_at
+
+    out = annotate(status, look(state_dir, status))
+    when = released_at(state_dir)
+    if when:
+        out["released"] = when
+    return out

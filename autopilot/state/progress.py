@@ -43,6 +43,9 @@ def oneline(status: dict[str, Any]) -> str:
     if live.get("label"):  # STALE / stopped (supervisor gone): see autopilot.state.liveness
         parts[1] = f"{t.get('running', 0)} running when last seen"
         parts.append(str(live["label"]))
+    if status.get("released"):
+        parts.append(f"released {status['released']}: its outputs may be another run's now; "
+                     "its verdicts are as journaled")
     ep = status.get("endpoint") or {}
     finished = status.get("phase") in ("COMPLETE", "INCOMPLETE", "stopped")
     if ep.get("state") not in (None, "up") and not finished:  # stopped at the end: expected

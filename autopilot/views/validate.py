@@ -29,6 +29,7 @@ from autopilot.config import Preset
 from autopilot.escape import clean, term
 from autopilot.plan import Plan, cell_context
 from autopilot.state.cellevents import CellExited, CellMetered, CellRan, CellSpawning, CellStarted
+from autopilot.state.claims import released_at
 from autopilot.state.eventbase import CellEventBase
 from autopilot.state.fsutil import parse_iso, read_json
 from autopilot.state.journal import state_events
@@ -93,11 +94,20 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
             case CellMetered():
                 metered[cid] = ev.model_dump(by_alias=True)
     result = ValidationResult(in_progress=in_progress)
+    # Outputs let go (autopilot release): a next run may have moved or rewritten them, so
+    # a cell with a verdict keeps it as journaled instead of being judged from them.
+    released = released_at(state_dir)
     for cell in plan.cells:
         state = ledger.cells[cell.id]
         ctx = cell_context(preset, cell, max(1, state.attempts), state_dir)
         out_dir = Path(ctx["output_dir"])
         phase = state.phase
+        if released and state.status in ("PASS", "FAIL", "invalid"):
+            result.cells.append(CellCheck(
+                cell.id, state.status.upper(), state.reason or "",
+                f"released {clean(released, 40)}: as journaled (its outputs may be "
+                "another run's now)"))
+            continue
         if phase == "quarantined":
             reason, detail = (clean(state.reasons[-1] if state.reasons else "", 40),
                               clean(state.detail, 300))

@@ -18,7 +18,7 @@ from typing import NoReturn
 from autopilot.cliutil import OneLineParser, default_state_dir, run_and_exit
 from autopilot.errors import EXIT_USAGE
 from autopilot.escape import sane
-from autopilot.state.liveness import annotate, look
+from autopilot.state.liveness import shown
 from autopilot.state.progress import oneline
 from autopilot.state.untrusted import state_json
 
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(status, dict):
             return _no_run(state_dir)
         try:
-            print(oneline(annotate(sane(status), look(state_dir, status))))
+            print(oneline(shown(state_dir, sane(status))))
         except (TypeError, ValueError, KeyError, AttributeError, OverflowError):
             print(f"dashboard: error: {state_dir}/status.json: malformed", file=sys.stderr)
             return 1

@@ -19,7 +19,7 @@ from autopilot.state.cellevents import CellVerdict
 from autopilot.state.fsutil import parse_iso
 from autopilot.state.journal import state_events
 from autopilot.state.ledger import CellState, Ledger
-from autopilot.state.liveness import annotate, look
+from autopilot.state.liveness import shown
 from autopilot.state.statusdoc import Status
 from autopilot.state.statusdoc import read as read_status
 from autopilot.state.untrusted import state_json
@@ -91,7 +91,7 @@ def load(state_dir: Path, recent: int = 8) -> DashData | None:
     if not isinstance(status, dict) and not isinstance(plan, dict):
         return None
     status = sane(status) if isinstance(status, dict) else {}
-    status = annotate(status, look(state_dir, status)) if status else status
+    status = shown(state_dir, status) if status else status
     plan = sane(plan) if isinstance(plan, dict) else {}
     tasks = _names(plan.get("tasks") or status.get("tasks_order"))
     arms = _names(plan.get("arms") or status.get("arms_order"))

@@ -39,7 +39,7 @@ from autopilot.config import NAME_RE
 from autopilot.escape import block, clean, sane
 from autopilot.state.fsutil import read_json
 from autopilot.state.journal import state_events
-from autopilot.state.liveness import annotate, look
+from autopilot.state.liveness import look, shown
 from autopilot.state.untrusted import owner_of, read_tail, state_json
 from autopilot.views.dashboard import model
 from autopilot.views.dashboard.analysis import kind as cell_kind
@@ -217,7 +217,7 @@ class Server:
         raw = state_json(self.state_dir, "status.json")
         if not isinstance(raw, dict):
             return web.json_response({"error": "no run yet"}, status=404)
-        doc = annotate(sane(raw), look(self.state_dir, raw))
+        doc = shown(self.state_dir, sane(raw))
         return web.Response(text=json.dumps(doc), content_type="application/json")
 
     async def metrics(self, request: web.Request) -> web.Response:

@@ -46,6 +46,8 @@ def header(d: DashData) -> list[str]:
     live = s.get("liveness") or {}
     if live.get("label"):  # the figures are as the supervisor last wrote them
         lines[0] = f"{live['label']}, as last written: {lines[0]}"
+    if s.get("released"):
+        lines[0] += f" | released {s['released']} (its outputs may be another run's now)"
     if s.get("outcome_reason"):
         lines.append(f"reason: {s['outcome_reason']}")
     return lines
