@@ -36,6 +36,7 @@ from autopilot.errors import (
     ConfigError,
     LockHeld,
     OutputsOwned,
+    SandboxTaken,
     StateDirError,
 )
 from autopilot.loader import find_preset, list_presets, load_preset
@@ -457,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--preset is required to run (try `autopilot presets`)")
         return cmd_run(args)
     except LockHeld as e:
-        if args.command in ("cleanup", "release") or isinstance(e, OutputsOwned):
+        if args.command in ("cleanup", "release") or isinstance(e, OutputsOwned | SandboxTaken):
             print(f"autopilot: error: {e}", file=sys.stderr)
         else:
             print(f"AUTOPILOT_ABORTED_DOUBLE_DRIVE: another autopilot drives this run: {e}",

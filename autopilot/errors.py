@@ -6,6 +6,8 @@
      ├── PreflightError         something we cannot trust, found before spend  exit 2
      ├── StateDirError          state dir missing, unwritable       exit 2
      ├── LockHeld               another supervisor drives this run  exit 3
+     │    ├── OutputsOwned      a finished, unreleased run owns our output dirs
+     │    └── SandboxTaken      another run's live sandbox has our cell's name
      └── EndpointError          the model endpoint misbehaves
           ├── EndpointStartTimeout   never became ready
           ├── EndpointCrashed        process / container exited
@@ -61,6 +63,11 @@ class LockHeld(AutopilotError):
 
 class OutputsOwned(LockHeld):
     """A finished run that was not released owns output dirs this run would write."""
+
+
+class SandboxTaken(LockHeld):
+    """Another run's live sandbox container has the name one of this run's cells uses
+    (on one Docker daemon): its harness would remove it at start."""
 
 
 class EndpointError(AutopilotError):

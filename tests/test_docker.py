@@ -199,12 +199,21 @@ def test_two_runs_with_the_same_cell_ids_on_one_daemon_keep_each_others_sandboxe
                         "scratch_dirs": ["{checkout}/workspace/{cell}"]}})
         args = ["--preset", "demo", "--target-n", "1", "--config", str(over),
                 "--state-dir", str(state_dir), "--quiet"]
+        # Live, the other run's sandbox under one of our cells' names: refused, exit 3,
+        # naming it (a harness like MMBT's would `docker rm -f` it at its cell's start).
+        r = run_cli(*args, env=env(docker_host))
+        assert r.returncode == 3, r.stderr[-2000:]
+        [line] = r.stderr.strip().splitlines()
+        assert line.startswith(f"autopilot: error: sandbox container {other} is another "
+                               f"run's and live (it mounts {theirs}")
+        assert not [e for e in events(state_dir) if e["event"] == "cell_spawning"]
+        running = json.loads(docker_cli(docker_host, "inspect", other).stdout)[0]
+        assert running["State"]["Running"]
+        docker_cli(docker_host, "stop", "-t", "0", other)  # that run's cell is over
         r = run_cli(*args, env=env(docker_host))
         assert r.returncode == 0, r.stderr[-2000:]
         names = container_names(docker_host)
         assert other in names and stale not in names
-        running = json.loads(docker_cli(docker_host, "inspect", other).stdout)[0]
-        assert running["State"]["Running"]
         log = (state_dir / "autopilot.log").read_text()
         assert "sandbox_spared" in log and str(theirs) in log
         c = run_cli("cleanup", "--state-dir", str(state_dir), env=env(docker_host))
@@ -213,6 +222,54 @@ def test_two_runs_with_the_same_cell_ids_on_one_daemon_keep_each_others_sandboxe
         assert other in container_names(docker_host)
     finally:
         docker_cli(docker_host, "rm", "-f", other, stale, check=False)
+
+
+FOREIGN_SANDBOX_APPEARS = (
+    "import subprocess, sys\n"
+    "cell, image, theirs = sys.argv[1], sys.argv[2], sys.argv[3]\n"
+    "if cell.startswith('p1'):  # the other run starts a cell of the same id meanwhile\n"
+    "    name = 'bench-sandbox-p2_extract' + cell[cell.index('_demo'):]\n"
+    "    subprocess.run(['docker', 'run', '-d', '--network', 'none', '--name', name,\n"
+    "                    '-v', theirs + ':/workspace', image, 'sleep', '2'], check=True)\n"
+    "else:  # as MMBT's harness does first: remove a sandbox under its own name\n"
+    "    seen = subprocess.run(['docker', 'inspect', '-f', '{{.State.Status}}',\n"
+    "                           'bench-sandbox-' + cell], capture_output=True, text=True)\n"
+    "    open(sys.argv[4] + '/seen', 'w').write(seen.stdout.strip())\n"
+    "    subprocess.run(['docker', 'rm', '-f', 'bench-sandbox-' + cell], check=True)\n"
+    "open(sys.argv[4] + '/summary.json', 'w').write('{\"total_completion_tokens\": 3}')\n"
+)
+
+
+def test_a_cell_waits_while_another_runs_sandbox_holds_its_name(
+        docker_host: str, test_images, state_dir: Path, tmp_path: Path) -> None:
+    """A live sandbox of another run appears under a cell's name after start-up: that
+    cell is not launched into it (its harness would remove it) until it is gone; the
+    other run's container is never removed by this run's harness."""
+    theirs = tmp_path / "checkout-b"
+    theirs.mkdir()
+    script = tmp_path / "harness.py"
+    script.write_text(FOREIGN_SANDBOX_APPEARS)
+    name = "bench-sandbox-p2_extract_demo-nothink_v1"
+    over = write_overlay(tmp_path / "o.json", {
+        "tasks": [{"id": "p1_bugfix"}, {"id": "p2_extract"}],
+        "arms": [{"label": "demo-nothink", "mode": "nothink"}], "baseline": None,
+        "harness": {"argv": ["{python}", str(script), "{cell}", test_images["busybox"],
+                             str(theirs), "{output_dir}"],
+                    "sandbox_container": "bench-sandbox-{cell}", "completion": []},
+        "grader": {"argv": ["/bin/sh", "-c", "echo '{{\"verdict\": \"PASS\"}}' > $0",
+                            "{grade_file}"]},
+        "trust": {"arm_checks": []}, "run": {"concurrency": 1}})
+    try:
+        r = run_cli("--preset", "demo", "--target-n", "1", "--config", str(over),
+                    "--state-dir", str(state_dir), "--quiet", env=env(docker_host))
+        assert r.returncode == 0, r.stderr[-2000:]
+        log = (state_dir / "autopilot.log").read_text()
+        assert "sandbox_taken" in log and str(theirs) in log
+        # Our p2 harness started only once theirs had run its course: it found it exited.
+        seen = state_dir / "cells" / "p2_extract_demo-nothink_v1" / "seen"
+        assert seen.read_text() == "exited"
+    finally:
+        docker_cli(docker_host, "rm", "-f", name, check=False)
 
 
 def test_cleanup_removes_exactly_the_plan_containers(docker_host: str, test_images,

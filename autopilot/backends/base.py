@@ -86,7 +86,7 @@ class Wiring:
     redactor: Redactor
     clock: Callable[[], float]
     # Docker hooks for the harness's sandbox (None without Docker)
-    remove_sandbox: Callable[[str], Awaitable[Any]] | None = None
+    remove_sandbox: Callable[..., Awaitable[Any]] | None = None
     sandbox_activity: Callable[[dict[str, str]], Awaitable[int | None]] | None = None
     clear_dir: Callable[[str], Awaitable[str | None]] | None = None  # sandbox.clear_dir
     remove_projects: Callable[[str], Awaitable[Any]] | None = None

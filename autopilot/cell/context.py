@@ -121,7 +121,7 @@ class CellContext:
     redact: Callable[[str], str] = lambda s: s
     scrub_file: Callable[[Path], bool] = lambda p: False  # logsetup.Redactor.scrub_file
     # Docker hooks (None when no sandbox is configured or Docker is not in use)
-    remove_sandbox: Callable[[str], Awaitable[Any]] | None = None
+    remove_sandbox: Callable[..., Awaitable[Any]] | None = None  # (name, launching=)
     sandbox_activity: Callable[[dict[str, str]], Awaitable[int | None]] | None = None
     # empties a scratch dir through Docker (files this user cannot remove), else None
     clear_dir: Callable[[str], Awaitable[str | None]] | None = None

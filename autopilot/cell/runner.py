@@ -220,7 +220,8 @@ class CellRun:
         # A sandbox already under this attempt's name is stale (a killed predecessor's
         # harness whose `docker run` landed after the start-up sweep): left there, it
         # would make this attempt fail on a name conflict and cost it a retry.
-        if self.sandbox and cx.remove_sandbox and await cx.remove_sandbox(self.sandbox):
+        if self.sandbox and cx.remove_sandbox and await cx.remove_sandbox(self.sandbox,
+                                                                          launching=True):
             log.info("stale_sandbox_removed", container=self.sandbox)
         return None
 

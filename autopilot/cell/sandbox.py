@@ -94,6 +94,20 @@ class Docker:
         log.info("container_removed", name=name)
         return True
 
+    async def taken(self, name: str, owner: Owner) -> str | None:
+        """Why the container named exactly ``name`` is another run's live sandbox (it
+        runs, and ``owner`` says it is not ours), or None. A harness that names its
+        sandbox after the cell removes any container of that name at its start (MMBT's
+        ``docker rm -f bench-sandbox-<cell>``): launching it now would destroy that
+        run's live work."""
+        try:
+            c = await self.client.containers.get(name)
+        except DockerError:
+            return None
+        if str(c["Name"]).lstrip("/") != name or not (c["State"] or {}).get("Running"):
+            return None
+        return owner.why_not({k: c[k] for k in ("Mounts", "Created") if k in c})
+
     async def names(self, *, all_: bool = True, label: str | None = None) -> dict[str, str]:
         kwargs: dict[str, Any] = {"all": "1" if all_ else "0"}
         if label:

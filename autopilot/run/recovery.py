@@ -19,7 +19,6 @@ import os
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from autopilot.cell import cgroups, sweep
 from autopilot.cell.context import whole_wall
 from autopilot.cell.validity import RunOutcome, attempt_outcomes
 from autopilot.config import Preset
-from autopilot.errors import PlanChangedError
+from autopilot.errors import PlanChangedError, SandboxTaken
 from autopilot.logsetup import get_logger
 from autopilot.plan import Cell, Plan, cell_context
 from autopilot.run import drift
@@ -47,6 +46,7 @@ from autopilot.templates import render
 log = get_logger(__name__)
 
 Emit = Callable[..., dict[str, Any]]
+SANDBOX_WAIT_SECS = 5.0  # how often a cell waiting on another run's live sandbox looks
 
 
 def check_plan_identity(state_dir: Path, plan: Plan, allow_change: bool,
@@ -402,7 +402,7 @@ def sandbox_owner(preset: Preset, state_dir: Path) -> Any:
 @dataclass
 class DockerWiring:
     docker: Any
-    remove_sandbox: Callable[[str], Awaitable[Any]] | None = None
+    remove_sandbox: Callable[..., Awaitable[Any]] | None = None
     sandbox_activity: Callable[[dict[str, str]], Awaitable[int | None]] | None = None
     clear_dir: Callable[[str], Awaitable[str | None]] | None = None
     remove_projects: Callable[[str], Awaitable[Any]] | None = None
@@ -436,7 +436,17 @@ async def docker_setup(preset: Preset, plan: Plan, state_dir: Path,
     template = preset.harness.sandbox_container
     if template:
         owner = sandbox_owner(preset, state_dir)
-        wired.remove_sandbox = partial(docker.remove, owner=owner)
+
+        async def clear_sandbox(name: str, launching: bool = False) -> bool:
+            # Before a launch, another run's live sandbox under the cell's name is waited
+            # out: the harness would remove it at its start.
+            while launching and (why := await docker.taken(name, owner)):
+                log.warning("sandbox_taken", container=name, why=why,
+                            note="the cell waits until that run's sandbox is gone")
+                await anyio.sleep(SANDBOX_WAIT_SECS)
+            return bool(await docker.remove(name, owner))
+
+        wired.remove_sandbox = clear_sandbox
 
         async def activity(ctx: dict[str, str]) -> int | None:
             return await docker.activity(render(template, ctx))
@@ -447,6 +457,14 @@ async def docker_setup(preset: Preset, plan: Plan, state_dir: Path,
                  if c.id not in keep]
         for name in await docker.remove_exact(names, owner):
             cleaned.append({"container": name})
+        for name in names:  # one daemon, two runs with these cell ids: refused, as outputs
+            why = await docker.taken(name, owner)
+            if why:
+                await docker.close()
+                raise SandboxTaken(
+                    f"sandbox container {name} is another run's and live ({why}): this "
+                    "run's harness would remove it at its cell's start. Let that run "
+                    "finish, or give one run other cell ids")
     pattern = preset.harness.compose_project_pattern
     if preset.harness.compose_projects:
         async def projects(path: str) -> list[str]:
