@@ -6,6 +6,9 @@
     autopilot regrade [--task T] [--arm A]            re-run the grader on finished cells
     autopilot cleanup [--endpoint] | release | notify-test   reclaim the box; free its
                                                       output dirs; test phone pushes
+    autopilot stop                                    end what a run left running with no
+                                                      supervisor (a hand-over no successor
+                                                      took up): attempts, endpoint
     autopilot schema [--partial | --markdown]         the preset's JSON Schema; the
                                                       option reference
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from dataclasses import replace
 from functools import partial
@@ -32,6 +36,7 @@ from autopilot.cliutil import default_state_dir, run_and_exit
 from autopilot.config import Preset
 from autopilot.errors import (
     EXIT_HANDOVER,
+    EXIT_SIGTERM,
     AutopilotError,
     ConfigError,
     LockHeld,
@@ -222,6 +227,22 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     if not removed:
         print("nothing to clean up")
     return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    """``autopilot stop``: a supervisor that starts with a stop already asked for, so it
+    does what a ``systemctl stop`` during a start-up does (autopilot.run.supervisor):
+    takes the lock (exit 3 while another holds it), ends the run's leftovers, journals
+    them and ``run_finished stopped``. The unit runs it after a stop that found only a
+    handed-over run (ExecStopPost)."""
+    from autopilot.run.supervisor import RunOptions, Supervisor
+
+    state_dir = _state_dir(args)
+    preset, plan = load_trusted(state_dir, args)
+    sup = Supervisor(preset, plan, RunOptions(state_dir, console_log=not args.quiet))
+    sup.stop.request(signal.SIGTERM, by="autopilot stop")
+    code = anyio.run(sup.run)
+    return 0 if code == EXIT_SIGTERM else code
 
 
 def cmd_regrade(args: argparse.Namespace) -> int:
@@ -454,11 +475,14 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_summarize(args)
         if args.command == "regrade":
             return cmd_regrade(args)
+        if args.command == "stop":
+            return cmd_stop(args)
         if not args.preset:
             parser.error("--preset is required to run (try `autopilot presets`)")
         return cmd_run(args)
     except LockHeld as e:
-        if args.command in ("cleanup", "release") or isinstance(e, OutputsOwned | SandboxTaken):
+        if args.command in ("cleanup", "release", "stop") or isinstance(
+                e, OutputsOwned | SandboxTaken):
             print(f"autopilot: error: {e}", file=sys.stderr)
         else:
             print(f"AUTOPILOT_ABORTED_DOUBLE_DRIVE: another autopilot drives this run: {e}",

@@ -83,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--endpoint", action="store_true",
                     help="also the endpoint container or process")
     _trusted_preset_args(cl)
+    so = sub.add_parser("stop", help="end what a run left running with no supervisor (a "
+                        "hand-over no successor took up, a crash): its attempts by identity "
+                        "and its endpoint, journaled; refuses while a supervisor holds the run")
+    _state_dir_arg(so, "the run's state dir (default as for the run)")
+    _trusted_preset_args(so)
     rl = sub.add_parser("release", help="let other runs write this run's output dirs "
                         "(cleanup does it too); refuses while a supervisor holds the run")
     _state_dir_arg(rl, "the run's state dir (default as for the run)")

@@ -35,11 +35,12 @@ class Stop:
         self.signal: int | None = None
         self.forced = False
         self.handover = False  # SIGUSR2: leave running attempts to their data paths
+        self.by: str | None = None  # who asked, when not a signal (`autopilot stop`)
         self._scopes: set[anyio.CancelScope] = set()
 
     @property
     def name(self) -> str | None:
-        return signal.Signals(self.signal).name if self.signal else None
+        return self.by or (signal.Signals(self.signal).name if self.signal else None)
 
     @contextlib.contextmanager
     def interruptible(self) -> Iterator[anyio.CancelScope]:
@@ -54,8 +55,10 @@ class Stop:
         finally:
             self._scopes.discard(scope)
 
-    def request(self, sig: int) -> bool:
-        """Record a signal; True for the first (a graceful stop), False once forced."""
+    def request(self, sig: int, by: str | None = None) -> bool:
+        """Record a signal; True for the first (a graceful stop), False once forced.
+        ``by``: who asked, when it was no signal."""
+        self.by = self.by or by
         if sig == signal.SIGUSR2:
             if self.signal is not None:
                 return False  # already stopping: a hand-over cannot undo the kills

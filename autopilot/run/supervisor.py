@@ -162,8 +162,8 @@ class Supervisor(Recorder):
         self.swept = await recovery.stop_leftovers(self.preset, self.plan, self.state_dir,
                                                    self.ledger, self.run_token, self.emit)
         ended = sum(len(c.get("pids") or ()) for c in self.swept.cleaned)
-        print(f"autopilot: stopped during start-up: {ended} process(es) a predecessor "
-              f"left were ended", file=sys.stderr, flush=True)
+        print(f"autopilot: stopped before any launch: {ended} process(es) the run had left "
+              "running were ended", file=sys.stderr, flush=True)
         return await self._finish()
 
     def _disk_full(self, err: OSError) -> int:
