@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -158,3 +159,51 @@ def test_the_entry_point_records_before_it_imports_the_world() -> None:
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                        text=True, timeout=60)
     assert r.stdout.strip() == "[] True", r.stdout + r.stderr
+
+
+def test_an_intent_whose_harness_never_spawned_keeps_its_attempt_number(
+        tmp_path: Path) -> None:
+    """A supervisor killed between journaling an intent and its data path spawning the
+    harness (while the fork server starts, say) leaves attempts no harness touched: the
+    successor abandons each as never started, uncharged, and its attempt number is used
+    again, so kills at start-up do not make a cell's attempt count climb. One whose data
+    path did spawn its harness (it recorded shim.json) is not one of them."""
+    import anyio
+
+    from autopilot.datapath import wire
+    from autopilot.loader import load_preset
+    from autopilot.plan import Plan
+    from autopilot.run.recovery import Swept, reattach_datapaths
+    from autopilot.state.journal import Journal
+    from autopilot.state.ledger import Ledger
+
+    preset = load_preset("demo")
+    plan = Plan(preset, 1)
+    ledger = Ledger(plan)
+    journal = Journal(tmp_path / "journal.jsonl")
+    a, b = plan.cells[0].id, plan.cells[1].id
+
+    def emit(event: Any, **fields: Any) -> dict[str, Any]:
+        if not isinstance(event, str):
+            fields = {**event.model_dump(exclude_unset=True, exclude={"ts", "event"}),
+                      **fields}
+            event = event.event
+        rec = journal.append(event, **fields)
+        ledger.apply(rec)
+        return rec
+
+    for _ in range(5):  # five start-up kills, each after cell a's intent
+        attempt = ledger.cells[a].attempts + 1
+        emit("cell_spawning", cell=a, attempt=attempt, token=f"t{attempt}")
+        wire.attempt_dir(tmp_path, a, attempt).mkdir(parents=True, exist_ok=True)
+        anyio.run(reattach_datapaths, preset, plan, tmp_path, ledger, emit, Swept())
+    assert ledger.cells[a].attempts == 0 and ledger.cells[a].status == "pending"
+    emit("cell_spawning", cell=b, attempt=1, token="tb")
+    spawned = wire.attempt_dir(tmp_path, b, 1)
+    spawned.mkdir(parents=True)
+    wire.write_private_json(spawned / wire.SHIM, {"version": wire.VERSION, "pid": 1})
+    found = Swept()
+    lost = anyio.run(reattach_datapaths, preset, plan, tmp_path, ledger, emit, found)
+    assert b not in found.never_started and b in lost  # its data path ran, and is gone
+    assert ledger.cells[b].attempts == 1
+    journal.close()

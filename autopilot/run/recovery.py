@@ -36,6 +36,7 @@ from autopilot.run.preflight import needs_docker
 from autopilot.run.snapshot import RunView, build, prior_elapsed
 from autopilot.run.throttle import Throttle
 from autopilot.state import resolved
+from autopilot.state.cellevents import CellAbandoned
 from autopilot.state.fsutil import atomic_write_json, iso, parse_iso, read_json
 from autopilot.state.journal import began, read_events
 from autopilot.state.ledger import CellState, Ledger
@@ -142,6 +143,7 @@ class Swept:
     adopted: list[tuple[str, int, RunOutcome, Any]] = field(default_factory=list)
     reattached: list[tuple[str, int, Any]] = field(default_factory=list)
     endpoints: dict[int, dict[str, Any]] = field(default_factory=dict)
+    never_started: set[str] = field(default_factory=set)  # intents with no harness spawned
 
     @property
     def kept_cells(self) -> frozenset[str]:
@@ -160,8 +162,17 @@ async def reattach_datapaths(preset: Preset, plan: Plan, state_dir: Path, ledger
     lost: set[str] = set()
     for cell in [c for c in ledger.cells.values() if c.status == "running"]:
         d = wire.attempt_dir(state_dir, cell.id, cell.attempts)
+        if cell.pid is None and not any((d / f).exists() for f in (wire.SHIM, wire.EXIT)):
+            # The intent is journaled but no data path ever spawned its harness (killed
+            # while the fork server started, say): abandoned as never started, and its
+            # attempt number used again: the harness never touched it.
+            found.never_started.add(cell.id)
+            emit(CellAbandoned(cell=cell.id, attempt=cell.attempts, never_started=True,
+                               why="its harness was never spawned (the supervisor was "
+                                   "killed first): nothing to charge or re-attach"))
+            continue
         if not d.is_dir():
-            continue  # spawned before data paths (an older state dir), or never spawned
+            continue  # spawned before data paths (an older state dir)
         dp = await DataPath.attach(d)
         if dp is not None:
             # Killed between the intent and the start's record: the start is journaled
@@ -256,7 +267,8 @@ async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Led
     if reattach:
         lost = await reattach_datapaths(preset, plan, state_dir, ledger, emit, found)
         found.endpoints = await anyio.to_thread.run_sync(live_endpoints, journal, run_token)
-    handled = {cid for cid, _, _ in found.reattached} | {a[0] for a in found.adopted}
+    handled = {cid for cid, _, _ in found.reattached} | {a[0] for a in found.adopted} | \
+        found.never_started
     cells = [c for c in ledger.cells.values() if c.id not in handled]
     keep_tokens = frozenset(str(dp.meta.get("token")) for _, _, dp in found.reattached)
     keep_groups = frozenset(str(dp.meta.get("group")) for _, _, dp in found.reattached) | {

@@ -130,6 +130,9 @@ class CellAbandoned(CellEventBase):
     """Why, in words."""
     killed_pids: list[int] | None = None
     """What was killed of it."""
+    never_started: bool = False
+    """Its harness was never spawned (a supervisor killed between the intent and the
+    spawn): the attempt number is used again, since the harness never touched it."""
 
 
 class MeterEvent(CellEventBase):

@@ -218,6 +218,8 @@ class Ledger:
             case CellKilled():
                 self.kills[ev.kind or "stall"] += 1
             case CellAbandoned():
+                if ev.never_started:  # no harness ever ran as it: its number is free
+                    cell.attempts = max(0, (ev.attempt or cell.attempts) - 1)
                 cell.status = "pending"
                 cell.pid = cell.create_time = None
                 cell.exited, cell.abandoned = False, ev.why or "abandoned"
