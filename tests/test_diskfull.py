@@ -82,38 +82,53 @@ def test_a_short_write_is_cut_back_and_never_glues_onto_the_next_record(
     assert result.torn_lines == []
 
 
-def test_a_full_disk_ends_the_run_in_one_line_and_resume_counts_nothing_twice(
+def test_a_full_disk_hands_over_and_kills_no_work_and_resume_counts_nothing_twice(
         small_disk: Path, tmp_path: Path) -> None:
+    """The state dir's filesystem fills mid-run: the supervisor hands over (exit 140,
+    one line naming the disk) instead of killing its running attempts: their data paths
+    and the endpoint go on. Once space is freed the resume re-attaches (or adopts what
+    ended meanwhile): every cell one verdict, the model loaded once, a journal of whole
+    lines, and nothing of the run left at the end."""
     state = small_disk / "state"
     over = write_overlay(tmp_path / "o.json", {"vars": {"think_secs": "0.3"},
                                                "preflight": {"min_free_gb": 0}})
     args = ["--preset", "demo", "--target-n", "2", "--concurrency", "2", "--config",
             str(over), "--state-dir", str(state), "--quiet"]
-    p = subprocess.Popen([sys.executable, "-m", "autopilot.cli", *args], env=cli_env(),
+    p = subprocess.Popen([sys.executable, "-m", "autopilot", *args], env=cli_env(),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    wait_for(lambda: sum(e["event"] == "cell_started" for e in events(state)) >= 3,
-             what="cells running")
-    filler = fill(small_disk)
-    out, err = p.communicate(timeout=120)
-    assert p.returncode == 1, err.decode()[-3000:]
-    lines = out.decode().strip().splitlines()
-    assert lines[-1].startswith("AUTOPILOT_INCOMPLETE disk full: ")
+    try:
+        wait_for(lambda: sum(e["event"] == "cell_started" for e in events(state)) >= 3,
+                 what="cells running")
+        filler = fill(small_disk)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 140, err.decode()[-3000:]
+    lines = err.decode().strip().splitlines()
+    assert lines[-1].startswith("AUTOPILOT_HANDED_OVER: disk full: "), lines[-3:]
     assert str(small_disk) in lines[-1]
     assert "Traceback" not in err.decode() and "ExceptionGroup" not in err.decode()
-    assert run_marked(state) == []  # no harness, grader or endpoint outlives the run
+    assert run_marked(state)  # the endpoint (and attempts) go on: no work was killed
     assert read_events(state / "journal.jsonl").torn_lines == []
+    kinds = [e["event"] for e in events(state)]
+    assert "cell_killed" not in kinds and "cell_abandoned" not in kinds
 
     filler.unlink()
     (state / ".status.json.leftover.tmp").write_text("{")  # as a kill leaves them
     r = run_cli(*args)
     assert r.returncode == 0, r.stderr[-3000:]
     assert not list(state.glob(".*.tmp"))
-    verdicts = Counter(e["cell"] for e in events(state) if e["event"] == "cell_verdict"
+    evs = events(state)
+    verdicts = Counter(e["cell"] for e in evs if e["event"] == "cell_verdict"
                        and e["verdict"] in ("PASS", "FAIL"))
     status = json.loads((state / "status.json").read_text())
     assert status["phase"] == "COMPLETE"
     assert len(verdicts) == status["totals"]["total"] and set(verdicts.values()) == {1}
+    assert sum(e["event"] == "endpoint_spawned" for e in evs) == 1
     assert os.listdir(small_disk) == ["state"]
+    assert run_marked(state) == []
 
 
 FILL_ONCE = (

@@ -389,6 +389,11 @@ class CellRun:
             with anyio.CancelScope(shield=True):
                 await self._settle(dp)
         except BaseException:
+            if cx.handing_over():  # a full disk under the run: the data path goes on
+                self.detached = True
+                with anyio.CancelScope(shield=True):
+                    await dp.close()
+                raise
             with anyio.CancelScope(shield=True):
                 await self._kill(0.5)
                 await self._end_group()

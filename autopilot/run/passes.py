@@ -64,6 +64,7 @@ class Loop(Protocol):
     def record_verdict(self, cid: str, attempt: int, c: Classification, *,
                        regrade: bool = False) -> None: ...
     def check_budget(self) -> None: ...
+    def storage_failed(self, err: OSError) -> None: ...
     def set_throttle(self, new: Throttle) -> None: ...
     def endpoint_failed(self) -> str | None: ...
     def interruptible(self) -> contextlib.AbstractContextManager[anyio.CancelScope]: ...
@@ -294,8 +295,10 @@ class Passes:
                 else:
                     result = await self._backend.run(cell, attempt, replica)
             except Exception as e:  # a bug in our own code must not take the run down
-                if storage_error(e) is not None:
-                    raise  # a full disk ends the run (Supervisor._disk_full), not the cell
+                disk = storage_error(e)
+                if disk is not None:  # the run hands over (Supervisor._disk_full), before
+                    loop.storage_failed(disk)  # the other cells are cancelled: they detach
+                    raise
                 log.exception("cell_internal_error", cell=cell.id)
                 loop.emit("cell_abandoned", cell=cell.id, attempt=attempt,
                           why=f"internal error: {type(e).__name__}: {e}")

@@ -13,7 +13,9 @@ autopilot.run.supervisor's.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import signal
 import socket
 import time
 from collections.abc import Callable
@@ -40,7 +42,7 @@ from autopilot.state import budget
 from autopilot.state.diskspace import DiskWatch, Reading, floor_bytes
 from autopilot.state.eventbase import EventBase
 from autopilot.state.fsguard import run_roots
-from autopilot.state.fsutil import atomic_write_text, iso, read_json
+from autopilot.state.fsutil import atomic_write_text, iso, read_json, storage_error
 from autopilot.state.journal import Journal
 from autopilot.state.ledger import Ledger
 from autopilot.state.progress import oneline
@@ -88,6 +90,7 @@ class Recorder:
         self.done_this_session = 0
         self.swept = recovery.Swept()
         self.stop = Stop()
+        self.storage_reason: str | None = None  # a full disk made the run hand over
         self.throttle = Throttle(preset.run.concurrency, preset.run.concurrency)
         self.status = StatusWriter(
             self.state_dir / "status.json", self.snapshot, preset.run.status_debounce_secs,
@@ -124,7 +127,12 @@ class Recorder:
             fields = {**event.model_dump(exclude_unset=True, exclude={"ts", "event"}),
                       **fields}
             event = event.event
-        record = self.journal.append(event, **fields)
+        try:
+            record = self.journal.append(event, **fields)
+        except OSError as e:  # nothing half-written (the line is cut back); who raised
+            if storage_error(e) is not None:  # decides, the running attempts stay
+                self.storage_failed(e)
+            raise
         self.ledger.apply(record)
         name = fields.get("kind") if event == "milestone" else event
         level = ("error" if name in ERROR_EVENTS else "warning" if name in WARNING_EVENTS
@@ -134,6 +142,33 @@ class Recorder:
                                       if k not in ("token", "ts", "event")})
         self.status.mark()
         return record
+
+    def storage_failed(self, err: OSError) -> None:
+        """A full disk (or an I/O error) under the run: a reason to hand over, never to
+        kill work. Launching stops and every running attempt stays with its data path
+        and the endpoint serving, as for SIGUSR2; a successor (the resume, or systemd's
+        Restart=) re-attaches once space is back. Called where the error is first seen,
+        before the task group cancels the cells, so each of them detaches. A stop that
+        was already asked for stays a stop."""
+        if self.storage_reason is None:
+            where = err.filename or self.state_dir
+            why = "disk full" if err.errno in (errno.ENOSPC, errno.EDQUOT) else (
+                f"storage error ({errno.errorcode.get(err.errno or 0, err.errno)})")
+            self.storage_reason = f"{why}: {where}"
+            log.error("storage_failed", why=self.storage_reason,
+                      note="handing over: running attempts stay with their data paths")
+        self.stop.request(signal.SIGUSR2)
+
+    async def guarded(self, task: Callable[[], Any]) -> None:
+        """A background task of the loop whose storage error is seen as such before it
+        cancels its siblings (the cells, which then detach rather than die)."""
+        try:
+            await task()
+        except BaseException as e:
+            disk = storage_error(e)
+            if disk is not None:
+                self.storage_failed(disk)
+            raise
 
     def milestone(self, kind: str, **info: Any) -> None:
         priority = MILESTONES.get(kind, ("", "normal"))[1]

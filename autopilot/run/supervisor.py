@@ -20,11 +20,11 @@ backend reports through it and never sees the rest.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import signal
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -167,15 +167,25 @@ class Supervisor(Recorder):
         return await self._finish()
 
     def _disk_full(self, err: OSError) -> int:
-        """ENOSPC / EIO / EDQUOT / EROFS anywhere: every cell task has been cancelled (and
-        killed its tree) and the endpoint stopped on the way out; say so in one line and
-        record what still fits. The journal holds only whole lines (Journal.append cuts a
-        partial one back), so a resume after space is freed counts nothing twice."""
-        where = err.filename or self.state_dir
-        why = "disk full" if err.errno in (errno.ENOSPC, errno.EDQUOT) else (
-            f"storage error ({errno.errorcode.get(err.errno or 0, err.errno)})")
-        self.phase = "INCOMPLETE"
-        self.outcome_reason = f"{why}: {where}"
+        """ENOSPC / EIO / EDQUOT / EROFS anywhere: a hand-over (Recorder.storage_failed),
+        unless a stop was asked for first. Every running attempt was left to its data path
+        and the endpoint serving; say so in one line and record what still fits. The
+        journal holds only whole lines (Journal.append cuts a partial one back), so the
+        successor, once space is back, re-attaches and counts nothing twice."""
+        self.storage_failed(err)
+        reason = self.storage_reason or str(err)
+        if self.stop.handover:
+            running = [c.id for c in self.ledger.cells.values() if c.status == "running"]
+            self.phase, self.outcome_reason = "handed_over", (
+                f"{reason}; {len(running)} attempt(s) left running under their data paths")
+            with contextlib.suppress(OSError, AssertionError):
+                self.emit("run_handed_over", running=running[:1000])
+            with contextlib.suppress(OSError):
+                self.phase_final_write()
+            print(f"AUTOPILOT_HANDED_OVER: {term(self.outcome_reason, 1000)}; resume once "
+                  "space is back (under systemd, Restart= does)", file=sys.stderr, flush=True)
+            return EXIT_HANDOVER
+        self.phase, self.outcome_reason = "INCOMPLETE", reason
         with contextlib.suppress(OSError, AssertionError):
             self.emit("run_finished", outcome="INCOMPLETE", reason=self.outcome_reason)
         with contextlib.suppress(OSError):
@@ -205,10 +215,10 @@ class Supervisor(Recorder):
         code = EXIT_INCOMPLETE
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self.status.run)
+                tg.start_soon(self.guarded, self.status.run)
                 tg.start_soon(self.notifier.run)
-                tg.start_soon(background.heartbeat, self.lock, lambda: self.phase,
-                              self.progress_line)
+                tg.start_soon(self.guarded, partial(background.heartbeat, self.lock,
+                                                    lambda: self.phase, self.progress_line))
                 if self.opts.live_view:
                     from autopilot.run import liveview  # rich: only on a terminal
 
