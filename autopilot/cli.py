@@ -100,7 +100,7 @@ def dry_run_text(preset: Preset, plan: Plan, state_dir: Path, warnings: list[str
 
     led = Ledger(plan)
 
-    for ev in state_events(state_dir).events:
+    for ev in state_events(state_dir):
         led.apply(ev)
     c = led.counts()
     lines = [

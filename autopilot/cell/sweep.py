@@ -61,7 +61,7 @@ def orphan_cells(cells: list[CellState], journal: Path, grace: float, token: str
     if not running:
         return []
     tokens: dict[str, str | None] = {}
-    for ev in read_events(journal).events:
+    for ev in read_events(journal):
         if ev.get("event") in ("cell_spawning", "cell_started") and \
                 isinstance(ev.get("cell"), str):
             tokens[ev["cell"]] = ev.get("token")
@@ -118,7 +118,7 @@ def orphan_endpoint(journal: Path, token: str, refused: Refusals,
     killed: list[int] = []
     engine = None
     seen: set[ProcIdentity] = set()
-    for ev in read_events(journal).events:
+    for ev in read_events(journal):
         if ev.get("event") not in ("endpoint_spawned", "endpoint_started") or ev.get("attached"):
             continue
         ident = journaled_identity(ev)
@@ -148,7 +148,7 @@ def orphan_uids(journal: Path, uids: tuple[int, int], keep: set[Any], grace: flo
     from autopilot.cell.users import processes_of
 
     seen: set[int] = set()
-    for ev in read_events(journal).events:
+    for ev in read_events(journal):
         u = ev.get("uid")
         if ev.get("event") == "cell_spawning" and type(u) is int \
                 and uids[0] <= u <= uids[1] and u not in keep:

@@ -175,7 +175,7 @@ def endpoint_leftovers(state_dir: Path) -> list[int]:
     endpoint processes its journal names (exact identity). Empty means gone."""
     token = existing_run_token(state_dir)
     alive = {p.pid for p, _ in marked_processes(token)} if token else set()
-    for ev in state_events(state_dir).events:
+    for ev in state_events(state_dir):
         if ev.get("event") in ("endpoint_spawned", "endpoint_started") \
                 and not ev.get("attached"):
             ident = journaled_identity(ev)
@@ -306,7 +306,7 @@ class Campaign:
             return None
         total, usd, unpriced = Spend(), 0.0, False
         for q in self.planned:
-            spent = of_events(state_events(q.state_dir).events)
+            spent = of_events(state_events(q.state_dir))
             total = total + spent
             cost = spent.usd(q.rate)
             unpriced |= cost is None and spent.tokens > 0

@@ -89,13 +89,13 @@ def check_plan_identity(state_dir: Path, plan: Plan, allow_change: bool,
 def replay(state_dir: Path, ledger: Ledger) -> set[str]:
     """Fold the journal into ``ledger``; the arms whose completion was announced."""
     result = read_events(state_dir / "journal.jsonl")
-    if result.torn_lines:
-        log.warning("journal_torn_lines_skipped", lines=result.torn_lines)
     announced: set[str] = set()
-    for ev in result.events:
+    for ev in result:  # streamed: one pass, one line held at a time
         ledger.apply(ev)
         if ev.get("event") == "milestone" and ev.get("kind") == "arm_complete":
             announced.add(str(ev.get("arm")))
+    if result.torn_lines:  # what the pass found
+        log.warning("journal_torn_lines_skipped", lines=result.torn_lines)
     return announced
 
 
@@ -238,7 +238,7 @@ def live_endpoints(journal: Path, token: str) -> dict[int, dict[str, Any]]:
     from autopilot.cell.procs import journaled_identity, run_marked, verify
 
     last: dict[int, dict[str, Any]] = {}
-    for ev in read_events(journal).events:
+    for ev in read_events(journal):
         if ev.get("event") in ("endpoint_spawned", "endpoint_started") \
                 and not ev.get("attached"):
             replica = ev.get("replica", 0)
@@ -283,7 +283,7 @@ async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Led
             sweep.orphan_cells, cells, journal, grace, run_token, refused):
         found.cleaned.append({"cell": cell.id, "pids": pids})
         if exited is None:  # read only when a predecessor left cells running
-            exited = attempt_outcomes(read_events(journal).events)
+            exited = attempt_outcomes(read_events(journal))
         outcome = None if cell.id in lost else finished_outcome(
             preset, plan.by_id[cell.id], state_dir, cell, exited, killed=cell.pid in pids)
         if cell.id in lost:

@@ -13,7 +13,6 @@ import errno
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,41 +26,69 @@ from autopilot.state.statedir import ensure_private_dir, open_private
 log = get_logger(__name__)
 
 
-@dataclass
 class ReplayResult:
-    events: list[dict[str, Any]] = field(default_factory=list)
-    torn_lines: list[int] = field(default_factory=list)
+    """A journal as read: iterating it streams its well-formed records from the file
+    (memory bounded by one line, not by the journal: a view of a 1 GB journal holds what
+    it folds, never the journal); ``events`` is the list, for a caller that needs one;
+    ``torn_lines``, the malformed lines a whole pass found."""
 
-    def typed(self) -> list[EventBase]:
-        """The events as their types (autopilot.state.events): what a view reads; a
-        record that fits no type is left out, as a torn line is."""
-        return [ev for ev in map(parse, self.events) if ev is not None]
+    def __init__(self, path: Path | None = None, owner: int | None = None) -> None:
+        self.path, self.owner = path, owner
+        self._events: list[dict[str, Any]] | None = None
+        self._torn: list[int] | None = None
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self._events is not None:
+            yield from self._events
+            return
+        if self.path is None:
+            return
+        # Through autopilot.state.untrusted: a journal replaced by a FIFO or a symlink (in
+        # a state dir a view is pointed at) reads as empty, never as a hang or another file.
+        from autopilot.state.untrusted import lines
+
+        torn: list[int] = []
+        for lineno, raw in enumerate(lines(self.path, self.owner), start=1):
+            if not raw.strip():
+                continue
+            try:
+                ev = json.loads(raw)
+            except ValueError:
+                torn.append(lineno)
+                continue
+            if isinstance(ev, dict) and "event" in ev:
+                yield ev
+            else:
+                torn.append(lineno)
+        self._torn = torn
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        if self._events is None:
+            self._events = list(self)
+        return self._events
+
+    @property
+    def torn_lines(self) -> list[int]:
+        if self._torn is None:
+            for _ in self:
+                pass
+        return self._torn or []
+
+    def typed(self) -> Iterator[EventBase]:
+        """The events as their types (autopilot.state.events), streamed: what a view
+        reads; a record that fits no type is left out, as a torn line is."""
+        return (ev for ev in map(parse, self) if ev is not None)
 
 
 def read_events(path: Path, owner: int | None = None) -> ReplayResult:
-    """All well-formed events; malformed lines are reported, not raised."""
-    result = ReplayResult()
-    # Through autopilot.state.untrusted: a journal replaced by a FIFO or a symlink (in a
-    # state dir a view is pointed at) reads as empty, never as a hang or another file.
-    from autopilot.state.untrusted import lines
-
-    for lineno, raw in enumerate(lines(path, owner), start=1):
-        if not raw.strip():
-            continue
-        try:
-            ev = json.loads(raw)
-        except ValueError:
-            result.torn_lines.append(lineno)
-            continue
-        if isinstance(ev, dict) and "event" in ev:
-            result.events.append(ev)
-        else:
-            result.torn_lines.append(lineno)
-    return result
+    """All well-formed events (streamed as iterated); malformed lines are reported, not
+    raised."""
+    return ReplayResult(path, owner)
 
 
 def iter_events(path: Path) -> Iterator[dict[str, Any]]:
-    yield from read_events(path).events
+    yield from read_events(path)
 
 
 def began(path: Path) -> float | None:

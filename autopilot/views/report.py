@@ -328,7 +328,7 @@ def recorded_pins(state_dir: Path) -> tuple[list[tuple[str, str]], list[tuple[st
     pins = [(md(k, 300), md(v, 80) if isinstance(v, str) else "missing")
             for k, v in list(raw.items())[:200]] if isinstance(raw, dict) else []
     drifts = [(md(ev.get("ts"), 40), md(", ".join(map(str, files))[:600], 600))
-              for ev in state_events(state_dir).events
+              for ev in state_events(state_dir)
               if ev.get("event") == "benchmark_drift"
               and isinstance(files := ev.get("files"), dict)]
     return pins, drifts
@@ -382,7 +382,7 @@ def isolation(state_dir: Path) -> list[str]:
     """Who the latest launch's harnesses ran as and how they were contained (its
     ``run_started``), as markdown list items; shape-checked (the journal is untrusted)."""
     last: Any = None
-    for ev in state_events(state_dir).events:
+    for ev in state_events(state_dir):
         if ev.get("event") == "run_started" and isinstance(ev.get("harness_user"), dict):
             last = ev
     if last is None:

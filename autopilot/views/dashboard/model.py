@@ -8,6 +8,7 @@ Nothing here writes, locks, or fails on sparse data: a missing file is an empty 
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,9 +101,9 @@ def load(state_dir: Path, recent: int = 8) -> DashData | None:
     target_n = _count(plan.get("target_n")) or _count(status.get("target_n"))
     cells = [Cell(t, a, n) for a in arms for n in range(1, target_n + 1) for t in tasks]
     ledger = Ledger(cells)
-    events: list[dict[str, Any]] = []
+    events: deque[dict[str, Any]] = deque(maxlen=max(recent, 0))  # the last few only
     completions: list[float] = []
-    for raw in state_events(state_dir).events:
+    for raw in state_events(state_dir):
         # the ledger keeps words; views escape what they show of them
         ev = ledger.apply(raw)  # typed, for the kinds it folds
         if raw["event"] in NOTABLE:
@@ -120,7 +121,7 @@ def load(state_dir: Path, recent: int = 8) -> DashData | None:
             c.tier = run.tier or "OK"
     return DashData(
         state_dir=state_dir, status=status, tasks=tasks, arms=arms, target_n=target_n,
-        cells=ledger.cells, trust=ledger.trust(), events=events[-recent:],
+        cells=ledger.cells, trust=ledger.trust(), events=list(events),
         completions=completions,
         baseline=doc.baseline, ledger=ledger, doc=doc,
     )

@@ -261,7 +261,7 @@ class Server:
         verdict = {"PASS": "PASS", "FAIL": "FAIL"}.get(c.status) or (
             f"INVALID({c.reason})" if c.status == "invalid" else c.status.upper())
         evs = []
-        for ev in state_events(self.state_dir).events:
+        for ev in state_events(self.state_dir):
             if ev.get("cell") != cid:
                 continue
             ev = sane(ev)
