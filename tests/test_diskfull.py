@@ -100,7 +100,7 @@ def test_a_full_disk_hands_over_and_kills_no_work_and_resume_counts_nothing_twic
         wait_for(lambda: sum(e["event"] == "cell_started" for e in events(state)) >= 3,
                  what="cells running")
         filler = fill(small_disk)
-        out, err = p.communicate(timeout=120)
+        _, err = p.communicate(timeout=120)
     finally:
         if p.poll() is None:
             p.kill()
