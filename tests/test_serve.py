@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -190,6 +191,13 @@ def test_with_a_token_requests_without_it_get_401(server) -> None:
     for path in ("", "status.json", "metrics", "events", "static/app.js"):
         assert httpx.get(url + path).status_code == 401
     assert httpx.get(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    port = int(url.rsplit(":", 1)[1].strip("/"))
+    for header in (b"Authorization: Bearer \xff\xfe", b"Cookie: autopilot_token=\xc3\x28"):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+            raw.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n" + header +
+                        b"\r\nConnection: close\r\n\r\n")
+            head = raw.recv(64)
+        assert head.split()[1] == b"401", head  # bytes that are no text: no token, no 500
     ok = httpx.get(url, headers={"Authorization": f"Bearer {TOKEN}"})
     assert ok.status_code == 200
     with httpx.Client() as c:  # ?token= once, then the HttpOnly cookie

@@ -134,7 +134,11 @@ class Server:
         if self.token is not None:
             given = _bearer(request) or request.query.get("token") \
                 or request.cookies.get(COOKIE) or ""
-            if not hmac.compare_digest(given.encode(), self.token.encode()):
+            try:
+                ok = hmac.compare_digest(given.encode(), self.token.encode())
+            except UnicodeEncodeError:  # bytes that are no text (a header's): no token
+                ok = False
+            if not ok:
                 return web.Response(status=401, text="401: a token is required\n",
                                     headers={"WWW-Authenticate": "Bearer", **HEADERS})
             set_cookie = request.query.get("token") is not None
