@@ -174,17 +174,8 @@ class Supervisor(Recorder):
         successor, once space is back, re-attaches and counts nothing twice."""
         self.storage_failed(err)
         reason = self.storage_reason or str(err)
-        if self.stop.handover:
-            running = [c.id for c in self.ledger.cells.values() if c.status == "running"]
-            self.phase, self.outcome_reason = "handed_over", (
-                f"{reason}; {len(running)} attempt(s) left running under their data paths")
-            with contextlib.suppress(OSError, AssertionError):
-                self.emit("run_handed_over", running=running[:1000])
-            with contextlib.suppress(OSError):
-                self.phase_final_write()
-            print(f"AUTOPILOT_HANDED_OVER: {term(self.outcome_reason, 1000)}; resume once "
-                  "space is back (under systemd, Restart= does)", file=sys.stderr, flush=True)
-            return EXIT_HANDOVER
+        if self.stop.handover:  # status.json keeps what fitted (the disk is full)
+            return self._handed_over(cause=reason)
         self.phase, self.outcome_reason = "INCOMPLETE", reason
         with contextlib.suppress(OSError, AssertionError):
             self.emit("run_finished", outcome="INCOMPLETE", reason=self.outcome_reason)
@@ -318,17 +309,20 @@ class Supervisor(Recorder):
         print(f"AUTOPILOT_INCOMPLETE {term(self.outcome_reason, 1000)}", flush=True)
         return EXIT_INCOMPLETE
 
-    def _handed_over(self) -> int:
-        """SIGUSR2 (``systemctl restart``): the loop goes, its attempts and endpoint
-        stay; the successor re-attaches to both."""
+    def _handed_over(self, cause: str = "") -> int:
+        """SIGUSR2 (``systemctl restart``), or ``cause`` (a full disk): the loop goes,
+        its attempts and endpoint stay; the successor re-attaches to both."""
         running = [c.id for c in self.ledger.cells.values() if c.status == "running"]
         self.phase, self.outcome_reason = "handed_over", (
-            f"{len(running)} attempt(s) left running under their data paths")
-        self.emit("run_handed_over", running=running[:1000])
-        resume = f"; resume with: {self.opts.resume_command}" if self.opts.resume_command \
-            else ""
-        print(f"AUTOPILOT_HANDED_OVER: {self.outcome_reason}{resume}", file=sys.stderr,
-              flush=True)
+            (f"{cause}; " if cause else "")
+            + f"{len(running)} attempt(s) left running under their data paths")
+        with contextlib.suppress(OSError, AssertionError):  # a full disk: it stands
+            self.emit("run_handed_over", running=running[:1000])
+        resume = ("; resume once space is back (under systemd, Restart= does)" if cause else
+                  f"; resume with: {self.opts.resume_command}" if self.opts.resume_command
+                  else "")
+        print(f"AUTOPILOT_HANDED_OVER: {term(self.outcome_reason, 1000)}{resume}",
+              file=sys.stderr, flush=True)
         return EXIT_HANDOVER
 
     async def _publish(self) -> None:

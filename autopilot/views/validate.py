@@ -68,31 +68,7 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
                  in_progress: bool = False) -> ValidationResult:
     """``in_progress``: a live supervisor drives the run, so a cell it is running is
     reported RUNNING, not judged from half-written outputs."""
-    # Where each cell stands is the ledger's fold of the journal (autopilot.state.ledger),
-    # the same one the dashboard, the report and the supervisor read; what is collected
-    # here beside it is evidence for re-judging the outputs.
-    ledger = Ledger(plan)
-    last_outcome: dict[str, dict[str, Any]] = {}
-    spans: dict[tuple[str, int], list[float]] = {}  # each attempt's first and last event
-    metered: dict[str, dict[str, Any]] = {}  # the gateway's evidence of the latest attempt
-    for ev in state_events(state_dir).typed():
-        ledger.apply(ev)
-        if not isinstance(ev, CellEventBase) or not ev.cell:
-            continue
-        cid, ts = ev.cell, parse_iso(ev.ts)
-        if ts is not None:
-            key = (cid, ev.attempt if ev.attempt is not None else
-                   max(1, ledger.cells[cid].attempts if cid in ledger.cells else 1))
-            span = spans.setdefault(key, [ts, ts])
-            span[0], span[1] = min(span[0], ts), max(span[1], ts)
-        match ev:
-            case CellSpawning() | CellStarted():
-                last_outcome.pop(cid, None)
-                metered.pop(cid, None)
-            case CellExited() | CellRan() if isinstance(ev.outcome, dict):
-                last_outcome[cid] = ev.outcome
-            case CellMetered():
-                metered[cid] = ev.model_dump(by_alias=True)
+    ledger, last_outcome, spans, metered = _fold(plan, state_dir)
     result = ValidationResult(in_progress=in_progress)
     # Outputs let go (autopilot release): a next run may have moved or rewritten them, so
     # a cell with a verdict keeps it as journaled instead of being judged from them.
@@ -174,6 +150,40 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
     result.armless, result.foreign = armless_dirs(preset, plan, state_dir,
                                                   list(spans.values()))
     return result
+
+
+Evidence = tuple[Ledger, dict[str, dict[str, Any]], dict[tuple[str, int], list[float]],
+                 dict[str, dict[str, Any]]]
+
+
+def _fold(plan: Plan, state_dir: Path) -> Evidence:
+    """Where each cell stands is the ledger's fold of the journal (autopilot.state.ledger),
+    the same one the dashboard, the report and the supervisor read; what is collected
+    beside it is evidence for re-judging the outputs: each cell's last outcome, each
+    attempt's first and last event, the gateway's evidence of its latest attempt."""
+    ledger = Ledger(plan)
+    last_outcome: dict[str, dict[str, Any]] = {}
+    spans: dict[tuple[str, int], list[float]] = {}
+    metered: dict[str, dict[str, Any]] = {}
+    for ev in state_events(state_dir).typed():
+        ledger.apply(ev)
+        if not isinstance(ev, CellEventBase) or not ev.cell:
+            continue
+        cid, ts = ev.cell, parse_iso(ev.ts)
+        if ts is not None:
+            key = (cid, ev.attempt if ev.attempt is not None else
+                   max(1, ledger.cells[cid].attempts if cid in ledger.cells else 1))
+            span = spans.setdefault(key, [ts, ts])
+            span[0], span[1] = min(span[0], ts), max(span[1], ts)
+        match ev:
+            case CellSpawning() | CellStarted():
+                last_outcome.pop(cid, None)
+                metered.pop(cid, None)
+            case CellExited() | CellRan() if isinstance(ev.outcome, dict):
+                last_outcome[cid] = ev.outcome
+            case CellMetered():
+                metered[cid] = ev.model_dump(by_alias=True)
+    return ledger, last_outcome, spans, metered
 
 
 SPAN_SLACK = 0.05  # seconds around an attempt's journaled span (its ts are cut to ms)
