@@ -12,6 +12,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -127,6 +128,9 @@ def test_a_full_disk_hands_over_and_kills_no_work_and_resume_counts_nothing_twic
     assert status["phase"] == "COMPLETE"
     assert len(verdicts) == status["totals"]["total"] and set(verdicts.values()) == {1}
     assert sum(e["event"] == "endpoint_spawned" for e in evs) == 1
+    # The data paths waited for space to record their attempts' ends: none was lost.
+    assert [e for e in evs if e["event"] == "cell_verdict"
+            and e.get("reason") == "datapath_lost"] == []
     assert os.listdir(small_disk) == ["state"]
     assert run_marked(state) == []
 
@@ -192,3 +196,61 @@ def test_a_disk_below_the_floor_pauses_launching_and_charges_no_cell(
     assert sum(vd == "PASS" for _, vd in verdicts) == 4
     status = json.loads((state / "status.json").read_text())
     assert status["phase"] == "COMPLETE"
+
+
+async def test_a_full_disk_fails_no_request_and_tears_no_log_line(
+        small_disk: Path, upstream: Any) -> None:
+    """A data path's gateway log on a full disk: the harness's requests are still served
+    and metered (the meter goes into exit.json); the lines that did not fit are counted
+    ``unwritten``, and the log is cut back to whole lines."""
+    from gateway_fake import client, here
+
+    from autopilot.gateway.proxy import Gateway
+
+    log = small_disk / "gateway.jsonl"
+    gw = Gateway()
+    try:
+        async with gw.attempt("c1", 1, {}, here(upstream), log) as att, client(att) as c:
+            ok = await c.post("/v1/chat/completions", json={"model": "m", "messages": []})
+            assert ok.status_code == 200
+            filler = fill(small_disk)
+            for _ in range(40):  # past what the log's last page still holds
+                r = await c.post("/v1/chat/completions", json={"model": "m", "messages": []})
+                assert r.status_code == 200
+            meter, unwritten = att.meter, att.unwritten
+    finally:
+        await gw.close()
+    filler.unlink()
+    assert meter.requests == 41 and meter.completion_tokens > 0
+    lines = log.read_text().splitlines()
+    assert unwritten > 0 and len(lines) + unwritten == 41
+    assert all(json.loads(line)["status"] == 200 for line in lines)  # whole lines only
+
+
+def test_a_data_path_waits_for_space_to_record_its_attempts_end(small_disk: Path) -> None:
+    """exit.json (the attempt's end and meter) is written once space is back, never
+    given up: the data path retries while the disk is full."""
+    import asyncio
+    import threading
+
+    from autopilot.datapath import shim, wire
+
+    target = small_disk / wire.EXIT
+    filler = fill(small_disk)
+    tries = []
+
+    def write() -> None:
+        tries.append(1)
+        wire.write_private_json(target, {"code": 0, "meter": {"requests": 7}})
+
+    shim.SPACE_RETRY_SECS = 0.05
+    t = threading.Thread(target=lambda: asyncio.run(shim._when_space(write)), daemon=True)
+    t.start()
+    try:
+        wait_for(lambda: len(tries) >= 2, 30, "the data path retrying on a full disk")
+        assert not target.exists() and t.is_alive()
+    finally:
+        filler.unlink()
+    t.join(30)
+    assert not t.is_alive()
+    assert json.loads(target.read_text())["meter"] == {"requests": 7}

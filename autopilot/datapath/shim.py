@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import errno
 import hmac
 import os
 import signal
@@ -217,7 +218,8 @@ class Shim:
         if self.att is not None:
             final["meter"] = self.att.meter.summary()
             final["records"], final["dropped"] = self.att.records, self.att.dropped
-        wire.write_private_json(self.dir / wire.EXIT, final)
+            final["unwritten"] = self.att.unwritten
+        await _when_space(lambda: wire.write_private_json(self.dir / wire.EXIT, final))
         self.done.set()
         # A loop waiting on us reads the end from the channel before we go (bounded: a
         # frozen reader is told by exit.json instead).
@@ -306,6 +308,29 @@ def main() -> int:
               file=sys.stderr)
         return 2
     return run_spec(spec)
+
+
+SPACE_RETRY_SECS = 2.0  # how often a data path on a full disk tries its last write again
+
+
+async def _when_space(write: Any) -> None:
+    """The attempt's last word (exit.json: its end and its meter) is never given up for
+    a full disk: the data path waits, alive (a successor re-attaches to it meanwhile),
+    and writes it once space is back."""
+    said = False
+    while True:
+        try:
+            write()
+            return
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            if not said:  # its log is on that disk too: said where it fits
+                with contextlib.suppress(OSError):
+                    print("autopilot data path: disk full: waiting for space to record "
+                          "the attempt's end", file=sys.stderr, flush=True)
+                said = True
+            await asyncio.sleep(SPACE_RETRY_SECS)
 
 
 def run_spec(spec: dict[str, Any]) -> int:

@@ -4,6 +4,7 @@ query parameter a dialect's clients send it, or a connection its own processes o
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import os
@@ -56,17 +57,35 @@ class Attempt:
     dropped: int = 0
     closing: bool = False  # the attempt is ending: what is still open is cut by us
     _log: IO[bytes] | None = None
+    _end: int | None = None  # the log's size after its last whole line
+    unwritten: int = 0  # request lines a full disk kept out of the log (never the meter)
     _callers: set[tuple[tuple[str, int], int]] = field(default_factory=set)
 
     def write(self, record: dict[str, Any]) -> None:
+        """One request's line, whole or not at all, and never a reason to fail the
+        request: on a full disk the line is counted ``unwritten`` (the meter, which goes
+        into exit.json, still holds its spend) and the file is cut back to its last
+        whole line, so a torn line can never glue onto the next."""
         if self._log is None:
             return
         if self.records >= self.max_records:
             self.dropped += 1
             return
         self.records += 1
-        self._log.write((json.dumps(record, separators=(",", ":")) + "\n").encode())
-        self._log.flush()
+        fd = self._log.fileno()
+        if self._end is None:
+            self._end = os.fstat(fd).st_size
+        line = memoryview((json.dumps(record, separators=(",", ":")) + "\n").encode())
+        size = len(line)
+        try:
+            while line:
+                line = line[os.write(fd, line):]
+        except OSError:
+            self.unwritten += 1
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, self._end)
+            return
+        self._end += size
 
     def settings_for(self, dialect: str) -> Mapping[str, Any]:
         extra = self.dialect_settings.get(dialect)
