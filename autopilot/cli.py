@@ -44,6 +44,7 @@ from autopilot.errors import (
     SandboxTaken,
     StateDirError,
 )
+from autopilot.escape import term
 from autopilot.loader import find_preset, list_presets, load_preset
 from autopilot.plan import Plan
 from autopilot.run.preflight import PreflightReport, run_preflight
@@ -239,6 +240,13 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
     state_dir = _state_dir(args)
     preset, plan = load_trusted(state_dir, args)
+    last = None  # the last launch's last word: a run that ended itself left nothing
+    for ev in state_events(state_dir):
+        if ev.get("event") in ("run_started", "run_finished", "run_handed_over"):
+            last = ev
+    if last is not None and last.get("event") == "run_finished":
+        print(f"nothing to stop: the run ended ({term(str(last.get('outcome')), 40)})")
+        return 0
     sup = Supervisor(preset, plan, RunOptions(state_dir, console_log=not args.quiet))
     sup.stop.request(signal.SIGTERM, by="autopilot stop")
     code = anyio.run(sup.run)

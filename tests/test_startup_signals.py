@@ -207,3 +207,25 @@ def test_an_intent_whose_harness_never_spawned_keeps_its_attempt_number(
     assert b not in found.never_started and b in lost  # its data path ran, and is gone
     assert ledger.cells[b].attempts == 1
     journal.close()
+
+
+def test_autopilot_stop_ends_a_handed_over_run_and_leaves_a_finished_one_alone(
+        tmp_path: Path) -> None:
+    """`autopilot stop` (the unit's ExecStopPost after a stop that replaced a restart):
+    on a handed-over run it ends every leftover and journals it; on a run that ended
+    itself it changes nothing."""
+    over = slow_overlay(tmp_path, latency=0.9, think="0.3", concurrency=3)
+    state = tmp_path / "state"
+    handed_over(tmp_path, state, over)
+    r = run_cli("stop", "--state-dir", str(state))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert marked(state) == []
+    kinds = [e["event"] for e in events(state)]
+    assert "leftovers_stopped" in kinds
+    assert [e for e in events(state) if e["event"] == "run_finished"][-1]["outcome"] \
+        == "stopped"
+    before = (state / "journal.jsonl").read_bytes()
+    again = run_cli("stop", "--state-dir", str(state))
+    assert again.returncode == 0 and again.stdout.startswith("nothing to stop: the run "
+                                                             "ended (stopped)")
+    assert (state / "journal.jsonl").read_bytes() == before
