@@ -540,7 +540,8 @@ mount = next(l.split()[4] for l in open("/proc/self/mountinfo")
              if l.split(" - ")[1].split()[0] == "cgroup2")
 if who == "supervisor":  # walk up to the autopilot itself
     pid = os.getppid()
-    while b"autopilot.cli" not in open(f"/proc/{pid}/cmdline", "rb").read():
+    while not any(m in open(f"/proc/{pid}/cmdline", "rb").read()
+                  for m in (b"autopilot.cli", b"-m\0autopilot\0")):
         pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
 else:
     pid = int(who)
