@@ -19,7 +19,7 @@ INVALID_REASONS = frozenset({
     "stall", "deadline", "harness_crash", "missing_output", "grader_failed",
     "malformed_grade", "zero_tokens", "arm_mismatch", "endpoint_down", "api_error",
     "grader_unavailable", "malformed_summary", "rate_limited", "disk_full", "unmetered",
-    "config", "datapath_lost", "unscored", "sample_errors"})
+    "config", "datapath_lost", "unscored", "sample_errors", "interrupted"})
 # Reasons that lie with grading, not with the harness's run: the outputs stand, so the
 # grader is re-run on them; the harness never is (an hour of GPU work is not re-spent).
 # "unscored": the grader's own word that the sample has no score (Inspect's NaN).
@@ -46,9 +46,11 @@ class VerdictRule(_Frozen):
     """For INVALID: why (one of the INVALID reasons, e.g. ``grader_failed``)."""
     caveat: str | None = None
     """A caveat carried with the verdict into the report (e.g. "structural check only")."""
-    streak: bool = False
+    streak: bool | None = None
     """Counts towards the harness-break streak (three MISSING_OUTPUT or GRADER_FAILED in a
-    row mean the harness or grader broke, not the model)."""
+    row mean the harness or grader broke, not the model). Unset: as its reason says
+    (a broken harness's or grader's reasons count); ``false``: never, for a word that
+    speaks of the eval's own data (a score no reader can read), not of a break."""
 
     @model_validator(mode="after")
     def _reason(self) -> VerdictRule:

@@ -49,6 +49,14 @@ class Harness(_Frozen):
     wall_budget_secs: float = Field(default=3000, gt=0)
     """A cell's wall budget; its deadline is this plus ``watchdog.deadline_overhead_secs``,
     never over ``watchdog.deadline_cap_secs``."""
+    items: str = ""
+    """A JSON file (a template) where a harness that runs many items (an Inspect task's
+    samples) keeps ``{"total", "done", "reused"}`` current: an attempt cut before all
+    were done is INVALID(interrupted), resumed, never the model's FAIL, and the wall
+    budget can scale with the count (``item_budget_secs``). "": a cell is one item."""
+    item_budget_secs: float = Field(default=0, ge=0)
+    """With ``items``: a cell's wall budget is this per item still to run (never below
+    ``wall_budget_secs``; a task's own ``wall_budget_secs`` replaces it). 0: fixed."""
     sandbox_container: str = ""
     """The name of the Docker container the harness runs its model's commands in (a
     template, e.g. MMBT's ``bench-sandbox-{cell}``): removed, if it is this run's, when

@@ -27,6 +27,10 @@ class TaskLimits:
     # From the attempt's start to the hard deadline: the wall budget plus the overhead
     # allowed for start-up and teardown, never over the cap.
     deadline_secs: float
+    deadline_cap_secs: float = 3600.0
+    # Seconds of wall budget per item still to run, for a harness that says how many
+    # it holds (autopilot.cell.itemsprogress); 0: none (the task sets its own budget)
+    per_item_secs: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -42,4 +46,6 @@ def limits_for(preset: Preset, task_id: str) -> TaskLimits:
         teardown_grace_secs=w.teardown_grace_secs, kill_grace_secs=w.kill_grace_secs,
         wall_budget_secs=budget,
         deadline_secs=min(budget + w.deadline_overhead_secs, w.deadline_cap_secs),
+        deadline_cap_secs=w.deadline_cap_secs,
+        per_item_secs=0.0 if task.wall_budget_secs else preset.harness.item_budget_secs,
     )

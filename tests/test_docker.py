@@ -387,23 +387,35 @@ def test_compose_projects_a_cell_listed_are_removed_and_nothing_else(
 
 def test_the_inspect_wrapper_lists_the_projects_that_appear_while_it_runs(
         docker_host: str, test_images, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only an Inspect-named project that appears after the wrapper first looked is
+    its eval's: one there before (another cell's) and one of another name never are."""
     import threading
 
-    from autopilot.harnesses.inspect_run import compose_projects, track
+    from autopilot.harnesses.inspect_run import track
 
     monkeypatch.setenv("DOCKER_HOST", docker_host)
-    before = compose_projects()
-    assert before is not None
     listing = tmp_path / "compose-projects.txt"
+    names = ("inspect-other-i9z8y7x", "inspect-arith-i0a1b2c", "not-inspect")
+
+    def create(project: str) -> None:
+        docker_cli(docker_host, "create", "--network", "none", "--label",
+                   f"com.docker.compose.project={project}", "--name", f"{project}-1",
+                   test_images["busybox"], "sleep", "60")
+
+    listed, stop = threading.Event(), threading.Event()
+    watcher = threading.Thread(target=track, args=(listing, listed, stop, 0.1), daemon=True)
     try:
-        for project in ("inspect-arith-i0a1b2c", "not-inspect"):
-            docker_cli(docker_host, "create", "--network", "none", "--label",
-                       f"com.docker.compose.project={project}", "--name", f"{project}-1",
-                       test_images["busybox"], "sleep", "60")
-        stop = threading.Event()
-        stop.set()  # one look, then return
-        track(listing, before, stop)
+        create(names[0])
+        watcher.start()
+        assert listed.wait(30), "the first listing"
+        for project in names[1:]:
+            create(project)
+        wait_for(lambda: listing.exists() and listing.read_text().strip(), 30,
+                 "the new project listed")
+        stop.set()
+        watcher.join(30)
         assert listing.read_text().splitlines() == ["inspect-arith-i0a1b2c"]
     finally:
-        for project in ("inspect-arith-i0a1b2c", "not-inspect"):
+        stop.set()
+        for project in names:
             docker_cli(docker_host, "rm", "-f", f"{project}-1", check=False)

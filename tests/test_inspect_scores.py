@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 TASKS = ROOT / "tests" / "inspect_fixture" / "scores.py"
@@ -284,3 +285,156 @@ def test_an_earlier_attempt_of_another_eval_is_never_reused(tmp_path: Path) -> N
     (gate / "fixed").touch()
     harness_attempt(state, gate, 2)
     assert sorted(ran(gate)) == ["1", "2", "3", "4"]
+
+
+def test_scores_at_inspects_edges_are_read_as_inspect_reads_them(tmp_path: Path) -> None:
+    """inf passes and -inf fails, as Inspect's value_to_float says, in valid JSON (the
+    grader used to crash on them); a word Inspect cannot convert (it warns, counts 0) is
+    UNREADABLE with the raw value, never a silent FAIL, and its rule is no harness
+    break (no page for the eval's own data)."""
+    out = inspect_eval(tmp_path, "extremes")
+    high, low, word = grade(out, "1"), grade(out, "2"), grade(out, "3")
+    assert (high["verdict"], high["score"], high["raw"]) == ("PASS", None, "inf")
+    assert (low["verdict"], low["score"], low["raw"]) == ("FAIL", None, "-inf")
+    assert (word["verdict"], word["raw"]) == ("UNREADABLE", "somewhat")
+    assert "cannot read the score 'somewhat'" in str(word["detail"])
+    whole = grade(out, "", "--threshold", "0.5")
+    assert whole["verdict"] == "UNREADABLE" and "sample 3:" in str(whole["detail"])
+    two = grade(inspect_eval(tmp_path, "extremes_readable"), "", "--threshold", "0.5")
+    assert (two["verdict"], two["items"]) == (
+        "PASS", {"passed": 1, "scored": 2, "unscored": 0, "errored": 0})
+
+    from autopilot.cell.validity import GradeOutcome, RunOutcome, classify
+    from autopilot.loader import load_preset
+
+    rules = load_preset("inspect").grader.verdicts
+    c = classify(RunOutcome(exit_code=0, completion=True),
+                 GradeOutcome(True, grade=word), rules)
+    assert (c.verdict, c.reason) == ("INVALID", "malformed_grade")
+    assert "somewhat" in c.detail and not c.harness_break
+    broken = classify(RunOutcome(exit_code=0, completion=True),
+                      GradeOutcome(True, grade={"verdict": "NO_LOG"}), rules)
+    assert broken.harness_break  # a rule left unset still counts by its reason
+
+
+def test_two_reducers_need_the_preset_to_name_the_one_that_decides(tmp_path: Path) -> None:
+    """Inspect reports each reducer's score side by side: the grade never takes the
+    first by accident, and preflight refuses the task until vars.reducer names one."""
+    out = inspect_eval(tmp_path, "two_ways")
+    unnamed = grade(out, "q")
+    assert unnamed["verdict"] == "NO_SCORE"
+    assert "reduced 2 ways (max, mean): set vars.reducer" in str(unnamed["detail"])
+    assert grade(out, "q", "--reducer", "max")["verdict"] == "PASS"
+    by_mean = grade(out, "q", "--reducer", "mean")
+    assert (by_mean["verdict"], by_mean["score"], by_mean["reducer"]) == ("FAIL", 0.5, "mean")
+    assert "has no reducer 'median'" in str(grade(out, "q", "--reducer", "median")["detail"])
+
+    from autopilot.harnesses.inspect_check import problems
+
+    def cell(reducer: str) -> dict[str, object]:
+        return {"id": "w", "vars": {"inspect_file": str(TASKS), "inspect_task": "two_ways",
+                                    "sample": "q", "reducer": reducer}}
+
+    [refused] = [p for p in problems([cell("")]) if "inspect-ai" not in p]
+    assert refused == ("task w: two_ways reduces its epochs 2 ways (max, mean): set "
+                       "vars.reducer to the one that decides")
+    assert [p for p in problems([cell("mean")]) if "inspect-ai" not in p] == []
+
+
+def test_the_grade_from_the_wrappers_table_is_the_grade_from_the_log(tmp_path: Path) -> None:
+    """The wrapper writes the scores it read (inspect-scores.json) so that the grader
+    needs no second import of Inspect: every grade read from that table equals the one
+    read from the log with Inspect, and a table of another log is never used."""
+    from autopilot.harnesses.inspect_grade import judge
+    from autopilot.harnesses.inspect_resume import newest_log
+    from autopilot.harnesses.inspect_run import summary_of
+    from autopilot.harnesses.inspect_table import TABLE, read_table
+
+    cases = {"extremes": ["1", "2", "3", ""], "two_ways": ["q"], "parts": ["1"],
+             "mixed": ["", "1,4", "*"], "unscored": ["1", ""], "epochs_max": ["q"]}
+    for task, samples in cases.items():
+        out = inspect_eval(tmp_path, task)
+        log = newest_log(out / "logs")
+        assert log is not None and read_table(out, log) is None  # none written yet
+        summary_of(log, "m")
+        table = read_table(out, log)
+        assert table is not None, task
+        for sample in samples:
+            for extra in ({}, {"score_key": "security"}, {"reducer": "mean"},
+                          {"threshold": 0.5}):
+                args = {"threshold": 1.0, **extra}
+                assert judge(log, sample, "", log=table, **args) == judge(
+                    log, sample, "", **args), (task, sample, extra)
+        log.touch()  # another log now: the table is not its
+        assert read_table(out, log) is None
+        (out / TABLE).write_text('{"log": 1}')
+        assert read_table(out, log) is None
+
+    # the grader of a cell whose wrapper wrote the table does not import Inspect
+    out = tmp_path / "mixed"
+    probe = ("import sys; from autopilot.harnesses.inspect_grade import main; "
+             f"main(['--out', {str(out)!r}, '--grade-file', {str(tmp_path / 'g.json')!r}]); "
+             "print('inspect_ai' in sys.modules)")
+    summary_of(newest_log(out / "logs"), "m")  # type: ignore[arg-type]
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT)
+    assert r.stdout.strip() == "False", r.stdout + r.stderr
+    assert json.loads((tmp_path / "g.json").read_text())["items"]["scored"] == 4
+
+
+def test_preflight_does_not_load_the_tasks_again_while_nothing_changed(tmp_path: Path) -> None:
+    """A plan that passed is not loaded again (no import of Inspect, no task load) until
+    a task file, the plan or Inspect changes; a plan that failed is checked every time."""
+    task_file = tmp_path / "tasks.py"
+    task_file.write_text(TASKS.read_text())
+    plan = [{"id": "u", "vars": {"inspect_file": str(task_file), "inspect_task": "unscored",
+                                 "sample": "1"}}]
+    probe = ("import sys; from autopilot.harnesses.inspect_check import main; rc = main([]); "
+             "print('loaded' if 'inspect_ai' in sys.modules else 'cached', rc)")
+
+    def check(tasks: list[dict[str, object]]) -> str:
+        r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                           timeout=120, cwd=ROOT, env={
+                               **os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"),
+                               "AUTOPILOT_PLAN_TASKS": json.dumps(tasks)})
+        return r.stdout.strip().splitlines()[-1]
+
+    assert check(plan) == "loaded 0"
+    assert check(plan) == "cached 0"
+    os.utime(task_file, ns=(1, 1))  # the file changed: loaded again, then cached
+    assert check(plan) == "loaded 0"
+    assert check(plan) == "cached 0"
+    wrong = [{"id": "u", "vars": {**plan[0]["vars"], "sample": "9"}}]  # type: ignore[dict-item]
+    assert check(wrong) == "loaded 1"
+    assert check(wrong) == "loaded 1"  # a refusal is never cached
+
+
+def test_a_log_a_killed_eval_left_is_interrupted_never_a_score(tmp_path: Path) -> None:
+    """Plain `inspect eval` killed while its third sample waits: its log says
+    ``started`` and holds two scored samples. The grader says INTERRUPTED (the preset:
+    INVALID(interrupted), resumed), never PASS or FAIL on what happened to be done."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    out = tmp_path / "held"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "inspect_ai", "eval", f"{TASKS}@held", "-T", f"gate={gate}",
+         "--model", "mockllm/model", "--log-dir", str(out / "logs"), "--log-format", "eval",
+         "--display", "none", "--max-samples", "1"],
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+             "XDG_DATA_HOME": str(tmp_path / "data")},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: (gate / "waiting").exists(), 120, "the third sample at the gate")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    got = grade(out, "")
+    assert got["verdict"] == "INTERRUPTED" and got["status"] == "started", got
+    assert "did not finish" in str(got["detail"])
+    from autopilot.loader import load_preset
+
+    rule = load_preset("inspect").grader.verdicts["INTERRUPTED"]
+    assert (rule.verdict, rule.reason) == ("INVALID", "interrupted")

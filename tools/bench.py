@@ -51,7 +51,7 @@ def env() -> dict[str, str]:
 
 
 def autopilot(*args: str, timeout: float = 900, **kw: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "autopilot.cli", *args], capture_output=True, text=True,
+    return subprocess.run([PY, "-m", "autopilot", *args], capture_output=True, text=True,
                           timeout=timeout, env=env(), cwd=ROOT, **kw)
 
 
@@ -976,9 +976,37 @@ def _plain_inspect(tmp: Path, task: Path, port: int) -> tuple[float, float]:
                                    + after.children_system - before.children_system)
 
 
+def _itemise(state: Path, t0_wall: float, wall: float) -> dict[str, float]:
+    """Where one autopilot run's wall went, from its journal and its Inspect log: start
+    (process start to the run's first event: interpreter, imports, lock), preflight and
+    endpoint (to the cell's launch), Inspect's start (launch to Inspect's own
+    ``started_at``: its import, the task's load), the eval itself, the wrapper's end
+    (Inspect's ``completed_at`` to the harness's exit), grading (exit to verdict), and
+    the run's end (verdict to the process's exit)."""
+    from datetime import datetime
+
+    from inspect_ai.log import list_eval_logs, read_eval_log
+
+    def ts(kind: str) -> float:
+        ev = next(e for e in events(state) if e["event"] == kind)
+        return datetime.fromisoformat(ev["ts"]).timestamp()
+
+    [info] = list_eval_logs(str(state / "cells"), recursive=True)
+    head = read_eval_log(info.name, header_only=True)
+    began = datetime.fromisoformat(head.stats.started_at).timestamp()
+    ended = datetime.fromisoformat(head.stats.completed_at).timestamp()
+    first = datetime.fromisoformat(events(state)[0]["ts"]).timestamp()
+    started, exited, verdict = ts("cell_started"), ts("cell_exited"), ts("cell_verdict")
+    return {"start": first - t0_wall, "preflight + endpoint": started - first,
+            "Inspect's start": began - started, "eval": ended - began,
+            "wrapper's end": exited - ended, "grading": verdict - exited,
+            "run's end": t0_wall + wall - verdict}
+
+
 def bench_inspect(tmp: Path, reps: int) -> list[Row]:
-    """#36: the same 24 samples through plain `inspect eval` and through the autopilot
-    (one whole-task cell), interleaved, best of ``reps``."""
+    """#36, #45: the same 24 samples through plain `inspect eval` and through the
+    autopilot (one whole-task cell), interleaved, best of ``reps``; the autopilot's
+    fixed cost itemised from its best run."""
     task = ROOT / "tools" / "bench_inspect_task.py"
     over = overlay(tmp, {"tasks": [{"id": "bench24", "vars": {
         "inspect_file": str(task), "inspect_task": "bench24", "sample": "",
@@ -986,11 +1014,11 @@ def bench_inspect(tmp: Path, reps: int) -> list[Row]:
                                         "vars": {"temperature": "0"}}],
         "vars": {"max_tokens": "16", "max_connections": "2"}})
     plain: list[tuple[float, float]] = []
-    ours: list[tuple[float, float]] = []
+    ours: list[tuple[float, float, dict[str, float]]] = []
     for k in range(reps):
         plain.append(_plain_inspect(tmp, task, _free_port()))
         before = os.times()
-        t0 = time.monotonic()
+        t0, t0_wall = time.monotonic(), time.time()
         r = autopilot("--preset", "inspect", "--config", over, "--target-n", "1", "--quiet",
                       "--state-dir", str(tmp / f"ours-{k}"))
         wall = time.monotonic() - t0
@@ -998,16 +1026,20 @@ def bench_inspect(tmp: Path, reps: int) -> list[Row]:
         if r.returncode != 0:
             raise RuntimeError(f"inspect run failed: {r.stderr[-800:]}")
         ours.append((wall, after.children_user - before.children_user
-                     + after.children_system - before.children_system))
-    p, o = min(plain), min(ours)
+                     + after.children_system - before.children_system,
+                     _itemise(tmp / f"ours-{k}", t0_wall, wall)))
+    p, o = min(plain), min(ours, key=lambda x: x[0])
     ratio = o[0] / p[0]
+    parts = ", ".join(f"{k} {v:.1f}s" for k, v in o[2].items())
     return [Row("Inspect: 24 samples, wall(autopilot whole-task cell)/wall(plain inspect eval)",
                 f"{ratio:.2f} ({o[0]:.1f}s / {p[0]:.1f}s)", "<= 1.10",
                 f"plain `inspect eval` + the llama-server it needs, same flags (best of {reps}, "
                 "interleaved; both start and stop the server)", ratio <= 1.10),
             Row("  CPU per sample, autopilot / plain", f"{o[1] / 24:.2f}s / {p[1] / 24:.2f}s",
                 "(no target)", "user + system of every process each ran, server included",
-                None)]
+                None),
+            Row("  the autopilot's run, itemised (its best)", parts, "(no target)",
+                "journal timestamps and Inspect's own started_at / completed_at", None)]
 
 
 def machine() -> str:
@@ -1042,7 +1074,7 @@ def main() -> int:
         "gateway": lambda t: bench_gateway(t, 100 if q else 400),
         "dialects": lambda t: bench_dialects(t, 60 if q else 200),
         "oneload": lambda t: bench_oneload(t, 5 if q else 20),
-        "inspect": lambda t: bench_inspect(t, 1 if q else 3),
+        "inspect": lambda t: bench_inspect(t, 1 if q else 5),
     }
     # This machine exports PYTHONDONTWRITEBYTECODE=1, so an editable checkout would
     # recompile every autopilot module on every start (~0.1 s); an installed package has

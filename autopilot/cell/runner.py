@@ -31,16 +31,16 @@ from autopilot.cell.context import (
     gateway_news,
     gateway_spec,
     harness_identity,
-    move_aside,
     template_context,
     upstreams,
     whole_wall,
 )
 from autopilot.cell.grading import judge_cell, model_access
+from autopilot.cell.itemsprogress import ItemsWatch
 from autopilot.cell.procs import TOKEN_ENV, Tracker, kill_tree, probe
 from autopilot.cell.scratch import clean_scratch
 from autopilot.cell.substance import SubstanceState, check_substance, last_row_says
-from autopilot.cell.users import as_user, disown, own_dirs
+from autopilot.cell.users import as_user, disown
 from autopilot.cell.validity import (
     Classification,
     Evidence,
@@ -50,10 +50,22 @@ from autopilot.cell.validity import (
     served_as,
 )
 from autopilot.cell.watchdog import Limits, Observation, WatchState, decide
+from autopilot.cell.workspace import prepare_workspace
 from autopilot.limits import limits_for
 from autopilot.logsetup import SPOOL_CAP, bind_contextvars, get_logger, unbind_contextvars
 from autopilot.plan import Cell
-from autopilot.state.fsguard import UnsafePath
+from autopilot.state.cellevents import (
+    CellAbandoned,
+    CellExited,
+    CellKilled,
+    CellMetered,
+    CellReattached,
+    CellSpawning,
+    CellStarted,
+    CellWatchdog,
+    ForeignInCellGroup,
+    GradeRetry,
+)
 from autopilot.state.fsutil import cap_in_place, log_tail
 from autopilot.state.statedir import open_append
 from autopilot.templates import render, render_argv
@@ -104,6 +116,11 @@ class CellRun:
         self.dp: AttemptPath | None = None  # the attempt's data path
         self.detached = False  # handed over to a successor: the data path goes on
         self._throttled = 0  # the data path's 429 count, as already told to the loop
+        # a harness of many items says how far it got (harness.items): its deadline and
+        # how a cut is counted follow; ``_origin``: the attempt's start, loop clock
+        items = self.p.harness.items
+        self.items = ItemsWatch(Path(render(items, self.ctx)) if items else None)
+        self._origin = 0.0
 
     # ------------------------------------------------------------------ helpers
 
@@ -117,7 +134,17 @@ class CellRun:
             spec is not None and last_row_says(self.transcript, spec.field, spec.values))
 
     def _limits(self, start_mono: float) -> Limits:
+        self._origin = start_mono
         return Limits.starting(self.limits, start_mono)
+
+    def _scaled(self, limits: Limits) -> Limits:
+        """The deadline of a cell of many items, once its harness said how many."""
+        moved = self.items.rescale(self._origin, self.limits, limits.deadline, self.cell.id,
+                                   self.attempt)
+        if moved is None:
+            return limits
+        self.cx.emit(moved[1])
+        return replace(limits, deadline=moved[0])
 
     def _env(self, deadline_epoch: float) -> dict[str, str]:
         env = dict(self.cx.base_env)
@@ -140,14 +167,13 @@ class CellRun:
             if pids:
                 log.info("cell_group_killed", pids=pids)
             for foreign in spared:  # moved into the cell's group by someone: never signalled
-                self.cx.emit("foreign_in_cell_group", cell=self.cell.id,
-                             attempt=self.attempt, **foreign)
+                self.cx.emit(ForeignInCellGroup(cell=self.cell.id, attempt=self.attempt,
+                                                **foreign))
             self.group = None
 
     async def _kill(self, grace: float) -> list[int]:
-        if self.tracker is None:
-            return []
-        return await anyio.to_thread.run_sync(kill_tree, self.tracker, grace)
+        return [] if self.tracker is None else await anyio.to_thread.run_sync(
+            kill_tree, self.tracker, grace)
 
     # ------------------------------------------------------------------ run
 
@@ -177,10 +203,10 @@ class CellRun:
 
     def _refused(self, why: str, code: int) -> RunOutcome:
         """An attempt that never started a harness: journaled as started and exited."""
-        self.cx.emit("cell_started", cell=self.cell.id, attempt=self.attempt, pid=None,
-                     create_time=None, token=self.token)
-        self.cx.emit("cell_exited", cell=self.cell.id, attempt=self.attempt, code=None,
-                     error=why)
+        self.cx.emit(CellStarted(cell=self.cell.id, attempt=self.attempt, pid=None,
+                                 create_time=None, token=self.token))
+        self.cx.emit(CellExited(cell=self.cell.id, attempt=self.attempt, code=None,
+                                error=why))
         return RunOutcome(exit_code=code)
 
     async def _clean_scratch(self) -> str | None:
@@ -188,42 +214,11 @@ class CellRun:
 
     async def _prepare(self) -> RunOutcome | None:
         """A clean workspace and the last attempt's outputs moved aside; an outcome
-        when the attempt cannot start on them."""
-        cx = self.cx
-        # A killed predecessor's workspace copies would make the harness fail (the origin
-        # removes a stale input copy with `sudo rm -rf`): every attempt starts clean.
-        dirty = await self._clean_scratch()
-        if dirty is not None:
-            # Never started on a dirty workspace: the harness's own `rm -rf` of it would
-            # crash the attempt anyway, and a stale tree could pass for this attempt's work.
-            return self._refused(f"scratch dir not removed: {dirty}", 126)
-        try:
-            moved = move_aside(self.output_dir, cx.state_dir, self.cell.id, self.attempt - 1,
-                               cx.roots)
-        except UnsafePath as e:
-            # Nothing is moved or deleted; the attempt cannot start on stale outputs.
-            cx.emit("unsafe_path_refused", cell=self.cell.id, attempt=self.attempt,
-                    action="move aside", why=str(e))
-            return self._refused(f"output dir refused: {e}", 126)
-        if moved and self.attempt == 1:  # no attempt of ours wrote it: said, and kept
-            cx.emit("foreign_outputs_moved", cell=self.cell.id, path=str(self.output_dir),
-                    to=str(moved), why="there before this run's first attempt of the cell")
-        elif moved:
-            log.info("attempt_moved_aside", to=str(moved))
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        if cx.users is not None:
-            try:
-                self.uid = cx.users.take(self.cell.id)
-            except LookupError as e:
-                return self._refused(str(e), 126)
-            await anyio.to_thread.run_sync(own_dirs, self.output_dir, cx.state_dir, self.uid)
-        # A sandbox already under this attempt's name is stale (a killed predecessor's
-        # harness whose `docker run` landed after the start-up sweep): left there, it
-        # would make this attempt fail on a name conflict and cost it a retry.
-        if self.sandbox and cx.remove_sandbox and await cx.remove_sandbox(self.sandbox,
-                                                                          launching=True):
-            log.info("stale_sandbox_removed", container=self.sandbox)
-        return None
+        when the attempt cannot start on them (autopilot.cell.workspace)."""
+        refused, self.uid = await prepare_workspace(self.cx, self.ctx, self.cell.id,
+                                                    self.attempt, self.output_dir,
+                                                    self.sandbox)
+        return None if refused is None else self._refused(*refused)
 
     def _release_user(self) -> None:
         if self.uid is not None and self.cx.users is not None and not self.detached:
@@ -276,8 +271,8 @@ class CellRun:
         # The intent, on disk before the spawn: a supervisor killed between the two
         # leaves a successor that knows this attempt (its number, marker and group), so
         # it is re-attached or abandoned as this attempt, never charged.
-        cx.emit("cell_spawning", cell=self.cell.id, attempt=self.attempt, token=self.token,
-                group=self.group.name if self.group else None, uid=self.uid)
+        cx.emit(CellSpawning(cell=self.cell.id, attempt=self.attempt, token=self.token,
+                             group=self.group.name if self.group else None, uid=self.uid))
         spec: dict[str, Any] = {
             "harness": {"argv": run_argv, "cwd": cwd, "env": env, "spool": str(self.spool)},
             "meta": {"token": self.token, "group": self.group.name if self.group else None,
@@ -320,8 +315,9 @@ class CellRun:
         deadline = meta.get("deadline")
         if isinstance(deadline, int | float):
             limits = replace(limits, deadline=start_mono + (float(deadline) - time.time()))
-        self.cx.emit("cell_reattached", cell=self.cell.id, attempt=self.attempt,
-                     datapath_pid=dp.pid, pid=dp.harness_pid, exited=dp.exited)
+            self._origin = limits.deadline - self.limits.deadline_secs
+        self.cx.emit(CellReattached(cell=self.cell.id, attempt=self.attempt,
+                                    datapath_pid=dp.pid, pid=dp.harness_pid, exited=dp.exited))
         return start_mono, limits
 
     async def _execute(self, attached: AttemptPath | None) -> RunOutcome | None:
@@ -369,11 +365,11 @@ class CellRun:
         self.tracker = Tracker(ident, self.token, full_scan=attached is not None,
                                reaper=dp.pid, uid=self.uid) if ident else None
         if attached is None or attached.unjournaled:
-            cx.emit("cell_started", cell=self.cell.id, attempt=self.attempt, pid=dp.harness_pid,
-                    create_time=ident.create_time if ident else None,
-                    start_ticks=ident.ticks if ident else None, token=self.token,
-                    endpoint_arms=list(cx.keeper.ep.arm_group), replica=cx.replica,
-                    datapath_pid=dp.pid)
+            cx.emit(CellStarted(cell=self.cell.id, attempt=self.attempt, pid=dp.harness_pid,
+                                create_time=ident.create_time if ident else None,
+                                start_ticks=ident.ticks if ident else None, token=self.token,
+                                endpoint_arms=list(cx.keeper.ep.arm_group),
+                                replica=cx.replica, datapath_pid=dp.pid))
 
     async def _supervise(self, dp: AttemptPath, start_mono: float, limits: Limits
                          ) -> tuple[Killed | None, str | None] | None:
@@ -407,8 +403,8 @@ class CellRun:
                     if metered:
                         self.meter = dp.meter
                         with contextlib.suppress(OSError, AssertionError):
-                            cx.emit("cell_metered", cell=self.cell.id, attempt=self.attempt,
-                                    **dp.meter.summary())
+                            cx.emit(CellMetered(cell=self.cell.id, attempt=self.attempt,
+                                                **dp.meter.summary()))
         return killed, kill_reason
 
     async def _outcome(self, dp: AttemptPath, start_mono: float,
@@ -431,18 +427,21 @@ class CellRun:
             # check sees the disk, and the disk is as full as the harness left it.
             await cx.disk.check()
             disk_low = cx.disk.overlaps(start_mono, cx.clock())
+        self.items.poll()
         outcome = RunOutcome(
             exit_code=dp.code, killed=killed, completion=self._completion_present(),
             endpoint_down=cx.keeper.outage_overlaps(start_mono, end_mono),
             kill_reason=kill_reason, arm_mismatch=arm_mismatch, disk_low=disk_low,
             datapath_lost=dp.lost, working=killed is not None and self.working,
+            finished=self.items.last.as_dict() if self.items.last else None,
         )
-        cx.emit("cell_exited", cell=self.cell.id, attempt=self.attempt, code=dp.code,
-                elapsed_secs=whole_wall(self.launched, dp.ended, end_mono - start_mono),
-                outcome=asdict(outcome))
+        cx.emit(CellExited(cell=self.cell.id, attempt=self.attempt, code=dp.code,
+                           elapsed_secs=whole_wall(self.launched, dp.ended,
+                                                   end_mono - start_mono),
+                           outcome=asdict(outcome)))
         if self.abandoned:
-            cx.emit("cell_abandoned", cell=self.cell.id, attempt=self.attempt,
-                    why="supervisor stopping")
+            cx.emit(CellAbandoned(cell=self.cell.id, attempt=self.attempt,
+                                  why="supervisor stopping"))
             return None
         return outcome
 
@@ -473,8 +472,8 @@ class CellRun:
                 # not after stuck_secs of a frozen transcript.
                 reason = f"endpoint failed for good: {cx.keeper.failed}"
                 pids = await self._kill(self.limits.kill_grace_secs)
-                cx.emit("cell_killed", cell=self.cell.id, attempt=self.attempt,
-                        kind="endpoint_failed", reason=reason, pids=pids)
+                cx.emit(CellKilled(cell=self.cell.id, attempt=self.attempt,
+                                   kind="endpoint_failed", reason=reason, pids=pids))
                 return None, reason
             if self.tracker is not None and cx.clock() - remembered >= REMEMBER_SECS:
                 # A full /proc walk: not every tick, and not on the event loop.
@@ -489,6 +488,7 @@ class CellRun:
                 # only while this cell has a request in flight: a frozen cell beside
                 # a busy one is frozen.
                 decoding = None
+            limits = self._scaled(limits)
             obs = Observation(
                 now=cx.clock(), transcript_size=_size(self.transcript),
                 spool_size=_size(self.spool) or 0, activity=activity,
@@ -502,16 +502,18 @@ class CellRun:
                 substance, found = check_substance(substance, self.transcript, obs.now,
                                                    self.p.watchdog)
                 if found is not None and found.changed:
-                    cx.emit("cell_watchdog", cell=self.cell.id, attempt=self.attempt,
-                            tier=found.action, reason=found.reason)
+                    cx.emit(CellWatchdog(cell=self.cell.id, attempt=self.attempt,
+                                         tier=found.action, reason=found.reason or ""))
                 if found is not None and found.action == "KILL":
                     step = found
             cx.on_tick(self.cell.id, state, step.action)
             if step.changed and step.kind != "substance":
-                extra = {"probe": probe(self.tracker, activity)} if step.action == "PROBE" else {}
-                cx.emit("cell_watchdog", cell=self.cell.id, attempt=self.attempt,
-                        tier=step.action, reason=step.reason, idle_secs=round(step.idle_secs, 1),
-                        frozen_secs=round(step.frozen_secs, 1), **extra)
+                extra: dict[str, Any] = ({"probe": probe(self.tracker, activity)}
+                                         if step.action == "PROBE" else {})
+                cx.emit(CellWatchdog(cell=self.cell.id, attempt=self.attempt,
+                                     tier=step.action, reason=step.reason or "",
+                                     idle_secs=round(step.idle_secs, 1),
+                                     frozen_secs=round(step.frozen_secs, 1), **extra))
             if step.action == "KILL":
                 await dp.wait(0)
                 if dp.exited:
@@ -519,8 +521,8 @@ class CellRun:
                 # a substance kill is a stall with a reason: INVALID(stall)
                 self.working = bool(meter is not None and meter.in_flight)
                 pids = await self._kill(self.limits.kill_grace_secs)
-                cx.emit("cell_killed", cell=self.cell.id, attempt=self.attempt,
-                        kind=step.kind, reason=step.reason, pids=pids)
+                cx.emit(CellKilled(cell=self.cell.id, attempt=self.attempt,
+                                   kind=step.kind, reason=step.reason or "", pids=pids))
                 return _KILLED.get(step.kind or "stall", "stall"), step.reason
 
     async def _settle(self, dp: AttemptPath) -> None:
@@ -547,8 +549,8 @@ class CellRun:
         """Checks, grader and classification of a finished attempt."""
 
         def retry(tries: int, judged: Classification) -> None:
-            self.cx.emit("grade_retry", cell=self.cell.id, attempt=self.attempt, tried=tries,
-                         reason=judged.reason, detail=judged.detail)
+            self.cx.emit(GradeRetry(cell=self.cell.id, attempt=self.attempt, tried=tries,
+                                    reason=judged.reason, detail=judged.detail))
             if self.cx.on_grade_failure is not None:
                 self.cx.on_grade_failure(self.cell.id, judged)
 
@@ -559,7 +561,7 @@ class CellRun:
                                           base_env=self.cx.base_env, on_retry=retry,
                                           contain=self.cx.contain, extra_env=extra_env,
                                           user=self.uid)
-            if judged.reason in ("harness_crash", "missing_output"):
+            if judged.reason in ("harness_crash", "missing_output", "interrupted"):
                 # Why it broke is in its own output: the last lines go with the verdict.
                 tail = await anyio.to_thread.run_sync(log_tail, self.spool, 3)
                 if tail:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from autopilot.config import GRADE_REASONS, VerdictRule
-from autopilot.state.items import items_of
+from autopilot.state.items import items_of, progress_of
 
 Verdict = Literal["PASS", "FAIL", "INVALID"]
 Killed = Literal["stall", "deadline", "teardown"]
@@ -43,6 +43,8 @@ class RunOutcome:
     # killed with one of its requests open at the endpoint (the gateway's in-flight
     # count): the model was working for it, answered or not
     working: bool = False
+    # a harness of many items: how far it got, as it said (autopilot.cell.itemsprogress)
+    finished: dict[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -74,20 +76,27 @@ class Classification:
     detail: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     streak: bool = False  # the verdict word counts towards the harness-break streak
+    # the preset's rule says this word is never a harness break (``streak = false``)
+    quiet: bool = False
     # When the process whose evidence decided this was launched (wall clock, so that
     # nodes of a cluster compare): the harness-break streak is counted in launch order
     # (autopilot.run.runbook.streak_step).
     launched: float | None = None
     # what a harness that grades many items scored (autopilot.state.items)
     items: dict[str, int] | None = None
+    # an attempt cut before all its items were done: how far it got (INVALID(interrupted))
+    finished: dict[str, int] | None = None
 
     def journaled_items(self) -> dict[str, Any]:
-        """The verdict event's ``items``: a valid verdict's counts, else nothing."""
+        """The verdict event's ``items`` (a valid verdict's counts) or ``finished`` (how
+        far an interrupted attempt got), else nothing."""
+        if self.finished and self.reason == "interrupted":
+            return {"finished": self.finished}
         return {"items": self.items} if self.items and self.verdict in ("PASS", "FAIL") else {}
 
     @property
     def harness_break(self) -> bool:
-        return self.streak or self.reason in STREAK_REASONS
+        return not self.quiet and (self.streak or self.reason in STREAK_REASONS)
 
     @property
     def streak_kind(self) -> Literal["break", "healthy", "neutral"]:
@@ -127,6 +136,24 @@ def classify(
     return c
 
 
+def _interrupted(run: RunOutcome) -> Classification | None:
+    """A cell of many items cut before all were done (its deadline, a stall, a kill, an
+    eval that did not finish) is resumable work: the items it finished stand, and it
+    is no more the model's FAIL than a power cut would be (autopilot.cell.itemsprogress)."""
+    p = progress_of(run.finished)
+    if p is None or p.total < 2 or not p.unfinished:
+        return None
+    if run.killed:
+        why = run.kill_reason or f"{run.killed} kill"
+    elif run.exit_code not in (0, None):
+        why = f"exit code {run.exit_code}"
+    else:
+        why = "ended without its completion artifacts"
+    return _invalid("interrupted", f"{why}; {p.done} of {p.total} samples finished "
+                    f"({p.new} by this attempt): the next attempt resumes the rest",
+                    finished=p.as_dict())
+
+
 def _classify(
     run: RunOutcome,
     grade: GradeOutcome | None,
@@ -146,6 +173,9 @@ def _classify(
             why = f" ({run.killed} kill)" if run.killed else ""
             return _invalid("endpoint_down",
                             f"harness ended without outputs during an outage{why}")
+        cut = _interrupted(run)
+        if cut is not None:
+            return cut
         if run.killed in ("stall", "deadline"):
             return _invalid(run.killed, run.kill_reason or run.killed)
         if run.killed == "teardown":
@@ -191,10 +221,10 @@ def _classify(
             return _invalid("endpoint_down", f"{detail} (during an outage)", word=word,
                             teardown_masked=masked)
         return _invalid(rule.reason, detail, word=word, teardown_masked=masked,
-                        streak=rule.streak)
+                        streak=bool(rule.streak), quiet=rule.streak is False)
     found = items_of(g.get("items"))
     return Classification(rule.verdict, word=word, caveat=rule.caveat, teardown_masked=masked,
-                          streak=rule.streak, items=found)
+                          streak=bool(rule.streak), items=found)
 
 
 def unmetered(c: Classification, requests: int, required: bool,
@@ -294,6 +324,8 @@ def count_by_evidence(c: Classification, run: RunOutcome, ev: Evidence | None,
     preset's settings, not the model: INVALID(config). Without the gateway's evidence
     nothing changes."""
     if policy != "evidence" or ev is None or c.verdict != "INVALID" or c.grade_side:
+        return c
+    if c.reason == "interrupted":  # resumable work, whatever was in flight at the cut
         return c
     if run.endpoint_down or ev.errors.get("endpoint_error") or ev.requests == 0:
         return c

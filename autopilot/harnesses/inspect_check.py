@@ -1,11 +1,18 @@
 """Preflight of an Inspect preset (``preflight.commands``): Inspect is installed at the
 version this package was tested with, every task file loads, every cell's task exists
-in it and every sample id is in that task's dataset. All problems at once, on the last
-line (the one the autopilot's refusal quotes)."""
+in it, every sample id is in that task's dataset, and a task that reduces its epochs
+several ways has the one that decides named. All problems at once, on the last line
+(the one the autopilot's refusal quotes). A plan that passed is not checked again
+while nothing it depends on changed (Inspect's version, the tasks, their files' size
+and mtime, a published task's package version: ``~/.cache/bench-autopilot``); a task
+file that imports another file of yours is re-checked only when the task file itself
+changes, and a stale pass shows as that cell's eval failing, INVALID, never a FAIL."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import importlib.metadata
 import importlib.util
 import itertools
@@ -67,6 +74,7 @@ def problems(tasks: list[dict[str, Any]], preset_args: list[str] | None = None) 
                    f"{INSPECT_VERSION} (pip install 'bench-autopilot[inspect]')")
     modules: dict[Path, Any] = {}
     samples: dict[tuple[str, str, str], list[Any]] = {}
+    reducers: dict[tuple[str, str, str], list[str]] = {}
     for t in tasks:
         v = t.get("vars") or {}
         name, sid = v.get("inspect_task", ""), v.get("sample", "")
@@ -78,7 +86,7 @@ def problems(tasks: list[dict[str, Any]], preset_args: list[str] | None = None) 
                 if registered(name):  # a published task (inspect_evals/<name>), unchanged
                     from inspect_ai._eval.loader import load_tasks
 
-                    dataset = load_tasks([name], args)[0].dataset
+                    loaded = load_tasks([name], args)[0]
                 else:
                     path = task_file(v.get("inspect_file", ""))
                     if path not in modules:
@@ -93,12 +101,19 @@ def problems(tasks: list[dict[str, Any]], preset_args: list[str] | None = None) 
                     if not callable(fn):
                         out.append(f"task {t.get('id')}: {path} has no @task {name!r}")
                         continue
-                    dataset = fn(**args).dataset
-                samples[key] = dataset_ids(dataset)
+                    loaded = fn(**args)
+                samples[key] = dataset_ids(loaded.dataset)
+                reducers[key] = reducer_names(loaded)
             except Exception as e:
                 samples[key] = []
                 out.append(f"task {t.get('id')}: {name}() fails ({type(e).__name__}: {e})")
                 continue
+        ways, chosen = reducers.get(key, []), v.get("reducer", "")
+        if len(ways) > 1 and chosen not in ways:
+            out.append(f"task {t.get('id')}: {name} reduces its epochs {len(ways)} ways "
+                       f"({', '.join(ways)}): set vars.reducer to the one that decides"
+                       if not chosen else f"task {t.get('id')}: {name} has no reducer "
+                       f"{chosen!r} (it has {', '.join(ways)})")
         have = samples[key]
         wanted = [w.strip() for w in sid.split(",") if w.strip()]
         lost = [w for w in wanted if not any(matches(i, w) for i in have)]
@@ -108,6 +123,15 @@ def problems(tasks: list[dict[str, Any]], preset_args: list[str] | None = None) 
             out.append(f"task {t.get('id')}: sample {lost[0]!r} is not in {name} "
                        f"(it has {shown or 'none'})")
     return out
+
+
+def reducer_names(task: Any) -> list[str]:
+    """The names Inspect gives a task's epoch reducers in its log (``max``, ``mean``,
+    ``pass_at_2``...): several mean several scores per sample, side by side."""
+    from inspect_ai.scorer._reducer import reducer_log_names
+
+    given = getattr(task, "epochs_reducer", None)
+    return list(reducer_log_names(given) or []) if given else []
 
 
 def registered(name: str) -> bool:
@@ -131,16 +155,60 @@ def task_args(args: list[str]) -> dict[str, Any]:
     return parse_cli_args(pairs)
 
 
+def plan_key(tasks: list[dict[str, Any]], preset_args: list[str]) -> str | None:
+    """What a passed check depends on: Inspect's version, the interpreter, the plan's
+    tasks and arguments, and each task file as it is now (path, size, mtime) or the
+    version of the package a published task comes from. None: something cannot be
+    pinned (the check is run)."""
+    try:
+        pins: list[Any] = [importlib.metadata.version("inspect-ai"), sys.executable,
+                           tasks, preset_args]
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for t in tasks:
+        v = t.get("vars") or {}
+        name = str(v.get("inspect_task", ""))
+        try:
+            if registered(name):
+                pins.append(importlib.metadata.version(name.split("/")[0]))
+            else:
+                st = task_file(str(v.get("inspect_file", ""))).resolve().stat()
+                pins.append([str(task_file(str(v.get("inspect_file", ""))).resolve()),
+                             st.st_size, st.st_mtime_ns])
+        except (OSError, importlib.metadata.PackageNotFoundError):
+            return None
+    blob = json.dumps(pins, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "bench-autopilot" / "inspect-check"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="inspect_check", description=__doc__.splitlines()[0])
     ap.add_argument("--inspect-args", action="append", default=[],
                     help="the preset's inspect_args (the first cell's values)")
     args = ap.parse_args(argv)
     tasks = json.loads(os.environ.get("AUTOPILOT_PLAN_TASKS") or "[]")
-    found = problems(tasks, [x for a in args.inspect_args for x in split_args(a)])
+    preset_args = [x for a in args.inspect_args for x in split_args(a)]
+    # A plan that passed as it stands now passes again: its tasks are not loaded a
+    # second time (an import of Inspect and of every task, seconds, before each run).
+    key = plan_key(tasks, preset_args)
+    passed = _cache_dir() / f"{key}.passed" if key else None
+    if passed is not None and passed.is_file():
+        print(f"inspect: {len(tasks)} task(s) load, every sample id exists (as checked "
+              "before: nothing they depend on changed)")
+        return 0
+    found = problems(tasks, preset_args)
     if found:
         print("inspect: " + "; ".join(found))
         return 1
+    if passed is not None:
+        with contextlib.suppress(OSError):  # a read-only home: checked every time
+            passed.parent.mkdir(parents=True, exist_ok=True)
+            passed.touch()
     print(f"inspect: {len(tasks)} task(s) load, every sample id exists")
     return 0
 

@@ -57,7 +57,7 @@ def write_cmd(out: Path, cmd: list[str]) -> None:
     (out / CMD_FILE).write_text(json.dumps({"argv": cmd}))
 
 
-def _read_json(path: Path, limit: int = 4 << 20) -> Any:
+def read_json(path: Path, limit: int = 4 << 20) -> Any:
     """A JSON file an earlier attempt (the harness: untrusted) wrote; None if it is
     not a small plain file of JSON."""
     try:
@@ -70,7 +70,7 @@ def _read_json(path: Path, limit: int = 4 << 20) -> Any:
 
 def read_scored_by(d: Path) -> dict[str, int]:
     """``d``'s inspect-reuse.json, shape-checked ({} when absent or odd)."""
-    got = _read_json(d / REUSE_FILE)
+    got = read_json(d / REUSE_FILE)
     raw = got.get("scored_by") if isinstance(got, dict) else None
     if not isinstance(raw, dict):
         return {}
@@ -88,7 +88,7 @@ def prior_attempt(previous: Path | None, attempt: int, cmd: list[str]) -> Prior 
         if m and 1 <= int(m[1]) < attempt and d.is_dir() and not d.is_symlink():
             found.append((int(m[1]), int(m[2] or 0), d))
     for k, _, d in sorted(found, reverse=True):
-        said = _read_json(d / CMD_FILE)
+        said = read_json(d / CMD_FILE)
         if not isinstance(said, dict) or said.get("argv") != cmd:
             continue  # another eval (the preset changed), or nothing on record
         log = newest_log(d / "logs")

@@ -14,8 +14,9 @@ Everything after ``--`` is passed to ``inspect eval`` as it is (an arm's
 Exit status: 0 when Inspect finished the eval (its score is the grader's to read from
 the log, also when some samples errored while others were scored); 3 when the log
 says it could not (an error: Inspect's message is the last line printed, no summary
-is written); Inspect's own status when it wrote no log; 2 when
-Inspect is not installed.
+is written); 4 when the eval was interrupted (killed, cancelled: its log is neither
+``success`` nor ``error``; no summary, and the next attempt resumes it); Inspect's own
+status when it wrote no log; 2 when Inspect is not installed.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,10 +75,15 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                     help="1: the cell's last try (its next INVALID quarantines it): a "
                          "sample that still errors is counted as errored, the others' "
                          "scores stand (Inspect's --no-fail-on-error)")
+    ap.add_argument("--items", type=Path, default=None,
+                    help="a cell of many samples: keep {total, done, reused} current here "
+                         "(harness.items: a cut cell is resumed, never the model's FAIL)")
     ap.add_argument("--api-key-env", default="",
                     help="env var holding the key to send (a provider run's placeholder)")
     return ap.parse_args(argv), extra
 
+
+INTERRUPTED = 4  # the eval did not finish: its log says neither success nor error
 
 # The names Inspect gives its sandboxes' Compose projects (inspect_ai/util/_sandbox/
 # docker/util.py: inspect-<task[:12]>-i<6 of a uuid>), and the label Compose sets.
@@ -102,10 +109,15 @@ def compose_projects() -> set[str] | None:
     return {x.strip() for x in done.stdout.splitlines() if INSPECT_PROJECT.match(x.strip())}
 
 
-def track(listing: Path, before: set[str], stop: threading.Event,
+def track(listing: Path, listed: threading.Event, stop: threading.Event,
           every: float = 2.0) -> None:
     """Append to ``listing`` each Inspect project that appears while the eval runs (a
-    kill may come at any moment: each name is on disk as soon as it is seen)."""
+    kill may come at any moment: each name is on disk as soon as it is seen); those
+    there before it are not its (``listed`` is set once they are known)."""
+    before = compose_projects()
+    listed.set()
+    if before is None:
+        return  # no daemon to ask
     seen = set(before)
     while True:
         now = compose_projects() or set()
@@ -156,6 +168,10 @@ def summary_of(log_path: Path, model: str, resumed: Any = None,
     from inspect_ai.log import read_eval_log
 
     log = read_eval_log(str(log_path))
+    # the scores as read here, for the grader (one import of Inspect per cell)
+    from autopilot.harnesses.inspect_table import write_table
+
+    write_table(log_path.parent.parent, log_path, log)
     samples = log.samples or []
     by = reuse.scored_by(log, resumed, attempt)
     if resumed is None:
@@ -178,18 +194,19 @@ def summary_of(log_path: Path, model: str, resumed: Any = None,
             "scored_by": by}
 
 
-def main(argv: list[str] | None = None) -> int:
-    args, extra = parse(sys.argv[1:] if argv is None else argv)
-    import importlib.util
+@dataclass
+class Plan:
+    """The eval this attempt runs: afresh, or resuming an earlier attempt's samples."""
+    cmd: list[str]  # the eval as recorded for a later attempt's reuse (inspect_resume)
+    run: list[str]  # what is run now (``inspect eval``, or ``eval-retry`` of a resume)
+    env: dict[str, str]
+    routes: dict[str, str]
+    many: bool
+    resumed: Any = None  # inspect_resume.Resumed
 
-    # found, not imported: the eval's own process imports Inspect (seconds of CPU), and
-    # this one does so beside it (the progress reader), never before it starts
-    if importlib.util.find_spec("inspect_ai") is None:
-        print("inspect_run: inspect-ai is not installed (pip install "
-              "'bench-autopilot[inspect]')", file=sys.stderr)
-        return 2
-    logs = args.out / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+
+def plan(args: argparse.Namespace, extra: list[str], logs: Path) -> Plan:
+    """The eval's argv and environment, and the resume of an earlier attempt's log."""
     # the attempt's gateway key (OPENAI_API_KEY, as the autopilot sets it), or the
     # variable the preset names
     key = (os.environ.get(args.api_key_env, "") if args.api_key_env else "") \
@@ -210,7 +227,6 @@ def main(argv: list[str] | None = None) -> int:
     roles, routes = model_roles(args.model_roles, args.model)
     more = [*roles, *(x for given in args.inspect_args for x in split_args(given))]
     many = many_samples(args.sample_id)
-    # the eval itself, as recorded for a later attempt's reuse (inspect_resume)
     cmd = [sys.executable, "-m", "inspect_ai", "eval", target,
            "--model", f"openai-api/local/{args.model}", "--log-dir", str(logs),
            "--log-format", "eval", "--display", "plain",
@@ -229,11 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     # others' scores stand. The user's own flags (later on the line) win.
     policy = (["--no-fail-on-error"] if args.last_try == "1" else ["--continue-on-fail"]
               ) if many else []
-    resumed = None
     # a one-sample cell has nothing to carry over: it is run afresh
     prior = reuse.prior_attempt(args.previous, args.attempt, cmd) if many else None
-    if prior is not None:
-        resumed = reuse.resume(prior, args.out)
+    resumed = reuse.resume(prior, args.out) if prior is not None else None
     reuse.write_cmd(args.out, cmd)
     if resumed is not None:
         run = reuse.retry_argv(sys.executable, resumed.log, logs, [*policy, *more, *extra])
@@ -242,35 +256,70 @@ def main(argv: list[str] | None = None) -> int:
     else:
         at = cmd.index("--log-dir")
         run = [*cmd[:at], *policy, *cmd[at:]]
-    print("inspect_run:", json.dumps(run), flush=True)
+    return Plan(cmd, run, env, routes, many, resumed)
+
+
+def execute(args: argparse.Namespace, p: Plan, logs: Path) -> int:
+    """Run the eval to its end, its progress and its sandboxes' projects watched."""
+    print("inspect_run:", json.dumps(p.run), flush=True)
     stop = threading.Event()
+    # The projects there before the eval are listed beside its start, not before it:
+    # Inspect's import alone outlasts a `docker ps`, and a project that appeared in
+    # between would count as another's (kept), never as this eval's (removed).
     watcher = None
-    if args.compose_projects is not None:
-        before = compose_projects()
-        if before is not None:
-            watcher = threading.Thread(target=track, args=(args.compose_projects, before,
-                                                           stop), daemon=True)
-            watcher.start()
-    proc = subprocess.Popen(run, env=env)
+    if args.compose_projects is not None and shutil.which("docker") is not None:
+        watcher = threading.Thread(target=track, args=(args.compose_projects,
+                                                       threading.Event(), stop), daemon=True)
+        watcher.start()
+    proc = subprocess.Popen(p.run, env=p.env)
     from autopilot.harnesses.inspect_progress import report
 
     reporter = threading.Thread(target=report, args=(logs, args.out / "progress.log",
-                                                     proc.pid, stop), daemon=True)
+                                                     proc.pid, stop), kwargs={
+        "items": args.items if p.many and args.items else None,
+        "reused": frozenset(p.resumed.before) if p.resumed is not None else frozenset()},
+        daemon=True)
     reporter.start()
     try:
-        code = proc.wait()
+        return proc.wait()
     finally:
         stop.set()
         if watcher is not None:
             watcher.join(15)
-        reporter.join(5)
+        reporter.join(15)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, extra = parse(sys.argv[1:] if argv is None else argv)
+    import importlib.util
+
+    # found, not imported: the eval's own process imports Inspect (seconds of CPU), and
+    # this one does so beside it (the progress reader), never before it starts
+    if importlib.util.find_spec("inspect_ai") is None:
+        print("inspect_run: inspect-ai is not installed (pip install "
+              "'bench-autopilot[inspect]')", file=sys.stderr)
+        return 2
+    logs = args.out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    p = plan(args, extra, logs)
+    code = execute(args, p, logs)
+    resumed = p.resumed
     log = newest_log(logs)
     if resumed is not None and log is not None and log != resumed.log:
-        resumed.log.unlink(missing_ok=True)  # one log per cell (its copy is evidence)
+        resumed.log.unlink(missing_ok=True)  # one log for the cell (its copy is evidence)
     if log is None or (resumed is not None and log == resumed.log):
         print(f"inspect_run: inspect exited {code} and wrote no log", file=sys.stderr)
         return code or 1
-    summary = {**summary_of(log, args.model, resumed, args.attempt), "roles": routes}
+    from inspect_ai.log import read_eval_log
+
+    status = read_eval_log(str(log), header_only=True).status
+    if status not in ("success", "error"):
+        # A killed or cancelled eval: no result, however many samples it holds. Its
+        # log stays for the next attempt, which recovers it and resumes the rest.
+        print(f"inspect_run: inspect eval interrupted (exit {code}): its log {log.name} "
+              f"says {status!r}, not finished", flush=True)
+        return INTERRUPTED
+    summary = {**summary_of(log, args.model, resumed, args.attempt), "roles": p.routes}
     reuse.write_reuse(args.out, summary.pop("scored_by"))
     if summary["error"] and summary["finish_reason"] == "error":
         # An eval Inspect could not finish (a sample that raised, a sandbox that did not

@@ -70,6 +70,8 @@ class CellWatchdog(CellEventBase):
     """Seconds without progress."""
     frozen_secs: float | None = None
     """Seconds the transcript has not grown."""
+    probe: Any = None
+    """At PROBE: the state of the attempt's process tree and sandbox then."""
 
 
 class CellKilled(CellEventBase):
@@ -82,6 +84,19 @@ class CellKilled(CellEventBase):
     """Why, in words."""
     pids: list[int] | None = None
     """The pids signalled."""
+
+
+class CellDeadline(CellEventBase):
+    """A cell of many items said how many it holds, and its hard deadline follows
+    (``harness.item_budget_secs`` per item still to run, within the cap)."""
+
+    event: Literal["cell_deadline"] = "cell_deadline"
+    deadline_secs: float = 0
+    """From the attempt's start to its hard deadline, now."""
+    total: int = 0
+    """The items its harness holds."""
+    reused: int = 0
+    """Of those, finished by an earlier attempt (not run again)."""
 
 
 class CellExited(CellEventBase):
@@ -208,6 +223,10 @@ class CellVerdict(CellEventBase):
     items: Any = None
     """A many-sample cell's counts (pass, fail, errored, reused...; shape-checked by
     autopilot.state.items)."""
+    finished: Any = None
+    """INVALID(interrupted): how far the attempt got (total, done, reused, new; shape-
+    checked by autopilot.cell.itemsprogress). One that finished new items spends no
+    retry."""
 
 
 class CellQuarantined(CellEventBase):
@@ -332,4 +351,4 @@ CELL_EVENTS = (CellSpawning, CellStarted, CellReattached, CellWatchdog, CellKill
                CellGradeMetered, CellVerdict, CellQuarantined, GradeRetry, RequestFailover,
                CellFilesReceived, ScratchNotRemoved, ScratchRemovedViaDocker,
                UnsafePathRefused, ForeignInCellGroup, ForeignOutputsMoved, RegradeSkipped,
-               DatapathVersionMismatch)
+               DatapathVersionMismatch, CellDeadline)

@@ -41,7 +41,7 @@ RECORD_ONLY: dict[str, str] = {
                      "endpoint_not_readopted", "orphan_killed", "claim_dropped",
                      "published", "ray_replica_started", "ray_actor_reaped", "lease_swept",
                      "lease_sweep_failed", "lease_sweep_unreachable",
-                     "leftovers_stopped"), _OPERATOR),
+                     "leftovers_stopped", "cell_deadline"), _OPERATOR),
     **dict.fromkeys(("campaign_started", "campaign_finished", "campaign_blocked",
                      "campaign_budget_reached", "entry_started", "entry_finished",
                      "entry_skipped"), _CAMPAIGN),

@@ -10,6 +10,7 @@ verdict into the journal and are folded per task and arm by the ledger.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 ITEM_KINDS = ("passed", "scored", "unscored", "errored", "reused")
@@ -32,3 +33,41 @@ def items_of(raw: Any) -> dict[str, int] | None:
     if not out["reused"]:
         del out["reused"]  # said only where a resume reused some
     return out
+
+
+@dataclass(frozen=True)
+class ItemsProgress:
+    """How far a running cell of many items got, as its harness says (``harness.items``:
+    autopilot.cell.itemsprogress): the items its eval holds, those finished, and of
+    those how many an earlier attempt had finished."""
+
+    total: int
+    done: int
+    reused: int = 0
+
+    @property
+    def new(self) -> int:
+        """Items this attempt finished itself."""
+        return self.done - self.reused
+
+    @property
+    def unfinished(self) -> bool:
+        return self.done < self.total
+
+    def as_dict(self) -> dict[str, int]:
+        return {"total": self.total, "done": self.done, "reused": self.reused,
+                "new": self.new}
+
+
+def progress_of(raw: object) -> ItemsProgress | None:
+    """A harness's (or the journal's) progress, shape-checked: whole counts in range,
+    reused within done within total. None for anything else."""
+    if not isinstance(raw, Mapping):
+        return None
+    got = [raw.get(k, 0) for k in ("total", "done", "reused")]
+    if not all(type(v) is int and 0 <= v <= MAX_ITEMS for v in got):
+        return None
+    total, done, reused = got
+    if not reused <= done <= total or total < 1:
+        return None
+    return ItemsProgress(total, done, reused)

@@ -38,13 +38,23 @@ from autopilot.state.cellevents import (
 )
 from autopilot.state.eventbase import CellEventBase, EventBase
 from autopilot.state.events import parse
-from autopilot.state.items import ITEM_KINDS, items_of
+from autopilot.state.items import ITEM_KINDS, items_of, progress_of
 from autopilot.state.runevents import EndpointRestart, NotifyFailed, RunHandedOver, RunStarted
 
 # INVALID reasons that spend no retry: a throttling provider, a full disk, the death of
 # the attempt's data path (the cell is re-run once the infrastructure is back; none of
 # them says anything about the cell).
 NOT_COUNTED = frozenset({"rate_limited", "disk_full", "datapath_lost"})
+
+def _progressed(reason: str, finished: Any) -> bool:
+    """An interrupted attempt that finished items of its own: resumable work that moved
+    on spends no retry (the cell's items bound how often that can happen); one that
+    finished none counts like any INVALID."""
+    if reason != "interrupted":
+        return False
+    got = progress_of(finished)
+    return got is not None and got.new > 0
+
 
 # Ungraded cells that are done all the same: a grader that cannot run here (recorded by
 # the preset's choice), and a sample the grader says has no score (Inspect's NaN: its
@@ -266,7 +276,7 @@ class Ledger:
         else:
             cell.status = "invalid"
             cell.reason = ev.reason or "unknown"
-            if cell.reason not in NOT_COUNTED:
+            if cell.reason not in NOT_COUNTED and not _progressed(cell.reason, ev.finished):
                 cell.invalid_attempts += 1
             cell.reasons.append(cell.reason)
         row = {

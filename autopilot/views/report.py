@@ -28,7 +28,7 @@ from autopilot.state.cellevents import (
     CellVerdict,
 )
 from autopilot.state.fsutil import read_json
-from autopilot.state.items import ITEM_KINDS, items_of
+from autopilot.state.items import items_of
 from autopilot.state.journal import state_events
 from autopilot.state.ledger import VALID, CellState
 from autopilot.state.runevents import PlanChanged
@@ -37,6 +37,7 @@ from autopilot.templates import render
 from autopilot.views import stats
 from autopilot.views.cost import tokens_section
 from autopilot.views.energy import Energy, energy_lines, measure
+from autopilot.views.samples import finished_by, per_attempt_line, samples_text
 from autopilot.views.validate import validate_run
 
 
@@ -63,6 +64,8 @@ class CellFacts:
     joules: float | None = None  # GPU energy of all its attempts (power samples), if any
     items: dict[str, int] | None = None  # a many-item cell's counts (autopilot.state.items)
     by_bucket: Tokens | None = None  # the gateway's count by bucket, where it metered one
+    # a many-item cell cut and resumed: the items each attempt finished itself
+    per_attempt: tuple[int, ...] = ()
 
     @property
     def valid(self) -> bool:
@@ -94,6 +97,7 @@ def collect(preset: Preset, n: int, state_dir: Path,
     buckets: dict[str, Tokens] = {}
     wall: dict[str, float | None] = {}
     items: dict[str, dict[str, int] | None] = {}
+    per_attempt: dict[str, list[int]] = {}
     for ev in state_events(state_dir).typed():
         if isinstance(ev, CellStarted):
             attempts[ev.cell] += 1
@@ -103,6 +107,9 @@ def collect(preset: Preset, n: int, state_dir: Path,
             cid = ev.cell
             masked[cid] = ev.teardown_masked
             items[cid] = items_of(ev.items) if ev.verdict in VALID else None
+            finished = finished_by(ev.reason, ev.finished, items[cid], ev.regrade)
+            if finished is not None:
+                per_attempt.setdefault(cid, []).append(finished)
             spend, basis = ev.spend, ev.cost_basis
             if basis in METERED and isinstance(spend, list) \
                     and len(spend) == 2 and all(_int(x) is not None for x in spend):
@@ -148,6 +155,7 @@ def collect(preset: Preset, n: int, state_dir: Path,
             joules=energy.joules.get(cell.id) if energy and energy.ran.get(cell.id) else None,
             items=items.get(cell.id) if chk.verdict in VALID else None,
             by_bucket=buckets.get(cell.id),
+            per_attempt=tuple(per_attempt.get(cell.id, ())),
         ))
     return facts
 
@@ -189,14 +197,7 @@ def _score(fs: list[CellFacts]) -> tuple[int, int]:
 
 
 def _samples(fs: list[CellFacts]) -> str:
-    """Where cells grade many items (an Inspect task's samples), those are counted:
-    passed of scored, and how many were left unscored or errored."""
-    got = [f.items for f in fs if f.valid and f.items]
-    if not got:
-        return ""
-    tot = {k: sum(i.get(k, 0) for i in got) for k in ITEM_KINDS}
-    rest = ", ".join(f"{tot[k]} {k}" for k in ("unscored", "errored", "reused") if tot[k])
-    return f"; samples {tot['passed']}/{tot['scored']}" + (f" ({rest})" if rest else "")
+    return samples_text([f.items for f in fs if f.valid])
 
 
 def _pct(p: int, v: int) -> str:
@@ -266,7 +267,8 @@ def scorecard(preset: Preset, facts: list[CellFacts], n: int) -> str:
         for arm in arms:
             p, v = _score(_by(facts, arm, t.id))
             d = _delta(preset, arm, t.id, p, v)
-            row.append(f"{p}/{v}" + (f" ({d})" if d else "") + _samples(_by(facts, arm, t.id)))
+            row.append(f"{p}/{v}" + (f" ({d})" if d else "")
+                       + _samples(_by(facts, arm, t.id)))
         lines.append(f"| {t.id} | " + " | ".join(row) + " |")
     totals = []
     for arm in arms:
@@ -494,7 +496,8 @@ def findings(preset: Preset, facts: list[CellFacts], n: int,
             f"- teardown-masked cells (valid, killed after finishing, scored from outputs): "
             f"{t['teardown_masked']}",
             f"- retried cells: {t['retried']} (INVALID attempts by reason: "
-            f"{_attempts_line(t)})", f"- cells not run: {t['absent']}",
+            f"{_attempts_line(t)})", *per_attempt_line([(f.id, f.per_attempt) for f in facts]),
+            f"- cells not run: {t['absent']}",
             f"- {counting_line(preset.trust.count)}",
             "- model requests that failed, by kind (the gateway's record, every attempt): "
             + (", ".join(f"{k} {v}" for k, v in errors.items()) if errors else "none"),

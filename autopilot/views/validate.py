@@ -130,6 +130,8 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
             killed=rec.get("killed"), completion=completion,
             endpoint_down=bool(rec.get("endpoint_down")), kill_reason=rec.get("kill_reason"),
             disk_low=bool(rec.get("disk_low")), working=rec.get("working") is True,
+            # a state file's: shape-checked where it is read (autopilot.state.items)
+            finished=rec.get("finished") if isinstance(rec.get("finished"), dict) else None,
         )
         grade_path = Path(ctx["grade_file"])
         grade = (GradeOutcome(True, grade=read_json(grade_path)) if grade_path.exists()

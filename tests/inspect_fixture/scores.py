@@ -9,6 +9,7 @@ which fetches its encoding from the internet)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from inspect_ai import Epochs, Task, task
@@ -141,3 +142,57 @@ def flaky(gate: str = "") -> Task:
     """Four samples without ids; the third errors until fixed."""
     return Task(dataset=[Sample(input=f"Item {k}.") for k in range(1, 5)],
                 solver=[answer_unless_broken(gate)], scorer=always_right())
+
+
+@scorer(metrics=[mean()])
+def beyond_numbers() -> Scorer:
+    """Values at Inspect's edges: sample 1 infinitely good, 2 infinitely bad, 3 a word
+    Inspect cannot read as a number (it warns and its metrics count 0)."""
+    async def score(state: TaskState, target: Target) -> Score:
+        return Score(value={1: float("inf"), 2: float("-inf")}.get(
+            int(state.sample_id), "somewhat"))
+
+    return score
+
+
+@task
+def extremes() -> Task:
+    return Task(dataset=[Sample(input=f"Edge {k}.") for k in range(1, 4)],
+                solver=[answer()], scorer=beyond_numbers())
+
+
+@task
+def extremes_readable() -> Task:
+    """``extremes`` without its unreadable sample (a whole-task cell of the two)."""
+    return Task(dataset=[Sample(input=f"Edge {k}.") for k in range(1, 3)],
+                solver=[answer()], scorer=beyond_numbers())
+
+
+@task
+def two_ways() -> Task:
+    """Epochs reduced two ways, side by side in Inspect's log: max says right, mean
+    says half right."""
+    return Task(dataset=[Sample(id="q", input="Guess a number.")], solver=[answer()],
+                scorer=right_on_later_epochs(), epochs=Epochs(2, ["max", "mean"]))
+
+
+@solver
+def answer_until(gate: str) -> Solver:
+    """The fixed answer; sample 3 waits until ``<gate>/open`` exists (it says so in
+    ``<gate>/waiting``)."""
+    async def solve(state: TaskState, generate: Generate) -> TaskState:
+        if state.sample_id == 3:
+            (Path(gate) / "waiting").touch()
+            while not (Path(gate) / "open").exists():
+                await asyncio.sleep(0.05)
+        state.output = ModelOutput.from_content(model="none", content="42")
+        return state
+
+    return solve
+
+
+@task
+def held(gate: str = "") -> Task:
+    """Three samples without ids; the third waits at the gate (an eval to kill)."""
+    return Task(dataset=[Sample(input=f"Item {k}.") for k in range(1, 4)],
+                solver=[answer_until(gate)], scorer=always_right())

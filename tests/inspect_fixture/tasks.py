@@ -2,16 +2,28 @@
 that hangs for good (no request, no progress: the freeze watchdog's case), and one whose
 command in Inspect's local sandbox runs longer than the freeze watchdog's limit (work
 that is not a model request, and is not a freeze), and one whose later samples wait at a
-gate the test opens (a kill mid-eval at a known sample, for the resume)."""
+gate the test opens (a kill mid-eval at a known sample, for the resume), and scorers
+that take their time: one awaiting an external judge, one computing in process."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 from inspect_ai import Task, task
 from inspect_ai.dataset import Sample, example_dataset
-from inspect_ai.scorer import includes, model_graded_qa
+from inspect_ai.scorer import (
+    CORRECT,
+    INCORRECT,
+    Score,
+    Scorer,
+    Target,
+    includes,
+    mean,
+    model_graded_qa,
+    scorer,
+)
 from inspect_ai.solver import Generate, Solver, TaskState, generate, solver
 from inspect_ai.util import sandbox
 
@@ -93,3 +105,40 @@ def guide(n: int = 2) -> Task:
     graded by a model (Inspect's model_graded_qa: its ``grader`` role when one is set)."""
     return Task(dataset=example_dataset("security_guide")[:n], solver=[generate()],
                 scorer=model_graded_qa())
+
+
+@scorer(metrics=[mean()])
+def awaits_a_judge(secs: float = 14) -> Scorer:
+    """A scorer that waits ``secs`` for an answer from elsewhere (an external judge):
+    nothing of it shows in a request through the cell's gateway, nor in Inspect's
+    events, until it returns."""
+    async def score(state: TaskState, target: Target) -> Score:
+        await asyncio.sleep(secs)
+        return Score(value=CORRECT)
+
+    return score
+
+
+@scorer(metrics=[mean()])
+def computes(secs: float = 14) -> Scorer:
+    """A scorer that computes for ``secs`` in Inspect's own process, awaiting nothing."""
+    async def score(state: TaskState, target: Target) -> Score:
+        end = time.monotonic() + secs
+        n = 0
+        while time.monotonic() < end:
+            n += 1
+        return Score(value=CORRECT if n else INCORRECT)
+
+    return score
+
+
+@task
+def slow_judge(secs: float = 14) -> Task:
+    return Task(dataset=[Sample(id="j1", input="Say yes.", target="yes")],
+                solver=[generate()], scorer=awaits_a_judge(secs))
+
+
+@task
+def slow_scoring(secs: float = 14) -> Task:
+    return Task(dataset=[Sample(id="c1", input="Say yes.", target="yes")],
+                solver=[generate()], scorer=computes(secs))

@@ -13,14 +13,15 @@ REASON_LETTER = {
     "endpoint_down": "e", "api_error": "x", "grader_unavailable": "u",
     "malformed_summary": "y", "rate_limited": "l", "disk_full": "f",
     "unmetered": "n", "datapath_lost": "w", "unscored": "k",
-    "sample_errors": "r",
+    "sample_errors": "r", "interrupted": "i",
 }
 # A FAIL the evidence counts against the model, with the caveat every view flags.
 CAVEAT_LETTER = {"timed out": "t", "looped": "l", "context exceeded": "o"}
 LEGEND = ("P pass  F fail  I<r> invalid (s stall, d deadline, c crash, m missing output, "
           "g grader failed, j malformed grade, z zero tokens, a arm mismatch, e endpoint "
           "down, x api error, u grader unavailable, y malformed summary, l rate limited, "
-          "f disk full, n unmetered, w data path lost, k unscored, r sample errors)  "
+          "f disk full, n unmetered, w data path lost, k unscored, r sample errors, "
+          "i interrupted: resumed)  "
           "F<c> fail with a caveat (t timed out, l looped, o context exceeded, + other)  "
           "U<r> ungraded (run stands, grading failed)  Q quarantined  R running (R3s, R2m: "
           "transcript frozen that long)  "
