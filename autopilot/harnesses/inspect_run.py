@@ -310,16 +310,17 @@ def main(argv: list[str] | None = None) -> int:
     if log is None or (resumed is not None and log == resumed.log):
         print(f"inspect_run: inspect exited {code} and wrote no log", file=sys.stderr)
         return code or 1
-    from inspect_ai.log import read_eval_log
-
-    status = read_eval_log(str(log), header_only=True).status
-    if status not in ("success", "error"):
+    summary = {**summary_of(log, args.model, resumed, args.attempt), "roles": p.routes}
+    if summary["status"] not in ("success", "error"):
         # A killed or cancelled eval: no result, however many samples it holds. Its
         # log stays for the next attempt, which recovers it and resumes the rest.
+        if p.many and args.items:
+            from autopilot.harnesses.inspect_progress import final_items
+
+            final_items(logs, args.items, frozenset(resumed.before) if resumed else frozenset())
         print(f"inspect_run: inspect eval interrupted (exit {code}): its log {log.name} "
-              f"says {status!r}, not finished", flush=True)
+              f"says {summary['status']!r}, not finished", flush=True)
         return INTERRUPTED
-    summary = {**summary_of(log, args.model, resumed, args.attempt), "roles": p.routes}
     reuse.write_reuse(args.out, summary.pop("scored_by"))
     if summary["error"] and summary["finish_reason"] == "error":
         # An eval Inspect could not finish (a sample that raised, a sandbox that did not
