@@ -233,3 +233,23 @@ def test_the_endpoints_base_names_the_files_an_engine_touches() -> None:
     for name in ("autopilot/endpoints/<engine>.py", "autopilot/endpointconfig.py",
                  "autopilot/endpoints/__init__.py"):
         assert name in doc, name
+
+
+def test_every_event_is_written_as_its_type() -> None:
+    """Writers are typed like readers: an event is constructed as its type where it is
+    emitted (``emit(CellVerdict(...))``), so mypy checks every field written; no call
+    names an event by a string."""
+    import ast
+
+    found = []
+    for path in sorted(PKG.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call) or not node.args:
+                continue
+            name = (node.func.attr if isinstance(node.func, ast.Attribute)
+                    else node.func.id if isinstance(node.func, ast.Name) else "")
+            first = node.args[0]
+            if name == "emit" and isinstance(first, ast.Constant) and isinstance(
+                    first.value, str):
+                found.append(f"{path.relative_to(PKG)}:{node.lineno} emit({first.value!r})")
+    assert found == []

@@ -137,7 +137,7 @@ def test_a_replica_dying_mid_cell_costs_a_request_not_the_cell(tmp_path: Path) -
     evs = events(state)
     assert code == 0, [e for e in evs if e["event"] == "cell_verdict"]
     failovers = [e for e in evs if e["event"] == "request_failover"]
-    assert failovers and all((e["replica"], e["to"]) == ("0", "1") for e in failovers)
+    assert failovers and all((e["replica"], e["to"]) == (0, 1) for e in failovers)
     verdicts = [e for e in evs if e["event"] == "cell_verdict"]
     assert len(verdicts) == 8 and all(e["verdict"] in ("PASS", "FAIL") for e in verdicts)
     moved = {e["cell"] for e in failovers}

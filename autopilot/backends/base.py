@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from autopilot.errors import EndpointError
+from autopilot.state.cellevents import CellRan
+from autopilot.state.eventbase import EventBase
 
 if TYPE_CHECKING:  # the loader asks a backend kind's load checks: this module stays light
     from autopilot.cell.context import CellContext
@@ -47,7 +49,7 @@ class Closable(Protocol):
 class Port(Protocol):
     """How a backend reports to the loop (the loop implements it; a node buffers it)."""
 
-    def emit(self, event: str, **fields: Any) -> dict[str, Any]: ...
+    def emit(self, event: str | EventBase, **fields: Any) -> dict[str, Any]: ...
     def milestone(self, kind: str, **info: Any) -> None: ...
     def tick(self, cid: str, frozen_secs: float, tier: str, last_signal: Any) -> None: ...
     def grade_failure(self, cid: str, c: Classification) -> None: ...
@@ -303,8 +305,8 @@ class Backend(abc.ABC):
             return await run.judge(outcome)  # type: ignore[no-any-return]
         if not outcome.completion:
             return classify(outcome, None, self.w.preset.grader.verdicts)
-        self.w.port.emit("cell_ran", cell=run.cell.id, attempt=run.attempt,
-                         outcome=asdict(outcome))
+        self.w.port.emit(CellRan(cell=run.cell.id, attempt=run.attempt,
+                         outcome=asdict(outcome)))
         return None
 
     async def close(self, keep_endpoints: bool = False) -> None:

@@ -19,6 +19,7 @@ from autopilot.cell.validity import Classification
 from autopilot.cell.watchdog import WatchState
 from autopilot.config import Arm, Preset, Route
 from autopilot.plan import Cell, cell_context
+from autopilot.state.cellevents import RequestFailover
 from autopilot.state.diskspace import DiskWatch
 from autopilot.state.fsguard import move_tree
 
@@ -203,9 +204,10 @@ def gateway_news(cx: CellContext, cell: str, attempt: int, dp: AttemptPath,
     for _ in range(dp.throttled - told):
         cx.on_throttled()
     for fo in dp.failovers:
-        cx.emit("request_failover", cell=cell, attempt=attempt,
-                replica=str(fo.get("replica"))[:20], to=str(fo.get("to"))[:20],
-                why=cx.redact(str(fo.get("why"))[:200]))
+        cx.emit(RequestFailover(cell=cell, attempt=attempt,
+                                replica=_replica(fo.get("replica")),
+                                to=_replica(fo.get("to")),
+                                why=cx.redact(str(fo.get("why"))[:200])))
     dp.failovers.clear()
     return dp.throttled
 
@@ -220,6 +222,14 @@ def gateway_spec(gw: Gatekeeper, arm: Arm, upstream: list[tuple[str, str]], key:
     return gw.datapath_spec(arm.request, upstream, log_path, key=key, model=model,
                             route=arm.route, route_key=route_key,
                             dialect_settings=arm.request_by_dialect)
+
+
+def _replica(said: Any) -> int | None:
+    """A replica number as the data path says it ("1"), else nothing: its word is
+    untrusted, and never a text where a number belongs."""
+    if type(said) is int:
+        return said
+    return int(said) if isinstance(said, str) and said.isdigit() and len(said) < 6 else None
 
 
 def upstreams(cx: CellContext, arm: Arm) -> list[tuple[str, str]]:

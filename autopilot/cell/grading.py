@@ -45,6 +45,7 @@ from autopilot.cell.validity import (
 from autopilot.config import Preset
 from autopilot.escape import clean
 from autopilot.state.budget import count_or_none
+from autopilot.state.cellevents import CellGradeMetered
 from autopilot.state.fsguard import UnsafePath, remove_tree, run_roots
 from autopilot.state.statedir import open_append
 from autopilot.state.untrusted import load_json, open_fd
@@ -287,5 +288,5 @@ async def model_access(cx: Any, cell: str, attempt: int, ctx: dict[str, str],
             yield own, dict.fromkeys(cx.key_env, g.key)
         finally:
             if g.meter.requests or g.meter.unauthorized:
-                cx.emit("cell_grade_metered", cell=cell, attempt=attempt,
-                        **g.meter.summary())
+                cx.emit(CellGradeMetered(cell=cell, attempt=attempt,
+                        **g.meter.summary()))

@@ -6,6 +6,7 @@ from typing import Any
 
 from autopilot.cell.context import CellContext
 from autopilot.config import Preset
+from autopilot.state.cellevents import ScratchNotRemoved, ScratchRemovedViaDocker, UnsafePathRefused
 from autopilot.state.fsguard import remove_or_clear
 from autopilot.templates import render
 
@@ -20,13 +21,13 @@ async def clean_scratch(cx: CellContext, preset: Preset, ctx: dict[str, Any], ce
         path = render(tmpl, ctx)  # exact path, never a glob
         why, how = await remove_or_clear(path, cx.roots, cx.state_dir, cx.clear_dir)
         if how == "cleared":
-            cx.emit("scratch_removed_via_docker", cell=cell, attempt=attempt, path=path)
+            cx.emit(ScratchRemovedViaDocker(cell=cell, attempt=attempt, path=path))
         if why is None:
             continue
         if how == "not_removed":
-            cx.emit("scratch_not_removed", cell=cell, attempt=attempt, path=path, why=why)
+            cx.emit(ScratchNotRemoved(cell=cell, attempt=attempt, path=path, why=why))
         else:
-            cx.emit("unsafe_path_refused", cell=cell, attempt=attempt,
-                    action="remove scratch dir", why=why)
+            cx.emit(UnsafePathRefused(cell=cell, attempt=attempt,
+                    action="remove scratch dir", why=why))
         left = left or why
     return left

@@ -21,6 +21,17 @@ from autopilot.endpoints.policy import restart_action
 from autopilot.errors import EndpointError, EndpointFailed
 from autopilot.logsetup import get_logger
 from autopilot.state.fsutil import iso
+from autopilot.state.runevents import (
+    EndpointDown,
+    EndpointNotReadopted,
+    EndpointReconfigure,
+    EndpointRestart,
+    EndpointSpawned,
+    EndpointStarted,
+    EndpointThrottled,
+    EndpointUp,
+)
+from autopilot.state.runevents import EndpointFailed as EndpointFailedEvent
 
 log = get_logger(__name__)
 
@@ -76,7 +87,7 @@ class Keeper(KeeperBase):
         # An endpoint a predecessor left serving (its endpoint_started record): tried
         # first at start, so a supervisor's crash or hand-over costs no model load.
         self.readopt_record: dict[str, Any] | None = None
-        endpoint.on_spawn = lambda **kw: self.emit("endpoint_spawned", **kw)
+        endpoint.on_spawn = lambda **kw: self.emit(EndpointSpawned(**kw))
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -112,7 +123,7 @@ class Keeper(KeeperBase):
             self.outages.append((self.down_since, None))
             self.state = "down"
             self._up = anyio.Event()
-            self.emit("endpoint_down", why=why)
+            self.emit(EndpointDown(why=why))
 
     async def start(self) -> None:
         """Start (or attach to, or re-adopt) the endpoint; raises EndpointError if it
@@ -124,13 +135,13 @@ class Keeper(KeeperBase):
             why = await self.ep.readopt(rec)
             if why is None:
                 self._mark_up()
-                self.emit("endpoint_started", **self.ep.describe(), readopted=True,
-                          readiness={})
+                self.emit(EndpointStarted(**self.ep.describe(), readopted=True,
+                          readiness={}))
                 return
-            self.emit("endpoint_not_readopted", pid=rec.get("pid"), why=why)
+            self.emit(EndpointNotReadopted(pid=rec.get("pid"), why=why))
         await self.ep.start()
         self._mark_up()
-        self.emit("endpoint_started", **self.ep.describe(), readiness=self.ep.readiness)
+        self.emit(EndpointStarted(**self.ep.describe(), readiness=self.ep.readiness))
 
     async def _loaded(self, rec: dict[str, Any]) -> None:
         """Wait for an endpoint a predecessor was killed while loading to answer, while
@@ -176,8 +187,8 @@ class Keeper(KeeperBase):
         self.state = "reconfiguring"
         self._up = anyio.Event()
         try:
-            self.emit("endpoint_reconfigure", arms=list(arms), arm_args=list(setting.args),
-                      previous=list(self.ep.arm_group))
+            self.emit(EndpointReconfigure(arms=list(arms), arm_args=list(setting.args),
+                      previous=list(self.ep.arm_group)))
             await self.ep.stop()
             self.ep.arm_setting, self.ep.arm_group = setting, arms
             self.ep.generation += 1
@@ -185,7 +196,7 @@ class Keeper(KeeperBase):
         finally:
             self.reconfiguring = False
         self._mark_up()
-        self.emit("endpoint_started", **self.ep.describe(), readiness=self.ep.readiness)
+        self.emit(EndpointStarted(**self.ep.describe(), readiness=self.ep.readiness))
 
     async def watch(self) -> None:
         """Keep it alive until cancelled or the restart budget is spent."""
@@ -205,13 +216,13 @@ class Keeper(KeeperBase):
             except EndpointError as e:
                 ok, why = False, str(e)
             if ok and why.startswith("throttled"):
-                self.emit("endpoint_throttled", why=why)
+                self.emit(EndpointThrottled(why=why))
                 self.on_throttled()
             if ok:
                 if self.state != "up":
                     down = self.clock() - (self.down_since or self.clock())
                     self._mark_up()
-                    self.emit("endpoint_up", down_secs=round(down, 1))
+                    self.emit(EndpointUp(down_secs=round(down, 1)))
                 continue
             self._mark_down(why)
             action = restart_action(self.down_since, self.clock(), self.restarts, self.cfg)
@@ -229,7 +240,7 @@ class Keeper(KeeperBase):
                     f"{self.cfg.restart_window_secs:.0f}s and is still down ({why})"
                 )
                 self.state = "failed"
-                self.emit("endpoint_failed", why=self.failed)
+                self.emit(EndpointFailedEvent(why=self.failed))
                 self.milestone("endpoint_failed", why=self.failed)
                 return
 
@@ -238,7 +249,7 @@ class Keeper(KeeperBase):
         down = now - (self.down_since or now)
         self.restarts.append(now)
         self.state = "restarting"
-        self.emit("endpoint_restart", down_secs=round(down, 1), restarts=len(self.restarts))
+        self.emit(EndpointRestart(down_secs=round(down, 1), restarts=len(self.restarts)))
         self.milestone("endpoint_restart", down_secs=round(down, 1), restarts=len(self.restarts))
         try:
             await self.ep.restart()
@@ -247,4 +258,4 @@ class Keeper(KeeperBase):
             self.state = "down"
             return
         self._mark_up()
-        self.emit("endpoint_started", **self.ep.describe(), readiness=self.ep.readiness)
+        self.emit(EndpointStarted(**self.ep.describe(), readiness=self.ep.readiness))

@@ -538,6 +538,10 @@ async def _read_error(up: Any, held: list[bytes]) -> int:
     return held_n
 
 
+def _number(replica: str) -> int | None:
+    return int(replica) if replica.isdigit() else None  # "route": no replica of the run
+
+
 def gateway_for(preset: Preset, redact: Callable[[str], str], on_throttled: Callable[[], None],
                 emit: Callable[..., Any], key: Callable[[], str] | None = None,
                 secrets: tuple[str, ...] = ()) -> Gateway | None:
@@ -546,14 +550,17 @@ def gateway_for(preset: Preset, redact: Callable[[str], str], on_throttled: Call
     g = preset.gateway
     if not g.enabled or not preset.uses_gateway:
         return None
+    # here, not at the top: the data path serves this module and never loads pydantic
+    from autopilot.state.cellevents import RequestFailover
+
     gw = Gateway(redact, Limits(max_request=int(g.max_request_mb * 2**20),
                                 max_records=g.max_records, hold_429=g.hold_429_secs,
                                 body_secs=g.body_timeout_secs,
                                 upstream_read_secs=g.upstream_read_secs),
                  on_throttled=on_throttled,
-                 on_failover=lambda cell, attempt, frm, to, why: emit(
-                     "request_failover", cell=cell, attempt=attempt, replica=frm, to=to,
-                     why=why))
+                 on_failover=lambda cell, attempt, frm, to, why: emit(RequestFailover(
+                     cell=cell, attempt=attempt, replica=_number(frm), to=_number(to),
+                     why=why)))
     if preset.endpoint.hosted:  # the key stays here; the harness has its attempt's
         gw.key = key
         gw.dialects = preset.endpoint.dialects

@@ -40,8 +40,18 @@ from autopilot.errors import ConfigError
 from autopilot.logsetup import get_logger
 from autopilot.run.notify import Notifier
 from autopilot.state.budget import Spend, of_events
+from autopilot.state.eventbase import EventBase, record_of
 from autopilot.state.journal import Journal, state_events
 from autopilot.state.lock import RunLock
+from autopilot.state.runevents import (
+    CampaignBlocked,
+    CampaignBudgetReached,
+    CampaignFinished,
+    CampaignStarted,
+    EntryFinished,
+    EntrySkipped,
+    EntryStarted,
+)
 from autopilot.state.statedir import check_trusted, ensure_private_dir, open_append
 from autopilot.state.untrusted import state_json
 
@@ -226,10 +236,11 @@ class Campaign:
         self.stopping = False
         self.failed: str | None = None
 
-    def emit(self, event: str, **fields: Any) -> None:
+    def emit(self, event: str | EventBase, **fields: Any) -> None:
         assert self.journal is not None
-        self.journal.append(event, **fields)
-        log.info(event, **fields)
+        kind, fields = record_of(event, fields)
+        self.journal.append(kind, **fields)
+        log.info(kind, **fields)
 
     async def run(self) -> int:
         check_trusted(self.dir)
@@ -237,8 +248,8 @@ class Campaign:
         try:
             ensure_private_dir(self.dir)
             self.journal = Journal(self.dir / JOURNAL)
-            self.emit("campaign_started", roster=str(self.roster_path),
-                      entries=[p.entry.name for p in self.planned])
+            self.emit(CampaignStarted(roster=str(self.roster_path),
+                      entries=[p.entry.name for p in self.planned]))
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.notifier.run)
                 tg.start_soon(self._signals, tg.cancel_scope)
@@ -281,7 +292,7 @@ class Campaign:
                     self.failed = (f"entry {previous.entry.name} left its endpoint running "
                                    f"(pids {left}, containers {containers}); not starting "
                                    f"{p.entry.name}")
-                    self.emit("campaign_blocked", why=self.failed)
+                    self.emit(CampaignBlocked(why=self.failed))
                     return
             await self._entry(p, previous_gone=previous.entry.name if previous else None)
             previous = p
@@ -324,13 +335,13 @@ class Campaign:
         name = p.entry.name
         if entry_phase(p.state_dir) == "COMPLETE":
             self.results[name] = "COMPLETE"
-            self.emit("entry_skipped", entry=name, why="already COMPLETE")
+            self.emit(EntrySkipped(entry=name, why="already COMPLETE"))
             return
         why = self._budget_reached()
         if why:
             if not self.failed:
                 self.failed = why
-                self.emit("campaign_budget_reached", why=why)
+                self.emit(CampaignBudgetReached(why=why))
                 self.notifier.submit("budget_reached", {"alarm": "campaign", "why": why})
             return
         ensure_private_dir(p.state_dir)
@@ -340,8 +351,8 @@ class Campaign:
                 *entry_argv(p), stdout=out, stderr=out, stdin=subprocess.DEVNULL,
                 preexec_fn=_die_with_parent)
             self.running[name] = proc.pid
-            self.emit("entry_started", entry=name, pid=proc.pid, state_dir=str(p.state_dir),
-                      previous_endpoint_gone=previous_gone, provider=p.provider)
+            self.emit(EntryStarted(entry=name, pid=proc.pid, state_dir=str(p.state_dir),
+                      previous_endpoint_gone=previous_gone, provider=p.provider))
             try:
                 code = await proc.wait()
             finally:
@@ -349,7 +360,7 @@ class Campaign:
         phase = entry_phase(p.state_dir) or "unknown"
         outcome = "COMPLETE" if code == 0 and phase == "COMPLETE" else "INCOMPLETE"
         self.results[name] = outcome
-        self.emit("entry_finished", entry=name, code=code, outcome=outcome, phase=phase)
+        self.emit(EntryFinished(entry=name, code=code, outcome=outcome, phase=phase))
         self.notifier.submit("campaign_entry_finished", {
             "alarm": name, "entry": name, "outcome": outcome, "exit_code": code,
             "progress": f"{len(self.results)}/{len(self.planned)} entries done"})
@@ -359,8 +370,8 @@ class Campaign:
         incomplete = [p.entry.name for p in self.planned if self.results.get(p.entry.name)
                       != "COMPLETE"]
         outcome = "COMPLETE" if not incomplete else "INCOMPLETE"
-        self.emit("campaign_finished", outcome=outcome, complete=done, incomplete=incomplete,
-                  why=self.failed)
+        self.emit(CampaignFinished(outcome=outcome, complete=done, incomplete=incomplete,
+                  why=self.failed))
         self.notifier.submit("campaign_complete" if outcome == "COMPLETE"
                              else "campaign_incomplete",
                              {"alarm": "campaign", "complete": done, "incomplete": incomplete})

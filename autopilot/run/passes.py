@@ -25,9 +25,12 @@ from autopilot.logsetup import get_logger
 from autopilot.plan import Cell, Plan, arm_groups
 from autopilot.run.placement import ReplicaView, choose_replica
 from autopilot.run.throttle import CALM_SECS, Throttle, on_tick
+from autopilot.state.cellevents import CellAbandoned, CellRan
 from autopilot.state.diskspace import DiskWatch
+from autopilot.state.eventbase import EventBase
 from autopilot.state.fsutil import storage_error
 from autopilot.state.ledger import CellState, Ledger
+from autopilot.state.runevents import ArmGrading, PassStarted
 
 log = get_logger(__name__)
 
@@ -59,7 +62,7 @@ class Loop(Protocol):
     def stop_signal(self) -> int | None: ...
     @property
     def paused(self) -> str | None: ...
-    def emit(self, event: str, **fields: Any) -> dict[str, Any]: ...
+    def emit(self, event: str | EventBase, **fields: Any) -> dict[str, Any]: ...
     def milestone(self, kind: str, **info: Any) -> None: ...
     def record_verdict(self, cid: str, attempt: int, c: Classification, *,
                        regrade: bool = False) -> None: ...
@@ -181,7 +184,7 @@ class Passes:
                 return
             self.pass_no = pass_no
             loop.phase = f"run:pass{pass_no}"
-            loop.emit("pass_started", **{"pass": pass_no, "pending": len(pending)})
+            loop.emit(PassStarted.model_validate({"pass": pass_no, "pending": len(pending)}))
             await self._run_pass(pending)
             failed = loop.endpoint_failed()
             if failed:
@@ -300,8 +303,8 @@ class Passes:
                     loop.storage_failed(disk)  # the other cells are cancelled: they detach
                     raise
                 log.exception("cell_internal_error", cell=cell.id)
-                loop.emit("cell_abandoned", cell=cell.id, attempt=attempt,
-                          why=f"internal error: {type(e).__name__}: {e}")
+                loop.emit(CellAbandoned(cell=cell.id, attempt=attempt,
+                          why=f"internal error: {type(e).__name__}: {e}"))
                 return
             if result is not None:
                 loop.record_verdict(cell.id, attempt, result)
@@ -322,7 +325,7 @@ class Passes:
         loop = self.loop
         for cid, attempt, outcome, meter in adopted:
             if self.preset.grader.mode == "per-arm":
-                loop.emit("cell_ran", cell=cid, attempt=attempt, outcome=asdict(outcome))
+                loop.emit(CellRan(cell=cid, attempt=attempt, outcome=asdict(outcome)))
             else:
                 # With the gateway's evidence its data path recorded: the same model and
                 # arm checks and the same meter as an attempt this loop watched.
@@ -343,7 +346,7 @@ class Passes:
                 busy = any(c.status in ("running", "pending", "invalid") for c in cells)
                 if busy and not force:
                     continue
-                loop.emit("arm_grading", arm=arm.label, cells=len(ran))
+                loop.emit(ArmGrading(arm=arm.label, cells=len(ran)))
                 for c in ran:
                     outcome = RunOutcome(**(c.ran_outcome or {}))
                     loop.record_verdict(c.id, c.attempts, await self._backend.grade(

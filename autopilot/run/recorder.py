@@ -39,13 +39,15 @@ from autopilot.run.snapshot import RunView, build, prior_elapsed
 from autopilot.run.stopping import Stop
 from autopilot.run.throttle import Throttle, on_throttled
 from autopilot.state import budget
+from autopilot.state.cellevents import CellVerdict
 from autopilot.state.diskspace import DiskWatch, Reading, floor_bytes
-from autopilot.state.eventbase import EventBase
+from autopilot.state.eventbase import EventBase, record_of
 from autopilot.state.fsguard import run_roots
 from autopilot.state.fsutil import atomic_write_text, iso, read_json, storage_error
 from autopilot.state.journal import Journal
 from autopilot.state.ledger import Ledger
 from autopilot.state.progress import oneline
+from autopilot.state.runevents import LaunchThrottled, Milestone, NotifyFailed
 from autopilot.state.status import StatusWriter
 from autopilot.state.tokens import tokens_of
 from autopilot.templates import render
@@ -123,10 +125,7 @@ class Recorder:
         written (``emit(LeftoversStopped(...))``), or, in the older form, its kind's name
         and fields (checked against the same type by the journal)."""
         assert self.journal is not None
-        if isinstance(event, EventBase):
-            fields = {**event.model_dump(exclude_unset=True, exclude={"ts", "event"}),
-                      **fields}
-            event = event.event
+        event, fields = record_of(event, fields)
         try:
             record = self.journal.append(event, **fields)
         except OSError as e:  # nothing half-written (the line is cut back); who raised
@@ -176,7 +175,7 @@ class Recorder:
             "kind": kind, "priority": priority, "preset": self.preset.name,
             "model": self.preset.model, "progress": self.progress_line(), **info,
         }
-        self.emit("milestone", **payload)
+        self.emit(Milestone(**payload))
         try:
             self.notifier.submit(kind, payload)
         except Exception as e:  # notifications must never break the run
@@ -232,12 +231,12 @@ class Recorder:
 
     def _notify_failed(self, kind: str, url: str, why: str) -> None:
         if self.journal is not None:
-            self.emit("notify_failed", kind=kind, url=url, why=why)
+            self.emit(NotifyFailed(kind=kind, url=url, why=why))
 
     def set_throttle(self, new: Throttle) -> None:
         before, self.throttle = self.throttle.limit, new
         if new.limit != before:
-            self.emit("launch_throttled", limit=new.limit, ceiling=new.ceiling)
+            self.emit(LaunchThrottled(limit=new.limit, ceiling=new.ceiling))
 
     # ------------------------------------------------------------------ policy
 
@@ -267,9 +266,9 @@ class Recorder:
                 extra["gateway"] = {"requests": m.get("requests"), "errors": m.get("errors")}
                 if unread:  # spend of unknown size: the budget's concern
                     extra["unmetered"] = unread
-        self.emit("cell_verdict", cell=cid, attempt=attempt, verdict=c.verdict, reason=c.reason,
+        self.emit(CellVerdict(cell=cid, attempt=attempt, verdict=c.verdict, reason=c.reason,
                   word=c.word, caveat=c.caveat, teardown_masked=c.teardown_masked,
-                  detail=c.detail, **extra)
+                  detail=c.detail, **extra))
         self._decide(runbook.on_verdict(self.policy, self.rules, self.ledger, cid, c,
                                         regrade=regrade, now=time.time()))
 

@@ -36,11 +36,24 @@ from autopilot.run.preflight import needs_docker
 from autopilot.run.snapshot import RunView, build, prior_elapsed
 from autopilot.run.throttle import Throttle
 from autopilot.state import resolved
-from autopilot.state.cellevents import CellAbandoned
+from autopilot.state.cellevents import (
+    CellAbandoned,
+    CellAdopted,
+    CellMetered,
+    DatapathVersionMismatch,
+    ForeignInCellGroup,
+)
 from autopilot.state.fsutil import atomic_write_json, iso, parse_iso, read_json
 from autopilot.state.journal import began, read_events
 from autopilot.state.ledger import CellState, Ledger
-from autopilot.state.runevents import LeftoversStopped
+from autopilot.state.runevents import (
+    BenchmarkDrift,
+    JournalPidRefused,
+    LeftoversStopped,
+    OrphanKilled,
+    PlanChanged,
+    PresetChanged,
+)
 from autopilot.state.statedir import open_append
 from autopilot.templates import render
 
@@ -110,18 +123,18 @@ def record_plan(state_dir: Path, preset: Preset, plan: Plan, emit: Emit, *,
     pins = drift.benchmark_pins(preset, state_dir) if pins is None else pins
     if isinstance(recorded, dict):
         if recorded.get("identity") != plan.identity:
-            emit("plan_changed", old=recorded.get("identity"), new=plan.identity)
+            emit(PlanChanged(old=recorded.get("identity"), new=plan.identity))
         before = recorded.get("benchmark_files")
         moved = drift.changed(before, pins)
         if moved:  # only with --allow-plan-change (check_plan_identity refuses it else)
             assert isinstance(before, dict)
-            emit("benchmark_drift", files={f: {"was": before.get(f), "now": pins.get(f)}
-                                           for f in moved[:50]})
+            emit(BenchmarkDrift(files={f: {"was": before.get(f), "now": pins.get(f)}
+                                           for f in moved[:50]}))
     digest, changed = resolved.write(state_dir, preset)
     if changed and isinstance(recorded, dict):
         # What the run resolved differs from the last launch's (a flag, an overlay, a
         # variable of this shell): said, so a view's numbers can be traced to it.
-        emit("preset_changed", keys=changed[:50], more=max(0, len(changed) - 50))
+        emit(PresetChanged(keys=changed[:50], more=max(0, len(changed) - 50)))
     atomic_write_json(path, {
         "preset": preset.name, "resolved_sha256": digest, "preset_path": preset_path,
         "config_path": config_path,
@@ -180,9 +193,9 @@ async def reattach_datapaths(preset: Preset, plan: Plan, state_dir: Path, ledger
             dp.unjournaled = cell.pid is None
             found.reattached.append((cell.id, cell.attempts, dp))
             if dp.drain is not None:
-                emit("datapath_version_mismatch", cell=cell.id, attempt=cell.attempts,
+                emit(DatapathVersionMismatch(cell=cell.id, attempt=cell.attempts,
                      version=dp.drain, ours=wire.VERSION,
-                     why="watched by its files until it ends; no new attempt uses it")
+                     why="watched by its files until it ends; no new attempt uses it"))
             continue
         rec = finished_record(d)
         if rec is None:
@@ -199,15 +212,15 @@ async def reattach_datapaths(preset: Preset, plan: Plan, state_dir: Path, ledger
         wall = (whole_wall(float(launched), float(ended), -1.0)
                 if isinstance(launched, int | float) and isinstance(ended, int | float)
                 else None)
-        emit("cell_adopted", cell=cell.id, attempt=cell.attempts,
+        emit(CellAdopted(cell=cell.id, attempt=cell.attempts,
              why="the harness ended while no supervisor watched; its data path recorded "
                  "the end", outcome=asdict(outcome), metered=meter is not None,
-             elapsed_secs=wall if wall is not None and wall >= 0 else None)
+             elapsed_secs=wall if wall is not None and wall >= 0 else None))
         known = cell.metered is not None and cell.metered.get("attempt") == cell.attempts
         if meter is not None and not known:
             # the attempt's spend, as for an attempt watched to its end: once per attempt
             # (a successor that adopts it again journals no second one to add up)
-            emit("cell_metered", cell=cell.id, attempt=cell.attempts, **meter.summary())
+            emit(CellMetered(cell=cell.id, attempt=cell.attempts, **meter.summary()))
     return lost
 
 
@@ -287,24 +300,24 @@ async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Led
         outcome = None if cell.id in lost else finished_outcome(
             preset, plan.by_id[cell.id], state_dir, cell, exited, killed=cell.pid in pids)
         if cell.id in lost:
-            emit("cell_abandoned", cell=cell.id, attempt=cell.attempts,
+            emit(CellAbandoned(cell=cell.id, attempt=cell.attempts,
                  why="its data path ended without recording the harness's end (the "
-                     "attempt's evidence is incomplete)", killed_pids=pids)
+                     "attempt's evidence is incomplete)", killed_pids=pids))
             continue
         if outcome is not None:
             # The harness finished before its supervisor died: grade that work
             # rather than throw away (maybe) an hour of GPU time.
             found.adopted.append((cell.id, cell.attempts, outcome, None))
-            emit("cell_adopted", cell=cell.id, attempt=cell.attempts,
-                 why="harness finished before the supervisor died", outcome=asdict(outcome))
+            emit(CellAdopted(cell=cell.id, attempt=cell.attempts,
+                 why="harness finished before the supervisor died", outcome=asdict(outcome)))
             continue
-        emit("cell_abandoned", cell=cell.id, attempt=cell.attempts,
-             why="supervisor restarted", killed_pids=pids)
+        emit(CellAbandoned(cell=cell.id, attempt=cell.attempts,
+             why="supervisor restarted", killed_pids=pids))
     endpoint = await anyio.to_thread.run_sync(sweep.orphan_endpoint, journal, run_token,
                                               refused, keep_pids)
     for r in refused:
-        emit("journal_pid_refused", **r, why="named by the journal, but the process "
-             "carries neither this run's marker nor is our descendant: not signalled")
+        emit(JournalPidRefused(**r, why="named by the journal, but the process "
+             "carries neither this run's marker nor is our descendant: not signalled"))
     if endpoint:
         found.cleaned.append(endpoint)
     # Then what no journal line records (a spawn the predecessor died before writing).
@@ -312,8 +325,8 @@ async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Led
             lambda: sweep.orphan_marked(run_token, grace, keep=keep_tokens,
                                         keep_pids=keep_pids | _trees(keep_pids))):
         found.cleaned.append({**marked, "unjournaled": True})
-        emit("orphan_killed", cell=marked["cell"], pids=marked["pids"],
-             why="spawned by a predecessor killed before journaling it")
+        emit(OrphanKilled(cell=marked["cell"], pids=marked["pids"],
+             why="spawned by a predecessor killed before journaling it"))
     # Last, whatever is still in the run's cgroups: a child that cleared its environment
     # and double-forked carries no marker and no parent, but cannot leave its group.
     contain = cgroups.for_run(run_token)[0]
@@ -321,12 +334,12 @@ async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Led
         for group in await anyio.to_thread.run_sync(
                 lambda: contain.sweep(keep=keep_groups)):
             for f in group.get("foreign", ()):
-                emit("foreign_in_cell_group", cell=None, **f)
+                emit(ForeignInCellGroup(cell=None, **f))
             if not group["pids"]:
                 continue
             found.cleaned.append({"cgroup": group["group"], "pids": group["pids"]})
-            emit("orphan_killed", cell=None, group=group["group"], pids=group["pids"],
-                 why="left in the run's cgroup by a predecessor")
+            emit(OrphanKilled(cell=None, group=group["group"], pids=group["pids"],
+                 why="left in the run's cgroup by a predecessor"))
     # And with a user per cell, every process of a past cell's uid (one that wrote its
     # pid out of its group, say): a cell's uid is no one else's.
     if preset.harness.user != "same":  # the journal says which uids were cells'
@@ -334,8 +347,8 @@ async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Led
         for uid, pids in await anyio.to_thread.run_sync(
                 lambda: sweep.orphan_uids(journal, preset.harness.uids, keep_uids, grace)):
             found.cleaned.append({"uid": uid, "pids": pids})
-            emit("orphan_killed", cell=None, uid=uid, pids=pids,
-                 why="a process of a past cell's own uid")
+            emit(OrphanKilled(cell=None, uid=uid, pids=pids,
+                 why="a process of a past cell's own uid"))
     return found
 
 

@@ -57,6 +57,14 @@ from autopilot.state.fsguard import remove_stale_temps, run_roots
 from autopilot.state.fsutil import atomic_write_json, storage_error
 from autopilot.state.journal import Journal
 from autopilot.state.lock import RunLock
+from autopilot.state.runevents import (
+    ClaimDropped,
+    Published,
+    PublishFailed,
+    RunFinished,
+    RunHandedOver,
+    RunStarted,
+)
 from autopilot.state.statedir import open_append
 
 log = get_logger(__name__)
@@ -128,7 +136,7 @@ class Supervisor(Recorder):
             if self.stop.signal is not None:  # came during start-up (before the sweep)
                 return await self._stopped_starting()
             for gone in self.claims.dropped:
-                self.emit("claim_dropped", **gone, why="its state dir is gone")
+                self.emit(ClaimDropped.model_validate({**gone, "why": "its state dir is gone"}))
             recovery.record_plan(self.state_dir, self.preset, self.plan, self.emit,
                                  preset_path=self.opts.preset_path,
                                  config_path=self.opts.config_path,
@@ -178,7 +186,7 @@ class Supervisor(Recorder):
             return self._handed_over(cause=reason)
         self.phase, self.outcome_reason = "INCOMPLETE", reason
         with contextlib.suppress(OSError, AssertionError):
-            self.emit("run_finished", outcome="INCOMPLETE", reason=self.outcome_reason)
+            self.emit(RunFinished(outcome="INCOMPLETE", reason=self.outcome_reason))
         with contextlib.suppress(OSError):
             self.phase_final_write()
         print(f"AUTOPILOT_INCOMPLETE {term(self.outcome_reason, 1000)}", flush=True)
@@ -254,7 +262,7 @@ class Supervisor(Recorder):
                    "elapsed_before": self.elapsed_before}
         if self.ledger.complete():
             # Nothing to run (e.g. a re-run with --publish): no endpoint needed.
-            self.emit("run_started", **started, already_complete=True)
+            self.emit(RunStarted.model_validate({**started, "already_complete": True}))
             return await self._finish(), True
         try:
             # A 397B load can take half an hour: a stop signal must not wait for it.
@@ -275,7 +283,7 @@ class Supervisor(Recorder):
         for k in self.keepers:
             if not k.failed:
                 tg.start_soon(k.watch)
-        self.emit("run_started", **started)
+        self.emit(RunStarted.model_validate(started))
         sdnotify.notify("READY=1")
         self.milestone("run_started", target_n=self.plan.target_n, cells=len(self.plan.cells))
         await self.passes.run(self.swept.adopted, self.swept.reattached)
@@ -289,7 +297,7 @@ class Supervisor(Recorder):
                               paused=self.policy.paused, reason=self.outcome_reason)
         self.phase, self.outcome_reason = out.phase, out.reason
         if out.phase == "stopped":
-            self.emit("run_finished", outcome="stopped", reason=self.outcome_reason)
+            self.emit(RunFinished(outcome="stopped", reason=self.outcome_reason))
             # One line for the person who pressed Ctrl-C: how far, and how to go on.
             resume = f"; resume with: {self.opts.resume_command}" if self.opts.resume_command \
                 else ""
@@ -297,13 +305,13 @@ class Supervisor(Recorder):
                   file=sys.stderr, flush=True)
             return EXIT_SIGINT if self.stop_signal == signal.SIGINT else EXIT_SIGTERM
         if out.phase == "COMPLETE":
-            self.emit("run_finished", outcome="COMPLETE")
+            self.emit(RunFinished(outcome="COMPLETE"))
             self.milestone("run_complete", trust=self.ledger.trust()["invalid_by_reason"])
             if self.opts.publish:
                 await self._publish()
             print("AUTOPILOT_COMPLETE", flush=True)
             return EXIT_COMPLETE
-        self.emit("run_finished", outcome="INCOMPLETE", reason=self.outcome_reason)
+        self.emit(RunFinished(outcome="INCOMPLETE", reason=self.outcome_reason))
         self.milestone("run_incomplete", why=self.outcome_reason,
                        excluded=[e["cell"] for e in self.ledger.trust()["excluded"]][:10])
         print(f"AUTOPILOT_INCOMPLETE {term(self.outcome_reason, 1000)}", flush=True)
@@ -317,7 +325,7 @@ class Supervisor(Recorder):
             (f"{cause}; " if cause else "")
             + f"{len(running)} attempt(s) left running under their data paths")
         with contextlib.suppress(OSError, AssertionError):  # a full disk: it stands
-            self.emit("run_handed_over", running=running[:1000])
+            self.emit(RunHandedOver(running=running[:1000]))
         resume = ("; resume once space is back (under systemd, Restart= does)" if cause else
                   f"; resume with: {self.opts.resume_command}" if self.opts.resume_command
                   else "")
@@ -336,10 +344,10 @@ class Supervisor(Recorder):
         self.publish_state = await anyio.to_thread.run_sync(
             publish_state, self.preset, self.plan.target_n, self.state_dir, Path(repo))
         if self.publish_state["ok"]:
-            self.emit("published", **self.publish_state)
+            self.emit(Published(**self.publish_state))
             return
         with contextlib.suppress(OSError):  # an error: on the console even with --quiet
-            self.emit("publish_failed", **self.publish_state)
+            self.emit(PublishFailed(**self.publish_state))
             self.milestone("publish_failed", why=self.publish_state["error"])
 
 

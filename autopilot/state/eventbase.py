@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict
 
 
@@ -25,3 +27,12 @@ class CellEventBase(EventBase):
     """The cell's id (``{task}_{arm}_v{n}``)."""
     attempt: int | None = None
     """Its attempt, counted from 1."""
+
+
+def record_of(event: str | EventBase, fields: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """An event as its kind and the fields written (those set where it was built, and
+    ``fields`` over them): what a journal line holds."""
+    if isinstance(event, EventBase):
+        return event.event, {**event.model_dump(exclude_unset=True, exclude={"ts", "event"}),
+                             **fields}
+    return event, fields

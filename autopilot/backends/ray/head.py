@@ -49,7 +49,15 @@ from autopilot.endpoints.keeper import KeeperBase
 from autopilot.errors import EndpointError, EndpointFailed
 from autopilot.logsetup import get_logger
 from autopilot.plan import cell_context
+from autopilot.state.cellevents import CellFilesReceived, UnsafePathRefused
 from autopilot.state.fsguard import UnsafePath, run_roots
+from autopilot.state.runevents import (
+    LeaseSweepFailed,
+    LeaseSweepUnreachable,
+    LeaseSwept,
+    RayActorReaped,
+    RayReplicaStarted,
+)
 
 if TYPE_CHECKING:
     from autopilot.config import ArmEndpoint, Preset
@@ -231,8 +239,8 @@ class RayBackend(Backend):
             except Exception as e:  # dead or hung: killed below either way
                 log.warning("ray_predecessor_stop_failed", replica=i, error=str(e))
             ray.kill(old, no_restart=True)
-            self.w.port.emit("ray_actor_reaped", replica=i, killed_cells=stopped,
-                          why="left by a supervisor that did not stop it")
+            self.w.port.emit(RayActorReaped(replica=i, killed_cells=stopped,
+                          why="left by a supervisor that did not stop it"))
         try:
             pg = ray.util.get_placement_group(self._name("pg"))
         except ValueError:
@@ -286,8 +294,8 @@ class RayBackend(Backend):
             raise EndpointError(f"replica {i}: {short_error(e)}") from None
         k.state = "up"
         k.lost_since = None
-        self.w.port.emit("ray_replica_started", replica=i,
-                      **{**k.where, "node": k.where["node"][:12]})
+        self.w.port.emit(RayReplicaStarted(replica=i,
+                      **{**k.where, "node": k.where["node"][:12]}))
         await self._drain(i)
 
     # ------------------------------------------------------------------ the loop
@@ -397,8 +405,8 @@ class RayBackend(Backend):
         nodes = [n for n in await anyio.to_thread.run_sync(ray.nodes)
                  if n.get("Alive") and n.get("NodeManagerAddress") == ip]
         if not nodes:
-            self.w.port.emit("lease_sweep_unreachable", replica=i, lease=lease, ip=ip,
-                          why="no live node on that machine: its processes end with it")
+            self.w.port.emit(LeaseSweepUnreachable(replica=i, lease=lease, ip=ip,
+                          why="no live node on that machine: its processes end with it"))
             return
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -410,9 +418,9 @@ class RayBackend(Backend):
                 pids = await task.remote(self.w.run_token, lease,
                                          self.w.preset.watchdog.kill_grace_secs)
         except Exception as e:  # a sweep that failed is said, not fatal
-            self.w.port.emit("lease_sweep_failed", replica=i, lease=lease, error=short_error(e))
+            self.w.port.emit(LeaseSweepFailed(replica=i, lease=lease, error=short_error(e)))
             return
-        self.w.port.emit("lease_swept", replica=i, lease=lease, pids=pids)
+        self.w.port.emit(LeaseSwept(replica=i, lease=lease, pids=pids))
 
     # ------------------------------------------------------------------ cells
 
@@ -458,10 +466,10 @@ class RayBackend(Backend):
             await anyio.to_thread.run_sync(move_aside, out, w.state_dir, cell.id,
                                            attempt - 1, roots)
         except UnsafePath as e:
-            w.port.emit("unsafe_path_refused", cell=cell.id, path=str(out), why=str(e))
+            w.port.emit(UnsafePathRefused(cell=cell.id, path=str(out), why=str(e)))
         written, skipped = await anyio.to_thread.run_sync(unpack, files, w.state_dir)
-        w.port.emit("cell_files_received", cell=cell.id, attempt=attempt, files=written,
-                 bytes=len(files), skipped=skipped[:20])
+        w.port.emit(CellFilesReceived(cell=cell.id, attempt=attempt, files=written,
+                 bytes=len(files), skipped=skipped[:20]))
 
     async def stop_replica(self, i: int) -> None:
         k, actor = self.remote[i], self.actors[i]

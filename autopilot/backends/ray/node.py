@@ -43,6 +43,7 @@ from autopilot.endpoints import make_endpoint
 from autopilot.endpoints.keeper import Keeper
 from autopilot.logsetup import SPOOL_CAP, Redactor
 from autopilot.plan import Cell, arm_groups
+from autopilot.state.eventbase import EventBase, record_of
 from autopilot.state.statedir import check_trusted, ensure_private_dir
 
 
@@ -67,9 +68,10 @@ class NodePort:
         self.stop = False  # the supervisor is stopping: abandon cells (SIGTERM/INT)
         self.force = False  # ... at once (a second signal)
 
-    def emit(self, event: str, **fields: Any) -> dict[str, Any]:
-        self.reports.append(Report("event", event, fields))
-        return {"event": event, **fields}
+    def emit(self, event: str | EventBase, **fields: Any) -> dict[str, Any]:
+        kind, fields = record_of(event, fields)
+        self.reports.append(Report("event", kind, fields))
+        return {"event": kind, **fields}
 
     def milestone(self, kind: str, **info: Any) -> None:
         self.reports.append(Report("milestone", kind, info))
