@@ -253,3 +253,20 @@ def test_every_event_is_written_as_its_type() -> None:
                     first.value, str):
                 found.append(f"{path.relative_to(PKG)}:{node.lineno} emit({first.value!r})")
     assert found == []
+
+
+def test_the_supervisor_loads_no_serving_code_until_a_grader_asks_a_model() -> None:
+    """The gateway serves in each attempt's data path; the supervisor holds its settings
+    only (autopilot.gateway.settings), so its start imports no aiohttp: it loads the
+    serving code on the first grading that asks a model."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, autopilot.cli, autopilot.run.supervisor, autopilot.backends.local\n"
+             "from autopilot.gateway.settings import gateway_for\n"
+             "from autopilot.loader import load_preset\n"
+             "g = gateway_for(load_preset('inspect'), str, lambda: None, print)\n"
+             "print(type(g).__name__, 'aiohttp' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT)
+    assert r.stdout.split() == ["GatewaySettings", "False"], r.stdout + r.stderr

@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # the loader asks a backend kind's load checks: this module s
     from autopilot.cell.context import CellContext
     from autopilot.cell.validity import Classification, RunOutcome
     from autopilot.config import ArmEndpoint, Preset
+    from autopilot.gateway.settings import GatewaySettings
     from autopilot.logsetup import Redactor
     from autopilot.plan import Cell
     from autopilot.state.diskspace import DiskWatch
@@ -100,6 +101,35 @@ class Wiring:
     readopt: dict[int, dict[str, Any]] | None = None
 
 
+class RunGateway:
+    """The run's gateway as the loop holds it: its settings, from which each attempt's
+    data path serves its listener, and a serving gateway of its own made on the first
+    grading that asks a model (only then is the serving code, aiohttp with it, loaded
+    into the supervisor)."""
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.settings = settings
+        self._serving: Any = None  # autopilot.gateway.proxy.Gateway, once made
+
+    def datapath_spec(self, *args: Any, **kw: Any) -> dict[str, Any]:
+        return self.settings.datapath_spec(*args, **kw)
+
+    def grading(self, cell: str, attempt: int, upstream: Callable[[], list[tuple[str, str]]],
+                log_path: Path, model: str | None = None
+                ) -> contextlib.AbstractAsyncContextManager[Any]:
+        if self._serving is None:
+            from autopilot.gateway.proxy import Gateway
+
+            self._serving = Gateway.like(self.settings)
+        served: contextlib.AbstractAsyncContextManager[Any] = self._serving.grading(
+            cell, attempt, upstream, log_path, model=model)
+        return served
+
+    async def close(self) -> None:
+        if self._serving is not None:
+            await self._serving.close()
+
+
 def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
                  extra_env: dict[str, str] | None = None, forks: bool = False) -> CellContext:
     """The one builder of what a cell run needs (here, and in a Ray node's actor)."""
@@ -108,7 +138,8 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
     from autopilot.cell.context import CellContext
     from autopilot.cell.procs import RUN_TOKEN_ENV
     from autopilot.datapath.client import DataPath, ForkServer
-    from autopilot.gateway.proxy import KEY_ENV, attempt_key, gateway_for
+    from autopilot.gateway.policy import KEY_ENV, attempt_key
+    from autopilot.gateway.settings import gateway_for
     from autopilot.logsetup import SPOOL_CAP
     from autopilot.state.diskspace import DiskWatch, floor_bytes
     from autopilot.state.fsguard import run_roots
@@ -116,9 +147,10 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
     port, clock = w.port, w.clock
     who = users.resolve(w.preset, w.state_dir)  # on this machine: a Ray node decides its own
     roots = run_roots(w.preset, w.state_dir)
-    gateway = gateway_for(w.preset, w.redactor.scrub, port.throttled, port.emit,
-                          key=getattr(keeper.ep, "api_key", None),
-                          secrets=tuple(secret_values(w.preset)))
+    settings = gateway_for(w.preset, w.redactor.scrub, port.throttled, port.emit,
+                           key=getattr(keeper.ep, "api_key", None),
+                           secrets=tuple(secret_values(w.preset)))
+    gateway = RunGateway(settings) if settings is not None else None
     ep = w.preset.endpoint
     # Through the gateway a provider's key stays here: the harness gets its attempt's
     # key instead (as OPENAI_API_KEY, and under the provider's and each arm route's

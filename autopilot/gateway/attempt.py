@@ -17,17 +17,7 @@ from aiohttp import web
 
 from autopilot.gateway.evidence import Meter, merge
 from autopilot.gateway.policy import KEY_HEADERS, KEY_QUERY
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_request: int = 64 << 20  # a request body larger than this is refused (413)
-    parse_cap: int = 8 << 20  # bytes of a JSON response held to read its usage
-    max_records: int = 5000  # request lines per attempt's gateway.jsonl
-    hold_429: float = 0.0  # seconds a throttled request may be held and retried here
-    body_secs: float = 300.0  # a request body not received within this: 408
-    upstream_read_secs: float = 1800.0  # the upstream silent this long: the request is cut
-    max_depth: int = 64  # JSON nesting read (a request's body, a response's)
+from autopilot.gateway.settings import Limits
 
 
 @dataclass

@@ -32,7 +32,7 @@ import json
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +46,7 @@ from aiohttp import (
 )
 
 from autopilot.gateway.accounting import account
-from autopilot.gateway.attempt import Attempt, Limits
+from autopilot.gateway.attempt import Attempt
 from autopilot.gateway.dialects import CHAT, Dialect, route_of
 from autopilot.gateway.evidence import (
     StreamScan,
@@ -65,10 +65,11 @@ from autopilot.gateway.policy import (
     retry_after,
     without_key,
 )
+from autopilot.gateway.settings import GatewaySettings, Limits, gateway_for
 from autopilot.state.statedir import open_append
 
 if TYPE_CHECKING:  # the attempt's data path runs this module: it must not load config
-    from autopilot.config import Preset, Route
+    pass
 
 
 @dataclass(frozen=True)
@@ -83,49 +84,23 @@ class Outgoing:
     target: str  # path and query, the harness's key taken off
 
 
-class Gateway:
-    """The run's gateway (one per backend context; its attempts share one client)."""
+class Gateway(GatewaySettings):
+    """The run's gateway serving (one per data path, or the loop's for a grader; its
+    attempts share one client)."""
 
     def __init__(self, redact: Callable[[str], str] = lambda s: s,
                  limits: Limits | None = None,
                  on_throttled: Callable[[], None] = lambda: None,
                  on_failover: Callable[[str, int, str, str, str], Any] | None = None) -> None:
-        self.redact = redact
-        self.limits = limits or Limits()
-        # a 429 from upstream: the loop launches fewer cells at once (run.throttle)
-        self.on_throttled = on_throttled
-        # a request sent to another replica than the cell's own: (cell, attempt, from, to,
-        # why), journaled by the loop as request_failover
-        self.on_failover = on_failover
-        # the upstream's own key (a provider's), put on every admitted request of an
-        # allowed route in the header its dialect takes it in
-        self.key: Callable[[], str] | None = None
-        # the dialects the run's endpoint speaks, where its key is used (empty: any)
-        self.dialects: frozenset[str] = frozenset()
-        self.secrets: tuple[str, ...] = ()  # what a data path's records redact
+        super().__init__(redact, limits, on_throttled, on_failover)
         self._session: ClientSession | None = None
 
-    def datapath_spec(self, settings: Mapping[str, Any], upstream: list[tuple[str, str]],
-                      log_path: Path, key: str = "", model: str | None = None, *,
-                      route: Route | None = None, route_key: str = "",
-                      dialect_settings: Mapping[Any, Mapping[str, Any]] | None = None
-                      ) -> dict[str, Any]:
-        """What an attempt's data path needs to run its listener with this gateway's
-        settings (autopilot.datapath.shim). It travels on the data path's stdin only:
-        the upstream's key and the attempt's key are never written to a file. ``route``:
-        the arm's own route (its upstream, key, model and dialect) instead of the run's
-        endpoint."""
-        upstream_key = self.key() if self.key is not None else None
-        rewrite, dialects = False, self.dialects
-        if route is not None:
-            upstream_key, model = route_key or None, route.model
-            rewrite, dialects = True, route.dialects()
-        return {"settings": dict(settings), "upstream": [list(u) for u in upstream],
-                "dialect_settings": {k: dict(v) for k, v in (dialect_settings or {}).items()},
-                "log_path": str(log_path), "limits": asdict(self.limits),
-                "upstream_key": upstream_key, "rewrite": rewrite,
-                "dialects": sorted(dialects), "key": key, "model": model,
-                "secrets": list(self.secrets)}
+    @classmethod
+    def like(cls, settings: GatewaySettings) -> Gateway:
+        """A serving gateway with ``settings``' limits, keys and listeners."""
+        gw = cls(settings.redact, settings.limits, settings.on_throttled, settings.on_failover)
+        gw.key, gw.dialects, gw.secrets = settings.key, settings.dialects, settings.secrets
+        return gw
 
     def _client(self) -> ClientSession:
         if self._session is None or self._session.closed:
@@ -536,36 +511,6 @@ async def _read_error(up: Any, held: list[bytes]) -> int:
         held.append(chunk)
         held_n += len(chunk)
     return held_n
-
-
-def _number(replica: str) -> int | None:
-    return int(replica) if replica.isdigit() else None  # "route": no replica of the run
-
-
-def gateway_for(preset: Preset, redact: Callable[[str], str], on_throttled: Callable[[], None],
-                emit: Callable[..., Any], key: Callable[[], str] | None = None,
-                secrets: tuple[str, ...] = ()) -> Gateway | None:
-    """The gateway a preset asks for (None: harnesses talk to the endpoint directly).
-    ``key``: the hosted endpoint's key, read when an attempt starts."""
-    g = preset.gateway
-    if not g.enabled or not preset.uses_gateway:
-        return None
-    # here, not at the top: the data path serves this module and never loads pydantic
-    from autopilot.state.cellevents import RequestFailover
-
-    gw = Gateway(redact, Limits(max_request=int(g.max_request_mb * 2**20),
-                                max_records=g.max_records, hold_429=g.hold_429_secs,
-                                body_secs=g.body_timeout_secs,
-                                upstream_read_secs=g.upstream_read_secs),
-                 on_throttled=on_throttled,
-                 on_failover=lambda cell, attempt, frm, to, why: emit(RequestFailover(
-                     cell=cell, attempt=attempt, replica=_number(frm), to=_number(to),
-                     why=why)))
-    if preset.endpoint.hosted:  # the key stays here; the harness has its attempt's
-        gw.key = key
-        gw.dialects = preset.endpoint.dialects
-    gw.secrets = secrets
-    return gw
 
 
 __all__ = ["KEY_ENV", "Attempt", "Gateway", "Limits", "attempt_key", "gateway_for",

@@ -1,0 +1,103 @@
+"""The run's gateway as the supervisor holds it: its settings, and what each attempt's
+data path needs of them (``datapath_spec``: the data path serves the attempt's
+listener). Nothing here imports aiohttp: a run whose grader asks no model never loads
+the serving code (autopilot.gateway.proxy) in its supervisor; one whose grader does
+loads it on the first grading that asks (autopilot.backends.base.RunGateway)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autopilot.config import Preset, Route
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_request: int = 64 << 20  # a request body larger than this is refused (413)
+    parse_cap: int = 8 << 20  # bytes of a JSON response held to read its usage
+    max_records: int = 5000  # request lines per attempt's gateway.jsonl
+    hold_429: float = 0.0  # seconds a throttled request may be held and retried here
+    body_secs: float = 300.0  # a request body not received within this: 408
+    upstream_read_secs: float = 1800.0  # the upstream silent this long: the request is cut
+    max_depth: int = 64  # JSON nesting read (a request's body, a response's)
+
+
+class GatewaySettings:
+    """What the run's gateway is (its limits, keys, redaction, who hears of throttling
+    and failover), without serving anything itself."""
+
+    def __init__(self, redact: Callable[[str], str] = lambda s: s,
+                 limits: Limits | None = None,
+                 on_throttled: Callable[[], None] = lambda: None,
+                 on_failover: Callable[[str, int, str, str, str], Any] | None = None) -> None:
+        self.redact = redact
+        self.limits = limits or Limits()
+        # a 429 from upstream: the loop launches fewer cells at once (run.throttle)
+        self.on_throttled = on_throttled
+        # a request sent to another replica than the cell's own: (cell, attempt, from, to,
+        # why), journaled by the loop as request_failover
+        self.on_failover = on_failover
+        # the upstream's own key (a provider's), put on every admitted request of an
+        # allowed route in the header its dialect takes it in
+        self.key: Callable[[], str] | None = None
+        # the dialects the run's endpoint speaks, where its key is used (empty: any)
+        self.dialects: frozenset[str] = frozenset()
+        self.secrets: tuple[str, ...] = ()  # what a data path's records redact
+
+    def datapath_spec(self, settings: Mapping[str, Any], upstream: list[tuple[str, str]],
+                      log_path: Path, key: str = "", model: str | None = None, *,
+                      route: Route | None = None, route_key: str = "",
+                      dialect_settings: Mapping[Any, Mapping[str, Any]] | None = None
+                      ) -> dict[str, Any]:
+        """What an attempt's data path needs to run its listener with this gateway's
+        settings (autopilot.datapath.shim). It travels on the data path's stdin only:
+        the upstream's key and the attempt's key are never written to a file. ``route``:
+        the arm's own route (its upstream, key, model and dialect) instead of the run's
+        endpoint."""
+        upstream_key = self.key() if self.key is not None else None
+        rewrite, dialects = False, self.dialects
+        if route is not None:
+            upstream_key, model = route_key or None, route.model
+            rewrite, dialects = True, route.dialects()
+        return {"settings": dict(settings), "upstream": [list(u) for u in upstream],
+                "dialect_settings": {k: dict(v) for k, v in (dialect_settings or {}).items()},
+                "log_path": str(log_path), "limits": asdict(self.limits),
+                "upstream_key": upstream_key, "rewrite": rewrite,
+                "dialects": sorted(dialects), "key": key, "model": model,
+                "secrets": list(self.secrets)}
+
+
+def _number(replica: str) -> int | None:
+    return int(replica) if replica.isdigit() else None  # "route": no replica of the run
+
+
+def gateway_for(preset: Preset, redact: Callable[[str], str], on_throttled: Callable[[], None],
+                emit: Callable[..., Any], key: Callable[[], str] | None = None,
+                secrets: tuple[str, ...] = ()) -> GatewaySettings | None:
+    """The gateway a preset asks for (None: harnesses talk to the endpoint directly).
+    ``key``: the hosted endpoint's key, read when an attempt starts."""
+    g = preset.gateway
+    if not g.enabled or not preset.uses_gateway:
+        return None
+    # here, not at the top: the data path serves this module and never loads pydantic
+    from autopilot.state.cellevents import RequestFailover
+
+    gw = GatewaySettings(redact, Limits(max_request=int(g.max_request_mb * 2**20),
+                                max_records=g.max_records, hold_429=g.hold_429_secs,
+                                body_secs=g.body_timeout_secs,
+                                upstream_read_secs=g.upstream_read_secs),
+                 on_throttled=on_throttled,
+                 on_failover=lambda cell, attempt, frm, to, why: emit(RequestFailover(
+                     cell=cell, attempt=attempt, replica=_number(frm), to=_number(to),
+                     why=why)))
+    if preset.endpoint.hosted:  # the key stays here; the harness has its attempt's
+        gw.key = key
+        gw.dialects = preset.endpoint.dialects
+    gw.secrets = secrets
+    return gw
+
+
