@@ -64,7 +64,10 @@ def expand(dirs: list[Path]) -> list[Path]:
 def grader_digest(preset: Preset) -> str:
     """What makes two runs' verdicts comparable: the grader and its verdict words."""
     doc = {"argv": preset.grader.argv, "field": preset.grader.verdict_field,
-           "verdicts": {k: v.model_dump(mode="json") for k, v in preset.grader.verdicts.items()},
+           # ``streak`` unset or false: the same verdicts (only whether a word alarms
+           # differs), and the digest boards of earlier versions compare by
+           "verdicts": {k: {**v.model_dump(mode="json"), "streak": bool(v.streak)}
+                        for k, v in preset.grader.verdicts.items()},
            "per_task": {t.id: t.grader_argv for t in preset.tasks if t.grader_argv}}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:12]
 
