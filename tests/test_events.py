@@ -148,3 +148,17 @@ def test_a_status_of_another_shape_reads_as_defaults_never_as_another_type() -> 
     assert read_status(["not", "a", "status"]).phase == ""
     assert check({"totals": {"total": "many"}}) == (
         "totals.total: Input should be a valid integer, unable to parse string as an integer")
+
+
+def test_a_typed_event_is_written_under_its_journal_names() -> None:
+    """A field with an alias (``pass``: a Python keyword) is written as the journal
+    names it, whichever way the event was built, and reads back the same."""
+    from autopilot.state.eventbase import record_of
+    from autopilot.state.runevents import PassStarted
+
+    for built in (PassStarted(pass_no=3, pending=2),
+                  PassStarted.model_validate({"pass": 3, "pending": 2})):
+        kind, fields = record_of(built, {})
+        assert (kind, fields) == ("pass_started", {"pass": 3, "pending": 2})
+        again = parse({"event": kind, **fields})
+        assert isinstance(again, PassStarted) and again.pass_no == 3

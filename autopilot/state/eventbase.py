@@ -33,6 +33,7 @@ def record_of(event: str | EventBase, fields: dict[str, Any]) -> tuple[str, dict
     """An event as its kind and the fields written (those set where it was built, and
     ``fields`` over them): what a journal line holds."""
     if isinstance(event, EventBase):
-        return event.event, {**event.model_dump(exclude_unset=True, exclude={"ts", "event"}),
+        return event.event, {**event.model_dump(exclude_unset=True, by_alias=True,
+                                                exclude={"ts", "event"}),
                              **fields}
     return event, fields
