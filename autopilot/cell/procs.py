@@ -36,6 +36,7 @@ import psutil
 from anyio.abc import Process
 
 from autopilot.errors import StateDirError
+from autopilot.proctree import child_pids, descendants
 
 TOKEN_ENV = "AUTOPILOT_CELL_TOKEN"  # noqa: S105 - an env var name, not a secret
 # Every harness and grader of a run carries the run's marker, so a process spawned by a
@@ -316,7 +317,7 @@ class Tracker:
         if root is None:
             return
         try:
-            for child in root.children(recursive=True):
+            for child in descendants(root):
                 self.seen.add(ProcIdentity(child.pid, child.create_time(),
                                            start_ticks(child.pid)))
         except psutil.NoSuchProcess:
@@ -329,7 +330,7 @@ class Tracker:
             if _alive(p):
                 found[p.pid] = p
                 try:
-                    for c in p.children(recursive=True):
+                    for c in descendants(p):
                         if _alive(c):
                             found[c.pid] = c
                 except psutil.NoSuchProcess:
@@ -342,22 +343,22 @@ class Tracker:
             p = verify(ident)
             if p is not None:
                 add(p)
+        # Children we spawned ourselves (other cells' roots, graders, the endpoint) are
+        # never another cell's orphans: only adoptees are looked at.
+        scope = self._adoptees() if self.token or self.uid is not None else None
         if self.token:
-            # Children we spawned ourselves (other cells' roots, graders, the endpoint) are
-            # never another cell's orphans: only adoptees need their environment read.
-            scope: list[int] | None = None
-            if not self.full_scan and _subreaper:
-                # The reaper's children first, then ours: an orphan the data path drops
-                # as it exits is moved to us before it stops being the data path's, so
-                # read in this order it is in one list or the other, never in neither.
-                scope = []
-                if self.reaper is not None:
-                    with contextlib.suppress(psutil.Error):
-                        scope += [c.pid for c in psutil.Process(self.reaper).children()]
-                scope += [pid for pid in direct_children() if pid not in OWNED]
             for p, _ in _env_holders(TOKEN_ENV, self.token, self.root.create_time, scope):
                 add(p)
-        if self.uid is not None:
+        if self.uid is not None and scope is not None:
+            # A process of the cell's uid is in the root's tree or an orphan of it, and
+            # an orphan is re-parented to a subreaper (the data path, then us): it is
+            # among the adoptees, with its own tree. (No process can take the uid on.)
+            for pid in scope:
+                with contextlib.suppress(psutil.Error):
+                    p = psutil.Process(pid)
+                    if p.uids().real == self.uid:
+                        add(p)
+        elif self.uid is not None:
             from autopilot.cell.users import processes_of
 
             for p in processes_of(self.uid):
@@ -365,6 +366,23 @@ class Tracker:
                     found[p.pid] = p
         found.pop(os.getpid(), None)
         return found
+
+    def _adoptees(self) -> list[int] | None:
+        """The pids an orphan of this attempt can be re-parented to us as; None when
+        every process must be looked at (a dead predecessor's orphans went to init, or
+        we are no subreaper)."""
+        if self.full_scan or not _subreaper:
+            return None
+        # The reaper's children first, then ours: an orphan the data path drops as it
+        # exits is moved to us before it stops being the data path's, so read in this
+        # order it is in one list or the other, never in neither.
+        scope: list[int] = []
+        if self.reaper is not None:
+            with contextlib.suppress(psutil.Error):
+                kids = child_pids(self.reaper)
+                scope += kids if kids is not None else [
+                    c.pid for c in psutil.Process(self.reaper).children()]
+        return scope + [pid for pid in direct_children() if pid not in OWNED]
 
     def alive(self) -> bool:
         return bool(self.collect())
@@ -477,7 +495,7 @@ def kill_adoptees(grace: float = 1.0) -> list[int]:
             p = psutil.Process(pid)
             if p.status() == psutil.STATUS_ZOMBIE:
                 continue
-            procs += [p, *p.children(recursive=True)]
+            procs += [p, *descendants(p)]
         except psutil.Error:
             continue
     for p in procs:

@@ -362,8 +362,9 @@ class CellRun:
         # The harness is the data path's child: its orphans re-parent there (a subreaper)
         # while it lives, here once it is gone; a re-attached one's went to init before
         # this loop was its ancestor, so its marker is looked for among every process.
-        self.tracker = Tracker(ident, self.token, full_scan=attached is not None,
-                               reaper=dp.pid, uid=self.uid) if ident else None
+        # (in a cgroup, the uid's processes are all in groups killed whole: no host walk)
+        self.tracker = Tracker(ident, self.token, full_scan=attached is not None, reaper=dp.pid,
+                               uid=None if cx.contain else self.uid) if ident else None
         if attached is None or attached.unjournaled:
             cx.emit(CellStarted(cell=self.cell.id, attempt=self.attempt, pid=dp.harness_pid,
                                 create_time=ident.create_time if ident else None,

@@ -38,6 +38,8 @@ from typing import Any
 
 import psutil
 
+from autopilot.proctree import descendants
+
 BUSY_SHARE = 0.3  # of one core, between two polls: an idle Inspect uses a few percent
 
 
@@ -57,7 +59,7 @@ def buffer_etag(logs: Path) -> str | None:
 def busy_child(pid: int) -> str | None:
     """A command running under ``pid`` (its name and pid), or None."""
     try:
-        kids = psutil.Process(pid).children(recursive=True)
+        kids = descendants(psutil.Process(pid))
     except psutil.Error:
         return None
     for kid in kids:
@@ -74,7 +76,7 @@ def cpu_seconds(pid: int) -> float:
     total = 0.0
     try:
         root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
+        procs = [root, *descendants(root)]
     except psutil.Error:
         return total
     for p in procs:

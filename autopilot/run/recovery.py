@@ -384,10 +384,12 @@ def _trees(pids: frozenset[int]) -> frozenset[int]:
     """Every descendant of ``pids`` (a re-adopted endpoint's workers carry the marker)."""
     import psutil
 
+    from autopilot.proctree import descendants
+
     out: set[int] = set()
     for pid in pids:
         with contextlib.suppress(psutil.Error):
-            out.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+            out.update(c.pid for c in descendants(psutil.Process(pid)))
     return frozenset(out)
 
 
