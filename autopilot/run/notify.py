@@ -23,7 +23,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -183,8 +183,11 @@ class Notifier:
         timeout_secs: float = 20,
         on_failure: Callable[[str, str, str], Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        before_send: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.urls = list(dict.fromkeys(urls))
+        # awaited before a message leaves the machine (the journal's events on disk)
+        self.before_send = before_send
         self.config_file = config_file
         self.cooldown = cooldown_secs
         self.timeout = timeout_secs
@@ -308,6 +311,8 @@ class Notifier:
             async with self._recv:
                 async for msg in self._recv:
                     try:
+                        if self.before_send is not None:
+                            await self.before_send()
                         self._open += await self._dispatch(msg)
                         if self._opened is not None:
                             self._opened.set()

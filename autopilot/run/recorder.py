@@ -76,7 +76,7 @@ class Recorder:
         self.notifier = Notifier(
             [*preset.notify.urls, *urls_from_env()], opts.notify_config,
             cooldown_secs=preset.notify.cooldown_secs, timeout_secs=preset.notify.timeout_secs,
-            on_failure=self._notify_failed, clock=self.clock,
+            on_failure=self._notify_failed, clock=self.clock, before_send=self.settled,
         )
         self.ledger = Ledger(plan)
         self.journal: Journal | None = None
@@ -141,6 +141,16 @@ class Recorder:
                                       if k not in ("token", "ts", "event")})
         self.status.mark()
         return record
+
+    async def settled(self) -> None:
+        """Every event journaled so far is on disk (before an effect that outlives the
+        machine: a notification, a publish). A commit that failed is the next append's
+        error, where the run decides what a full disk means."""
+        if self.journal is not None:
+            try:
+                await self.journal.settled()
+            except OSError as e:
+                log.warning("journal_not_settled", error=str(e))
 
     def storage_failed(self, err: OSError) -> None:
         """A full disk (or an I/O error) under the run: a reason to hand over, never to

@@ -131,7 +131,7 @@ class Supervisor(Recorder):
                                console=self.opts.console_log,
                                secrets=secret_values(self.preset),
                                console_floor="warning" if self.opts.live_view else None)
-            self.journal = Journal(self.state_dir / "journal.jsonl")
+            self.journal = Journal(self.state_dir / "journal.jsonl", group=True)
             self.replay()
             if self.stop.signal is not None:  # came during start-up (before the sweep)
                 return await self._stopped_starting()
@@ -341,6 +341,7 @@ class Supervisor(Recorder):
         from autopilot.run.publish import publish_state
 
         repo = str(self.opts.results_repo or self.preset.publish.results_repo or os.getcwd())
+        await self.settled()  # the run's record on disk before its results leave the box
         self.publish_state = await anyio.to_thread.run_sync(
             publish_state, self.preset, self.plan.target_n, self.state_dir, Path(repo))
         if self.publish_state["ok"]:

@@ -1,7 +1,8 @@
 """The append-only journal: the one source of truth of a run.
 
-Every cell transition is one JSON line, flushed and fsync'd before the supervisor acts
-on it, so a ``kill -9`` at any moment loses at most the event being written. On start
+Every cell transition is one JSON line, written before the supervisor acts on it and
+on disk before any effect that outlives the machine (see ``Journal``), so a ``kill -9``
+at any moment loses at most the event being written. On start
 the journal is replayed to rebuild all state. A torn last line (the process died inside
 a write) is skipped with a warning, never fatal, and the next append starts on a fresh
 line so the torn bytes can never glue onto a good record.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -109,15 +111,26 @@ def began(path: Path) -> float | None:
 
 
 class Journal:
-    """Append-only writer. One instance per supervisor; appends are synchronous on
-    purpose: an event must be on disk before the action it records is taken."""
+    """Append-only writer. One instance per supervisor. An append is written at once,
+    in order (a ``kill -9`` of the supervisor loses nothing appended: the bytes are the
+    kernel's), and made durable either at once (``fsync`` per append) or, with
+    ``group``, by a commit thread that fsyncs whatever was appended meanwhile in one go,
+    off the event loop.
 
-    def __init__(self, path: Path, *, fsync: bool = True) -> None:
+    Why that keeps the write-ahead rule: fsync guards only against the machine's own
+    crash, and that also ends every process the run started, so no spawn or kill the
+    supervisor acts on can outlive an event it lost. What can outlive it is an effect
+    outside the machine (a notification, a publish): ``durable()`` (and ``settled()``
+    from the loop) waits for every event appended so far to be on disk, and is called
+    before each such effect, and at close."""
+
+    def __init__(self, path: Path, *, fsync: bool = True, group: bool = False) -> None:
         self.path = path
-        self._fsync = fsync
+        self._fsync = fsync and not group  # per append; with ``group`` the thread's
         ensure_private_dir(path.parent)
         self._fd = open_private(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
         self._repair_tail()
+        self._commit = _GroupCommit(self._fd, str(path)) if fsync and group else None
 
     def _repair_tail(self) -> None:
         size = os.fstat(self._fd).st_size
@@ -157,16 +170,103 @@ class Journal:
         record as written."""
         record = {"ts": iso(), "event": event, **{k: bounded(v) for k, v in fields.items()}}
         line = json.dumps(record, separators=(",", ":"), default=str) + "\n"
+        if self._commit is not None:
+            self._commit.check()  # a failed commit is this append's failure
         self._write_all(line.encode())
+        if self._commit is not None:
+            self._commit.written()
         why = mistyped(record)
         if why is not None:  # our own bug: said loudly, the record kept (it is the truth)
             log.error("journal_event_mistyped", why=why)
         return record
 
+    def durable(self, timeout: float | None = None) -> None:
+        """Return once every event appended so far is on disk (raises the commit's
+        OSError, or TimeoutError)."""
+        if self._commit is not None:
+            self._commit.wait(timeout)
+
+    async def settled(self) -> None:
+        """``durable()`` from the event loop: at once when nothing waits to be
+        committed, else awaited in a worker thread."""
+        if self._commit is not None and not self._commit.idle():
+            import anyio
+
+            await anyio.to_thread.run_sync(self._commit.wait, None)
+
     def close(self) -> None:
         if self._fd >= 0:
+            if self._commit is not None:
+                try:
+                    self._commit.stop()
+                except OSError as e:  # the disk failed under the last commit: said
+                    log.error("journal_commit_failed", path=str(self.path), error=str(e))
+                self._commit = None
             os.close(self._fd)
             self._fd = -1
+
+
+class _GroupCommit:
+    """One thread that fsyncs the journal whenever something was appended since its
+    last fsync: every append waiting meanwhile is made durable by one call."""
+
+    def __init__(self, fd: int, path: str) -> None:
+        self._fd, self._path = fd, path
+        self._cond = threading.Condition()
+        self._appended = self._synced = 0
+        self._error: OSError | None = None
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="journal-commit", daemon=True)
+        self._thread.start()
+
+    def written(self) -> None:
+        with self._cond:
+            self._appended += 1
+            self._cond.notify_all()
+
+    def idle(self) -> bool:
+        with self._cond:
+            return self._synced >= self._appended and self._error is None
+
+    def check(self) -> None:
+        with self._cond:
+            if self._error is not None:
+                raise self._error
+
+    def wait(self, timeout: float | None) -> None:
+        with self._cond:
+            target = self._appended
+            if not self._cond.wait_for(
+                    lambda: self._synced >= target or self._error is not None, timeout):
+                raise TimeoutError(f"journal not committed within {timeout}s: {self._path}")
+            if self._error is not None:
+                raise self._error
+
+    def stop(self) -> None:
+        """Commit what is left, then end the thread."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join()
+        self.check()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._appended > self._synced or self._closing)
+                if self._appended <= self._synced:
+                    return  # closing, and nothing is left to commit
+                target = self._appended
+            try:
+                os.fsync(self._fd)
+            except OSError as e:
+                with self._cond:
+                    self._error = e
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._synced = target
+                self._cond.notify_all()
 
 
 def state_events(state_dir: Path) -> ReplayResult:
