@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 from argparse import SUPPRESS
+from typing import TYPE_CHECKING
 
 from autopilot import __version__
 from autopilot.cliutil import DEFAULT_STATE_DIR, OneLineParser
@@ -62,6 +63,19 @@ def build_parser() -> argparse.ArgumentParser:
                     "node_exporter's textfile collector; name it *.prom)")
     ap.add_argument("--quiet", action="store_true", help="no console log (file log only)")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    _views(sub)
+    _operations(sub)
+    _campaigns(sub)
+    _tools(sub)
+    return ap
+
+
+if TYPE_CHECKING:
+    Verbs = argparse._SubParsersAction[OneLineParser]
+
+
+def _views(sub: Verbs) -> None:
+    """The verbs that read a run."""
     # An option a verb shares with the run (--state-dir, --preset, --target-n...) writes
     # the same name: given after the verb it wins, not given it leaves the run's value
     # (SUPPRESS: the verb's parser sets nothing), so no name needs a prefix.
@@ -76,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     sm = sub.add_parser("summarize", help="print an arm's PASS/FAIL table")
     sm.add_argument("arm")
     _which_run(sm)
+
+
+def _operations(sub: Verbs) -> None:
+    """The verbs that act on a run no supervisor holds."""
     cl = sub.add_parser("cleanup", help="kill the run's leftover harness/grader processes, "
                         "remove the plan's sandbox containers and scratch dirs (exact names); "
                         "refuses while a supervisor holds the run")
@@ -99,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     rg.add_argument("--arm", help="only this arm's cells")
     _state_dir_arg(rg, "the run's state dir (default as for the run)")
     _trusted_preset_args(rg)
+
+
+def _campaigns(sub: Verbs) -> None:
+    """The verbs across runs, and the phone."""
     nt = sub.add_parser("notify-test", help="send one test message to each configured URL")
     nt.add_argument("--preset", default=SUPPRESS, metavar="PRESET",
                     help="also use this preset's [notify] urls")
@@ -127,6 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also commit them to the results repo's bench-results-<date> branch")
     bo.add_argument("--results-repo", default=SUPPRESS, metavar="REPO",
                     help="git repo for --publish (default: the current directory's)")
+
+
+def _tools(sub: Verbs) -> None:
+    """The verbs that write files for a person: a starter, a schema, a completion."""
     it = sub.add_parser("init", help="write a commented starter preset NAME.toml with its "
                         "harness and grader scripts (what --dry-run accepts as it is)")
     it.add_argument("name", metavar="NAME")
@@ -144,7 +170,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "tcsh): e.g. `autopilot completion bash > "
                         "/etc/bash_completion.d/autopilot`")
     co.add_argument("shell", choices=("bash", "zsh", "tcsh"))
-    return ap
 
 
 def _state_dir_arg(sp: argparse.ArgumentParser, what: str) -> None:

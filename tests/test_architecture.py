@@ -159,6 +159,32 @@ def test_modules_stay_small() -> None:
     assert big == {}
 
 
+FUNCTION_CAP = 100  # lines, a def's first to its last
+LONG = 50
+LONG_BUDGET = 36  # functions over LONG lines: may only shrink (lower it as they go)
+
+
+def function_sizes() -> dict[str, int]:
+    sizes = {}
+    for p in PKG.rglob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                assert node.end_lineno is not None
+                sizes[f"{module_name(p)}:{node.lineno}:{node.name}"] = (
+                    node.end_lineno - node.lineno + 1)
+    return sizes
+
+
+def test_functions_stay_small() -> None:
+    # Beside the module gate: a module kept under 600 lines by packing one function with
+    # more jobs is not a smaller concern. No function over the cap, and the long ones
+    # only fewer.
+    sizes = function_sizes()
+    assert {f: n for f, n in sizes.items() if n > FUNCTION_CAP} == {}
+    long = sorted((n, f) for f, n in sizes.items() if n > LONG)
+    assert len(long) <= LONG_BUDGET, long
+
+
 def test_the_data_path_loads_neither_config_nor_the_loop() -> None:
     # It starts once per attempt (autopilot.datapath.shim): what it reaches is paid per
     # cell. Read the real import closure, not the AST: a lazy import would hide there.

@@ -45,185 +45,210 @@ def answer_for(seed: str, task: str, arm: str, n: str) -> str:
     return "correct" if unit(seed, task, arm, n) < rate else "wrong"
 
 
-def make_handler(args: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
-    started = time.monotonic()
-    lock = threading.Lock()
-    count = [0]
-    busy: dict[int, float] = {}  # slot id -> when its current request began
-    decoded = [0] * args.parallel  # tokens "decoded" by each slot's finished requests
-    thinking = bool(json.loads(args.chat_template_kwargs or "{}").get("enable_thinking"))
-    rate = 50.0  # simulated tokens per second while a slot is busy
-    throttled_until = [0.0]  # a hosted provider's rate limit, as a burst of 429s
-    slot_ctx = args.ctx_size // max(1, args.parallel)  # llama-server: -c over --parallel
+class Sim:
+    """The simulated server's state, shared by its handler threads."""
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        # Headers and body go out in two writes; with Nagle on, the body of every reply
-        # on a kept-alive connection waits ~40 ms for the client's delayed ACK.
-        disable_nagle_algorithm = True
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.started = time.monotonic()
+        self.lock = threading.Lock()
+        self.count = 0
+        self.busy: dict[int, float] = {}  # slot id -> when its current request began
+        self.decoded = [0] * args.parallel  # tokens "decoded" by each slot's finished requests
+        self.thinking = bool(json.loads(args.chat_template_kwargs or "{}").get("enable_thinking"))
+        self.rate = 50.0  # simulated tokens per second while a slot is busy
+        self.throttled_until = 0.0  # a hosted provider's rate limit, as a burst of 429s
+        self.slot_ctx = args.ctx_size // max(1, args.parallel)  # llama-server: -c / --parallel
 
-        def log_message(self, fmt: str, *a: Any) -> None:  # quiet: the harness logs
-            pass
+    def loading(self) -> bool:
+        return bool(self.args.never_ready
+                    or time.monotonic() - self.started < self.args.startup_delay)
 
-        def _send(self, code: int, body: Any) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            if args.gzip and self.path.rstrip("/").endswith("/completions"):
-                # fault knob: gzip whatever Accept-Encoding said (a misconfigured proxy)
-                import gzip
+    def slots(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        with self.lock:
+            return [{"id": i, "n_ctx": self.slot_ctx or 4096, "is_processing": i in self.busy,
+                     "next_token": [{"n_decoded": self.decoded[i] + (
+                         int((now - self.busy[i]) * self.rate) if i in self.busy else 0)}]}
+                    for i in range(self.args.parallel)]
 
-                data = gzip.compress(data)
-                self.send_header("Content-Encoding", "gzip")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _throttled(self) -> bool:
-            """Answer 429 (with Retry-After, as OpenAI and Anthropic do) inside a burst."""
-            left = throttled_until[0] - time.monotonic()
-            if left <= 0:
-                return False
-            data = json.dumps({"error": {"message": "Rate limit reached", "type": "requests",
-                                         "code": "rate_limit_exceeded"}}).encode()
-            self.send_response(429)
-            self.send_header("Content-Type", "application/json")
-            if not args.no_retry_after:
-                self.send_header("Retry-After", str(max(1, int(left + 0.999))))
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-            return True
-
-        def _loading(self) -> bool:
-            return bool(args.never_ready or time.monotonic() - started < args.startup_delay)
-
-        def _authorized(self) -> bool:
-            if not args.require_key_env:
-                return True
-            want = os.environ.get(args.require_key_env, "")
-            if want and self.headers.get("Authorization") == f"Bearer {want}":
-                return True
-            self._send(401, {"error": {"message": "invalid api key", "type": "auth"}})
-            return False
-
-        def do_GET(self) -> None:
-            if self.path.startswith("/v1") and not self._authorized():
-                return
-            if self.path == "/health":
-                if self._loading():
-                    self._send(503, {"error": {"message": "Loading model", "code": 503}})
-                else:
-                    self._send(200, {"status": "ok"})
-            elif self.path == "/slots":
-                now = time.monotonic()
-                with lock:
-                    slots = [{"id": i, "n_ctx": slot_ctx or 4096, "is_processing": i in busy,
-                              "next_token": [{"n_decoded": decoded[i] + (
-                                  int((now - busy[i]) * rate) if i in busy else 0)}]}
-                             for i in range(args.parallel)]
-                self._send(200, slots)
-            elif self.path == "/v1/models":
-                if self._throttled():
-                    return
-                ids = [args.model, *filter(None, args.extra_models.split(","))]
-                self._send(200, {"object": "list", "data": [
-                    {"id": m, "object": "model", "owned_by": "autopilot-demo-sim"} for m in ids]})
-            else:
-                self._send(404, {"error": "not found"})
-
-        def do_POST(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            try:
-                req = json.loads(self.rfile.read(length) or b"{}")
-            except ValueError:
-                self._send(400, {"error": "bad json"})
-                return
-            if not self._authorized():
-                return
-            if self.path != "/v1/chat/completions":
-                self._send(404, {"error": "not found"})
-                return
-            if self._loading():
-                self._send(503, {"error": {"message": "Loading model"}})
-                return
-            if self._throttled():
-                return
-            if args.max_model_len:
-                # vLLM's refusal, word for word: prompt + max_tokens over --max-model-len.
-                text = " ".join(str(m.get("content", "")) for m in req.get("messages") or []
-                                if isinstance(m, dict))
-                asked = req.get("max_tokens") if type(req.get("max_tokens")) is int else 0
-                prompt = max(1, len(text) // 4)
-                if prompt + asked > args.max_model_len:
-                    self._send(400, {
-                        "object": "error", "type": "BadRequestError", "param": None,
+    def refusal(self, req: dict[str, Any]) -> dict[str, Any] | None:
+        """The real servers' HTTP 400 for a request over the context, word for word."""
+        args = self.args
+        text = " ".join(str(m.get("content", "")) for m in req.get("messages") or []
+                        if isinstance(m, dict))
+        prompt = max(1, len(text) // 4)
+        if args.max_model_len:
+            # vLLM's refusal: prompt + max_tokens over --max-model-len.
+            asked: int = req["max_tokens"] if type(req.get("max_tokens")) is int else 0
+            if prompt + asked > args.max_model_len:
+                return {"object": "error", "type": "BadRequestError", "param": None,
                         "code": 400, "message": (
                             f"This model's maximum context length is {args.max_model_len} "
                             f"tokens. However, you requested {prompt + asked} tokens "
                             f"({prompt} in the messages, {asked} in the completion). Please "
-                            "reduce the length of the messages or completion.")})
-                    return
-            if slot_ctx:
-                # llama-server's refusal, as measured (b11434, -c 512 --parallel 2).
-                text = " ".join(str(m.get("content", "")) for m in req.get("messages") or []
-                                if isinstance(m, dict))
-                prompt = max(1, len(text) // 4)
-                if prompt >= slot_ctx:
-                    self._send(400, {"error": {
-                        "code": 400, "message": f"request ({prompt} tokens) exceeds the "
-                        f"available context size ({slot_ctx} tokens), try increasing it",
-                        "type": "exceed_context_size_error", "n_prompt_tokens": prompt,
-                        "n_ctx": slot_ctx}})
-                    return
-            with lock:
-                count[0] += 1
-                n_req = count[0]
-                if args.throttle_every and n_req % args.throttle_every == 0:
-                    throttled_until[0] = time.monotonic() + args.throttle_secs
-                slot = next((i for i in range(args.parallel) if i not in busy), -1)
-                if slot >= 0:
-                    busy[slot] = time.monotonic()
-            if args.crash_after and n_req > args.crash_after:
-                os._exit(70)  # fault knob: die like a crashed server, mid-request
-            try:
-                if args.latency:
-                    time.sleep(args.latency)
-            finally:
-                with lock:
-                    if slot >= 0:
-                        decoded[slot] += int((time.monotonic() - busy.pop(slot)) * rate)
-            messages = req.get("messages") or []
-            text = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
-            m = MARKER.search(text)
-            turn = sum(1 for x in messages if isinstance(x, dict) and x.get("role") == "user")
-            final = req.get("final", False) or "Give your FINAL answer" in text
-            if final and m:
-                content = f"FINAL: {answer_for(args.seed, *m.groups())}"
-            else:
-                content = f"Working on step {turn}: reading files, running tools."
-            # Per request, as llama-server and vLLM take it: the request's
-            # chat_template_kwargs override the server's defaults.
-            kwargs = req.get("chat_template_kwargs")
-            think = thinking
-            if isinstance(kwargs, dict) and "enable_thinking" in kwargs:
-                think = bool(kwargs["enable_thinking"])
-            if think:
-                content = f"<think>Let me reason about step {turn}.</think>{content}"
-            prompt_tokens = max(1, len(text) // 4)
-            completion_tokens = max(1, len(content) // 4)
-            self._send(200, {
-                "id": f"chatcmpl-sim-{n_req}",
-                "object": "chat.completion",
-                "model": args.answer_as or args.model,
-                "choices": [{"index": 0, "finish_reason": "stop",
-                             "message": {"role": "assistant", "content": content}}],
-                "usage": {"prompt_tokens": prompt_tokens,
-                          "completion_tokens": completion_tokens,
-                          "total_tokens": prompt_tokens + completion_tokens},
-            })
+                            "reduce the length of the messages or completion.")}
+        if self.slot_ctx and prompt >= self.slot_ctx:
+            # llama-server's refusal, as measured (b11434, -c 512 --parallel 2).
+            return {"error": {
+                "code": 400, "message": f"request ({prompt} tokens) exceeds the "
+                f"available context size ({self.slot_ctx} tokens), try increasing it",
+                "type": "exceed_context_size_error", "n_prompt_tokens": prompt,
+                "n_ctx": self.slot_ctx}}
+        return None
 
-    return Handler
+    def generate(self) -> int:
+        """Hold a slot for the simulated latency; the request's number."""
+        args = self.args
+        with self.lock:
+            self.count += 1
+            n_req = self.count
+            if args.throttle_every and n_req % args.throttle_every == 0:
+                self.throttled_until = time.monotonic() + args.throttle_secs
+            slot = next((i for i in range(args.parallel) if i not in self.busy), -1)
+            if slot >= 0:
+                self.busy[slot] = time.monotonic()
+        if args.crash_after and n_req > args.crash_after:
+            os._exit(70)  # fault knob: die like a crashed server, mid-request
+        try:
+            if args.latency:
+                time.sleep(args.latency)
+        finally:
+            with self.lock:
+                if slot >= 0:
+                    self.decoded[slot] += int((time.monotonic() - self.busy.pop(slot))
+                                              * self.rate)
+        return n_req
+
+    def completion(self, req: dict[str, Any], n_req: int) -> dict[str, Any]:
+        messages = req.get("messages") or []
+        text = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+        m = MARKER.search(text)
+        turn = sum(1 for x in messages if isinstance(x, dict) and x.get("role") == "user")
+        final = req.get("final", False) or "Give your FINAL answer" in text
+        if final and m:
+            content = f"FINAL: {answer_for(self.args.seed, *m.groups())}"
+        else:
+            content = f"Working on step {turn}: reading files, running tools."
+        # Per request, as llama-server and vLLM take it: the request's
+        # chat_template_kwargs override the server's defaults.
+        kwargs = req.get("chat_template_kwargs")
+        think = self.thinking
+        if isinstance(kwargs, dict) and "enable_thinking" in kwargs:
+            think = bool(kwargs["enable_thinking"])
+        if think:
+            content = f"<think>Let me reason about step {turn}.</think>{content}"
+        prompt_tokens = max(1, len(text) // 4)
+        completion_tokens = max(1, len(content) // 4)
+        return {
+            "id": f"chatcmpl-sim-{n_req}",
+            "object": "chat.completion",
+            "model": self.args.answer_as or self.args.model,
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": content}}],
+            "usage": {"prompt_tokens": prompt_tokens,
+                      "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens},
+        }
+
+
+class SimHandler(BaseHTTPRequestHandler):
+    sim: Sim  # set by make_handler
+    protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes; with Nagle on, the body of every reply
+    # on a kept-alive connection waits ~40 ms for the client's delayed ACK.
+    disable_nagle_algorithm = True
+
+    def log_message(self, fmt: str, *a: Any) -> None:  # quiet: the harness logs
+        pass
+
+    def _send(self, code: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        if self.sim.args.gzip and self.path.rstrip("/").endswith("/completions"):
+            # fault knob: gzip whatever Accept-Encoding said (a misconfigured proxy)
+            import gzip
+
+            data = gzip.compress(data)
+            self.send_header("Content-Encoding", "gzip")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _throttled(self) -> bool:
+        """Answer 429 (with Retry-After, as OpenAI and Anthropic do) inside a burst."""
+        left = self.sim.throttled_until - time.monotonic()
+        if left <= 0:
+            return False
+        data = json.dumps({"error": {"message": "Rate limit reached", "type": "requests",
+                                     "code": "rate_limit_exceeded"}}).encode()
+        self.send_response(429)
+        self.send_header("Content-Type", "application/json")
+        if not self.sim.args.no_retry_after:
+            self.send_header("Retry-After", str(max(1, int(left + 0.999))))
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        return True
+
+    def _authorized(self) -> bool:
+        key_env = self.sim.args.require_key_env
+        if not key_env:
+            return True
+        want = os.environ.get(key_env, "")
+        if want and self.headers.get("Authorization") == f"Bearer {want}":
+            return True
+        self._send(401, {"error": {"message": "invalid api key", "type": "auth"}})
+        return False
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/v1") and not self._authorized():
+            return
+        if self.path == "/health":
+            if self.sim.loading():
+                self._send(503, {"error": {"message": "Loading model", "code": 503}})
+            else:
+                self._send(200, {"status": "ok"})
+        elif self.path == "/slots":
+            self._send(200, self.sim.slots())
+        elif self.path == "/v1/models":
+            if self._throttled():
+                return
+            args = self.sim.args
+            ids = [args.model, *filter(None, args.extra_models.split(","))]
+            self._send(200, {"object": "list", "data": [
+                {"id": m, "object": "model", "owned_by": "autopilot-demo-sim"} for m in ids]})
+        else:
+            self._send(404, {"error": "not found"})
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            req = json.loads(self.rfile.read(length) or b"{}")
+        except ValueError:
+            self._send(400, {"error": "bad json"})
+            return
+        if not self._authorized():
+            return
+        if self.path != "/v1/chat/completions":
+            self._send(404, {"error": "not found"})
+            return
+        if self.sim.loading():
+            self._send(503, {"error": {"message": "Loading model"}})
+            return
+        if self._throttled():
+            return
+        refused = self.sim.refusal(req)
+        if refused is not None:
+            self._send(400, refused)
+            return
+        self._send(200, self.sim.completion(req, self.sim.generate()))
+
+
+def make_handler(args: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
+    """A handler class for one server, over one simulated state."""
+    return type("Handler", (SimHandler,), {"sim": Sim(args)})
 
 
 def main(argv: list[str] | None = None) -> None:

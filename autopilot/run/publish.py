@@ -109,12 +109,13 @@ def publish_run(preset: Preset, n: int, state_dir: Path, repo: Path) -> PublishR
     committed to the results branch of ``repo`` (blocking: in a worker thread)."""
     from autopilot.cell.childenv import redactor
     from autopilot.views import report
+    from autopilot.views.runrecord import isolation, plan_changes
 
     facts = report.collect(preset, n, state_dir)
     scrub = redactor(preset).scrub  # nothing secret reaches a commit
     card = scrub(report.scorecard(preset, facts, n))
-    found = scrub(report.findings(preset, facts, n, report.plan_changes(state_dir),
-                                  who=report.isolation(state_dir)))
+    found = scrub(report.findings(preset, facts, n, plan_changes(state_dir),
+                                  who=isolation(state_dir)))
     atomic_write_text(state_dir / "scorecard.md", card)
     atomic_write_text(state_dir / "findings.md", found)
     prefix = preset.publish.path.replace("{preset}", preset.name).strip("/")

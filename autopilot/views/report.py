@@ -23,7 +23,6 @@ from autopilot.state.budget import METERED, count_or_none
 from autopilot.state.cellevents import (
     CellAdopted,
     CellExited,
-    CellMetered,
     CellStarted,
     CellVerdict,
 )
@@ -31,12 +30,18 @@ from autopilot.state.fsutil import read_json
 from autopilot.state.items import items_of
 from autopilot.state.journal import state_events
 from autopilot.state.ledger import VALID, CellState
-from autopilot.state.runevents import PlanChanged
 from autopilot.state.tokens import Tokens, tokens_of
 from autopilot.templates import render
 from autopilot.views import stats
 from autopilot.views.cost import tokens_section
 from autopilot.views.energy import Energy, energy_lines, measure
+from autopilot.views.runrecord import (
+    endpoint_record,
+    gateway_errors,
+    isolation,
+    plan_changes,
+    recorded_pins,
+)
 from autopilot.views.samples import finished_by, per_attempt_line, samples_text
 from autopilot.views.validate import validate_run
 
@@ -312,94 +317,6 @@ def arm_summary(preset: Preset, facts: list[CellFacts], arm: str) -> str:
 # ------------------------------------------------------------------ findings
 
 
-def plan_changes(state_dir: Path) -> list[tuple[str, str, str]]:
-    """(when, old identity, new identity) of every plan change the journal records (a
-    resume with --allow-plan-change relabels earlier verdicts under the new preset)."""
-    return [(md(ev.ts, 40), md(ev.old, 40), md(ev.new, 40))
-            for ev in state_events(state_dir).typed() if isinstance(ev, PlanChanged)]
-
-
-def recorded_pins(state_dir: Path) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """The benchmark files' digests recorded in plan.json (autopilot.run.drift), and
-    (when, files) of every ``benchmark_drift`` the journal records; shape-checked and
-    markdown-safe (plan.json is a state file: untrusted)."""
-    from autopilot.state.untrusted import state_json
-
-    rec = state_json(state_dir, "plan.json")
-    raw = rec.get("benchmark_files") if isinstance(rec, dict) else None
-    pins = [(md(k, 300), md(v, 80) if isinstance(v, str) else "missing")
-            for k, v in list(raw.items())[:200]] if isinstance(raw, dict) else []
-    drifts = [(md(ev.get("ts"), 40), md(", ".join(map(str, files))[:600], 600))
-              for ev in state_events(state_dir)
-              if ev.get("event") == "benchmark_drift"
-              and isinstance(files := ev.get("files"), dict)]
-    return pins, drifts
-
-
-def endpoint_record(state_dir: Path) -> list[str]:
-    """What served the model at the latest launch (identity.jsonl ``endpoint``), as
-    markdown list items; shape-checked and escaped (a state file: untrusted)."""
-    import json
-
-    from autopilot.state.untrusted import lines, owner_of
-
-    last: Any = None
-    for raw in lines(state_dir / "identity.jsonl", owner_of(state_dir)):
-        try:
-            rec = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("endpoint"), dict):
-            last = rec["endpoint"]
-    if not isinstance(last, dict):
-        return []
-    out = [f"- engine: {md(last.get('engine'), 40)}"]
-    for key in ("binary", "libraries", "model", "image_id"):
-        part = last.get(key)
-        if isinstance(part, dict):
-            out.append(f"- {key}: " + ", ".join(f"{md(k, 60)} {md(v, 300)}"
-                                                 for k, v in list(part.items())[:16]))
-    if isinstance(last.get("image"), str):
-        out.append(f"- image: {md(last['image'], 300)}")
-    gpus = last.get("gpus")
-    if isinstance(gpus, list):
-        out += ["- gpu: " + ", ".join(f"{md(k, 20)} {md(v, 80)}" for k, v in
-                                       list(g.items())[:6]) for g in gpus[:16]
-                if isinstance(g, dict)]
-    return out
-
-
-def gateway_errors(state_dir: Path) -> dict[str, int]:
-    """Every attempt's gateway errors by kind (cell_metered), summed; shape-checked."""
-    total: Counter[str] = Counter()
-    for ev in state_events(state_dir).typed():
-        errors = ev.errors if isinstance(ev, CellMetered) else None
-        if isinstance(errors, dict):
-            total.update({md(k, 40): v for k, v in errors.items()
-                          if type(v) is int and 0 < v < 10**9})
-    return dict(sorted(total.items()))
-
-
-def isolation(state_dir: Path) -> list[str]:
-    """Who the latest launch's harnesses ran as and how they were contained (its
-    ``run_started``), as markdown list items; shape-checked (the journal is untrusted)."""
-    last: Any = None
-    for ev in state_events(state_dir):
-        if ev.get("event") == "run_started" and isinstance(ev.get("harness_user"), dict):
-            last = ev
-    if last is None:
-        return ["- harness user: not journaled (a launch before harness.user existed)"]
-    who = last["harness_user"]
-    mode = {"cell": "a uid of its own per live cell", "same": "the supervisor's user"}.get(
-        who.get("mode"), "unknown")
-    out = [f"- harness user: {mode} ({md(who.get('why'), 300)})"]
-    if who.get("mode") == "same":
-        out[0] += ": a harness could read the run's token and rewrite its journal"
-    if isinstance(last.get("containment"), str):
-        out.append(f"- {md(last['containment'], 300)}")
-    return out
-
-
 def findings(preset: Preset, facts: list[CellFacts], n: int,
              changes: list[tuple[str, str, str]] | None = None,
              pins: tuple[list[tuple[str, str]], list[tuple[str, str]]] = ([], []),
@@ -432,6 +349,33 @@ def findings(preset: Preset, facts: list[CellFacts], n: int,
             if not x.startswith("Trust: ")]
     out.append("")
 
+    out += _trend_section(facts, arms, n)
+    out += _arms_section(preset, facts, arms)
+    out += _finish_section(preset, facts, arms)
+    out += _trust_section(preset, facts, t, errors, who)
+
+    out += ["## 6. Tokens and cost", ""]
+    out += tokens_section(preset, facts, arms)
+    if energy:
+        out += [*energy, ""]
+
+    out += ["## 7. Reference comparators", ""]
+    out += _comparators(preset, facts, arms)
+    section = 8  # numbered as they appear: no gap where a run has no pins
+    if pins[0]:
+        out += ["", f"## {section}. Benchmark files (sha256, pinned at the run's first "
+                "launch)", ""]
+        out += [f"- `{digest[:23]}` {name}" for name, digest in pins[0]]
+        section += 1
+    if endpoint:
+        out += ["", f"## {section}. What served the model (the latest launch)", "",
+                *endpoint]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _trend_section(facts: list[CellFacts], arms: list[str], n: int) -> list[str]:
+    """Section 2: the cumulative pass rate over v1..k, per arm and task."""
+    out: list[str] = []
     out += ["## 2. What N reveals", "",
             "Cumulative pass rate over v1..k. A task is flagged when its smallest-window rate "
             f"differs from its full-N rate by {stats.MISLEADING_DELTA * 100:.0f} points or more.",
@@ -448,7 +392,12 @@ def findings(preset: Preset, facts: list[CellFacts], n: int,
                        (" | misleading at small N |" if r.misleading else " | |"))
         flagged = [r.task for r in rows if r.misleading]
         out += ["", f"Misleading at small N: {', '.join(flagged) or 'none'}.", ""]
+    return out
 
+
+def _arms_section(preset: Preset, facts: list[CellFacts], arms: list[str]) -> list[str]:
+    """Section 3: each arm against the first, per task."""
+    out: list[str] = []
     out += ["## 3. Arm vs arm", ""]
     if len(arms) < 2:
         out += ["One arm only: nothing to compare.", ""]
@@ -476,7 +425,12 @@ def findings(preset: Preset, facts: list[CellFacts], n: int,
                 out.append(f"| {name} | {_wilson_txt(a_p, a_v)} | {_wilson_txt(b_p, b_v)} | "
                            f"{d} | {p_txt} | {verdict} |")
             out.append("")
+    return out
 
+
+def _finish_section(preset: Preset, facts: list[CellFacts], arms: list[str]) -> list[str]:
+    """Section 4: finish reasons per arm and task."""
+    out: list[str] = []
     out += ["## 4. Finish-reason audit", "", "From each cell's summary file (cells that "
             "have one).", ""]
     reasons = sorted({f.finish_reason for f in facts if f.finish_reason})
@@ -488,7 +442,13 @@ def findings(preset: Preset, facts: list[CellFacts], n: int,
                 out.append(f"| {arm} | {task} | " + " | ".join(str(c.get(r, 0))
                                                               for r in reasons) + " |")
     out.append("")
+    return out
 
+
+def _trust_section(preset: Preset, facts: list[CellFacts], t: dict[str, Any],
+                   errors: dict[str, int] | None, who: list[str] | None) -> list[str]:
+    """Section 5: what counts, what was excluded, and why."""
+    out: list[str] = []
     out += ["## 5. Trust", "", f"- valid cells: {t['valid']}",
             f"- invalid cells: {t['invalid']}"]
     out += [f"  - {k}: {v}" for k, v in t["invalid_by_reason"].items()]
@@ -521,24 +481,7 @@ def findings(preset: Preset, facts: list[CellFacts], n: int,
     if caveats:
         out += ["Caveats from the verdict words: " + ", ".join(
             f"{k} ({v} cells)" for k, v in sorted(caveats.items())) + ".", ""]
-
-    out += ["## 6. Tokens and cost", ""]
-    out += tokens_section(preset, facts, arms)
-    if energy:
-        out += [*energy, ""]
-
-    out += ["## 7. Reference comparators", ""]
-    out += _comparators(preset, facts, arms)
-    section = 8  # numbered as they appear: no gap where a run has no pins
-    if pins[0]:
-        out += ["", f"## {section}. Benchmark files (sha256, pinned at the run's first "
-                "launch)", ""]
-        out += [f"- `{digest[:23]}` {name}" for name, digest in pins[0]]
-        section += 1
-    if endpoint:
-        out += ["", f"## {section}. What served the model (the latest launch)", "",
-                *endpoint]
-    return "\n".join(out).rstrip() + "\n"
+    return out
 
 
 def _wilson_txt(p: int, v: int) -> str:
