@@ -137,7 +137,7 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
     from autopilot.cell.childenv import child_env, secret_values
     from autopilot.cell.context import CellContext
     from autopilot.cell.procs import RUN_TOKEN_ENV
-    from autopilot.datapath.client import DataPath, ForkServer
+    from autopilot.datapath.client import ForkServer, Launcher
     from autopilot.gateway.policy import KEY_ENV, attempt_key
     from autopilot.gateway.settings import gateway_for
     from autopilot.logsetup import SPOOL_CAP
@@ -179,8 +179,8 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
         replica=replica, contain=cgroups.for_run(w.run_token)[0], gateway=gateway,
         # Data paths forked from one server per loop (its imports paid once), where the
         # backend asks for it; else each is a process of its own.
-        launch=partial(DataPath.launch, forks=ForkServer(w.state_dir, w.run_token))
-        if forks else DataPath.launch, run_token=w.run_token,
+        launch=Launcher(ForkServer(w.state_dir, w.run_token) if forks else None),
+        run_token=w.run_token,
         handing_over=port.handing_over,
         on_throttled=port.throttled,
     )
@@ -273,9 +273,7 @@ class Backend(abc.ABC):
         load): usually ready before the first launch, which waits for it otherwise."""
         if not self.reattaches:  # attempts run elsewhere (a Ray node forks its own)
             return
-        forks = getattr(self.context().launch, "keywords", {}).get("forks")
-        if forks is not None:
-            await forks.warm()
+        await self.context().launch.warm()
 
     async def _start_replicas(self) -> None:
         """Raise EndpointError only when no replica could start (the others then serve:
@@ -359,9 +357,8 @@ class Backend(abc.ABC):
         base = self._cx.get(0)
         if base is not None and isinstance(base.gateway, Closable):
             await base.gateway.close()
-        forks = getattr(base.launch, "keywords", {}).get("forks") if base else None
-        if forks is not None:  # the fork server ends; the data paths it forked go on
-            await forks.aclose()
+        if base is not None:  # the fork server ends; the data paths it forked go on
+            await base.launch.aclose()
         await self.release()
 
     async def release(self) -> None:

@@ -55,15 +55,17 @@ class AttemptPath(Protocol):
     port: int | None
     meta: dict[str, Any]
     meter: Any
-    exited: bool
     code: int | None
     ended: float | None  # when the harness ended (epoch), as the data path recorded it
-    lost: str | None
     spawn_error: str | None
     throttled: int
     failovers: list[dict[str, Any]]
     unjournaled: bool
 
+    @property
+    def exited(self) -> bool: ...
+    @property
+    def lost(self) -> str | None: ...
     @property
     def harness(self) -> ProcIdentity | None: ...
     async def wait(self, timeout: float, upstream: list[tuple[str, str]] | None = None
@@ -73,11 +75,30 @@ class AttemptPath(Protocol):
 
 
 # (state_dir, cell, attempt, spec, *, listen, run_token, token) -> a started data path
-Launch = Callable[..., Awaitable[AttemptPath]]
+class Launch(Protocol):
+    """What starts an attempt's data path (autopilot.datapath.client.Launcher), held by
+    name: its fork server is warmed with the endpoint's load and closed at the end."""
+
+    async def __call__(self, state_dir: Path, cell: str, attempt: int, spec: dict[str, Any],
+                       *, listen: Any | None, run_token: str, token: str) -> AttemptPath: ...
+
+    async def warm(self) -> None: ...
+
+    async def aclose(self) -> None: ...
 
 
-async def _no_launch(*args: Any, **kwargs: Any) -> AttemptPath:
-    raise LaunchFailed("no data path launcher wired")
+class _NoLaunch:
+    async def __call__(self, *args: Any, **kwargs: Any) -> AttemptPath:
+        raise LaunchFailed("no data path launcher wired")
+
+    async def warm(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+_no_launch = _NoLaunch()
 
 
 class Gatekeeper(Protocol):

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import psutil
@@ -36,6 +36,7 @@ from autopilot.cell.procs import (
     verify,
 )
 from autopilot.datapath import wire
+from autopilot.datapath.messages import Attempt, Forked, Hello, Poll, Refusal, Status
 from autopilot.gateway.evidence import Meter
 from autopilot.state.fsutil import log_tail
 from autopilot.state.statedir import ensure_private_dir, open_append
@@ -76,6 +77,14 @@ def meter_from(doc: Any) -> Meter | None:
     return Meter(**kept)
 
 
+Phase = Literal["talking", "watched", "exited", "lost"]
+"""Where the loop stands with an attempt's data path, one state for what were flags:
+``talking`` over its channel; ``watched`` by its files alone (a data path of another
+version, to drain; or one whose channel closed, still alive); ``exited``: the harness's
+end and the final meter are read; ``lost``: the data path is gone without recording
+the harness's end."""
+
+
 @dataclass
 class DataPath:
     dir: Path
@@ -88,18 +97,28 @@ class DataPath:
     meta: dict[str, Any] = field(default_factory=dict)
     proc: Process | None = None  # our child, when this loop started it
     meter: Meter = field(default_factory=Meter)
-    exited: bool = False
+    phase: Phase = "talking"
     code: int | None = None
     ended: float | None = None
     spawn_error: str | None = None
-    lost: str | None = None  # the data path ended without recording the harness's end
+    why_lost: str | None = None
     drain: int | None = None  # a data path of this other version: watched, not talked to
     unjournaled: bool = False  # re-attached, its harness's start never journaled
     throttled: int = 0  # 429s its gateway saw, read so far
     failovers: list[dict[str, Any]] = field(default_factory=list)  # not yet journaled
     _stream: ByteStream | None = None
     _reader: BufferedByteReceiveStream | None = None
-    _sent_upstream: list[list[str]] | None = None
+    _sent_upstream: tuple[tuple[str, str], ...] | None = None
+
+    @property
+    def exited(self) -> bool:
+        """The harness's end and the gateway's final meter are read."""
+        return self.phase == "exited"
+
+    @property
+    def lost(self) -> str | None:
+        """Why the data path is gone without recording the harness's end, if it is."""
+        return self.why_lost if self.phase == "lost" else None
 
     # ------------------------------------------------------------------ making one
 
@@ -154,11 +173,12 @@ class DataPath:
             reader = BufferedByteReceiveStream(proc.stdout)
             with anyio.fail_after(READY_SECS):
                 line = await reader.receive_until(b"\n", wire.LINE_CAP)
-            info = wire.decode(line)
+            doc = wire.decode(line)
+            info = Attempt.of(doc) if Attempt.is_ready(doc) else None
         except (anyio.EndOfStream, anyio.IncompleteRead, anyio.DelimiterNotFound,
                 anyio.BrokenResourceError, TimeoutError, OSError):
             info = None
-        if info is None or not info.get("ready"):
+        if info is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             with anyio.CancelScope(shield=True):
@@ -172,11 +192,10 @@ class DataPath:
         return await cls._ready(d, secret, info, proc)
 
     @classmethod
-    async def _ready(cls, d: Path, secret: str, info: dict[str, Any],
+    async def _ready(cls, d: Path, secret: str, info: Attempt,
                      proc: Process | None) -> DataPath:
         dp = cls._from(d, secret, info, proc)
-        dp.spawn_error = info.get("spawn_error") if isinstance(
-            info.get("spawn_error"), str) else None
+        dp.spawn_error = info.spawn_error
         if dp.spawn_error is None:
             try:
                 await dp._connect()
@@ -188,23 +207,18 @@ class DataPath:
         return dp
 
     @classmethod
-    def _from(cls, d: Path, secret: str, info: dict[str, Any],
+    def _from(cls, d: Path, secret: str, info: Attempt,
               proc: Process | None) -> DataPath:
-        def num(key: str) -> int | None:
-            v = info.get(key)
-            return v if type(v) is int and v > 0 else None
-
-        meta = info.get("meta")
-        return cls(d, secret, num("pid") or 0, num("ticks") or start_ticks(num("pid") or 0),
-                   num("harness_pid"), num("harness_ticks"), num("port"),
-                   meta=meta if isinstance(meta, dict) else {}, proc=proc)
+        return cls(d, secret, info.pid or 0, info.ticks or start_ticks(info.pid or 0),
+                   info.harness_pid, info.harness_ticks, info.port, meta=info.meta,
+                   proc=proc)
 
     @classmethod
     async def attach(cls, d: Path) -> DataPath | None:
         """Re-attach to the data path a predecessor started in ``d``; None when there is
         none alive to talk to (see ``finished`` for one that has ended)."""
         saved = wire.read_private_json(d / wire.SECRET)
-        shim = wire.read_private_json(d / wire.SHIM)
+        shim = Attempt.of(wire.read_private_json(d / wire.SHIM))
         if saved is None or shim is None or not isinstance(saved.get("secret"), str):
             return None
         dp = cls._from(d, saved["secret"], shim, None)
@@ -227,19 +241,18 @@ class DataPath:
         finally:
             os.close(dirfd)
         self._reader = BufferedByteReceiveStream(self._stream)
-        reply = await self._ask({"op": "hello", "secret": self.secret,
-                                 "version": wire.VERSION}, ANSWER_SECS)
+        reply = await self._ask(Hello(self.secret).to_wire(), ANSWER_SECS)
         if reply is None:
             raise anyio.EndOfStream
-        if not reply.get("ok"):
-            v = reply.get("version")
-            self.drain = v if type(v) is int else -1
-            await self.close()
+        refused = Refusal.of(reply)
+        if refused is not None:
+            self.drain = refused.version
+            await self.close()  # watched by its files
             return
-        for key in ("harness_pid", "port"):
-            v = reply.get(key)
-            if type(v) is int and v > 0:
-                setattr(self, key, v)
+        said = Attempt.of(reply)
+        assert said is not None  # (a decoded document always reads as one)
+        self.harness_pid = said.harness_pid or self.harness_pid
+        self.port = said.port or self.port
 
     async def _ask(self, msg: dict[str, Any], timeout: float) -> dict[str, Any] | None:
         assert self._stream is not None and self._reader is not None
@@ -254,16 +267,17 @@ class DataPath:
         the data path has them afterwards (``lost`` if it is gone without a record)."""
         if self.exited or self.lost:
             return
-        if self._stream is None:  # another version's, or never connected: by its files
+        if self.phase == "watched" or self._stream is None:  # another version's, or its
+            self.phase = "watched"  # channel closed (or never opened): by its files
             await anyio.sleep(timeout)
             self._by_files()
             return
-        msg: dict[str, Any] = {"op": "wait", "timeout": timeout}
-        if upstream is not None and [list(u) for u in upstream] != self._sent_upstream:
-            self._sent_upstream = [list(u) for u in upstream]
-            msg["upstream"] = self._sent_upstream
+        changed = None
+        if upstream is not None and tuple(map(tuple, upstream)) != self._sent_upstream:
+            changed = self._sent_upstream = tuple((r, o) for r, o in upstream)
         try:
-            reply = await self._ask(msg, timeout + ANSWER_SECS)
+            reply = Status.of(await self._ask(Poll(timeout, changed).to_wire(),
+                                              timeout + ANSWER_SECS))
         except TimeoutError:
             return  # frozen (a paused machine, a debugger): not gone; asked again later
         except CHANNEL_ERRORS:
@@ -274,32 +288,28 @@ class DataPath:
             return
         self._apply(reply)
 
-    def _apply(self, st: dict[str, Any]) -> None:
-        m = meter_from(st.get("meter"))
+    def _apply(self, st: Status) -> None:
+        m = meter_from(st.meter)
         if m is not None:
             self.meter = m
-        t = st.get("throttled")
-        if type(t) is int and t >= 0:
-            self.throttled = t
-        fo = st.get("failovers")
-        if isinstance(fo, list):
-            self.failovers.extend(x for x in fo[:1000] if isinstance(x, dict))
-        if isinstance(st.get("spawn_error"), str):
-            self.spawn_error = st["spawn_error"][:300]
-        if st.get("exited") is True:
-            self.exited = True
-            self.code = st["code"] if type(st.get("code")) is int else None
-            self.ended = st["ended"] if isinstance(st.get("ended"), float | int) else None
+        if st.throttled is not None:
+            self.throttled = st.throttled
+        self.failovers.extend(st.failovers)
+        if st.spawn_error is not None:
+            self.spawn_error = st.spawn_error
+        if st.exited:
+            self.phase, self.code, self.ended = "exited", st.code, st.ended
 
     def _by_files(self) -> None:
         """The data path's channel is closed: its end is in exit.json, or it was lost."""
-        done = self.finished()
+        done = Status.of(self.finished(), exited=True)
         if done is not None:
-            self._apply({**done, "exited": True})
+            self._apply(done)
             return
         if self.pid > 1 and verify(ProcIdentity(self.pid, 0.0, self.ticks)) is not None:
             return  # alive, but not talking (another version): watched by its files
-        self.lost = "the attempt's data path ended without recording the harness's end"
+        self.phase = "lost"
+        self.why_lost = "the attempt's data path ended without recording the harness's end"
 
     def finished(self) -> dict[str, Any] | None:
         """exit.json, once the data path has written it."""
@@ -310,7 +320,10 @@ class DataPath:
         return {**done, "meter": m} if isinstance(m, dict) else done
 
     async def close(self) -> None:
-        """Stop talking to it (it goes on). The child, if ours, is reaped by asyncio."""
+        """Stop talking to it (it goes on, watched by its files). The child, if ours, is
+        reaped by asyncio."""
+        if self.phase == "talking":
+            self.phase = "watched"
         if self._stream is not None:
             with contextlib.suppress(Exception):
                 await self._stream.aclose()
@@ -409,7 +422,7 @@ class ForkServer:
         self.sock = ours
 
     async def fork(self, d: Path, spec: dict[str, Any], listen: Any | None
-                   ) -> dict[str, Any] | None:
+                   ) -> Attempt | None:
         """The data path's ready line, forked from the server; None: spawn instead."""
         if self.broken:
             return None
@@ -435,8 +448,9 @@ class ForkServer:
                     if not chunk:
                         break
                     line += chunk
-            info = wire.decode(line.strip())
-            if info is None or not info.get("ready"):
+            doc = wire.decode(line.strip())
+            info = Attempt.of(doc) if Attempt.is_ready(doc) else None
+            if info is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                 raise DataPathError(f"the attempt's data path did not start: "
@@ -456,11 +470,8 @@ class ForkServer:
                 socket.send_fds(self.sock, [data], fds)
                 with anyio.fail_after(READY_SECS):
                     await anyio.wait_readable(self.sock)
-                    reply = json.loads(self.sock.recv(4096) or b"{}")
-                if isinstance(reply, dict) and reply.get("ok") and type(
-                        reply.get("pid")) is int:
-                    return int(reply["pid"])
-                return None
+                    forked = Forked.of(json.loads(self.sock.recv(4096) or b"{}"))
+                return forked.pid if forked is not None else None
             except (OSError, TimeoutError, ValueError):
                 await self.aclose()
         self.broken = True
@@ -476,6 +487,28 @@ class ForkServer:
             self.proc = None
 
 
+class Launcher:
+    """How a loop starts its attempts' data paths: each forked from its fork server (held
+    here, by name: warmed beside the endpoint's load, closed at the run's end, when the
+    data paths it forked go on), or each a process of its own."""
+
+    def __init__(self, forks: ForkServer | None = None) -> None:
+        self.forks = forks
+
+    async def __call__(self, state_dir: Path, cell: str, attempt: int, spec: dict[str, Any],
+                       *, listen: Any | None, run_token: str, token: str) -> DataPath:
+        return await DataPath.launch(state_dir, cell, attempt, spec, listen=listen,
+                                     run_token=run_token, token=token, forks=self.forks)
+
+    async def warm(self) -> None:
+        if self.forks is not None:
+            await self.forks.warm()
+
+    async def aclose(self) -> None:
+        if self.forks is not None:
+            await self.forks.aclose()
+
+
 def finished_record(d: Path) -> tuple[int | None, Meter | None, dict[str, Any]] | None:
     """(exit code, final meter, the record) of an attempt whose data path wrote its end,
     else None. Read by start-up for an attempt that ended while no loop watched it."""
@@ -486,5 +519,5 @@ def finished_record(d: Path) -> tuple[int | None, Meter | None, dict[str, Any]] 
     return (code if type(code) is int else None), meter_from(done.get("meter")), done
 
 
-__all__ = ["DATAPATH_ENV", "DataPath", "DataPathError", "ForkServer", "finished_record",
+__all__ = ["DATAPATH_ENV", "DataPath", "DataPathError", "ForkServer", "Launcher", "finished_record",
            "meter_from"]

@@ -25,6 +25,7 @@ import socket
 import sys
 
 from autopilot.datapath import shim, wire
+from autopilot.datapath.messages import Forked
 
 MSG_CAP = 1 << 20  # one spec; the loop falls back to a spawn for a larger one
 _PR_SET_PDEATHSIG = 1
@@ -79,14 +80,14 @@ def serve(server: socket.socket) -> int:
         if spec is None or len(fds) < 2:
             for fd in fds:
                 os.close(fd)
-            server.send(json.dumps({"ok": False, "why": "bad spec"}).encode())
+            server.send(json.dumps(Forked(None, "bad spec").to_wire()).encode())
             continue
         pid = os.fork()
         if pid == 0:
             _child(spec, fds, server)
         for fd in fds:
             os.close(fd)
-        server.send(json.dumps({"ok": True, "pid": pid}).encode())
+        server.send(json.dumps(Forked(pid).to_wire()).encode())
 
 
 def main() -> int:

@@ -35,11 +35,12 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from autopilot.datapath import callers, wire
+from autopilot.datapath.messages import Attempt, Hello, Poll, Refusal, Status
 
 DRAIN_SECS = 2.0  # how long requests still open when the harness ends may finish
 _PR_SET_CHILD_SUBREAPER = 36
@@ -100,57 +101,51 @@ class Shim:
 
     # ------------------------------------------------------------------ the channel
 
-    def _hello(self) -> dict[str, Any]:
+    def _attempt(self) -> Attempt:
         p = self.proc
-        return {"ok": True, "version": wire.VERSION, "pid": os.getpid(),
-                "harness_pid": p.pid if p else None,
-                "harness_ticks": self.spec.get("harness_ticks"),
-                "port": self.att.port if self.att is not None else None,
-                "meta": self.spec.get("meta", {})}
+        return Attempt(pid=os.getpid(), harness_pid=p.pid if p else None,
+                       harness_ticks=self.spec.get("harness_ticks"),
+                       port=self.att.port if self.att is not None else None,
+                       meta=self.spec.get("meta", {}), ticks=wire.proc_ticks(os.getpid()),
+                       spawn_error=self.spawn_error)
 
-    def _status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"ok": True, "exited": self.done.is_set(), "code": self.code,
-                               "ended": self.ended, "spawn_error": self.spawn_error,
-                               "throttled": self.throttled}
+    def _status(self) -> Status:
+        meter: dict[str, Any] | None = None
+        failovers: tuple[dict[str, Any], ...] = ()
         if self.att is not None:
-            out["meter"] = asdict(self.att.meter)
-            out["failovers"], self.failovers = self.failovers, []
-        return out
+            meter = asdict(self.att.meter)
+            failovers, self.failovers = tuple(self.failovers), []
+        return Status(exited=self.done.is_set(), code=self.code, ended=self.ended,
+                      spawn_error=self.spawn_error, throttled=self.throttled, meter=meter,
+                      failovers=failovers)
 
     async def _serve(self, reader: asyncio.StreamReader,
                      writer: asyncio.StreamWriter) -> None:
         try:
             line = await asyncio.wait_for(reader.readline(), wire.HELLO_SECS)
-            msg = wire.decode(line)
-            if msg is None or msg.get("op") != "hello" or not hmac.compare_digest(
-                    str(msg.get("secret", "")).encode(), self.secret):
+            hello = Hello.of(wire.decode(line))
+            if hello is None or not hmac.compare_digest(hello.secret.encode(), self.secret):
                 return
-            if msg.get("version") != wire.VERSION:
-                writer.write(wire.encode({"ok": False, "version": wire.VERSION}))
+            if hello.version != wire.VERSION:
+                writer.write(wire.encode(Refusal(wire.VERSION).to_wire()))
                 await writer.drain()
                 return
-            writer.write(wire.encode(self._hello()))
+            writer.write(wire.encode(self._attempt().hello()))
             await writer.drain()
             while True:
-                line = await reader.readline()
-                msg = wire.decode(line)
-                if msg is None:
+                poll = Poll.of(wire.decode(await reader.readline()))
+                if poll is None:
                     return
-                up = msg.get("upstream")
-                if isinstance(up, list) and all(isinstance(x, list) and len(x) == 2
-                                                for x in up):
-                    self.upstream = [(str(r), str(o)) for r, o in up]
-                if msg.get("op") == "wait":
-                    wait = msg.get("timeout")
-                    wait = min(max(float(wait), 0.0), 60.0) \
-                        if isinstance(wait, int | float) and wait == wait else 0.0
+                if poll.upstream is not None:
+                    self.upstream = list(poll.upstream)
+                if poll.wait is not None:
                     self.waiting += 1
                     try:
                         with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(self.done.wait(), wait)
+                            await asyncio.wait_for(self.done.wait(), poll.wait)
                     finally:
                         self.waiting -= 1
-                writer.write(wire.encode(self._status()))
+                writer.write(wire.encode(self._status().to_wire()))
                 await writer.drain()
         except (OSError, TimeoutError, ValueError, asyncio.LimitOverrunError):
             return
@@ -200,12 +195,9 @@ class Shim:
             self._reap()  # a harness that ended before the handler was looking
             ticks = wire.proc_ticks(self.proc.pid) if self.proc else None
             self.spec["harness_ticks"] = ticks
-            wire.write_private_json(self.dir / wire.SHIM, {
-                "version": wire.VERSION, "pid": os.getpid(), "ticks": wire.proc_ticks(
-                    os.getpid()), "harness_pid": self.proc.pid if self.proc else None,
-                "harness_ticks": ticks, "port": self.att.port if self.att else None,
-                "started": time.time(), "meta": self.spec.get("meta", {})})
-            self._tell({"ready": True, **self._hello(), "spawn_error": self.spawn_error})
+            said = replace(self._attempt(), started=time.time())
+            wire.write_private_json(self.dir / wire.SHIM, said.record())
+            self._tell(said.ready())
             await self.exited.wait()
             if self.att is not None:
                 deadline = time.monotonic() + DRAIN_SECS

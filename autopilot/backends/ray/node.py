@@ -230,9 +230,8 @@ class NodeAgent:
             await self.keeper.ep.aclose()
             self.redactor.scrub_file(self.keeper.ep.log_path, cap=SPOOL_CAP)
         cx = getattr(self, "cx", None)
-        forks = getattr(cx.launch, "keywords", {}).get("forks") if cx is not None else None
-        if forks is not None:  # this node's fork server of data paths
-            await forks.aclose()
+        if cx is not None:  # this node's fork server of data paths
+            await cx.launch.aclose()
         return [f"{cid}#{attempt}" for (cid, attempt), _ in tasks]
 
 

@@ -1,0 +1,96 @@
+"""The data path's messages (issue #46): each a type, read back as written, and anything
+else from the other side (another version, a hostile peer of the run's user) read as
+the message it can be, never as a crash or a wrong value."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autopilot.datapath import wire
+from autopilot.datapath.messages import (
+    WAIT_CAP_SECS,
+    Attempt,
+    Forked,
+    Hello,
+    Poll,
+    Refusal,
+    Status,
+)
+
+ATTEMPT = Attempt(pid=41, harness_pid=42, harness_ticks=9000, port=8123,
+                  meta={"token": "t", "group": "cell-x-a1"}, ticks=8999,
+                  spawn_error=None, started=1.5e9)
+
+
+def through_the_wire(doc: dict) -> dict | None:
+    return wire.decode(wire.encode(doc))
+
+
+def test_each_message_is_read_back_as_written() -> None:
+    assert Hello.of(through_the_wire(Hello("s3cret").to_wire())) == Hello("s3cret")
+    for poll in (Poll(), Poll(5.0), Poll(0.0, (("http://a", "a"), ("http://b", "b")))):
+        assert Poll.of(through_the_wire(poll.to_wire())) == poll
+    assert Refusal.of(through_the_wire(Refusal(7).to_wire())) == Refusal(7)
+    st = Status(exited=True, code=-9, ended=12.5, throttled=3,
+                meter={"requests": 2}, failovers=({"replica": "0", "to": "1"},))
+    assert Status.of(through_the_wire(st.to_wire())) == st
+    assert Forked.of(Forked(77).to_wire()) == Forked(77)
+    assert Forked.of(Forked(None, "bad spec").to_wire()) == Forked(None, "bad spec")
+
+
+def test_the_attempts_three_forms_read_as_one() -> None:
+    # The answer to a hello, the ready line and shim.json say the same attempt.
+    assert Attempt.of(through_the_wire(ATTEMPT.record())) == ATTEMPT
+    ready = through_the_wire(ATTEMPT.ready())
+    assert Attempt.is_ready(ready) and not Attempt.is_ready(ATTEMPT.hello())
+    got = Attempt.of(ready)
+    assert got is not None and (got.pid, got.harness_pid, got.port, got.meta) == (
+        41, 42, 8123, ATTEMPT.meta)
+    assert Refusal.of(ATTEMPT.hello()) is None  # an answer of our version is no refusal
+
+
+@pytest.mark.parametrize("doc", [
+    {"pid": "41", "harness_pid": -3, "port": True, "meta": ["x"], "started": "now",
+     "spawn_error": 5},
+    {"pid": 0, "harness_ticks": 1.5, "ticks": None},
+])
+def test_an_attempt_of_the_wrong_shape_keeps_nothing_wrong(doc: dict) -> None:
+    got = Attempt.of(doc)
+    assert got == Attempt(None, None, None, None, {}, None, None, None)
+
+
+def test_a_poll_is_bounded_whatever_it_asks() -> None:
+    for timeout, want in ((math.nan, 0.0), (-5, 0.0), (1e9, WAIT_CAP_SECS),
+                          (math.inf, WAIT_CAP_SECS), ("10", 0.0), (True, 0.0), (2, 2.0)):
+        poll = Poll.of({"op": "wait", "timeout": timeout})
+        assert poll is not None and poll.wait == want, timeout
+    assert Poll.of({"op": "anything"}) == Poll()  # a status, then
+    assert Poll.of({"upstream": [["u", "r"], ["only one"]]}) == Poll()  # not a list of pairs
+    assert Poll.of(None) is None  # not a message: the channel ends
+
+
+def test_a_hello_needs_a_secret_and_says_its_version() -> None:
+    assert Hello.of({"op": "hello"}) is None
+    assert Hello.of({"op": "wait", "secret": "s"}) is None
+    assert Hello.of({"op": "hello", "secret": "s", "version": "1"}) == Hello("s", -1)
+
+
+def test_a_status_of_the_wrong_shape_changes_nothing() -> None:
+    st = Status.of({"exited": "yes", "code": "0", "ended": True, "throttled": -1,
+                    "meter": [1], "failovers": [{"ok": 1}, "x", 3] + [{}] * 2000,
+                    "spawn_error": "e" * 1000})
+    assert st is not None
+    assert (st.exited, st.code, st.ended, st.throttled, st.meter) == (
+        False, None, None, None, None)
+    assert len(st.failovers) == 998 and "x" not in st.failovers  # of the first 1,000
+    assert st.spawn_error == "e" * 300
+    # exit.json has no "exited": it is the end by what it is
+    assert Status.of({"code": 0, "ended": 3}, exited=True) == Status(True, 0, 3.0)
+
+
+def test_a_fork_server_answer_of_the_wrong_shape_is_no_pid() -> None:
+    assert Forked.of({"ok": True, "pid": "12"}) == Forked(None, "refused")
+    assert Forked.of({"ok": True, "pid": -1}) == Forked(None, "refused")
+    assert Forked.of([1]) is None
