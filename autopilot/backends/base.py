@@ -22,7 +22,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import importlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -33,7 +33,7 @@ from autopilot.state.cellevents import CellRan
 from autopilot.state.eventbase import EventBase
 
 if TYPE_CHECKING:  # the loader asks a backend kind's load checks: this module stays light
-    from autopilot.cell.context import CellContext
+    from autopilot.cell.context import CellContext, Sandboxes
     from autopilot.cell.validity import Classification, RunOutcome
     from autopilot.config import ArmEndpoint, Preset
     from autopilot.gateway.settings import GatewaySettings
@@ -88,11 +88,8 @@ class Wiring:
     port: Port
     redactor: Redactor
     clock: Callable[[], float]
-    # Docker hooks for the harness's sandbox (None without Docker)
-    remove_sandbox: Callable[..., Awaitable[Any]] | None = None
-    sandbox_activity: Callable[[dict[str, str]], Awaitable[int | None]] | None = None
-    clear_dir: Callable[[str], Awaitable[str | None]] | None = None  # sandbox.clear_dir
-    remove_projects: Callable[[str], Awaitable[Any]] | None = None
+    # the Docker side of the harness's sandbox (None without Docker)
+    sandboxes: Sandboxes | None = None
     # the loop's watch of free space (it pauses launching); None: the context makes its
     # own, which only classifies (a Ray node's cells, on the node's disk)
     disk: DiskWatch | None = None
@@ -166,8 +163,7 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
                                                 s.last_signal),
         # A spooled log is redacted and capped when its attempt ends (logsetup.SPOOL_CAP).
         redact=w.redactor.scrub, scrub_file=partial(w.redactor.scrub_file, cap=SPOOL_CAP),
-        remove_sandbox=w.remove_sandbox, sandbox_activity=w.sandbox_activity,
-        clear_dir=w.clear_dir, remove_projects=w.remove_projects,
+        sandboxes=w.sandboxes,
         on_grade_failure=port.grade_failure,
         roots=roots, disk=disk if disk.floor > 0 else None,
         base_env={**{k: v for k, v in child_env(w.preset, "harness").items()

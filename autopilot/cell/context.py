@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -75,6 +75,21 @@ class AttemptPath(Protocol):
 
 
 # (state_dir, cell, attempt, spec, *, listen, run_token, token) -> a started data path
+class Sandboxes(Protocol):
+    """The run's Docker side of its cells (autopilot.cell.sandbox.DockerSandboxes): what
+    the preset asks for (``containers``: a sandbox container per attempt; ``clears``:
+    scratch cleared through Docker; ``projects``: Compose projects a harness lists)."""
+
+    containers: bool
+    clears: bool
+    projects: bool
+
+    async def remove(self, name: str, launching: bool = False) -> bool: ...
+    async def activity(self, name: str) -> int | None: ...
+    async def clear_dir(self, path: str) -> str | None: ...
+    async def remove_projects(self, listed: str) -> list[str]: ...
+
+
 class Launch(Protocol):
     """What starts an attempt's data path (autopilot.datapath.client.Launcher), held by
     name: its fork server is warmed with the endpoint's load and closed at the end."""
@@ -143,12 +158,9 @@ class CellContext:
     redact: Callable[[str], str] = lambda s: s
     scrub_file: Callable[[Path], bool] = lambda p: False  # logsetup.Redactor.scrub_file
     # Docker hooks (None when no sandbox is configured or Docker is not in use)
-    remove_sandbox: Callable[..., Awaitable[Any]] | None = None  # (name, launching=)
-    sandbox_activity: Callable[[dict[str, str]], Awaitable[int | None]] | None = None
-    # empties a scratch dir through Docker (files this user cannot remove), else None
-    clear_dir: Callable[[str], Awaitable[str | None]] | None = None
-    # removes the Compose projects a harness listed in this file (sandbox.remove_projects)
-    remove_projects: Callable[[str], Awaitable[Any]] | None = None
+    # the run's Docker side of a cell (sandbox containers, Compose projects, scratch
+    # cleared through Docker); None without Docker
+    sandboxes: Sandboxes | None = None
     # where this run may delete or move directories (fsguard.run_roots)
     roots: tuple[Path, ...] = ()
     # a grading try that failed and will be retried (feeds the harness-break streak)

@@ -102,7 +102,7 @@ class CellRun:
         self.completion = [Path(render(done, self.ctx)) for done in self.p.harness.completion]
         template = self.p.harness.sandbox_container
         # The exact name of this attempt's sandbox container, where Docker is wired.
-        self.sandbox = render(template, self.ctx) if template and cx.remove_sandbox else None
+        self.sandbox = render(template, self.ctx) if template and cx.sandboxes else None
         self.token = uuid.uuid4().hex
         self.tracker: Tracker | None = None
         self.group: Path | None = None  # the attempt's cgroup, where there is one
@@ -190,13 +190,12 @@ class CellRun:
                 self._release_user()  # no grading to come (a handed-over one keeps it)
             unbind_contextvars("cell", "attempt")
             if not self.detached:  # handed over: the harness and its sandbox go on
-                if self.sandbox and self.cx.remove_sandbox is not None:
-                    with anyio.CancelScope(shield=True):
-                        await self.cx.remove_sandbox(self.sandbox)
-                listed = self.p.harness.compose_projects
-                if listed and self.cx.remove_projects is not None:
-                    with anyio.CancelScope(shield=True):  # what a killed Inspect left
-                        await self.cx.remove_projects(render(listed, self.ctx))
+                boxes, listed = self.cx.sandboxes, self.p.harness.compose_projects
+                with anyio.CancelScope(shield=True):
+                    if self.sandbox and boxes is not None:
+                        await boxes.remove(self.sandbox)
+                    if listed and boxes is not None and boxes.projects:  # a killed Inspect's
+                        await boxes.remove_projects(render(listed, self.ctx))
 
     def _upstreams(self) -> list[tuple[str, str]]:
         return upstreams(self.cx, self.p.arm(self.cell.arm))
@@ -480,7 +479,8 @@ class CellRun:
                 # A full /proc walk: not every tick, and not on the event loop.
                 remembered = cx.clock()
                 await anyio.to_thread.run_sync(self.tracker.remember)
-            activity = await cx.sandbox_activity(self.ctx) if cx.sandbox_activity else None
+            activity = (await cx.sandboxes.activity(self.sandbox)
+                        if self.sandbox and cx.sandboxes else None)
             decoding = (await cx.keeper.decoding(self.p.watchdog.poll_secs / 2)
                         if self.p.watchdog.endpoint_progress else None)
             meter = dp.meter if metered else None

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiodocker
+import anyio
 from aiodocker.exceptions import DockerError
 
 from autopilot.logsetup import get_logger
@@ -154,6 +155,43 @@ class Docker:
             value = None
         self._activity[name] = (now, value)
         return value
+
+
+SANDBOX_WAIT_SECS = 5.0  # how often a cell waiting on another run's live sandbox looks
+
+
+class DockerSandboxes:
+    """The run's Docker side of its cells (``context.Sandboxes``): each attempt's sandbox
+    container and the Compose projects its harness listed, removed by exact name and
+    only when this run's (``Owner``); a scratch dir a root-owned sandbox left, cleared
+    through a container of the preset's image."""
+
+    def __init__(self, docker: Docker, preset: Preset, state_dir: Path, owner: Owner
+                 ) -> None:
+        h = preset.harness
+        self.docker, self.owner, self.state_dir = docker, owner, str(state_dir)
+        self.image, self.pattern = h.scratch_remove_image, h.compose_project_pattern
+        self.containers = bool(h.sandbox_container)
+        self.clears = bool(self.image)
+        self.projects = bool(h.compose_projects)
+
+    async def remove(self, name: str, launching: bool = False) -> bool:
+        """Remove this run's sandbox ``name``. Before a launch, another run's live sandbox
+        under the cell's name is waited out: the harness would remove it at its start."""
+        while launching and (why := await self.docker.taken(name, self.owner)):
+            log.warning("sandbox_taken", container=name, why=why,
+                        note="the cell waits until that run's sandbox is gone")
+            await anyio.sleep(SANDBOX_WAIT_SECS)
+        return bool(await self.docker.remove(name, self.owner))
+
+    async def activity(self, name: str) -> int | None:
+        return await self.docker.activity(name)
+
+    async def clear_dir(self, path: str) -> str | None:
+        return await clear_dir(self.docker, path, self.image, self.state_dir)
+
+    async def remove_projects(self, listed: str) -> list[str]:
+        return await remove_projects(self.docker, listed_projects(listed, self.pattern))
 
 
 COMPOSE_PROJECT = "com.docker.compose.project"  # the label Compose puts on what it makes

@@ -19,7 +19,9 @@ async def clean_scratch(cx: CellContext, preset: Preset, ctx: dict[str, Any], ce
     left = None
     for tmpl in preset.harness.scratch_dirs:
         path = render(tmpl, ctx)  # exact path, never a glob
-        why, how = await remove_or_clear(path, cx.roots, cx.state_dir, cx.clear_dir)
+        boxes = cx.sandboxes
+        clear = boxes.clear_dir if boxes is not None and boxes.clears else None
+        why, how = await remove_or_clear(path, cx.roots, cx.state_dir, clear)
         if how == "cleared":
             cx.emit(ScratchRemovedViaDocker(cell=cell, attempt=attempt, path=path))
         if why is None:

@@ -56,6 +56,6 @@ async def prepare_workspace(cx: CellContext, ctx: dict[str, Any], cell: str, att
     # A sandbox already under this attempt's name is stale (a killed predecessor's
     # harness whose `docker run` landed after the start-up sweep): left there, it
     # would make this attempt fail on a name conflict and cost it a retry.
-    if sandbox and cx.remove_sandbox and await cx.remove_sandbox(sandbox, launching=True):
+    if sandbox and cx.sandboxes and await cx.sandboxes.remove(sandbox, launching=True):
         log.info("stale_sandbox_removed", container=sandbox)
     return None, uid

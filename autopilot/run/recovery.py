@@ -17,10 +17,10 @@ import contextlib
 import json
 import os
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -57,10 +57,12 @@ from autopilot.state.runevents import (
 from autopilot.state.statedir import open_append
 from autopilot.templates import render
 
+if TYPE_CHECKING:
+    from autopilot.cell.sandbox import DockerSandboxes
+
 log = get_logger(__name__)
 
 Emit = Callable[..., dict[str, Any]]
-SANDBOX_WAIT_SECS = 5.0  # how often a cell waiting on another run's live sandbox looks
 
 
 def check_plan_identity(state_dir: Path, plan: Plan, allow_change: bool,
@@ -426,59 +428,23 @@ def sandbox_owner(preset: Preset, state_dir: Path) -> Any:
     return Owner(run_roots(preset, state_dir), began(state_dir / "journal.jsonl") or time.time())
 
 
-@dataclass
-class DockerWiring:
-    docker: Any
-    remove_sandbox: Callable[..., Awaitable[Any]] | None = None
-    sandbox_activity: Callable[[dict[str, str]], Awaitable[int | None]] | None = None
-    clear_dir: Callable[[str], Awaitable[str | None]] | None = None
-    remove_projects: Callable[[str], Awaitable[Any]] | None = None
-
-
 async def docker_setup(preset: Preset, plan: Plan, state_dir: Path,
                        cleaned: list[dict[str, Any]],
-                       keep: frozenset[str] = frozenset()) -> DockerWiring | None:
-    """Connect to Docker when the preset needs it, wire the sandbox hooks, and sweep
-    containers a dead predecessor left: ours by label, harness sandboxes of this
-    plan by their exact names (appended to ``cleaned``)."""
+                       keep: frozenset[str] = frozenset()) -> DockerSandboxes | None:
+    """Connect to Docker when the preset needs it and sweep what a dead predecessor
+    left: containers ours by label, harness sandboxes of this plan by their exact names,
+    Compose projects its harnesses listed (appended to ``cleaned``). Returns the run's
+    Docker side of its cells."""
     if not needs_docker(preset):
         return None
     # aiodocker (and aiohttp) load only when a preset needs Docker: -0.1 s of start-up
-    from autopilot.cell.sandbox import (
-        Docker,
-        clear_dir,
-        listed_projects,
-        remove_projects,
-        sweep_listed_projects,
-    )
+    from autopilot.cell.sandbox import Docker, DockerSandboxes, sweep_listed_projects
 
     docker = Docker()
-    wired = DockerWiring(docker)
-    image = preset.harness.scratch_remove_image
-    if image:
-        async def clear(path: str) -> str | None:
-            return await clear_dir(docker, path, image, str(state_dir))
-
-        wired.clear_dir = clear
     template = preset.harness.sandbox_container
+    owner = sandbox_owner(preset, state_dir)
+    boxes = DockerSandboxes(docker, preset, state_dir, owner)
     if template:
-        owner = sandbox_owner(preset, state_dir)
-
-        async def clear_sandbox(name: str, launching: bool = False) -> bool:
-            # Before a launch, another run's live sandbox under the cell's name is waited
-            # out: the harness would remove it at its start.
-            while launching and (why := await docker.taken(name, owner)):
-                log.warning("sandbox_taken", container=name, why=why,
-                            note="the cell waits until that run's sandbox is gone")
-                await anyio.sleep(SANDBOX_WAIT_SECS)
-            return bool(await docker.remove(name, owner))
-
-        wired.remove_sandbox = clear_sandbox
-
-        async def activity(ctx: dict[str, str]) -> int | None:
-            return await docker.activity(render(template, ctx))
-
-        wired.sandbox_activity = activity
         # Never the sandbox of an attempt re-attached to (``keep``): it is running.
         names = [render(template, cell_context(preset, c, 1, state_dir)) for c in plan.cells
                  if c.id not in keep]
@@ -492,12 +458,7 @@ async def docker_setup(preset: Preset, plan: Plan, state_dir: Path,
                     f"sandbox container {name} is another run's and live ({why}): this "
                     "run's harness would remove it at its cell's start. Let that run "
                     "finish, or give one run other cell ids")
-    pattern = preset.harness.compose_project_pattern
     if preset.harness.compose_projects:
-        async def projects(path: str) -> list[str]:
-            return await remove_projects(docker, listed_projects(path, pattern))
-
-        wired.remove_projects = projects
         # what a killed predecessor's harnesses listed
         cleaned += [{"compose": x} for x in
                     await sweep_listed_projects(docker, preset, plan, state_dir, keep)]
@@ -505,7 +466,7 @@ async def docker_setup(preset: Preset, plan: Plan, state_dir: Path,
         cleaned.append({"container": name})
     if cleaned:
         log.info("orphans_swept", cleaned=cleaned)
-    return wired
+    return boxes
 
 
 def snapshot_once(preset: Preset, plan: Plan, state_dir: Path) -> dict[str, Any]:

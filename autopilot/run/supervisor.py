@@ -26,7 +26,7 @@ import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -57,6 +57,10 @@ from autopilot.state.fsguard import remove_stale_temps, run_roots
 from autopilot.state.fsutil import atomic_write_json, storage_error
 from autopilot.state.journal import Journal
 from autopilot.state.lock import RunLock
+
+if TYPE_CHECKING:
+    from autopilot.cell.sandbox import DockerSandboxes
+
 from autopilot.state.runevents import (
     ClaimDropped,
     Published,
@@ -80,7 +84,7 @@ class Supervisor(Recorder):
         self.claims = Claims()
         self.run_token = ""  # the run's marker: read (or made) once the lock is ours
         self.redactor = logsetup.Redactor(secret_values(preset))
-        self._docker: recovery.DockerWiring | None = None
+        self._docker: DockerSandboxes | None = None
 
     def phase_final_write(self) -> None:
         try:
@@ -198,10 +202,7 @@ class Supervisor(Recorder):
         d = self._docker
         w = Wiring(preset=self.preset, state_dir=self.state_dir, run_token=self.run_token,
                    port=self, redactor=self.redactor, clock=self.clock,
-                   remove_sandbox=d.remove_sandbox if d else None,
-                   sandbox_activity=d.sandbox_activity if d else None,
-                   clear_dir=d.clear_dir if d else None,
-                   remove_projects=d.remove_projects if d else None, disk=self.disk,
+                   sandboxes=d, disk=self.disk,
                    readopt=self.swept.endpoints)
         self.backend = backend_class(self.preset.backend.kind)(w, setting, group)
         self.passes.make_slots(len(self.backend.keepers))
