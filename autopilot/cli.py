@@ -360,7 +360,8 @@ def cmd_campaign(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from autopilot.run.recovery import check_plan_identity, snapshot_once
+    from autopilot.run.once import snapshot_once
+    from autopilot.run.recovery import check_plan_identity
     from autopilot.run.supervisor import RunOptions, Supervisor
     from autopilot.state.statedir import check_trusted
 

@@ -125,7 +125,7 @@ async def regrade(
 
 def refresh_status(preset: Preset, plan: Plan, state_dir: Path) -> dict[str, Any]:
     """status.json rebuilt from the journal after a regrade (no supervisor is running)."""
-    from autopilot.run.recovery import snapshot_once
+    from autopilot.run.once import snapshot_once
 
     snap = snapshot_once(preset, plan, state_dir)
     atomic_write_json(state_dir / "status.json", snap)

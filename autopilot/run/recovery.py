@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import socket
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,8 +31,6 @@ from autopilot.logsetup import get_logger
 from autopilot.plan import Cell, Plan, cell_context
 from autopilot.run import drift
 from autopilot.run.preflight import needs_docker
-from autopilot.run.snapshot import RunView, build, prior_elapsed
-from autopilot.run.throttle import Throttle
 from autopilot.state import resolved
 from autopilot.state.cellevents import (
     CellAbandoned,
@@ -467,20 +463,3 @@ async def docker_setup(preset: Preset, plan: Plan, state_dir: Path,
     if cleaned:
         log.info("orphans_swept", cleaned=cleaned)
     return boxes
-
-
-def snapshot_once(preset: Preset, plan: Plan, state_dir: Path) -> dict[str, Any]:
-    """``--once``: a status snapshot rebuilt from the journal, without driving anything."""
-    ledger = Ledger(plan)
-    replay(state_dir, ledger)
-    prior = read_json(state_dir / "status.json")
-    started = prior["started_at"] if isinstance(prior, dict) and prior.get("started_at") \
-        else iso()
-    conc = preset.run.concurrency
-    return build(RunView(
-        preset=preset, plan=plan, ledger=ledger,
-        phase="COMPLETE" if ledger.complete() and all(c.valid for c in ledger.cells.values())
-        else "stopped", outcome_reason="", pass_no=0,
-        started_at=started, updated_at=iso(), elapsed=0.0, done_this_session=0,
-        throttle=Throttle(conc, conc), pid=os.getpid(), host=socket.gethostname(),
-        elapsed_before=prior_elapsed(prior)))
