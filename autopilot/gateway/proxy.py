@@ -32,7 +32,7 @@ import json
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -82,6 +82,31 @@ class Outgoing:
     body: bytes
     headers: dict[str, str]
     target: str  # path and query, the harness's key taken off
+
+
+@dataclass(eq=False)
+class Exchange:
+    """One request's way through the gateway: what the stages share. ``rec`` is the
+    record written to the gateway log (data only: nothing is decided by its keys)."""
+
+    att: Attempt
+    req: web.Request
+    rec: dict[str, Any]
+    t0: float
+    dialect: Dialect = CHAT  # (the request's own, once read: Gateway._outgoing)
+    metered: bool = False
+    stream: bool = False
+    resp: web.StreamResponse | None = None
+    status: int = 0
+    encoding: str = "identity"
+    scan: StreamScan | None = None
+    held: list[bytes] = field(default_factory=list)
+    first_byte: bool = False
+    accounted: bool = False  # counted already (an error, at its head)
+
+    def answer(self) -> web.StreamResponse:
+        assert self.resp is not None  # made at the upstream's head
+        return self.resp
 
 
 class Gateway(GatewaySettings):
@@ -199,10 +224,11 @@ class Gateway(GatewaySettings):
         t0 = time.perf_counter()
         rec: dict[str, Any] = {"ts": round(time.time(), 3), "method": req.method,
                                "route": req.path[:200]}
+        x = Exchange(att, req, rec, t0)
         try:
-            return await self._forward(att, req, rec, t0)
+            return await self._forward(x)
         except asyncio.CancelledError:
-            accounted = rec.pop("accounted", False)  # an endpoint's error, already counted
+            accounted = x.accounted  # an endpoint's error, already counted
             if att.closing:
                 # The attempt ended (its harness gone, its data path closing) with this
                 # request still open: written as cut, never lost.
@@ -239,10 +265,11 @@ class Gateway(GatewaySettings):
         return web.json_response({"error": {"message": f"autopilot gateway: {why}"}},
                                  status=status)
 
-    async def _forward(self, att: Attempt, req: web.Request, rec: dict[str, Any],
-                       t0: float) -> web.StreamResponse:
-        m = att.meter
-        lim = self.limits
+    async def _forward(self, x: Exchange) -> web.StreamResponse:
+        """One request through, in stages: its body read, the request as it goes
+        upstream, the upstream's head (an error's words counted before the harness hears
+        them), the body relayed, what the response counts for."""
+        att, req, rec, lim = x.att, x.req, x.rec, self.limits
         try:
             async with asyncio.timeout(lim.body_secs or None):  # no task of its own
                 body = await req.read()
@@ -255,90 +282,102 @@ class Gateway(GatewaySettings):
         out = self._outgoing(att, req, body, rec)
         if isinstance(out, web.Response):
             return out
-        dialect, metered, stream = out.dialect, out.metered, out.stream
-        body, out_headers, target = out.body, out.headers, out.target
-        out_headers["Accept-Encoding"] = "identity"
-        resp: web.StreamResponse | None = None
+        out.headers["Accept-Encoding"] = "identity"
+        x.dialect, x.metered, x.stream = out.dialect, out.metered, out.stream
         try:
-            up = await self._send_held(att, req.method, target, body, out_headers, rec)
+            up = await self._send_held(att, req.method, out.target, out.body, out.headers, rec)
             async with up:
-                resp = _response_head(up, rec)
-                sse = "text/event-stream" in up.headers.get("Content-Type", "").lower()
-                up_encoding = up.headers.get("Content-Encoding", "identity").strip().lower()
-                scan = StreamScan(dialect) if (stream or sse) and up.status < 400 else None
-                held: list[bytes] = []
-                if up.status >= 400:
-                    # An error's words are read, and counted, before the harness is
-                    # answered: a client that hangs up on a 4xx (urllib raises on the
-                    # status) must not take the endpoint's evidence with it.
-                    held_n = await _read_error(up, held)
-                    rec["ttfb_ms"] = round((time.perf_counter() - t0) * 1000, 2)
-                    m.bytes_in += held_n
-                    m.answered += 1
-                    account(att, rec, up.status, dialect, None, held, held_n, metered,
-                            up_encoding, lim, self.redact)
-                    rec["accounted"] = True
+                await self._head(x, up)
+                if not await self._answer_head(x):
+                    return x.answer()
                 try:
-                    await resp.prepare(req)
-                    for chunk in held if up.status >= 400 else ():
-                        await resp.write(chunk)
-                except (ConnectionError, RuntimeError):
-                    if not rec.pop("accounted", False):
-                        m.error("client_closed", "the harness closed its connection")
-                        rec["error"] = "client_closed"
-                    rec.update(client_closed=True, ended_by="harness")
-                    return resp
-                try:
-                    gone = await self._relay(att, up, resp, rec, scan, held, t0)
+                    gone = await self._relay(x, up)
                 except asyncio.CancelledError:
-                    if scan is not None and scan.state.done:
+                    if x.scan is not None and x.scan.state.done:
                         # hung up after the dialect's last event: counted in full
-                        m.answered += 1
-                        account(att, rec, up.status, dialect, scan, held, 0, metered,
-                                up_encoding, lim, self.redact)
-                        rec["accounted"] = True
+                        att.meter.answered += 1
+                        self._account(x, 0)
                     raise
-                held_n = sum(map(len, held))
                 if not gone:
-                    await resp.write_eof()
-                rec["ended_by"] = "harness" if gone else "complete"
-                if rec.pop("accounted", False):  # an error, counted before it was sent
-                    if gone:
-                        rec["client_closed"] = True
-                    return resp
-                m.answered += 1
-                if gone:
-                    # The harness stopped reading (an HTTP client that raises on a 4xx
-                    # may close before the body): what the endpoint said still counts.
-                    rec["client_closed"] = True
-                    if up.status < 400:
-                        m.error("client_closed", "the harness closed its connection "
-                                "mid-response")
-                        rec["error"] = "client_closed"
-                        if metered:
-                            rec["unmetered"] = "the harness hung up before the response ended"
-                        return resp
-                account(att, rec, up.status, dialect, scan, held, held_n, metered,
-                        up_encoding, lim, self.redact)
-                return resp
+                    await x.answer().write_eof()
+                self._settle(x, gone)
+                return x.answer()
         except (ClientError, TimeoutError, OSError) as e:
-            why = f"{type(e).__name__}: {e}"[:300]
-            if resp is not None and resp.prepared:
-                # Cut mid-body by the endpoint (or its silence): the harness must see a
-                # cut, not a clean end, so its connection is dropped, not finished.
-                m.error("endpoint_error", why)
-                rec.update(error="endpoint_error", detail=self.redact(why), cut="endpoint",
-                           ended_by="endpoint")
-                if metered:
-                    rec["unmetered"] = "the response was cut before it ended"
-                if req.transport is not None:
-                    req.transport.abort()
-                return resp
-            m.error("endpoint_error", why)
-            rec.update(error="endpoint_error", detail=self.redact(why), ended_by="endpoint")
-            return web.json_response({"error": {"message": "the model endpoint did not "
-                                                "answer (autopilot gateway): " + why}},
-                                     status=502)
+            return self._endpoint_failed(x, f"{type(e).__name__}: {e}"[:300])
+
+    async def _head(self, x: Exchange, up: Any) -> None:
+        """The upstream's status and headers; an error's body read and counted now: a
+        client that hangs up on a 4xx (urllib raises on the status) must not take the
+        endpoint's evidence with it."""
+        x.resp = _response_head(up, x.rec)
+        x.status = up.status
+        sse = "text/event-stream" in up.headers.get("Content-Type", "").lower()
+        x.encoding = up.headers.get("Content-Encoding", "identity").strip().lower()
+        x.scan = StreamScan(x.dialect) if (x.stream or sse) and up.status < 400 else None
+        if up.status >= 400:
+            held_n = await _read_error(up, x.held)
+            x.rec["ttfb_ms"] = round((time.perf_counter() - x.t0) * 1000, 2)
+            x.first_byte = True
+            x.att.meter.bytes_in += held_n
+            x.att.meter.answered += 1
+            self._account(x, held_n)
+
+    async def _answer_head(self, x: Exchange) -> bool:
+        """The head (and a held error) to the harness; False when it hung up already."""
+        resp = x.answer()
+        try:
+            await resp.prepare(x.req)
+            for chunk in x.held if x.status >= 400 else ():
+                await resp.write(chunk)
+        except (ConnectionError, RuntimeError):
+            if not x.accounted:
+                x.att.meter.error("client_closed", "the harness closed its connection")
+                x.rec["error"] = "client_closed"
+            x.rec.update(client_closed=True, ended_by="harness")
+            return False
+        return True
+
+    def _settle(self, x: Exchange, gone: bool) -> None:
+        """What the whole response counts for (an error was counted at its head)."""
+        x.rec["ended_by"] = "harness" if gone else "complete"
+        if gone:
+            x.rec["client_closed"] = True
+        if x.accounted:
+            return
+        x.att.meter.answered += 1
+        if gone and x.status < 400:
+            # The harness stopped reading mid-response: what it got is not the whole.
+            x.att.meter.error("client_closed", "the harness closed its connection "
+                              "mid-response")
+            x.rec["error"] = "client_closed"
+            if x.metered:
+                x.rec["unmetered"] = "the harness hung up before the response ended"
+            return
+        # (a harness that stopped reading an error's body: what the endpoint said counts)
+        self._account(x, sum(map(len, x.held)))
+
+    def _account(self, x: Exchange, held_n: int) -> None:
+        account(x.att, x.rec, x.status, x.dialect, x.scan, x.held, held_n, x.metered,
+                x.encoding, self.limits, self.redact)
+        x.accounted = True
+
+    def _endpoint_failed(self, x: Exchange, why: str) -> web.StreamResponse:
+        """The endpoint refused the connection, went silent or cut the body."""
+        x.att.meter.error("endpoint_error", why)
+        if x.resp is not None and x.resp.prepared:
+            # Cut mid-body: the harness must see a cut, not a clean end, so its
+            # connection is dropped, not finished.
+            x.rec.update(error="endpoint_error", detail=self.redact(why), cut="endpoint",
+                         ended_by="endpoint")
+            if x.metered:
+                x.rec["unmetered"] = "the response was cut before it ended"
+            if x.req.transport is not None:
+                x.req.transport.abort()
+            return x.resp
+        x.rec.update(error="endpoint_error", detail=self.redact(why), ended_by="endpoint")
+        return web.json_response({"error": {"message": "the model endpoint did not "
+                                            "answer (autopilot gateway): " + why}},
+                                 status=502)
 
     def _outgoing(self, att: Attempt, req: web.Request, body: bytes,
                   rec: dict[str, Any]) -> Outgoing | web.Response:
@@ -424,19 +463,16 @@ class Gateway(GatewaySettings):
             up.release()
             await asyncio.sleep(wait)
 
-    async def _relay(self, att: Attempt, up: Any, resp: web.StreamResponse,
-                     rec: dict[str, Any], scan: StreamScan | None, held: list[bytes],
-                     t0: float) -> bool:
+    async def _relay(self, x: Exchange, up: Any) -> bool:
         """The response body, chunk by chunk, to the harness first and read by us after
         (our reading is never in its time to first byte): into the stream scan, or held
         (up to the parse cap) for reading whole. True when the harness stopped reading."""
-        m, cap = att.meter, self.limits.parse_cap
+        m, cap, resp, held = x.att.meter, self.limits.parse_cap, x.answer(), x.held
         held_n = sum(map(len, held))
-        first = "ttfb_ms" not in rec
         async for chunk in up.content.iter_any():
-            if first:
-                rec["ttfb_ms"] = round((time.perf_counter() - t0) * 1000, 2)
-                first = False
+            if not x.first_byte:
+                x.rec["ttfb_ms"] = round((time.perf_counter() - x.t0) * 1000, 2)
+                x.first_byte = True
             m.bytes_in += len(chunk)
             m.progress += 1
             try:
@@ -444,9 +480,9 @@ class Gateway(GatewaySettings):
             except (ConnectionError, RuntimeError):
                 return True
             finally:
-                if scan is not None:
-                    scan.feed(chunk)
-                elif held_n <= cap and "accounted" not in rec:
+                if x.scan is not None:
+                    x.scan.feed(chunk)
+                elif held_n <= cap and not x.accounted:
                     held.append(chunk)
                     held_n += len(chunk)
         return False
