@@ -41,7 +41,7 @@ def state_base() -> Path:
 def preset_key(preset: str) -> str:
     """A preset's dir name: its name, or a file's stem (``./my-bench.toml``); ConfigError
     for anything else (the dir is named after it)."""
-    from autopilot.configbase import NAME_RE
+    from autopilot.config.base import NAME_RE
     from autopilot.errors import ConfigError
 
     key = Path(preset).stem if preset.endswith(".toml") or os.sep in preset else preset

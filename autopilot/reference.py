@@ -20,7 +20,7 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
 from autopilot.config import ENGINE_MODELS, Preset
-from autopilot.endpointconfig import EndpointCommon
+from autopilot.config.endpoint import EndpointCommon
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 # A value written as ``${VAR}`` or ``${VAR:-default}`` is expanded by the loader before

@@ -108,8 +108,8 @@ def part(module: str) -> str:
     name = module.split(".")[1]
     if name in ("cli", "__main__", "boot"):  # the entry points
         return "cli"
-    if not (PKG / name).is_dir() or name in ("demo", "starter", "harnesses"):
-        return FOUNDATIONS  # a top-level module, or the shipped demo and starter
+    if not (PKG / name).is_dir() or name in ("demo", "starter", "harnesses", "config"):
+        return FOUNDATIONS  # a top-level module, the configuration, the demo and starter
     return name
 
 
@@ -161,7 +161,7 @@ def test_modules_stay_small() -> None:
 
 FUNCTION_CAP = 100  # lines, a def's first to its last
 LONG = 50
-LONG_BUDGET = 36  # functions over LONG lines: may only shrink (lower it as they go)
+LONG_BUDGET = 34  # functions over LONG lines: may only shrink (lower it as they go)
 
 
 def function_sizes() -> dict[str, int]:
@@ -235,7 +235,7 @@ def test_no_module_outside_the_endpoints_switches_on_an_engine() -> None:
     found = []
     for path in PKG.rglob("*.py"):
         mod = module_name(path)
-        if mod.startswith("autopilot.endpoints") or mod == "autopilot.endpointconfig":
+        if mod.startswith("autopilot.endpoints") or mod == "autopilot.config.endpoint":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             where = f"{mod}:{getattr(node, 'lineno', 0)}"
@@ -256,7 +256,7 @@ def test_no_module_outside_the_endpoints_switches_on_an_engine() -> None:
 
 def test_the_endpoints_base_names_the_files_an_engine_touches() -> None:
     doc = ast.get_docstring(ast.parse((PKG / "endpoints" / "base.py").read_text())) or ""
-    for name in ("autopilot/endpoints/<engine>.py", "autopilot/endpointconfig.py",
+    for name in ("autopilot/endpoints/<engine>.py", "autopilot/config/endpoint.py",
                  "autopilot/endpoints/__init__.py"):
         assert name in doc, name
 

@@ -13,9 +13,9 @@ from conftest import write_overlay
 from autopilot.cell.validity import Checks, GradeOutcome, RunOutcome, classify
 from autopilot.cell.watchdog import Limits, Observation, WatchState, decide
 from autopilot.config import DEFAULT_VERDICTS, BuiltinEndpoint
+from autopilot.config.limits import limits_for
 from autopilot.endpoints.policy import backoff_secs, restart_action
 from autopilot.endpoints.ports import probe_pause
-from autopilot.limits import limits_for
 from autopilot.loader import load_preset
 from autopilot.run.placement import ReplicaView, choose_replica
 from autopilot.run.runbook import StreakState, should_quarantine, streak_step

@@ -14,7 +14,7 @@ from conftest import write_overlay
 from autopilot.cell.itemsprogress import ItemsWatch, deadline_secs, read_progress
 from autopilot.cell.validity import Evidence, RunOutcome, classify, count_by_evidence
 from autopilot.config import DEFAULT_VERDICTS
-from autopilot.limits import limits_for
+from autopilot.config.limits import limits_for
 from autopilot.loader import load_preset
 from autopilot.plan import Plan
 from autopilot.state.items import ItemsProgress, progress_of

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from autopilot.limits import TaskLimits
+from autopilot.config.limits import TaskLimits
 from autopilot.state import untrusted
 from autopilot.state.cellevents import CellDeadline
 from autopilot.state.items import ItemsProgress, progress_of

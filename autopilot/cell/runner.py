@@ -51,7 +51,7 @@ from autopilot.cell.validity import (
 )
 from autopilot.cell.watchdog import Limits, Observation, WatchState, decide
 from autopilot.cell.workspace import prepare_workspace
-from autopilot.limits import limits_for
+from autopilot.config.limits import limits_for
 from autopilot.logsetup import SPOOL_CAP, bind_contextvars, get_logger, unbind_contextvars
 from autopilot.plan import Cell
 from autopilot.state.cellevents import (

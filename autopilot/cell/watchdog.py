@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from autopilot.limits import TaskLimits
+from autopilot.config.limits import TaskLimits
 
 Action = Literal["OK", "WARN", "PROBE", "KILL"]
 KillKind = Literal["stall", "deadline", "teardown", "substance"]
@@ -42,7 +42,7 @@ class Limits:
 
     @classmethod
     def starting(cls, task: TaskLimits, start: float) -> Limits:
-        """A task's limits (autopilot.limits) for an attempt that starts at ``start``."""
+        """A task's limits (autopilot.config.limits) for an attempt that starts at ``start``."""
         return cls(warn_secs=task.warn_secs, probe_secs=task.probe_secs,
                    kill_secs=task.kill_secs, stuck_secs=task.stuck_secs,
                    teardown_grace_secs=task.teardown_grace_secs,

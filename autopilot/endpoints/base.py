@@ -2,7 +2,7 @@
 
 Adding an engine touches three files: its module (``autopilot/endpoints/<engine>.py``,
 a subclass of ``Endpoint`` with the class hooks it needs), its config model in
-``autopilot/endpointconfig.py`` (with the engine's traits: ``through_gateway``,
+``autopilot/config/endpoint.py`` (with the engine's traits: ``through_gateway``,
 ``names_model_exactly``, ``serves_here``, ``hosted``, ``key_env()``, ``container()``)
 and its line in ``ENGINES`` (``autopilot/endpoints/__init__.py``). The rest of the
 house asks the traits and hooks, never the engine's name.

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autopilot.config import Preset
-from autopilot.limits import limits_for
+from autopilot.config.limits import limits_for
 from autopilot.plan import Plan
 from autopilot.run.throttle import Throttle
 from autopilot.state.ledger import Ledger

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the data path reads counts through this module: no pydantic there
-    from autopilot.measureconfig import Rate
+    from autopilot.config.measure import Rate
 
 # A token count past this is no count (a quadrillion tokens; a hostile 401-digit integer
 # would overflow every float it meets).

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from autopilot.measureconfig import Rate
+from autopilot.config.measure import Rate
 from autopilot.state.tokens import BILLED, Tokens
 
 PRICE_BASES = ("buckets", "floor", "unpriced")

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from autopilot.configbase import Frozen as _Frozen
+from autopilot.config.base import Frozen as _Frozen
 
 
 class Baseline(_Frozen):

@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from autopilot.configbase import Frozen as _Frozen
-from autopilot.matrixconfig import Argv
+from autopilot.config.base import Frozen as _Frozen
+from autopilot.config.matrix import Argv
 
 INVALID_REASONS = frozenset({
     "stall", "deadline", "harness_crash", "missing_output", "grader_failed",

@@ -3,10 +3,11 @@
 A preset is validated once (``autopilot.loader``) into these objects; after that nothing
 re-reads or mutates configuration. Loading, merging and errors live in ``loader``;
 ``{placeholder}`` templates in ``templates``. The tables live in modules of their own,
-re-exported here: ``matrixconfig`` (tasks, arms), ``harnessconfig`` (harness,
-watchdog), ``gradeconfig`` (grader, trust), ``runconfig`` (run, notify, preflight,
-gateway, publish, backend), ``endpointconfig`` and ``measureconfig`` (budget, cost,
-baseline, comparators). Every option's docstring is its description (``autopilot
+re-exported here, one module of this package each: ``matrix`` (tasks, arms),
+``harness`` (harness, watchdog), ``grade`` (grader, trust), ``run`` (run, notify,
+preflight, gateway, publish, backend), ``endpoint`` and ``measure`` (budget, cost,
+baseline, comparators), on the shared ``base``; a cell's watchdog limits resolved in
+``limits``. Every option's docstring is its description (``autopilot
 schema``, docs/reference.md).
 """
 
@@ -17,49 +18,49 @@ from typing import Any
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from autopilot.configbase import NAME_RE as NAME_RE
-from autopilot.configbase import EnvRef as EnvRef
-from autopilot.configbase import Frozen as _Frozen
-from autopilot.endpointconfig import ENGINE_MODELS as ENGINE_MODELS
-from autopilot.endpointconfig import BuiltinEndpoint as BuiltinEndpoint
-from autopilot.endpointconfig import DockerFields as DockerFields
-from autopilot.endpointconfig import EndpointCommon as EndpointCommon
-from autopilot.endpointconfig import EndpointConfig as EndpointConfig
-from autopilot.endpointconfig import LlamaCppEndpoint as LlamaCppEndpoint
-from autopilot.endpointconfig import NoEndpoint as NoEndpoint
-from autopilot.endpointconfig import ProviderEndpoint as ProviderEndpoint
-from autopilot.endpointconfig import VllmEndpoint as VllmEndpoint
-from autopilot.gradeconfig import DEFAULT_VERDICTS as DEFAULT_VERDICTS
-from autopilot.gradeconfig import GRADE_REASONS as GRADE_REASONS
-from autopilot.gradeconfig import INVALID_REASONS as INVALID_REASONS
-from autopilot.gradeconfig import ArmCheck as ArmCheck
-from autopilot.gradeconfig import Extract as Extract
-from autopilot.gradeconfig import FinishCheck as FinishCheck
-from autopilot.gradeconfig import Grader as Grader
-from autopilot.gradeconfig import TokenCheck as TokenCheck
-from autopilot.gradeconfig import Trust as Trust
-from autopilot.gradeconfig import VerdictRule as VerdictRule
-from autopilot.harnessconfig import Harness as Harness
-from autopilot.harnessconfig import TerminalRow as TerminalRow
-from autopilot.harnessconfig import Watchdog as Watchdog
-from autopilot.matrixconfig import Argv as Argv
-from autopilot.matrixconfig import Arm as Arm
-from autopilot.matrixconfig import ArmEndpoint as ArmEndpoint
-from autopilot.matrixconfig import Route as Route
-from autopilot.matrixconfig import Task as Task
-from autopilot.matrixconfig import label_tokens as label_tokens
-from autopilot.measureconfig import Baseline as Baseline
-from autopilot.measureconfig import Budget as Budget
-from autopilot.measureconfig import Comparator as Comparator
-from autopilot.measureconfig import Cost as Cost
-from autopilot.measureconfig import Rate as Rate
-from autopilot.runconfig import RAY_ADDRESS_RE as RAY_ADDRESS_RE
-from autopilot.runconfig import Backend as Backend
-from autopilot.runconfig import Gateway as Gateway
-from autopilot.runconfig import Notify as Notify
-from autopilot.runconfig import Preflight as Preflight
-from autopilot.runconfig import Publish as Publish
-from autopilot.runconfig import Run as Run
+from autopilot.config.base import NAME_RE as NAME_RE
+from autopilot.config.base import EnvRef as EnvRef
+from autopilot.config.base import Frozen as _Frozen
+from autopilot.config.endpoint import ENGINE_MODELS as ENGINE_MODELS
+from autopilot.config.endpoint import BuiltinEndpoint as BuiltinEndpoint
+from autopilot.config.endpoint import DockerFields as DockerFields
+from autopilot.config.endpoint import EndpointCommon as EndpointCommon
+from autopilot.config.endpoint import EndpointConfig as EndpointConfig
+from autopilot.config.endpoint import LlamaCppEndpoint as LlamaCppEndpoint
+from autopilot.config.endpoint import NoEndpoint as NoEndpoint
+from autopilot.config.endpoint import ProviderEndpoint as ProviderEndpoint
+from autopilot.config.endpoint import VllmEndpoint as VllmEndpoint
+from autopilot.config.grade import DEFAULT_VERDICTS as DEFAULT_VERDICTS
+from autopilot.config.grade import GRADE_REASONS as GRADE_REASONS
+from autopilot.config.grade import INVALID_REASONS as INVALID_REASONS
+from autopilot.config.grade import ArmCheck as ArmCheck
+from autopilot.config.grade import Extract as Extract
+from autopilot.config.grade import FinishCheck as FinishCheck
+from autopilot.config.grade import Grader as Grader
+from autopilot.config.grade import TokenCheck as TokenCheck
+from autopilot.config.grade import Trust as Trust
+from autopilot.config.grade import VerdictRule as VerdictRule
+from autopilot.config.harness import Harness as Harness
+from autopilot.config.harness import TerminalRow as TerminalRow
+from autopilot.config.harness import Watchdog as Watchdog
+from autopilot.config.matrix import Argv as Argv
+from autopilot.config.matrix import Arm as Arm
+from autopilot.config.matrix import ArmEndpoint as ArmEndpoint
+from autopilot.config.matrix import Route as Route
+from autopilot.config.matrix import Task as Task
+from autopilot.config.matrix import label_tokens as label_tokens
+from autopilot.config.measure import Baseline as Baseline
+from autopilot.config.measure import Budget as Budget
+from autopilot.config.measure import Comparator as Comparator
+from autopilot.config.measure import Cost as Cost
+from autopilot.config.measure import Rate as Rate
+from autopilot.config.run import RAY_ADDRESS_RE as RAY_ADDRESS_RE
+from autopilot.config.run import Backend as Backend
+from autopilot.config.run import Gateway as Gateway
+from autopilot.config.run import Notify as Notify
+from autopilot.config.run import Preflight as Preflight
+from autopilot.config.run import Publish as Publish
+from autopilot.config.run import Run as Run
 
 PRESETS_ENV = "AUTOPILOT_PRESETS_DIR"
 

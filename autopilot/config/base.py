@@ -1,5 +1,5 @@
 """The base every configuration object shares: frozen, no unknown keys, one id grammar
-(autopilot.config and autopilot.endpointconfig build on it)."""
+(autopilot.config and autopilot.config.endpoint build on it)."""
 
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from autopilot.configbase import Frozen as _Frozen
-from autopilot.matrixconfig import Argv
+from autopilot.config.base import Frozen as _Frozen
+from autopilot.config.matrix import Argv
 
 
 class TerminalRow(_Frozen):

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field
 
-from autopilot.configbase import Frozen as _Frozen
+from autopilot.config.base import Frozen as _Frozen
 
 
 class EndpointCommon(_Frozen):

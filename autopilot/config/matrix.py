@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
-from autopilot.configbase import Frozen as _Frozen
-from autopilot.configbase import check_name as _check_name
+from autopilot.config.base import Frozen as _Frozen
+from autopilot.config.base import check_name as _check_name
 
 Argv = list[str | list[str]]
 
