@@ -296,3 +296,59 @@ def test_the_supervisor_loads_no_serving_code_until_a_grader_asks_a_model() -> N
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                        timeout=60, cwd=ROOT)
     assert r.stdout.split() == ["GatewaySettings", "False"], r.stdout + r.stderr
+
+
+# Public functions of these parts whose signature carries ``dict[str, Any]``: a document
+# with no type crossing a module boundary. EDGES are where a JSON document is the point
+# (the channel's framing and its messages' wire form, the journal's raw records, the
+# resolved record); DEBT is what is left to type, and may only shrink.
+TYPED_PARTS = ("state", "datapath", "gateway", "cell")
+UNTYPED_EDGES = frozenset({
+    "datapath.messages.hello", "datapath.messages.is_ready", "datapath.messages.of",
+    "datapath.messages.ready", "datapath.messages.record", "datapath.messages.to_wire",
+    "datapath.wire.decode", "datapath.wire.encode", "datapath.wire.read_private_json",
+    "state.eventbase.record_of", "state.events.mistyped", "state.journal.append",
+    "state.journal.events", "state.journal.iter_events", "state.ledger.apply",
+    "state.resolved.changes", "state.resolved.document", "state.resolved.encode",
+    "state.resolved.leaves", "state.resolved.previous",
+})
+UNTYPED_DEBT = frozenset({
+    "cell.cgroups.kill", "cell.cgroups.sweep", "cell.context.datapath_spec",
+    "cell.context.gateway_spec", "cell.context.summary", "cell.procs.journaled_alive",
+    "cell.procs.journaled_identity", "cell.procs.probe", "cell.sandbox.gpu_requests",
+    "cell.sandbox.why_not", "cell.scratch.clean_scratch", "cell.substance.call_signature",
+    "cell.substance.command_template", "cell.substance.substance_decision",
+    "cell.sweep.orphan_endpoint", "cell.sweep.orphan_marked",
+    "cell.validity.journaled_items", "cell.workspace.prepare_workspace",
+    "datapath.client.finished", "datapath.client.finished_record", "datapath.client.fork",
+    "datapath.client.launch", "datapath.shim.run_spec", "gateway.accounting.account",
+    "gateway.attempt.write", "gateway.evidence.summary", "gateway.settings.datapath_spec",
+    "state.budget.of_events", "state.claims.save", "state.ledger.counts",
+    "state.ledger.trust", "state.liveness.annotate", "state.liveness.look",
+    "state.liveness.shown", "state.liveness.to_json", "state.lock.describe_holder",
+    "state.lock.heartbeat_holder", "state.lock.lock_held", "state.progress.oneline",
+    "state.readers.plan_record", "state.statusdoc.check",
+})
+
+
+def untyped_signatures() -> set[str]:
+    found = set()
+    for part_name in TYPED_PARTS:
+        for p in (PKG / part_name).rglob("*.py"):
+            mod = ".".join(p.relative_to(PKG).with_suffix("").parts)
+            for node in ast.walk(ast.parse(p.read_text())):
+                if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) \
+                        or node.name.startswith("_"):
+                    continue
+                args = node.args.args + node.args.kwonlyargs
+                notes = [a.annotation for a in args if a.annotation] + (
+                    [node.returns] if node.returns else [])
+                if any("dict[str, Any]" in ast.unparse(n) for n in notes):
+                    found.add(f"{mod}.{node.name}")
+    return found
+
+
+def test_no_new_untyped_document_crosses_a_boundary() -> None:
+    found = untyped_signatures()
+    assert found - UNTYPED_EDGES - UNTYPED_DEBT == set()  # a new one: give it a type
+    assert UNTYPED_DEBT - found == set()  # typed since: take it off the list
