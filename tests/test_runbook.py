@@ -11,8 +11,10 @@ from autopilot.cell.validity import Classification
 from autopilot.config import Rate
 from autopilot.plan import Cell
 from autopilot.run.runbook import (
+    ArmComplete,
+    BudgetReached,
     Emit,
-    Milestone,
+    HarnessAnomaly,
     Policy,
     Rules,
     StreakState,
@@ -46,7 +48,7 @@ def kinds(effects: list[Any]) -> list[str]:
     for fx in effects:
         if isinstance(fx, Emit):
             out.append(f"emit:{fx.kind}")
-        elif isinstance(fx, Milestone):
+        elif isinstance(fx, HarnessAnomaly | BudgetReached | ArmComplete):
             out.append(f"milestone:{fx.kind}")
         else:
             out.append(type(fx).__name__)
@@ -99,8 +101,7 @@ def test_quarantine_names_the_attempts_and_reasons() -> None:
 def test_an_arm_is_announced_once() -> None:
     led = ledger(("t1_a_v1", "PASS", None), ("t2_a_v1", "PASS", None))
     policy, first = arm_done(Policy(), led, "a")
-    assert first == [WriteArmSummary("a"), Milestone("arm_complete",
-                                                     {"arm": "a", "passed": 2, "valid": 2})]
+    assert first == [WriteArmSummary("a"), ArmComplete("a", passed=2, valid=2)]
     assert arm_done(policy, led, "a") == (policy, [])
     assert arm_done(Policy(), led, "b")[1] == []  # b has no valid verdict yet
 
@@ -112,7 +113,7 @@ def test_two_breaks_in_a_row_alarm_once_and_pause_when_told() -> None:
     p, fx2 = on_grade_failure(p, rules, "t2_a_v1", replace_launched(CRASH, 2.0), now=0)
     assert kinds(fx2) == ["milestone:harness_anomaly", "emit:launching_paused"]
     assert p.alarms == 1 and p.paused and "harness-break streak of 2" in p.paused
-    assert fx2[0].info["advice"].endswith("; launching paused")  # type: ignore[union-attr]
+    assert fx2[0].advice.endswith("; launching paused")  # type: ignore[union-attr]
     p, fx3 = on_grade_failure(p, rules, "t1_b_v1", replace_launched(CRASH, 3.0), now=0)
     assert fx3 == [] and p.alarms == 1  # the same streak never alarms twice
 

@@ -19,6 +19,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -290,9 +291,10 @@ class Recorder:
         self.policy, effects = decision
         for fx in effects:
             if isinstance(fx, runbook.Emit):
-                self.emit(fx.kind, **fx.fields())
-            elif isinstance(fx, runbook.Milestone):
-                self.milestone(fx.kind, **fx.info)
+                self.emit(fx.event)
+            elif isinstance(fx, runbook.HarnessAnomaly | runbook.BudgetReached
+                            | runbook.ArmComplete):
+                self.milestone(fx.kind, **asdict(fx))
             elif isinstance(fx, runbook.Throttled):
                 self.throttled()  # the harness saw the provider throttle: launch fewer
             elif isinstance(fx, runbook.WriteArmSummary):

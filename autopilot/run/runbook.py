@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from autopilot.cell.validity import Classification
 from autopilot.config import Preset, Rate
@@ -106,10 +106,34 @@ class Emit:
 
 
 @dataclass(frozen=True)
-class Milestone:
-    """Journal a milestone and push it to the notifier."""
-    kind: str
-    info: dict[str, Any]
+class HarnessAnomaly:
+    """A milestone (journaled, pushed to the phone): a streak of harness breaks."""
+    alarm: int
+    streak: int
+    last_cell: str
+    reason: str | None
+    advice: str
+    kind: ClassVar[str] = "harness_anomaly"
+
+
+@dataclass(frozen=True)
+class BudgetReached:
+    """A milestone: the run's budget is spent (launching stopped)."""
+    why: str
+    kind: ClassVar[str] = "budget_reached"
+
+
+@dataclass(frozen=True)
+class ArmComplete:
+    """A milestone: every cell of an arm has a valid verdict."""
+    arm: str
+    passed: int
+    valid: int
+    kind: ClassVar[str] = "arm_complete"
+
+
+Milestone = HarnessAnomaly | BudgetReached | ArmComplete
+"""Journal a milestone and push it to the notifier (its fields are its details)."""
 
 
 @dataclass(frozen=True)
@@ -128,7 +152,8 @@ class CountValid:
     """One more valid verdict this session (the ETA's rate)."""
 
 
-Effect = Emit | Milestone | Throttled | WriteArmSummary | CountValid
+Effect = Emit | HarnessAnomaly | BudgetReached | ArmComplete | Throttled | WriteArmSummary \
+    | CountValid
 
 
 @dataclass(frozen=True)
@@ -202,11 +227,10 @@ def on_grade_failure(policy: Policy, rules: Rules, cid: str, c: Classification, 
     if not fire:
         return policy, []
     policy = replace(policy, alarms=policy.alarms + 1)
-    effects: list[Effect] = [Milestone("harness_anomaly", {
-        "alarm": policy.alarms, "streak": streak.count, "last_cell": cid,
-        "reason": c.reason or c.word,
-        "advice": "harness or grader looks broken; check the launcher and grade logs"
-                  + ("; launching paused" if rules.pause_on_anomaly else "")})]
+    effects: list[Effect] = [HarnessAnomaly(
+        alarm=policy.alarms, streak=streak.count, last_cell=cid, reason=c.reason or c.word,
+        advice="harness or grader looks broken; check the launcher and grade logs"
+               + ("; launching paused" if rules.pause_on_anomaly else ""))]
     if rules.pause_on_anomaly and not policy.paused:
         why = (f"paused after a harness-break streak of {streak.count} "
                f"(last {cid}: {c.label()}{' ' + c.word if c.word else ''}); "
@@ -229,7 +253,7 @@ def budget_tick(policy: Policy, rules: Rules, ledger: Ledger) -> Decision:
               "a budget takes)" if why.startswith("budget unprovable")
               else f"{why}; launching stopped (raise [budget] to go on)")
     return replace(policy, paused=paused), [Emit(LaunchingPaused(why=paused)),
-                                            Milestone("budget_reached", {"why": why})]
+                                            BudgetReached(why)]
 
 
 def arm_done(policy: Policy, ledger: Ledger, arm: str) -> Decision:
@@ -242,8 +266,7 @@ def arm_done(policy: Policy, ledger: Ledger, arm: str) -> Decision:
     counts = ledger.counts(cells)
     return replace(policy, announced=policy.announced | {arm}), [
         WriteArmSummary(arm),
-        Milestone("arm_complete", {"arm": arm, "passed": counts["pass"],
-                                   "valid": counts["done"]})]
+        ArmComplete(arm, passed=counts["pass"], valid=counts["done"])]
 
 
 def endpoint_failure(fails: Sequence[str | None]) -> str | None:
@@ -297,7 +320,8 @@ def outcome(ledger: Ledger, rules: Rules, *, stopped_by: str | None, paused: str
 
 
 __all__ = [
-    "CountValid", "Effect", "Emit", "Milestone", "Outcome", "Policy", "Rules", "StreakKind",
+    "ArmComplete", "BudgetReached", "CountValid", "Effect", "Emit", "HarnessAnomaly", "Milestone",
+    "Outcome", "Policy", "Rules", "StreakKind",
     "StreakState", "Throttled", "WriteArmSummary", "arm_done", "budget_tick",
     "endpoint_failure", "on_grade_failure", "on_verdict", "outcome", "should_quarantine",
     "streak_step",

@@ -41,7 +41,14 @@ from autopilot.backends.ray.cluster import (
     placement_lines,
     short_error,
 )
-from autopilot.backends.ray.node import NodeAgent, Report, lease_of, sweep_lease
+from autopilot.backends.ray.node import (
+    GradeFailureReport,
+    MilestoneReport,
+    NodeAgent,
+    Polled,
+    lease_of,
+    sweep_lease,
+)
 from autopilot.backends.ray.shipping import unpack
 from autopilot.cell.context import move_aside
 from autopilot.cell.validity import Classification
@@ -317,21 +324,19 @@ class RayBackend(Backend):
             self._apply(i, got)
             return True
 
-    def _apply(self, i: int, got: dict[str, Any]) -> None:
+    def _apply(self, i: int, got: Polled) -> None:
         port, k = self.w.port, self.remote[i]
         tag = {"replica": i, "node": k.where.get("node", "")[:12]}
-        r: Report
-        for r in got["reports"]:
-            if r.kind == "milestone":
-                port.milestone(r.name, **{**r.fields, **tag})
-            elif r.kind == "grade_failure":
-                assert r.classification is not None
-                port.grade_failure(r.name, r.classification)
+        for r in got.reports:
+            if isinstance(r, MilestoneReport):
+                port.milestone(r.kind, **{**r.info, **tag})
+            elif isinstance(r, GradeFailureReport):
+                port.grade_failure(r.cell, r.classification)
             else:
-                port.emit(r.name, **{**r.fields, **tag})
-        for cid, t in got["ticks"].items():
-            port.tick(cid, t["frozen_secs"], t["tier"], t["last_signal"])
-        seen = got.get("keeper")
+                port.emit(r.event, **{**r.extra, **tag})
+        for cid, t in got.ticks.items():
+            port.tick(cid, t.frozen_secs, t.tier, t.last_signal)
+        seen = got.keeper
         if seen is not None:
             k.seen = {key: seen[key] for key in ("port", "host", "api_base", "url", "engine",
                                                  "model", "down_secs", "down_since",

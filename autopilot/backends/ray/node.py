@@ -30,7 +30,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from autopilot.backends.base import Wiring, cell_context
 from autopilot.backends.ray import shipping
@@ -44,19 +44,55 @@ from autopilot.endpoints.keeper import Keeper
 from autopilot.logsetup import SPOOL_CAP, Redactor
 from autopilot.plan import Cell, arm_groups
 from autopilot.state.eventbase import EventBase, record_of
+from autopilot.state.events import parse
 from autopilot.state.statedir import check_trusted, ensure_private_dir
 
 
 @dataclass(frozen=True)
-class Report:
-    """One thing a node reports, in order: an event to journal, a milestone, or a
-    grading try that failed (for the harness-break streak). ``name``: the event's name,
-    the milestone's kind, or the grade failure's cell."""
+class EventReport:
+    """An event to journal, as its type (``extra``: fields given beside it)."""
 
-    kind: Literal["event", "milestone", "grade_failure"]
-    name: str
-    fields: dict[str, Any] = field(default_factory=dict)
-    classification: Classification | None = None
+    event: EventBase
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MilestoneReport:
+    """A milestone to journal and push: its kind and details."""
+
+    kind: str
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GradeFailureReport:
+    """A grading try that failed (for the harness-break streak)."""
+
+    cell: str
+    classification: Classification
+
+
+Report = EventReport | MilestoneReport | GradeFailureReport
+"""One thing a node reports, in the order it happened."""
+
+
+@dataclass(frozen=True)
+class Tick:
+    """A running cell's latest watchdog tick."""
+
+    frozen_secs: float
+    tier: str
+    last_signal: Any
+
+
+@dataclass(frozen=True)
+class Polled:
+    """What a node's actor answers the head's poll."""
+
+    reports: list[Report]
+    ticks: dict[str, Tick]
+    keeper: dict[str, Any] | None  # its keeper's describe(), with where it serves
+    running: list[tuple[str, int]]
 
 
 class NodePort:
@@ -64,24 +100,28 @@ class NodePort:
 
     def __init__(self) -> None:
         self.reports: list[Report] = []
-        self.ticks: dict[str, dict[str, Any]] = {}
+        self.ticks: dict[str, Tick] = {}
         self.stop = False  # the supervisor is stopping: abandon cells (SIGTERM/INT)
         self.force = False  # ... at once (a second signal)
 
     def emit(self, event: str | EventBase, **fields: Any) -> dict[str, Any]:
-        kind, fields = record_of(event, fields)
-        self.reports.append(Report("event", kind, fields))
-        return {"event": kind, **fields}
+        kind, record = record_of(event, fields)
+        if not isinstance(event, EventBase):  # an event by its name: typed here
+            typed = parse({"event": kind, **record})
+            if typed is None:
+                raise TypeError(f"{kind} fits no event type: {sorted(record)}")
+            event, fields = typed, {}
+        self.reports.append(EventReport(event, fields))
+        return {"event": kind, **record}
 
     def milestone(self, kind: str, **info: Any) -> None:
-        self.reports.append(Report("milestone", kind, info))
+        self.reports.append(MilestoneReport(kind, info))
 
     def tick(self, cid: str, frozen_secs: float, tier: str, last_signal: Any) -> None:
-        self.ticks[cid] = {"frozen_secs": frozen_secs, "tier": tier,
-                           "last_signal": last_signal}
+        self.ticks[cid] = Tick(frozen_secs, tier, last_signal)
 
     def grade_failure(self, cid: str, c: Classification) -> None:
-        self.reports.append(Report("grade_failure", cid, classification=c))
+        self.reports.append(GradeFailureReport(cid, c))
 
     def throttled(self) -> None:
         return None  # the head's keeper mirror sees the node keeper's throttling
@@ -95,7 +135,7 @@ class NodePort:
     def forced(self) -> bool:
         return self.force
 
-    def drain(self) -> tuple[list[Report], dict[str, dict[str, Any]]]:
+    def drain(self) -> tuple[list[Report], dict[str, Tick]]:
         reports, self.reports = self.reports, []
         ticks, self.ticks = self.ticks, {}
         return reports, ticks
@@ -177,7 +217,7 @@ class NodeAgent:
                 "devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
     async def poll(self, revoked: list[list[Any]] | None = None, stopping: bool = False,
-                   forced: bool = False) -> dict[str, Any]:
+                   forced: bool = False) -> Polled:
         """Drain the buffered events; kill the attempts whose lease the supervisor
         revoked (it re-queued them while this actor was unreachable); learn that the
         supervisor is stopping (its cells are then abandoned, as locally)."""
@@ -189,11 +229,9 @@ class NodeAgent:
                 task.cancel()  # CellRun kills the harness tree on cancellation
         reports, ticks = self.port.drain()
         k = self.keeper
-        return {"reports": reports, "ticks": ticks,
-                "keeper": None if k is None else {
-                    **k.describe(), "port": k.ep.port, "host": k.ep.host,
-                    "api_base": k.ep.api_base},
-                "running": [list(key) for key in self.running]}
+        return Polled(reports, ticks, None if k is None else {
+            **k.describe(), "port": k.ep.port, "host": k.ep.host, "api_base": k.ep.api_base},
+            list(self.running))
 
     async def run_cell(self, cell: Cell, attempt: int
                        ) -> tuple[Classification | None, bytes | None]:
