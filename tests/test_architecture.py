@@ -186,12 +186,12 @@ def test_functions_stay_small() -> None:
 
 
 def test_the_data_path_loads_neither_config_nor_the_loop() -> None:
-    # It starts once per attempt (autopilot.datapath.shim): what it reaches is paid per
+    # It starts once per attempt (autopilot.datapath.process): what it reaches is paid per
     # cell. Read the real import closure, not the AST: a lazy import would hide there.
     import subprocess
     import sys
 
-    code = ("import sys, autopilot.datapath.shim, autopilot.gateway.proxy; "
+    code = ("import sys, autopilot.datapath.process, autopilot.gateway.proxy; "
             "print(sorted(m for m in sys.modules if m.startswith(('pydantic', "
             "'autopilot.config', 'autopilot.run', 'autopilot.backends', 'structlog', "
             "'psutil', 'anyio'))))")
@@ -321,7 +321,7 @@ UNTYPED_DEBT = frozenset({
     "cell.sweep.orphan_endpoint", "cell.sweep.orphan_marked",
     "cell.validity.journaled_items", "cell.workspace.prepare_workspace",
     "datapath.client.finished", "datapath.client.finished_record", "datapath.client.fork",
-    "datapath.client.launch", "datapath.shim.run_spec", "gateway.accounting.account",
+    "datapath.client.launch", "datapath.process.run_spec", "gateway.accounting.account",
     "gateway.attempt.write", "gateway.evidence.summary", "gateway.settings.datapath_spec",
     "state.budget.of_events", "state.claims.save", "state.ledger.counts",
     "state.ledger.trust", "state.liveness.annotate", "state.liveness.look",

@@ -17,6 +17,7 @@ from autopilot.datapath.messages import (
     Poll,
     Refusal,
     Status,
+    read_record,
 )
 
 ATTEMPT = Attempt(pid=41, harness_pid=42, harness_ticks=9000, port=8123,
@@ -41,7 +42,7 @@ def test_each_message_is_read_back_as_written() -> None:
 
 
 def test_the_attempts_three_forms_read_as_one() -> None:
-    # The answer to a hello, the ready line and shim.json say the same attempt.
+    # The answer to a hello, the ready line and datapath.json say the same attempt.
     assert Attempt.of(through_the_wire(ATTEMPT.record())) == ATTEMPT
     ready = through_the_wire(ATTEMPT.ready())
     assert Attempt.is_ready(ready) and not Attempt.is_ready(ATTEMPT.hello())
@@ -94,3 +95,12 @@ def test_a_fork_server_answer_of_the_wrong_shape_is_no_pid() -> None:
     assert Forked.of({"ok": True, "pid": "12"}) == Forked(None, "refused")
     assert Forked.of({"ok": True, "pid": -1}) == Forked(None, "refused")
     assert Forked.of([1]) is None
+
+
+def test_a_record_an_earlier_data_path_wrote_under_its_old_name_is_read(tmp_path) -> None:
+    # A successor of this version re-attaches to a data path of the last (shim.json).
+    wire.write_private_json(tmp_path / wire.LEGACY_RECORD, ATTEMPT.record())
+    assert read_record(tmp_path) == ATTEMPT
+    newer = ATTEMPT.__class__(**{**ATTEMPT.__dict__, "port": 9000})
+    wire.write_private_json(tmp_path / wire.RECORD, newer.record())
+    assert read_record(tmp_path) == newer  # its own name first

@@ -233,7 +233,7 @@ def test_a_data_path_waits_for_space_to_record_its_attempts_end(small_disk: Path
     import asyncio
     import threading
 
-    from autopilot.datapath import shim, wire
+    from autopilot.datapath import process, wire
 
     target = small_disk / wire.EXIT
     filler = fill(small_disk)
@@ -243,8 +243,8 @@ def test_a_data_path_waits_for_space_to_record_its_attempts_end(small_disk: Path
         tries.append(1)
         wire.write_private_json(target, {"code": 0, "meter": {"requests": 7}})
 
-    shim.SPACE_RETRY_SECS = 0.05
-    t = threading.Thread(target=lambda: asyncio.run(shim._when_space(write)), daemon=True)
+    process.SPACE_RETRY_SECS = 0.05
+    t = threading.Thread(target=lambda: asyncio.run(process._when_space(write)), daemon=True)
     t.start()
     try:
         wait_for(lambda: len(tries) >= 2, 30, "the data path retrying on a full disk")

@@ -377,7 +377,7 @@ def test_a_stranger_on_the_channel_is_refused_and_changes_nothing(tmp_path: Path
 
 
 def test_the_data_path_needs_its_spec_and_says_so() -> None:
-    r = subprocess.run([sys.executable, "-m", "autopilot.datapath.shim"], input=b"{}",
+    r = subprocess.run([sys.executable, "-m", "autopilot.datapath.process"], input=b"{}",
                        capture_output=True, timeout=60, cwd=ROOT, env=cli_env())
     assert r.returncode == 2 and b"no spec of version 1" in r.stderr
 

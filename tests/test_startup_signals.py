@@ -167,7 +167,7 @@ def test_an_intent_whose_harness_never_spawned_keeps_its_attempt_number(
     harness (while the fork server starts, say) leaves attempts no harness touched: the
     successor abandons each as never started, uncharged, and its attempt number is used
     again, so kills at start-up do not make a cell's attempt count climb. One whose data
-    path did spawn its harness (it recorded shim.json) is not one of them."""
+    path did spawn its harness (it recorded datapath.json) is not one of them."""
     import anyio
 
     from autopilot.datapath import wire

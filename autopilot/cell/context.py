@@ -45,7 +45,7 @@ class Meterish(Protocol):
     def summary(self) -> dict[str, Any]: ...
 
 
-class AttemptPath(Protocol):
+class DataPathView(Protocol):
     """An attempt's data path as a cell sees it (autopilot.datapath.client.DataPath):
     the harness's parent, which outlives the loop. The runner asks it, never owns it."""
 
@@ -95,7 +95,7 @@ class Launch(Protocol):
     name: its fork server is warmed with the endpoint's load and closed at the end."""
 
     async def __call__(self, state_dir: Path, cell: str, attempt: int, spec: dict[str, Any],
-                       *, listen: Any | None, run_token: str, token: str) -> AttemptPath: ...
+                       *, listen: Any | None, run_token: str, token: str) -> DataPathView: ...
 
     async def warm(self) -> None: ...
 
@@ -103,7 +103,7 @@ class Launch(Protocol):
 
 
 class _NoLaunch:
-    async def __call__(self, *args: Any, **kwargs: Any) -> AttemptPath:
+    async def __call__(self, *args: Any, **kwargs: Any) -> DataPathView:
         raise LaunchFailed("no data path launcher wired")
 
     async def warm(self) -> None:
@@ -216,8 +216,16 @@ def move_aside(output_dir: Path, state_dir: Path, cell_id: str, attempt: int,
     return dest
 
 
-__all__ = ["AttemptPath", "CellContext", "Gatekeeper", "Launch", "LaunchFailed", "Served",
-           "move_aside", "template_context"]
+__all__ = [
+    "CellContext",
+    "DataPathView",
+    "Gatekeeper",
+    "Launch",
+    "LaunchFailed",
+    "Served",
+    "move_aside",
+    "template_context",
+]
 
 
 def whole_wall(launched: float | None, ended: float | None, watched: float) -> float:
@@ -229,7 +237,7 @@ def whole_wall(launched: float | None, ended: float | None, watched: float) -> f
     return round(watched, 3)
 
 
-def gateway_news(cx: CellContext, cell: str, attempt: int, dp: AttemptPath,
+def gateway_news(cx: CellContext, cell: str, attempt: int, dp: DataPathView,
                  told: int) -> int:
     """Journal what an attempt's gateway saw since the last look: throttling (the loop
     launches fewer cells) and requests that failed over to another replica. Returns the
@@ -288,7 +296,7 @@ def upstreams(cx: CellContext, arm: Arm) -> list[tuple[str, str]]:
     return out
 
 
-def harness_identity(dp: AttemptPath) -> ProcIdentity | None:
+def harness_identity(dp: DataPathView) -> ProcIdentity | None:
     """The harness's identity as its data path recorded it (pid + start ticks, read
     before the data path could reap it), with psutil's create_time while it lives."""
     if dp.harness_pid is None:

@@ -24,8 +24,8 @@ import anyio
 
 from autopilot.cell.cgroups import group_name
 from autopilot.cell.context import (
-    AttemptPath,
     CellContext,
+    DataPathView,
     Gatekeeper,
     LaunchFailed,
     gateway_news,
@@ -113,7 +113,7 @@ class CellRun:
         # cluster (the harness-break streak is ordered by it; an order, not a duration).
         self.launched: float | None = None
         self.meter: Any = None  # the gateway's Meter of this attempt, once it has run
-        self.dp: AttemptPath | None = None  # the attempt's data path
+        self.dp: DataPathView | None = None  # the attempt's data path
         self.detached = False  # handed over to a successor: the data path goes on
         self._throttled = 0  # the data path's 429 count, as already told to the loop
         # a harness of many items says how far it got (harness.items): its deadline and
@@ -177,7 +177,7 @@ class CellRun:
 
     # ------------------------------------------------------------------ run
 
-    async def execute(self, attached: AttemptPath | None = None) -> RunOutcome | None:
+    async def execute(self, attached: DataPathView | None = None) -> RunOutcome | None:
         """Run the harness to its end (or watch ``attached``, an attempt a predecessor
         started, to its end); None when abandoned by a shutdown or handed over."""
         bind_contextvars(cell=self.cell.id, attempt=self.attempt)
@@ -225,7 +225,7 @@ class CellRun:
             self.cx.users.give(self.uid)
             self.uid = None
 
-    async def _launch(self, start_mono: float, limits: Limits) -> AttemptPath | RunOutcome:
+    async def _launch(self, start_mono: float, limits: Limits) -> DataPathView | RunOutcome:
         """The attempt's data path, with its gateway listener bound here first (so the
         port the harness is told answers from its first request) and its harness
         spawned; or the outcome of a spawn that failed."""
@@ -294,7 +294,7 @@ class CellRun:
             return self._refused(f"{dp.spawn_error}", 127)
         return dp
 
-    def _reattach(self, dp: AttemptPath) -> tuple[float, Limits]:
+    def _reattach(self, dp: DataPathView) -> tuple[float, Limits]:
         """The watch of an attempt a predecessor started: its marker, group and deadline
         from what it recorded; its clocks from now (time the loop did not run is never
         charged to the cell)."""
@@ -319,7 +319,7 @@ class CellRun:
                                     datapath_pid=dp.pid, pid=dp.harness_pid, exited=dp.exited))
         return start_mono, limits
 
-    async def _execute(self, attached: AttemptPath | None) -> RunOutcome | None:
+    async def _execute(self, attached: DataPathView | None) -> RunOutcome | None:
         """The attempt's stages: begin (launch, or take over a running one), watch it to
         its end, then read what it came to."""
         begun = await self._begin(attached)
@@ -336,8 +336,8 @@ class CellRun:
             return None
         return await self._outcome(dp, start_mono, served_arms, *watched)
 
-    async def _begin(self, attached: AttemptPath | None
-                     ) -> tuple[AttemptPath, float, Limits] | RunOutcome:
+    async def _begin(self, attached: DataPathView | None
+                     ) -> tuple[DataPathView, float, Limits] | RunOutcome:
         """A new attempt prepared and launched under its data path, or a running one
         taken over; an outcome when it never came to run."""
         if attached is not None:
@@ -355,7 +355,7 @@ class CellRun:
         self.dp = launched
         return launched, start_mono, limits
 
-    def _track(self, dp: AttemptPath, attached: AttemptPath | None) -> None:
+    def _track(self, dp: DataPathView, attached: DataPathView | None) -> None:
         """Know the harness by identity, and journal that it started."""
         cx, ident = self.cx, harness_identity(dp)
         # The harness is the data path's child: its orphans re-parent there (a subreaper)
@@ -371,7 +371,7 @@ class CellRun:
                                 endpoint_arms=list(cx.keeper.ep.arm_group),
                                 replica=cx.replica, datapath_pid=dp.pid))
 
-    async def _supervise(self, dp: AttemptPath, start_mono: float, limits: Limits
+    async def _supervise(self, dp: DataPathView, start_mono: float, limits: Limits
                          ) -> tuple[Killed | None, str | None] | None:
         """Watch the attempt to its end and settle it (what the kill left, its group, its
         data path); None when it was handed over. Whatever ends this early (a stop, a
@@ -407,7 +407,7 @@ class CellRun:
                                                 **dp.meter.summary()))
         return killed, kill_reason
 
-    async def _outcome(self, dp: AttemptPath, start_mono: float,
+    async def _outcome(self, dp: DataPathView, start_mono: float,
                        served_arms: tuple[str, ...], killed: Killed | None,
                        kill_reason: str | None) -> RunOutcome | None:
         """What the attempt came to, journaled (``cell_exited``); None when it was
@@ -445,7 +445,7 @@ class CellRun:
             return None
         return outcome
 
-    async def _watch(self, dp: AttemptPath, start_mono: float, limits: Limits,
+    async def _watch(self, dp: DataPathView, start_mono: float, limits: Limits,
                      metered: bool) -> tuple[Killed | None, str | None]:
         """Until the harness ends (or is killed, or the loop stops or hands over): each
         tick asks the data path, then the pure watchdog."""
@@ -526,7 +526,7 @@ class CellRun:
                                    kind=step.kind, reason=step.reason or "", pids=pids))
                 return _KILLED.get(step.kind or "stall", "stall"), step.reason
 
-    async def _settle(self, dp: AttemptPath) -> None:
+    async def _settle(self, dp: DataPathView) -> None:
         """After the watch: the harness's end as its data path records it (a killed
         tree ends within the kill's grace), whatever it left behind killed, its group
         ended, the data path reaped. A data path that is gone without a record leaves

@@ -36,7 +36,15 @@ from autopilot.cell.procs import (
     verify,
 )
 from autopilot.datapath import wire
-from autopilot.datapath.messages import Attempt, Forked, Hello, Poll, Refusal, Status
+from autopilot.datapath.messages import (
+    Attempt,
+    Forked,
+    Hello,
+    Poll,
+    Refusal,
+    Status,
+    read_record,
+)
 from autopilot.gateway.evidence import Meter
 from autopilot.state.fsutil import log_tail
 from autopilot.state.statedir import ensure_private_dir, open_append
@@ -133,7 +141,8 @@ class DataPath:
         ensure_private_dir(d.parent.parent)
         ensure_private_dir(d.parent)
         ensure_private_dir(d)
-        for stale in (wire.SHIM, wire.EXIT, wire.SECRET):  # an earlier launch's
+        # an earlier launch's
+        for stale in (wire.RECORD, wire.LEGACY_RECORD, wire.EXIT, wire.SECRET):
             with contextlib.suppress(FileNotFoundError):
                 (d / stale).unlink()
         secret = secrets.token_hex(16)
@@ -159,8 +168,8 @@ class DataPath:
         env = _env(run_token, token)
         env["AUTOPILOT_CELL_ID"] = cell
         try:
-            with open_append(d / "shim.log") as log:
-                proc = await spawn([sys.executable, "-m", "autopilot.datapath.shim"],
+            with open_append(d / wire.LOG) as log:
+                proc = await spawn([sys.executable, "-m", "autopilot.datapath.process"],
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                    env=env, start_new_session=True, pass_fds=fds)
         finally:
@@ -185,7 +194,7 @@ class DataPath:
                 await proc.wait()
             OWNED.discard(proc.pid)
             raise DataPathError(f"the attempt's data path did not start: "
-                                f"{log_tail(d / 'shim.log', 3) or 'no output'}")
+                                f"{log_tail(d / wire.LOG, 3) or 'no output'}")
         with contextlib.suppress(Exception):
             if proc.stdout is not None:
                 await proc.stdout.aclose()
@@ -218,10 +227,10 @@ class DataPath:
         """Re-attach to the data path a predecessor started in ``d``; None when there is
         none alive to talk to (see ``finished`` for one that has ended)."""
         saved = wire.read_private_json(d / wire.SECRET)
-        shim = Attempt.of(wire.read_private_json(d / wire.SHIM))
-        if saved is None or shim is None or not isinstance(saved.get("secret"), str):
+        record = read_record(d)
+        if saved is None or record is None or not isinstance(saved.get("secret"), str):
             return None
-        dp = cls._from(d, saved["secret"], shim, None)
+        dp = cls._from(d, saved["secret"], record, None)
         if dp.pid <= 1 or verify(ProcIdentity(dp.pid, 0.0, dp.ticks)) is None:
             return None
         try:
@@ -432,7 +441,7 @@ class ForkServer:
         r, w = os.pipe()
         os.set_blocking(r, False)
         try:
-            with open_append(d / "shim.log") as log:
+            with open_append(d / wire.LOG) as log:
                 fds = [w, log.fileno()] + ([listen.fileno()] if listen is not None else [])
                 async with self._lock:
                     pid = await self._send(data, fds)
@@ -454,7 +463,7 @@ class ForkServer:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                 raise DataPathError(f"the attempt's data path did not start: "
-                                    f"{log_tail(d / 'shim.log', 3) or 'no output'}")
+                                    f"{log_tail(d / wire.LOG, 3) or 'no output'}")
             return info
         finally:
             if w >= 0:

@@ -9,7 +9,7 @@ attempt (as CPython's multiprocessing "forkserver" does): a fork costs milliseco
 It is single-threaded and runs no event loop (fork-safe): it only receives a spec with
 its descriptors (SCM_RIGHTS over a SOCK_SEQPACKET pair the loop made), forks, and
 answers the child's pid. Each child starts its own session and event loop and is then
-exactly the data path ``shim`` describes. The fork server ends with its loop (EOF on the
+exactly the data path ``process`` describes. The fork server ends with its loop (EOF on the
 pair, or PR_SET_PDEATHSIG when the loop dies), and its death touches no data path: they
 re-parent like any orphan. It decides nothing and holds nothing of any attempt.
 """
@@ -24,7 +24,7 @@ import signal
 import socket
 import sys
 
-from autopilot.datapath import shim, wire
+from autopilot.datapath import process, wire
 from autopilot.datapath.messages import Forked
 
 MSG_CAP = 1 << 20  # one spec; the loop falls back to a spawn for a larger one
@@ -59,7 +59,7 @@ def _child(spec: dict[str, object], fds: list[int], server: socket.socket) -> No
         gw = spec.get("gateway")
         if isinstance(gw, dict) and len(fds) > 2:
             gw["fd"] = fds[2]
-        code = shim.run_spec(spec)
+        code = process.run_spec(spec)
     except BaseException as e:
         with contextlib.suppress(Exception):
             os.write(2, f"data path failed: {type(e).__name__}: {e}\n".encode())

@@ -11,7 +11,7 @@ at start.
                       then ``Poll`` (status now, or wait for the harness's end)
   data path -> loop   ``Refusal`` (another version: the loop drains it), ``Attempt``
                       (the answer to a hello; also its ready line on stdout and
-                      ``shim.json``), ``Status`` (the answer to a poll; also, with
+                      ``datapath.json``), ``Status`` (the answer to a poll; also, with
                       ``exited``, ``exit.json``)
   fork server -> loop ``Forked`` (the data path's pid, or why not)
 """
@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from autopilot.datapath.wire import VERSION
+from autopilot.datapath.wire import LEGACY_RECORD, RECORD, VERSION, read_private_json
 
 WAIT_CAP_SECS = 60.0  # the longest a poll may hold the channel
 FAILOVERS_CAP = 1000  # per status answer
@@ -115,7 +116,7 @@ class Attempt:
     harness_ticks: int | None
     port: int | None
     meta: dict[str, Any] = field(default_factory=dict)
-    ticks: int | None = None  # the data path's own start ticks (shim.json)
+    ticks: int | None = None  # the data path's own start ticks (datapath.json)
     spawn_error: str | None = None  # the harness could not be spawned (the ready line)
     started: float | None = None
 
@@ -130,7 +131,7 @@ class Attempt:
         return {"ready": True, **self.hello(), "spawn_error": self.spawn_error}
 
     def record(self) -> dict[str, Any]:
-        """``shim.json``: what a successor re-attaches by."""
+        """``datapath.json``: what a successor re-attaches by."""
         return {"version": VERSION, "pid": self.pid, "ticks": self.ticks,
                 "harness_pid": self.harness_pid, "harness_ticks": self.harness_ticks,
                 "port": self.port, "started": self.started, "meta": self.meta}
@@ -212,3 +213,9 @@ class Forked:
         if doc.get("ok") is True and _count(doc.get("pid")) is not None:
             return cls(doc["pid"])
         return cls(None, _text(doc.get("why")) or "refused")
+
+
+def read_record(d: Path) -> Attempt | None:
+    """The data path's record in its attempt dir (``datapath.json``, or the name a data
+    path of an earlier version wrote it under)."""
+    return Attempt.of(read_private_json(d / RECORD) or read_private_json(d / LEGACY_RECORD))

@@ -6,8 +6,9 @@ Files, in ``<state dir>/datapath/<cell>/attempt-<k>/`` (0700, the run's user):
   ``secret``     the attempt's channel secret (0600), written by the loop before the spawn
   ``ctl.sock``   the channel: a Unix socket; the data path checks its caller's uid
                  (``SO_PEERCRED``) before it reads a byte, then the secret in ``hello``
-  ``shim.json``  written once the harness is spawned: pids, the harness's start ticks,
-                 the gateway port, the attempt's marker, group and deadline
+  ``datapath.json``  written once the harness is spawned: pids, the harness's start
+                 ticks, the gateway port, the attempt's marker, group and deadline
+                 (``shim.json``, as earlier data paths named it, still read)
   ``exit.json``  written when the harness has ended: its exit status and the gateway's
                  final meter (what a successor grades an attempt it did not watch by)
 
@@ -30,7 +31,9 @@ from typing import Any
 VERSION = 1
 SECRET = "secret"  # noqa: S105 - a file name
 SOCK = "ctl.sock"
-SHIM = "shim.json"
+RECORD = "datapath.json"
+LEGACY_RECORD = "shim.json"  # the record's name before the data path had one name
+LOG = "datapath.log"
 EXIT = "exit.json"
 LINE_CAP = 1 << 20  # bytes of one message, either way
 HELLO_SECS = 5.0  # a caller that has not said hello by then is dropped

@@ -1,7 +1,7 @@
 """The model gateway: every request a cell's harness makes to the model passes here.
 
 One listener per attempt, on 127.0.0.1 and a port of its own, run in the attempt's data
-path (autopilot.datapath.shim). Only that attempt's harness may use it: a request must
+path (autopilot.datapath.process). Only that attempt's harness may use it: a request must
 carry the attempt's key (a fresh 128-bit secret the harness gets as its API key), or
 come over a connection a process of the attempt's own tree opened (``caller``: for a
 harness that sends no key, as the origin benchmark's does). Anything else is answered

@@ -54,7 +54,7 @@ class GatewaySettings:
                       dialect_settings: Mapping[Any, Mapping[str, Any]] | None = None
                       ) -> dict[str, Any]:
         """What an attempt's data path needs to run its listener with this gateway's
-        settings (autopilot.datapath.shim). It travels on the data path's stdin only:
+        settings (autopilot.datapath.process). It travels on the data path's stdin only:
         the upstream's key and the attempt's key are never written to a file. ``route``:
         the arm's own route (its upstream, key, model and dialect) instead of the run's
         endpoint."""

@@ -169,11 +169,13 @@ async def reattach_datapaths(preset: Preset, plan: Plan, state_dir: Path, ledger
     gone without a record: their evidence is incomplete, so they are never adopted."""
     from autopilot.datapath import wire
     from autopilot.datapath.client import DataPath, finished_record
+    from autopilot.datapath.messages import read_record
 
     lost: set[str] = set()
     for cell in [c for c in ledger.cells.values() if c.status == "running"]:
         d = wire.attempt_dir(state_dir, cell.id, cell.attempts)
-        if cell.pid is None and not any((d / f).exists() for f in (wire.SHIM, wire.EXIT)):
+        if cell.pid is None and not any((d / f).exists() for f in (wire.RECORD, wire.LEGACY_RECORD,
+                                                                        wire.EXIT)):
             # The intent is journaled but no data path ever spawned its harness (killed
             # while the fork server started, say): abandoned as never started, and its
             # attempt number used again: the harness never touched it.
@@ -200,8 +202,8 @@ async def reattach_datapaths(preset: Preset, plan: Plan, state_dir: Path, ledger
             lost.add(cell.id)
             continue
         code, meter, _ = rec
-        shim = wire.read_private_json(d / wire.SHIM) or {}
-        meta = shim.get("meta") if isinstance(shim.get("meta"), dict) else {}
+        record = read_record(d)
+        meta = record.meta if record is not None else {}
         launched = meta.get("launched") if isinstance(meta, dict) else None
         outcome = ended_outcome(preset, plan.by_id[cell.id], state_dir, cell, code,
                                 launched if isinstance(launched, int | float) else None)

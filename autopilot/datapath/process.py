@@ -1,4 +1,5 @@
-"""An attempt's data path: ``python -m autopilot.datapath.shim`` (its spec on stdin).
+"""An attempt's data path process: ``python -m autopilot.datapath.process`` (its spec
+on stdin).
 
 What it does, and nothing else (STYLE 18: what must not stop is small, and decides
 nothing):
@@ -11,7 +12,7 @@ nothing):
      code the loop used to run (autopilot.gateway.proxy), writing each request's record
      into the state dir itself;
   4. spawns the harness (argv list, its own session, stdout and stderr to the cell's
-     launcher log), writes ``shim.json``, and tells the loop on stdout;
+     launcher log), writes ``datapath.json``, and tells the loop on stdout;
   5. when the harness has ended, lets the requests still open finish for a moment,
      closes the listener (what is still open is recorded as cut), writes ``exit.json``
      with the exit status and the final meter, and exits.
@@ -46,7 +47,7 @@ DRAIN_SECS = 2.0  # how long requests still open when the harness ends may finis
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-class Shim:
+class DataPathProcess:
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = spec
         self.dir = Path(spec["dir"])
@@ -196,7 +197,7 @@ class Shim:
             ticks = wire.proc_ticks(self.proc.pid) if self.proc else None
             self.spec["harness_ticks"] = ticks
             said = replace(self._attempt(), started=time.time())
-            wire.write_private_json(self.dir / wire.SHIM, said.record())
+            wire.write_private_json(self.dir / wire.RECORD, said.record())
             self._tell(said.ready())
             await self.exited.wait()
             if self.att is not None:
@@ -332,7 +333,7 @@ def run_spec(spec: dict[str, Any]) -> int:
         return 2
     _subreaper()
     _title(spec)
-    return asyncio.run(Shim(spec).run())
+    return asyncio.run(DataPathProcess(spec).run())
 
 
 def _title(spec: dict[str, Any]) -> None:
