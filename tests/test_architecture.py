@@ -321,6 +321,7 @@ UNTYPED_DEBT = frozenset({
     "cell.sweep.orphan_endpoint", "cell.sweep.orphan_marked",
     "cell.validity.journaled_items", "cell.workspace.prepare_workspace",
     "datapath.client.finished", "datapath.client.finished_record", "datapath.client.fork",
+    "datapath.forks.fork",
     "datapath.client.launch", "datapath.process.run_spec", "gateway.accounting.account",
     "gateway.attempt.write", "gateway.evidence.summary", "gateway.settings.datapath_spec",
     "state.budget.of_events", "state.claims.save", "state.ledger.counts",

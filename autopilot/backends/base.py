@@ -134,7 +134,7 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
     from autopilot.cell.childenv import child_env, secret_values
     from autopilot.cell.context import CellContext
     from autopilot.cell.procs import RUN_TOKEN_ENV
-    from autopilot.datapath.client import ForkServer, Launcher
+    from autopilot.datapath.forks import ForkServer, Launcher
     from autopilot.gateway.policy import KEY_ENV, attempt_key
     from autopilot.gateway.settings import gateway_for
     from autopilot.logsetup import SPOOL_CAP
@@ -353,8 +353,8 @@ class Backend(abc.ABC):
         base = self._cx.get(0)
         if base is not None and isinstance(base.gateway, Closable):
             await base.gateway.close()
-        if base is not None:  # the fork server ends; the data paths it forked go on
-            await base.launch.aclose()
+        if base is not None:  # the fork server ends (is left to a successor when handing
+            await base.launch.aclose(keep=keep_endpoints)  # over); its data paths go on
         await self.release()
 
     async def release(self) -> None:

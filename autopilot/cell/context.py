@@ -99,7 +99,7 @@ class Launch(Protocol):
 
     async def warm(self) -> None: ...
 
-    async def aclose(self) -> None: ...
+    async def aclose(self, keep: bool = False) -> None: ...
 
 
 class _NoLaunch:
@@ -109,7 +109,7 @@ class _NoLaunch:
     async def warm(self) -> None:
         return None
 
-    async def aclose(self) -> None:
+    async def aclose(self, keep: bool = False) -> None:
         return None
 
 

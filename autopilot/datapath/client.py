@@ -9,16 +9,13 @@ by its exact identity (autopilot.cell.procs), never through the data path.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
-import signal
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import anyio
 import psutil
@@ -38,7 +35,6 @@ from autopilot.cell.procs import (
 from autopilot.datapath import wire
 from autopilot.datapath.messages import (
     Attempt,
-    Forked,
     Hello,
     Poll,
     Refusal,
@@ -83,6 +79,13 @@ def meter_from(doc: Any) -> Meter | None:
             return None
         kept[k] = v
     return Meter(**kept)
+
+
+class Forks(Protocol):
+    """Where a data path can be forked rather than spawned (forks.ForkServer)."""
+
+    async def fork(self, d: Path, spec: dict[str, Any], listen: Any | None
+                   ) -> Attempt | None: ...
 
 
 Phase = Literal["talking", "watched", "exited", "lost"]
@@ -133,7 +136,7 @@ class DataPath:
     @classmethod
     async def launch(cls, state_dir: Path, cell: str, attempt: int, spec: dict[str, Any],
                      *, listen: Any | None, run_token: str, token: str,
-                     forks: ForkServer | None = None) -> DataPath:
+                     forks: Forks | None = None) -> DataPath:
         """Start the data path of one attempt (a fork of ``forks``, else a process of its
         own) and wait until its harness is spawned. ``listen``: the gateway's listening
         socket (handed over, closed here)."""
@@ -165,7 +168,7 @@ class DataPath:
                     listen.close()
                 return await cls._ready(d, secret, info, None)
         # Its own marker too: a sweep that finds it with no successor ends it (cleanup).
-        env = _env(run_token, token)
+        env = datapath_env(run_token, token)
         env["AUTOPILOT_CELL_ID"] = cell
         try:
             with open_append(d / wire.LOG) as log:
@@ -377,145 +380,13 @@ async def end_child(proc: Process, wait: float) -> None:
     OWNED.discard(proc.pid)
 
 
-def _env(run_token: str, token: str) -> dict[str, str]:
+def datapath_env(run_token: str, token: str) -> dict[str, str]:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), RUN_TOKEN_ENV: run_token,
            DATAPATH_ENV: token, "PYTHONDONTWRITEBYTECODE": "1"}
-    if "PYTHONPATH" in os.environ:
-        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    for name in ("PYTHONPATH", "AUTOPILOT_FORKSERVER_IDLE_SECS"):
+        if name in os.environ:
+            env[name] = os.environ[name]
     return env
-
-
-class ForkServer:
-    """The loop's fork server of data paths (autopilot.datapath.forkserver), started at
-    the first launch. Broken (it would not start, or died and would not start again):
-    every launch falls back to a process of its own, which costs only time."""
-
-    def __init__(self, state_dir: Path, run_token: str) -> None:
-        self.state_dir = state_dir
-        self.run_token = run_token
-        self.proc: Process | None = None
-        self.sock: socket.socket | None = None
-        self.broken = False
-        self._lock = anyio.Lock()
-
-    async def warm(self) -> None:
-        """Start it now (at the run's start, beside the endpoint's load); a server that
-        will not start leaves every launch to a process of its own."""
-        async with self._lock:
-            if self.sock is None and not self.broken:
-                try:
-                    await self._start()
-                except (OSError, TimeoutError, anyio.EndOfStream, anyio.IncompleteRead,
-                        anyio.DelimiterNotFound):
-                    await self.aclose()
-                    self.broken = True
-
-    async def _start(self) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        ensure_private_dir(self.state_dir / "datapath")
-        try:
-            with open_append(self.state_dir / "datapath" / "forkserver.log") as log:
-                self.proc = await spawn(
-                    [sys.executable, "-m", "autopilot.datapath.forkserver",
-                     str(theirs.fileno())], stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE, stderr=log, start_new_session=True,
-                    env=_env(self.run_token, "forkserver"), pass_fds=(theirs.fileno(),))
-        finally:
-            theirs.close()
-        assert self.proc.stdout is not None
-        with anyio.fail_after(READY_SECS):
-            line = await BufferedByteReceiveStream(self.proc.stdout).receive_until(b"\n", 64)
-        if line != b"ready":
-            raise OSError("the fork server did not start")
-        ours.setblocking(False)
-        self.sock = ours
-
-    async def fork(self, d: Path, spec: dict[str, Any], listen: Any | None
-                   ) -> Attempt | None:
-        """The data path's ready line, forked from the server; None: spawn instead."""
-        if self.broken:
-            return None
-        data = wire.encode(spec)
-        if len(data) > (1 << 20) - 1024:
-            return None
-        r, w = os.pipe()
-        os.set_blocking(r, False)
-        try:
-            with open_append(d / wire.LOG) as log:
-                fds = [w, log.fileno()] + ([listen.fileno()] if listen is not None else [])
-                async with self._lock:
-                    pid = await self._send(data, fds)
-            os.close(w)
-            w = -1
-            if pid is None:
-                return None
-            line = b""
-            with anyio.move_on_after(READY_SECS):
-                while not line.endswith(b"\n") and len(line) < wire.LINE_CAP:
-                    await anyio.wait_readable(r)
-                    chunk = os.read(r, 65536)
-                    if not chunk:
-                        break
-                    line += chunk
-            doc = wire.decode(line.strip())
-            info = Attempt.of(doc) if Attempt.is_ready(doc) else None
-            if info is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                raise DataPathError(f"the attempt's data path did not start: "
-                                    f"{log_tail(d / wire.LOG, 3) or 'no output'}")
-            return info
-        finally:
-            if w >= 0:
-                os.close(w)
-            os.close(r)
-
-    async def _send(self, data: bytes, fds: list[int]) -> int | None:
-        for _ in range(2):  # a server that died is started once more
-            try:
-                if self.sock is None:
-                    await self._start()
-                assert self.sock is not None
-                socket.send_fds(self.sock, [data], fds)
-                with anyio.fail_after(READY_SECS):
-                    await anyio.wait_readable(self.sock)
-                    forked = Forked.of(json.loads(self.sock.recv(4096) or b"{}"))
-                return forked.pid if forked is not None else None
-            except (OSError, TimeoutError, ValueError):
-                await self.aclose()
-        self.broken = True
-        return None
-
-    async def aclose(self) -> None:
-        """End the fork server (its data paths go on)."""
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
-        if self.proc is not None:
-            await end_child(self.proc, 5.0)
-            self.proc = None
-
-
-class Launcher:
-    """How a loop starts its attempts' data paths: each forked from its fork server (held
-    here, by name: warmed beside the endpoint's load, closed at the run's end, when the
-    data paths it forked go on), or each a process of its own."""
-
-    def __init__(self, forks: ForkServer | None = None) -> None:
-        self.forks = forks
-
-    async def __call__(self, state_dir: Path, cell: str, attempt: int, spec: dict[str, Any],
-                       *, listen: Any | None, run_token: str, token: str) -> DataPath:
-        return await DataPath.launch(state_dir, cell, attempt, spec, listen=listen,
-                                     run_token=run_token, token=token, forks=self.forks)
-
-    async def warm(self) -> None:
-        if self.forks is not None:
-            await self.forks.warm()
-
-    async def aclose(self) -> None:
-        if self.forks is not None:
-            await self.forks.aclose()
 
 
 def finished_record(d: Path) -> tuple[int | None, Meter | None, dict[str, Any]] | None:
@@ -528,5 +399,5 @@ def finished_record(d: Path) -> tuple[int | None, Meter | None, dict[str, Any]] 
     return (code if type(code) is int else None), meter_from(done.get("meter")), done
 
 
-__all__ = ["DATAPATH_ENV", "DataPath", "DataPathError", "ForkServer", "Launcher", "finished_record",
+__all__ = ["DATAPATH_ENV", "DataPath", "DataPathError", "finished_record",
            "meter_from"]

@@ -290,6 +290,11 @@ async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Led
     # kept by its pid (its harness tree, by the token it carries).
     keep_pids = frozenset(ev["pid"] for ev in found.endpoints.values()) | {
         dp.pid for _, _, dp in found.reattached}
+    # The fork server a predecessor left serving is re-attached, not swept (alone: the
+    # data paths it forked are kept or swept as their attempts are).
+    from autopilot.datapath.forks import live_forkserver
+
+    server = live_forkserver(state_dir) if reattach else None
     exited: dict[tuple[str, int], RunOutcome] | None = None
     refused: sweep.Refusals = []
     for cell, pids in await anyio.to_thread.run_sync(
@@ -323,7 +328,8 @@ async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Led
     # Then what no journal line records (a spawn the predecessor died before writing).
     for marked in await anyio.to_thread.run_sync(
             lambda: sweep.orphan_marked(run_token, grace, keep=keep_tokens,
-                                        keep_pids=keep_pids | _trees(keep_pids))):
+                                        keep_pids=keep_pids | _trees(keep_pids)
+                                        | ({server} if server else set()))):
         found.cleaned.append({**marked, "unjournaled": True})
         emit(OrphanKilled(cell=marked["cell"], pids=marked["pids"],
              why="spawned by a predecessor killed before journaling it"))
