@@ -30,6 +30,7 @@ from autopilot.datapath.client import (
     datapath_env,
     end_child,
 )
+from autopilot.datapath.forkserver import ENDS_WITH_LOOP_ENV
 from autopilot.datapath.messages import Attempt, Forked, Hello
 from autopilot.state.fsutil import log_tail
 from autopilot.state.statedir import ensure_private_dir, open_append
@@ -47,8 +48,10 @@ class ForkServer:
     (it would not start, or died and would not start again): every launch falls back to
     a process of its own, which costs only time."""
 
-    def __init__(self, state_dir: Path, run_token: str) -> None:
+    def __init__(self, state_dir: Path, run_token: str, outlives: bool = True) -> None:
         self.state_dir = state_dir
+        # False: it ends with this loop (a Ray node's actor, whose attempts do too)
+        self.outlives = outlives
         self.dir = state_dir / "datapath"
         self.run_token = run_token
         self.proc: Process | None = None  # our child, when this loop started it
@@ -72,7 +75,7 @@ class ForkServer:
 
     async def _start(self) -> None:
         ensure_private_dir(self.dir)
-        rec = wire.read_private_json(self.dir / FORKSERVER_RECORD)
+        rec = wire.read_private_json(self.dir / FORKSERVER_RECORD) if self.outlives else None
         saved = wire.read_private_json(self.dir / FORKSERVER_SECRET)
         if rec is not None and saved is not None and isinstance(saved.get("secret"), str):
             pid, ticks = rec.get("pid"), rec.get("ticks")
@@ -114,7 +117,8 @@ class ForkServer:
                     [sys.executable, "-m", "autopilot.datapath.forkserver",
                      str(listener.fileno())], stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE, stderr=log, start_new_session=True,
-                    env=datapath_env(self.run_token, FORKSERVER_MARK),
+                    env={**datapath_env(self.run_token, FORKSERVER_MARK),
+                         **({} if self.outlives else {ENDS_WITH_LOOP_ENV: "1"})},
                     pass_fds=(listener.fileno(),))
         finally:
             listener.close()

@@ -26,6 +26,7 @@ attempt.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hmac
 import json
 import os
@@ -39,6 +40,8 @@ from autopilot.datapath.messages import Forked, Hello, Refusal
 MSG_CAP = 1 << 20  # one spec; the loop falls back to a spawn for a larger one
 IDLE_SECS = 300.0  # with no loop connected this long, the run was left: end
 IDLE_ENV = "AUTOPILOT_FORKSERVER_IDLE_SECS"  # (tests)
+ENDS_WITH_LOOP_ENV = "AUTOPILOT_FORKSERVER_ENDS_WITH_LOOP"  # a Ray node's: PR_SET_PDEATHSIG
+_PR_SET_PDEATHSIG = 1
 
 
 def _reap(*_: object) -> None:
@@ -147,6 +150,9 @@ def main() -> int:
     # ended): the fork server outlives the loop, as the data paths it forks do.
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: None)
+    if os.environ.get(ENDS_WITH_LOOP_ENV):  # (a Ray node's attempts end with its actor)
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     secret = sys.stdin.buffer.readline().strip()
     # What every data path needs, imported once here (the reason this process exists).
     import aiohttp.web  # noqa: F401

@@ -191,7 +191,8 @@ class NodeAgent:
         w = Wiring(preset=p, state_dir=self.state_dir, run_token=self.run_token,
                    port=self.port, redactor=self.redactor, clock=time.monotonic)
         self.cx = cell_context(w, self.keeper, replica=self.replica,
-                               extra_env={LEASE_ENV: self.lease}, forks=True)
+                               extra_env={LEASE_ENV: self.lease}, forks=True,
+                               forks_outlive=False)  # its attempts end with the actor
         return self.where()
 
     def _start_guard(self) -> None:
