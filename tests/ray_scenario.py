@@ -17,6 +17,8 @@ test asserts on beside the journal):
 - ``ship``: no shared storage: the nodes ship each attempt's files back.
 - ``recreate``: an arm pinned to replica 2, whose node is removed mid-run; a node with
   the same resource joins; the replica must be recreated there for the run to finish.
+- ``failover``: replica 1's endpoint dies and stays down; its node's requests go to
+  another node's replica before their response begins.
 """
 
 from __future__ import annotations
@@ -164,6 +166,25 @@ def recreate(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
     return {"code": proc.returncode, "output": output[-4000:]}
 
 
+def failover(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
+    """Replica 1's endpoint dies after 3 requests and stays down (restart after 30 s):
+    the requests its node's cells make meanwhile go to a replica on another node before
+    their response begins; none of them is INVALID for it."""
+    state = out / "failover"
+    path = overlay(out, cluster.address)
+    doc = json.loads(path.read_text())
+    doc["endpoint"] |= {"replica_env": [{}, {"AUTOPILOT_DEMO_CRASH_AFTER": "3"}, {}],
+                        "down_restart_secs": 30}
+    doc["vars"] = {"think_secs": "0.05"}
+    doc["tasks"] = [{"id": "p1_bugfix"}, {"id": "p2_extract"}, {"id": "p3_market"}]
+    doc["trust"] = {"infra_retries": 0}
+    path = out / "ray-failover.json"
+    path.write_text(json.dumps(doc))
+    r = subprocess.run(cli(state, path), cwd=ROOT, capture_output=True, text=True,
+                       timeout=400)
+    return {"code": r.returncode, "output": (r.stdout + r.stderr)[-4000:]}
+
+
 def ship(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
     """No shared storage: each node keeps its cells' files under its own node_dir and
     ships them back with every verdict."""
@@ -191,7 +212,8 @@ def main() -> int:
         result: dict[str, Any] = {}
         for name in scenario.split(","):
             fn = {"node-loss": node_loss, "sigkill": sigkill, "cleanup": cleanup,
-                  "sigterm": sigterm, "ship": ship, "recreate": recreate}[name]
+                  "sigterm": sigterm, "ship": ship, "recreate": recreate,
+                  "failover": failover}[name]
             result[name] = fn(cluster, nodes, out)
         (out / "result.json").write_text(json.dumps(result))
     finally:

@@ -31,7 +31,7 @@ def scenarios(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     out = tmp_path_factory.mktemp("ray")
     r = subprocess.run(
         ["unshare", "-n", "--", sys.executable, str(ROOT / "tests" / "ray_scenario.py"),
-         "node-loss,sigkill,cleanup,sigterm,ship,recreate", str(out)],
+         "node-loss,sigkill,cleanup,sigterm,ship,recreate,failover", str(out)],
         capture_output=True, text=True, timeout=1500, env=cli_env(), cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return out, json.loads((out / "result.json").read_text())
@@ -175,6 +175,21 @@ def test_a_lost_replica_is_recreated_where_its_resources_come_back(
     assert_each_cell_once_and_never_rerun(evs, 24)
 
 
+def test_a_request_fails_over_to_a_replica_on_another_node(
+        scenarios: tuple[Path, dict[str, Any]]) -> None:
+    _, evs = _completed(scenarios, "failover")
+    failovers = [e for e in evs if e["event"] == "request_failover"]
+    # replica 1's node sent them on: to replica 0 or 2, each on a node of its own
+    assert failovers and {(e["replica"], e["to"]) for e in failovers} <= {(1, 0), (1, 2)}
+    nodes = {e["replica"]: e["node"] for e in evs if e["event"] == "ray_replica_started"}
+    assert len(set(nodes.values())) == 3
+    verdicts = [e for e in evs if e["event"] == "cell_verdict"]
+    assert verdicts and all(e["verdict"] in ("PASS", "FAIL") for e in verdicts), verdicts
+    moved = {e["cell"] for e in failovers}
+    metered = {e["cell"]: e for e in evs if e["event"] == "cell_metered"}
+    assert all(metered[c]["failovers"] >= 1 for c in moved)
+
+
 def test_ray_backend_config_errors_are_one_line_exit_2(tmp_path: Path) -> None:
     state = tmp_path / "state"
     cases = [
@@ -226,3 +241,18 @@ def test_dry_run_prints_the_ray_placement(tmp_path: Path) -> None:
                for x in lines), lines
     # a dry run connects to nothing: no cluster is reachable at that address here
     assert "dry run: nothing launched" in lines
+
+
+def test_only_a_replica_a_node_can_reach_is_offered_to_it() -> None:
+    from autopilot.backends.ray.head import peer_origin
+
+    lo = "http://127.0.0.1:8080/v1"
+    assert peer_origin(lo, True, "10.0.0.2", "10.0.0.2") == "http://127.0.0.1:8080"
+    assert peer_origin(lo, True, "10.0.0.2", "10.0.0.3") == ""  # another machine's loopback
+    assert peer_origin("http://localhost:9/v1", True, "a", "b") == ""
+    assert peer_origin("http://[::1]:9/v1", True, "a", "b") == ""
+    assert peer_origin("http://10.0.0.2:8080/v1", True, "10.0.0.2", "10.0.0.3") \
+        == "http://10.0.0.2:8080"
+    assert peer_origin("http://gpu-2.lan:8080/v1", True, None, "x") == "http://gpu-2.lan:8080"
+    assert peer_origin("http://10.0.0.2:8080/v1", False, "10.0.0.2", "10.0.0.2") == ""
+    assert peer_origin("", True, "a", "a") == ""

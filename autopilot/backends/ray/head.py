@@ -112,6 +112,23 @@ class RemoteEndpoint:
         return {"engine": self.executor.w.preset.endpoint.engine, "replica": self.replica}
 
 
+def peer_origin(api_base: str, up: bool, its_ip: str | None, here: str | None) -> str:
+    """A replica's endpoint (``scheme://host:port``) as another node reaches it, or ""
+    where it cannot: the replica is not up, or it listens on a loopback address of
+    another machine."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    u = urlsplit(api_base)
+    if not up or not u.netloc:
+        return ""
+    try:
+        loopback = u.hostname == "localhost" or ipaddress.ip_address(u.hostname or "").is_loopback
+    except ValueError:
+        loopback = False  # a name: the node resolves it
+    return f"{u.scheme}://{u.netloc}" if not loopback or its_ip == here else ""
+
+
 class RemoteKeeper(KeeperBase):
     """The supervisor's view of a keeper that runs in a node's actor."""
 
@@ -316,13 +333,21 @@ class RayBackend(Backend):
             revoked, self.revoked[i] = self.revoked[i], []
             try:
                 got = await actor.poll.remote([list(r) for r in revoked],
-                                              self.w.port.stopping(), self.w.port.forced())
+                                              self.w.port.stopping(), self.w.port.forced(),
+                                              self.origins(i))
             except self.ray.exceptions.RayActorError as e:
                 self.revoked[i] = revoked + self.revoked[i]
                 self._lost(i, inc, short_error(e))
                 return False
             self._apply(i, got)
             return True
+
+    def origins(self, asking: int) -> list[str]:
+        """Where each replica's endpoint answers as replica ``asking``'s node reaches it:
+        what that node's gateways may fail over to before a response begins."""
+        here = self.remote[asking].where.get("ip")
+        return [peer_origin(str(k.seen.get("api_base") or ""), k.is_up, k.where.get("ip"),
+                            here) for k in self.remote]
 
     def _apply(self, i: int, got: Polled) -> None:
         port, k = self.w.port, self.remote[i]

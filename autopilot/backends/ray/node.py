@@ -28,7 +28,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,19 @@ class GradeFailureReport:
 
 Report = EventReport | MilestoneReport | GradeFailureReport
 """One thing a node reports, in the order it happened."""
+
+
+@dataclass(frozen=True)
+class PeerEndpoint:
+    api_base: str  # scheme://host:port (the harness sends the path)
+
+
+@dataclass(frozen=True)
+class PeerReplica:
+    """Another node's replica, as the head last saw it (``cell.context.Served``)."""
+
+    ep: PeerEndpoint
+    is_up: bool
 
 
 @dataclass(frozen=True)
@@ -171,6 +184,7 @@ class NodeAgent:
         self.port = NodePort()
         self.running: dict[tuple[str, int], asyncio.Task[Any]] = {}
         self.keeper: Keeper | None = None
+        self.origins: list[str] = []  # every replica's, as the head last said
         self._watch: asyncio.Task[Any] | None = None
         # Every process this actor starts (endpoint, harness, grader) inherits the lease.
         os.environ[LEASE_ENV] = self.lease
@@ -190,10 +204,17 @@ class NodeAgent:
         self._watch = asyncio.ensure_future(self.keeper.watch())
         w = Wiring(preset=p, state_dir=self.state_dir, run_token=self.run_token,
                    port=self.port, redactor=self.redactor, clock=time.monotonic)
-        self.cx = cell_context(w, self.keeper, replica=self.replica,
-                               extra_env={LEASE_ENV: self.lease}, forks=True,
-                               forks_outlive=False)  # its attempts end with the actor
+        self.cx = replace(cell_context(w, self.keeper, replica=self.replica,
+                                       extra_env={LEASE_ENV: self.lease}, forks=True,
+                                       forks_outlive=False),  # (ends with the actor)
+                          peers=self.peers)
         return self.where()
+
+    def peers(self) -> list[Any]:
+        """Every replica, by number, as this node's gateways see it: its own keeper, and
+        the others where the head last saw them answer."""
+        return [self.keeper if i == self.replica else PeerReplica(PeerEndpoint(o), bool(o))
+                for i, o in enumerate(self.origins or [""] * (self.replica + 1))]
 
     def _start_guard(self) -> None:
         """The lease guard (autopilot.backends.ray.leaseguard): kills this lease's processes on this
@@ -218,10 +239,14 @@ class NodeAgent:
                 "devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
     async def poll(self, revoked: list[list[Any]] | None = None, stopping: bool = False,
-                   forced: bool = False) -> Polled:
+                   forced: bool = False, origins: list[str] | None = None) -> Polled:
         """Drain the buffered events; kill the attempts whose lease the supervisor
         revoked (it re-queued them while this actor was unreachable); learn that the
-        supervisor is stopping (its cells are then abandoned, as locally)."""
+        supervisor is stopping (its cells are then abandoned, as locally), and where
+        every replica answers (``origins``: a request fails over to another node's
+        replica before its response begins)."""
+        if origins is not None:
+            self.origins = [str(o) for o in origins]
         self.port.stop = self.port.stop or stopping
         self.port.force = self.port.force or forced
         for cid, attempt in revoked or ():
