@@ -129,7 +129,7 @@ class RunGateway:
 
 def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
                  extra_env: dict[str, str] | None = None, forks: bool = False,
-                 forks_outlive: bool = True) -> CellContext:
+                 forks_outlive: bool = True, forks_name: str = "forkserver") -> CellContext:
     """The one builder of what a cell run needs (here, and in a Ray node's actor, whose
     fork server ends with it: ``forks_outlive=False``)."""
     from autopilot.cell import cgroups, users
@@ -177,8 +177,8 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
         replica=replica, contain=cgroups.for_run(w.run_token)[0], gateway=gateway,
         # Data paths forked from one server per loop (its imports paid once), where the
         # backend asks for it; else each is a process of its own.
-        launch=Launcher(ForkServer(w.state_dir, w.run_token, outlives=forks_outlive)
-                        if forks else None),
+        launch=Launcher(ForkServer(w.state_dir, w.run_token, outlives=forks_outlive,
+                                   name=forks_name) if forks else None),
         run_token=w.run_token,
         handing_over=port.handing_over,
         on_throttled=port.throttled,

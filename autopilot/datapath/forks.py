@@ -48,10 +48,14 @@ class ForkServer:
     (it would not start, or died and would not start again): every launch falls back to
     a process of its own, which costs only time."""
 
-    def __init__(self, state_dir: Path, run_token: str, outlives: bool = True) -> None:
+    def __init__(self, state_dir: Path, run_token: str, outlives: bool = True,
+                 name: str = "forkserver") -> None:
         self.state_dir = state_dir
         # False: it ends with this loop (a Ray node's actor, whose attempts do too)
         self.outlives = outlives
+        # its files' names: a Ray node's own (nodes may share the state dir)
+        self.record, self.secret = f"{name}.json", f"{name}.secret"
+        self.sock_name, self.log_name = f"{name}.sock", f"{name}.log"
         self.dir = state_dir / "datapath"
         self.run_token = run_token
         self.proc: Process | None = None  # our child, when this loop started it
@@ -75,8 +79,8 @@ class ForkServer:
 
     async def _start(self) -> None:
         ensure_private_dir(self.dir)
-        rec = wire.read_private_json(self.dir / FORKSERVER_RECORD) if self.outlives else None
-        saved = wire.read_private_json(self.dir / FORKSERVER_SECRET)
+        rec = wire.read_private_json(self.dir / self.record) if self.outlives else None
+        saved = wire.read_private_json(self.dir / self.secret)
         if rec is not None and saved is not None and isinstance(saved.get("secret"), str):
             pid, ticks = rec.get("pid"), rec.get("ticks")
             if type(pid) is int and pid > 1 and type(ticks) is int and verify(
@@ -102,7 +106,7 @@ class ForkServer:
         dirfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            path = wire.fd_path(dirfd, FORKSERVER_SOCK)
+            path = wire.fd_path(dirfd, self.sock_name)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             old = os.umask(0o177)
@@ -111,8 +115,8 @@ class ForkServer:
             finally:
                 os.umask(old)
             listener.listen(4)
-            wire.write_private_json(self.dir / FORKSERVER_SECRET, {"secret": secret})
-            with open_append(self.dir / "forkserver.log") as log:
+            wire.write_private_json(self.dir / self.secret, {"secret": secret})
+            with open_append(self.dir / self.log_name) as log:
                 self.proc = await spawn(
                     [sys.executable, "-m", "autopilot.datapath.forkserver",
                      str(listener.fileno())], stdin=subprocess.PIPE,
@@ -130,7 +134,7 @@ class ForkServer:
             line = await BufferedByteReceiveStream(self.proc.stdout).receive_until(b"\n", 64)
         if line != b"ready":
             raise OSError("the fork server did not start")
-        wire.write_private_json(self.dir / FORKSERVER_RECORD, {
+        wire.write_private_json(self.dir / self.record, {
             "version": wire.VERSION, "pid": self.proc.pid,
             "ticks": start_ticks(self.proc.pid)})
         await self._connect(secret.encode(), ProcIdentity(
@@ -142,7 +146,7 @@ class ForkServer:
         sock.setblocking(False)
         dirfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            sock.connect(wire.fd_path(dirfd, FORKSERVER_SOCK))
+            sock.connect(wire.fd_path(dirfd, self.sock_name))
             sock.send(json.dumps(Hello(secret.decode()).to_wire()).encode())
             with anyio.fail_after(ANSWER_SECS):
                 await anyio.wait_readable(sock)
@@ -234,7 +238,7 @@ class ForkServer:
                     await anyio.sleep(0.01)
             self._end_stranger(self.ident)
         if not keep:
-            for name in (FORKSERVER_RECORD, FORKSERVER_SECRET):
+            for name in (self.record, self.secret, self.sock_name):
                 with contextlib.suppress(OSError):
                     (self.dir / name).unlink()
 

@@ -206,7 +206,10 @@ class NodeAgent:
                    port=self.port, redactor=self.redactor, clock=time.monotonic)
         self.cx = replace(cell_context(w, self.keeper, replica=self.replica,
                                        extra_env={LEASE_ENV: self.lease}, forks=True,
-                                       forks_outlive=False),  # (ends with the actor)
+                                       # its own: ends with the actor, and the nodes
+                                       # may share the state dir
+                                       forks_outlive=False,
+                                       forks_name=f"forkserver-{self.lease}"),
                           peers=self.peers)
         return self.where()
 
