@@ -104,17 +104,12 @@ class ForkServer:
     async def _spawn(self) -> None:
         secret = secrets.token_hex(16)
         dirfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            path = wire.fd_path(dirfd, self.sock_name)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            old = os.umask(0o177)
-            try:
-                listener.bind(path)
-            finally:
-                os.umask(old)
-            listener.listen(4)
+            listener = wire.listen_private(dirfd, self.sock_name, socket.SOCK_SEQPACKET, 4)
+        except BaseException:
+            os.close(dirfd)
+            raise
+        try:
             wire.write_private_json(self.dir / self.secret, {"secret": secret})
             with open_append(self.dir / self.log_name) as log:
                 self.proc = await spawn(

@@ -176,16 +176,8 @@ class DataPathProcess:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGCHLD, self._reap)
         dirfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server = wire.listen_private(dirfd, wire.SOCK, socket.SOCK_STREAM, 16)
         path = wire.fd_path(dirfd, wire.SOCK)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        old = os.umask(0o177)
-        try:
-            server.bind(path)
-        finally:
-            os.umask(old)
-        server.listen(16)
         server.setblocking(False)
         accepting = asyncio.ensure_future(self._accept(server))
         gw = self.spec.get("gateway")

@@ -122,3 +122,22 @@ def proc_ticks(pid: int) -> int | None:
         return int(stat[stat.rindex(b")") + 2:].split()[19])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def listen_private(dirfd: int, name: str, kind: int, backlog: int) -> socket.socket:
+    """A Unix socket listening as ``name`` in the directory open as ``dirfd``, 0600 from
+    its first moment (bound under umask 0177), a stale one of that name replaced."""
+    sock = socket.socket(socket.AF_UNIX, kind)
+    path = fd_path(dirfd, name)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    old = os.umask(0o177)
+    try:
+        sock.bind(path)
+    except BaseException:
+        sock.close()
+        raise
+    finally:
+        os.umask(old)
+    sock.listen(backlog)
+    return sock
