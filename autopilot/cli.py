@@ -245,6 +245,9 @@ def cmd_stop(args: argparse.Namespace) -> int:
         if ev.get("event") in ("run_started", "run_finished", "run_handed_over"):
             last = ev
     if last is not None and last.get("event") == "run_finished":
+        from autopilot.datapath.forks import end_forkserver
+
+        end_forkserver(state_dir)  # (a run that ended itself left none: a crash might)
         print(f"nothing to stop: the run ended ({term(str(last.get('outcome')), 40)})")
         return 0
     sup = Supervisor(preset, plan, RunOptions(state_dir, console_log=not args.quiet))

@@ -201,7 +201,7 @@ def test_an_intent_whose_harness_never_spawned_keeps_its_attempt_number(
     emit("cell_spawning", cell=b, attempt=1, token="tb")
     spawned = wire.attempt_dir(tmp_path, b, 1)
     spawned.mkdir(parents=True)
-    wire.write_private_json(spawned / wire.SHIM, {"version": wire.VERSION, "pid": 1})
+    wire.write_private_json(spawned / wire.RECORD, {"version": wire.VERSION, "pid": 1})
     found = Swept()
     lost = anyio.run(reattach_datapaths, preset, plan, tmp_path, ledger, emit, found)
     assert b not in found.never_started and b in lost  # its data path ran, and is gone

@@ -71,7 +71,10 @@ class ForkServer:
         async with self._lock:
             if self.sock is None and not self.broken:
                 try:
-                    await self._start()
+                    # whole or not at all: a server started is a server held (aclose
+                    # ends it), never one a cancelled start left behind
+                    with anyio.CancelScope(shield=True):
+                        await self._start()
                 except (OSError, TimeoutError, ValueError, anyio.EndOfStream,
                         anyio.IncompleteRead, anyio.DelimiterNotFound):
                     await self.aclose()
@@ -238,6 +241,24 @@ class ForkServer:
                     (self.dir / name).unlink()
 
 
+def end_forkserver(state_dir: Path) -> int | None:
+    """End the run's fork server, if one is left serving (a stop, not a hand-over): by
+    its recorded identity, never by a name; its files removed. The pid it had, or None."""
+    pid = live_forkserver(state_dir)
+    if pid is not None:
+        with contextlib.suppress(psutil.Error):
+            p = psutil.Process(pid)
+            p.terminate()
+            try:
+                p.wait(5.0)
+            except psutil.TimeoutExpired:
+                p.kill()
+    for name in (FORKSERVER_RECORD, FORKSERVER_SECRET, FORKSERVER_SOCK):
+        with contextlib.suppress(OSError):
+            (state_dir / "datapath" / name).unlink()
+    return pid
+
+
 def live_forkserver(state_dir: Path) -> int | None:
     """The pid of the fork server a predecessor left serving this run, if its record
     names a live process (the start-up sweep spares it: the successor re-attaches)."""
@@ -272,4 +293,4 @@ class Launcher:
             await self.forks.aclose(keep)
 
 
-__all__ = ["ForkServer", "Launcher", "live_forkserver"]
+__all__ = ["ForkServer", "Launcher", "end_forkserver", "live_forkserver"]

@@ -379,6 +379,11 @@ async def stop_leftovers(preset: Preset, plan: Plan, state_dir: Path, ledger: Le
                           await docker.remove_labelled(str(state_dir), role="endpoint")]
         finally:
             await docker.close()
+    from autopilot.datapath.forks import end_forkserver
+
+    server = await anyio.to_thread.run_sync(end_forkserver, state_dir)
+    if server is not None:  # (the marker sweep finds it too; by its record, surely)
+        found.cleaned.append({"removed": f"data path fork server {server}"})
     for what in elsewhere:
         found.cleaned.append({"removed": what})
     emit(LeftoversStopped(cleaned=found.cleaned[:1000], why="a stop signal during "

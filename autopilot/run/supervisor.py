@@ -238,6 +238,10 @@ class Supervisor(Recorder):
                 handover = self.stop.handover
                 if self.backend is not None:
                     await self.backend.close(keep_endpoints=handover)
+                if not handover:  # the run's fork server ends with it, whoever started it
+                    from autopilot.datapath.forks import end_forkserver
+
+                    await anyio.to_thread.run_sync(end_forkserver, self.state_dir)
                 if self._docker is not None:
                     await self._docker.docker.close()
                 contain = cgroups.for_run(self.run_token)[0] if self.run_token else None
