@@ -10,8 +10,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,18 @@ def events(state_dir: Path) -> list[dict[str, Any]]:
     bad = [why for ev in out if isinstance(ev, dict) and (why := mistyped(ev))]
     assert bad == [], f"{path}: events that fit no type: {bad[:5]}"
     return out
+
+
+@pytest.fixture
+def reachable() -> Iterator[Path]:
+    """A dir other users can search (pytest's own tmp dirs are root's 0700): for cells
+    that run as a user of their own."""
+    d = Path(tempfile.mkdtemp(prefix="autopilot-reach-", dir="/tmp"))
+    os.chmod(d, 0o711)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def write_overlay(path: Path, doc: dict[str, Any]) -> Path:

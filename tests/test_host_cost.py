@@ -9,8 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -119,16 +117,6 @@ def test_claims_in_a_dir_others_can_write_are_not_trusted(tmp_path: Path) -> Non
     assert pool.take("a") == 61249 and list(claims.iterdir()) == []
 
 
-@pytest.fixture
-def reachable() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="autopilot-cost-", dir="/tmp"))
-    os.chmod(d, 0o711)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-
-
 # The supervisor, with its own CPU (every thread, not its children) written at exit.
 MEASURED = r'''
 import atexit, os, resource, sys
@@ -177,9 +165,9 @@ def supervisor_cpu(where: Path, cells: int, cgroups: str) -> float:
 def test_the_supervisors_cpu_per_cell_is_the_same_with_2000_idle_processes(
         reachable: Path, cgroups: str) -> None:
     # Per cell, the fixed start and end taken away: (a run of 84 cells - a run of 4) / 80,
-    # each run the best of 3, interleaved with and without the crowd.
+    # each run the best of 5, interleaved with and without the crowd (a shared box is noisy).
     runs: dict[tuple[str, int], list[float]] = {}
-    for _ in range(3):
+    for _ in range(5):
         for crowd in ("quiet", "crowded"):
             idle = [subprocess.Popen(["sleep", "900"]) for _ in range(2000 if crowd ==
                                                                       "crowded" else 0)]

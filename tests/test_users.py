@@ -9,8 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -37,17 +35,6 @@ echo '{{"total_completion_tokens": 3}}' > "$out/summary.json"
 '''
 GRADER = ["/bin/sh", "-c", 'id -u > "$2.uid"; echo \'{{"verdict": "PASS"}}\' > "$1"', "grade",
           "{grade_file}", "{output_dir}/grader"]
-
-
-@pytest.fixture
-def reachable() -> Iterator[Path]:
-    """A dir other users can search (pytest's own tmp dirs are root's 0700)."""
-    d = Path(tempfile.mkdtemp(prefix="autopilot-users-", dir="/tmp"))
-    os.chmod(d, 0o711)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def run_as_cells(tmp_path: Path, env: dict[str, str], **harness: object
