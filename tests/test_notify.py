@@ -54,7 +54,7 @@ def test_milestones_arrive_in_order_once_each(state_dir: Path) -> None:
         journal_kinds = [e["kind"] for e in events(state_dir) if e["event"] == "milestone"]
         titles = [m["title"] for m in rx.messages]
     assert journal_kinds[0] == "run_started" and journal_kinds[-1] == "run_complete"
-    # (harness_anomaly at N=1 depends on how the 3 injected grader crashes interleave with
+    # (harness_anomaly at N=1 depends on how the 4 injected grader crashes interleave with
     # other cells' good grades now that grading retries in place; test_run covers it at N=2)
     for kind in ("endpoint_restart", "arm_complete"):
         assert kind in journal_kinds

@@ -288,10 +288,10 @@ def test_demo_chaos_heals_itself(state_dir: Path) -> None:
     assert kinds.count("harness_anomaly") == 1
     reasons = Counter(e["reason"] for e in evs
                       if e["event"] == "cell_verdict" and e["verdict"] == "INVALID")
-    # the three injected grader crashes re-ran the grader on the same outputs, never a harness
+    # the four injected grader crashes re-ran the grader on the same outputs, never a harness
     assert reasons["grader_failed"] == 0
     retries = [e for e in evs if e["event"] == "grade_retry"]
-    assert len(retries) == 3 and {e["reason"] for e in retries} == {"grader_failed"}
+    assert len(retries) == 4 and {e["reason"] for e in retries} == {"grader_failed"}
     started = Counter((e["cell"], e["attempt"]) for e in evs if e["event"] == "cell_started")
     for e in retries:  # the re-graded attempt's harness ran once
         assert started[(e["cell"], e["attempt"])] == 1
