@@ -11,12 +11,16 @@ test asserts on beside the journal):
 - ``node-loss``: the demo with 3 replicas; once replica 2 runs cells, its node is
   removed (its raylet and workers killed); the run must still end COMPLETE.
 - ``sigkill``: the demo with 3 replicas; the supervisor is SIGKILLed mid-run (its
-  detached actors keep running), then the same command is run again.
+  detached actors keep running) and the same command run again, up to KILLS times.
+- ``handover``: SIGUSR2 mid-run twice, the same command run again after each.
 - ``cleanup``: the same SIGKILL, then ``autopilot cleanup`` (twice) instead.
 - ``sigterm``: SIGTERM mid-run: the cells are abandoned on every node, nothing is left.
 - ``ship``: no shared storage: the nodes ship each attempt's files back.
 - ``recreate``: an arm pinned to replica 2, whose node is removed mid-run; a node with
   the same resource joins; the replica must be recreated there for the run to finish.
+- ``partition`` (alone: a cluster of its own, each node in a network namespace of its
+  own): replica 2's node is cut off from the others for longer than its lease, then
+  healed.
 - ``failover``: replica 1's endpoint dies and stays down; its node's requests go to
   another node's replica before their response begins.
 """
@@ -28,6 +32,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +42,11 @@ from autopilot.cell.procs import grade_marker
 
 
 def overlay(out: Path, address: str, arms: list[dict[str, Any]] | None = None,
-            **backend: Any) -> Path:
-    path = out / f"ray{len(backend)}{'-pinned' if arms else ''}.json"
+            think: str = "0.25", **backend: Any) -> Path:
+    path = out / f"ray{len(backend)}{'-pinned' if arms else ''}-{think}.json"
     path.write_text(json.dumps({
         **({"arms": arms} if arms else {}),
-        "vars": {"think_secs": "0.25"},  # cells of a few seconds: a node dies mid-cell
+        "vars": {"think_secs": think},  # cells of a few seconds: a node dies mid-cell
         "endpoint": {"replicas": 3, "slots": 2},
         "run": {"concurrency": 6},
         "backend": {"kind": "ray", "address": address, "shared_state_dir": True,
@@ -85,24 +90,86 @@ def node_loss(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
             "marked": env_holders("AUTOPILOT_RUN_TOKEN", {token, grade_marker(token)})}
 
 
+KILLS = 10
+
+
+def verdicts(state: Path) -> int:
+    return sum(e["event"] == "cell_verdict" for e in events(state))
+
+
+def running_attempts(state: Path) -> set[tuple[str, int]]:
+    """Attempts the journal shows started and not yet judged."""
+    evs = events(state)
+    started = {(e["cell"], e["attempt"]) for e in evs if e["event"] == "cell_started"}
+    return started - {(e["cell"], e["attempt"]) for e in evs if e["event"] == "cell_verdict"}
+
+
 def sigkill(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
+    """The supervisor SIGKILLed up to KILLS times, each time once it has journaled a
+    verdict of its own and cells run on the nodes (a kill may land anywhere in a
+    successor's start: its survey, its replay, its sweep), and the same command run
+    again: each successor re-attaches to the detached actors."""
     nodes[2] = cluster.add_node(num_cpus=2, resources={"node2": 1},
                                 object_store_memory=80 * 2**20)
     cluster.wait_for_nodes()
     state = out / "sigkill"
-    over = overlay(out, cluster.address)
-    proc = subprocess.Popen(cli(state, over), cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    wait_for(lambda: sum(e["event"] == "cell_verdict" for e in events(state)) >= 4
-             and running_on(state, 0), 240, "a few verdicts")
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    leases = [e["lease"] for e in events(state) if e["event"] == "ray_replica_started"]
-    second = subprocess.run(cli(state, over), cwd=ROOT, capture_output=True, text=True,
-                            timeout=400)
-    return {"code": second.returncode, "output": (second.stdout + second.stderr)[-4000:],
-            "first_leases": leases,
-            "leftover": env_holders("AUTOPILOT_RAY_LEASE", set(leases))}
+    over = overlay(out, cluster.address, think="0.6")  # cells of several seconds
+    at_kill: list[list[tuple[str, int]]] = []
+    seen = 0
+    for _ in range(KILLS):
+        proc = subprocess.Popen(cli(state, over), cwd=ROOT, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            wait_for(lambda: proc.poll() is not None or (
+                verdicts(state) > seen and bool(running_attempts(state))), 240,
+                "a verdict of this supervisor's, and cells running")
+        finally:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if proc.returncode != -signal.SIGKILL:
+            break  # the run ended first
+        at_kill.append(sorted(running_attempts(state)))
+        seen = verdicts(state)
+    last = subprocess.run(cli(state, over), cwd=ROOT, capture_output=True, text=True,
+                          timeout=400)
+    leases = {e["lease"] for e in events(state) if e["event"] == "ray_replica_started"}
+    return {"code": last.returncode, "output": (last.stdout + last.stderr)[-4000:],
+            "at_kill": at_kill, "leases": sorted(leases),
+            "leftover": env_holders("AUTOPILOT_RAY_LEASE", leases)}
+
+
+def handover(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
+    """SIGUSR2 mid-run, twice: the supervisor hands over (its cells run on, on their
+    nodes), and the same command is run again each time and re-attaches."""
+    state = out / "handover"
+    over = overlay(out, cluster.address, think="0.6")
+    codes: list[int] = []
+    at_handover: list[list[tuple[str, int]]] = []
+    seen = 0
+    for _ in range(2):
+        proc = subprocess.Popen(cli(state, over), cwd=ROOT, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            wait_for(lambda: verdicts(state) > seen and bool(running_attempts(state)), 240,
+                     "a verdict of this supervisor's, and cells running")
+            at_handover.append(sorted(running_attempts(state)))
+            os.kill(proc.pid, signal.SIGUSR2)
+            codes.append(proc.wait(timeout=120))
+        finally:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+        # what the actors ran while no supervisor watched: still running, on their nodes
+        seen = verdicts(state)
+    leases = {e["lease"] for e in events(state) if e["event"] == "ray_replica_started"}
+    alive = env_holders("AUTOPILOT_RAY_LEASE", leases)
+    last = subprocess.run(cli(state, over), cwd=ROOT, capture_output=True, text=True,
+                          timeout=400)
+    return {"code": last.returncode, "output": (last.stdout + last.stderr)[-4000:],
+            "codes": codes, "at_handover": at_handover, "leases": sorted(leases),
+            "alive_between": alive,
+            "leftover": env_holders("AUTOPILOT_RAY_LEASE", leases)}
 
 
 def cleanup(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
@@ -196,8 +263,63 @@ def ship(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
             "node_dir": str(out / "nodes")}
 
 
+def partition(out: Path) -> dict[str, Any]:
+    """Three Ray nodes, each in a network namespace of its own (tests/netns.py): once
+    replica 2 runs cells, its node's link to the others is cut for longer than its lease,
+    then healed. Its cells must be re-run elsewhere only after its actor fenced itself,
+    and counted once."""
+    from netns import Topology
+
+    out.mkdir(parents=True, exist_ok=True)
+    state = out / "partition"
+    with Topology(3, out) as topo:
+        topo.start_ray()
+        over = overlay(out, topo.address, think="0.6", lease_secs=6)
+        proc = topo.popen(0, cli(state, over), cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            wait_for(lambda: running_on(state, 2) and verdicts(state) >= 3, 240,
+                     "replica 2 running cells")
+            lease = next(e["lease"] for e in events(state)
+                         if e["event"] == "ray_replica_started" and e["replica"] == 2)
+            cut_off = sorted(a for a in running_attempts(state)
+                             if any(e["event"] == "cell_started" and e.get("replica") == 2
+                                    and (e["cell"], e["attempt"]) == a
+                                    for e in events(state)))
+            topo.cut(2)
+            cut_at = time.time()
+            # The moment the last process of the cut-off lease is gone, seen from here
+            # (every namespace shares this machine's process table).
+            fenced_at = None
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if fenced_at is None and not env_holders("AUTOPILOT_RAY_LEASE", {lease}):
+                    fenced_at = time.time()
+                rerun = [e for e in events(state) if e["event"] == "cell_spawning"
+                         and any(e["cell"] == c and e["attempt"] > a for c, a in cut_off)]
+                if fenced_at is not None and rerun:
+                    break
+                time.sleep(0.05)
+            time.sleep(3)  # cut for longer than the lease (6 s) and its expiry
+            topo.heal(2)
+            healed_at = time.time()
+            output, _ = proc.communicate(timeout=400)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        leftover = env_holders("AUTOPILOT_RAY_LEASE", {lease})
+    return {"code": proc.returncode, "output": output[-4000:], "lease": lease,
+            "cut_off": cut_off, "cut_at": cut_at, "fenced_at": fenced_at,
+            "healed_at": healed_at, "leftover": leftover}
+
+
 def main() -> int:
     scenario, out = sys.argv[1], Path(sys.argv[2])
+    if scenario == "partition":  # its own cluster, in namespaces it makes
+        os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+        (out / "result.json").write_text(json.dumps({"partition": partition(out)}))
+        return 0
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     from ray.cluster_utils import Cluster
@@ -211,7 +333,8 @@ def main() -> int:
         cluster.wait_for_nodes()
         result: dict[str, Any] = {}
         for name in scenario.split(","):
-            fn = {"node-loss": node_loss, "sigkill": sigkill, "cleanup": cleanup,
+            fn = {"node-loss": node_loss, "sigkill": sigkill, "handover": handover,
+                  "cleanup": cleanup,
                   "sigterm": sigterm, "ship": ship, "recreate": recreate,
                   "failover": failover}[name]
             result[name] = fn(cluster, nodes, out)

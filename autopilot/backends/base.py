@@ -22,8 +22,8 @@ from __future__ import annotations
 import abc
 import contextlib
 import importlib
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
@@ -79,6 +79,25 @@ class Keeper(Protocol):
 
 
 @dataclass(frozen=True)
+class Survivors:
+    """What a dead predecessor left running elsewhere than in this machine's data paths
+    (a Ray node's actor, its endpoint and attempts) that the backend re-attaches to: the
+    start-up sweep spares all of it, and the passes watch its attempts again."""
+
+    attempts: tuple[tuple[str, int, Any], ...] = ()
+    """(cell, attempt, handle): what ``Backend.resume`` is given (``handle.meta``: its
+    replica)."""
+    leases: frozenset[str] = frozenset()
+    """Processes carrying one of these leases are a survivor's."""
+    pids: frozenset[int] = frozenset()
+    """Endpoint processes a survivor keeps."""
+    groups: frozenset[str] = frozenset()
+    """The run's cgroups a survivor's processes are in."""
+    replicas: Mapping[int, Any] = field(default_factory=dict)
+    """Replica -> the backend's own record of what it re-attaches to."""
+
+
+@dataclass(frozen=True)
 class Wiring:
     """What the loop hands a backend when it makes it."""
 
@@ -96,6 +115,9 @@ class Wiring:
     # replica -> the endpoint_started record of an endpoint a predecessor left serving,
     # to re-adopt rather than reload (autopilot.run.recovery.live_endpoints)
     readopt: dict[int, dict[str, Any]] | None = None
+    # replica -> what the backend found alive of a predecessor's elsewhere
+    # (``Backend.survey``), to re-attach to rather than reap
+    survivors: Mapping[int, Any] | None = None
 
 
 class RunGateway:
@@ -316,6 +338,14 @@ class Backend(abc.ABC):
     # successor re-attaches to them (autopilot.run.recovery); else it abandons them.
     reattaches: ClassVar[bool] = False
 
+    @classmethod
+    async def survey(cls, preset: Preset, run_token: str, state_dir: Path,
+                     port: Port, ledger: Any) -> Survivors:
+        """Before the start-up sweep: what a dead predecessor left running elsewhere that
+        proves to be this run's (``Survivors``); its unjournaled reports are journaled
+        through ``port`` first, so ``ledger`` knows every attempt it started."""
+        return Survivors()
+
     async def resume(self, cell: Cell, attempt: int, replica: int,
                      attached: Any) -> Classification | None:
         """Watch an attempt a predecessor started (its data path, re-attached) to its
@@ -358,9 +388,11 @@ class Backend(abc.ABC):
             await base.gateway.close()
         if base is not None:  # the fork server ends (is left to a successor when handing
             await base.launch.aclose(keep=keep_endpoints)  # over); its data paths go on
-        await self.release()
+        await self.release(keep=keep_endpoints)
 
-    async def release(self) -> None:
+    async def release(self, keep: bool = False) -> None:
+        """Let go of what the backend holds (``keep``: handing over, the successor
+        re-attaches to what runs elsewhere)."""
         return None
 
 
@@ -377,5 +409,5 @@ def backend_class(kind: str) -> type[Backend]:
     return cls
 
 
-__all__ = ["BACKENDS", "Backend", "Keeper", "Port", "Wiring", "backend_class",
+__all__ = ["BACKENDS", "Backend", "Keeper", "Port", "Survivors", "Wiring", "backend_class",
            "cell_context", "replica_lines"]

@@ -199,8 +199,8 @@ class Containment:
         for group in sorted(p for p in self.base.iterdir() if p.is_dir()):
             if not endpoint and group.name.startswith("endpoint-"):
                 continue
-            if group.name in keep:
-                continue
+            if group.name in keep or group.name.rpartition("-u")[0] in keep:
+                continue  # (kept by its name, whatever uid the attempt ran as)
             spared: list[dict[str, Any]] = []
             pids = self.kill(group, timeout, spared)
             if pids or spared:

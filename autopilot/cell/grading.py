@@ -23,6 +23,7 @@ import anyio
 from autopilot.cell.cgroups import Containment, group_name
 from autopilot.cell.childenv import child_env
 from autopilot.cell.procs import (
+    LEASE_ENV,
     OWNED,
     RUN_TOKEN_ENV,
     Tracker,
@@ -220,6 +221,10 @@ async def grade_outputs(
     env = child_env(p, "grader")
     if base_env is not None and RUN_TOKEN_ENV in base_env:
         env[RUN_TOKEN_ENV] = grade_marker(base_env[RUN_TOKEN_ENV])
+    if base_env is not None and LEASE_ENV in base_env:
+        # On a Ray node the grader is the lease's as its harness is: swept with it when
+        # the node is lost, spared with it when a successor re-attaches.
+        env[LEASE_ENV] = base_env[LEASE_ENV]
     env.update(extra_env or {})  # model-graded scoring: the grading listener's own key
     env["AUTOPILOT_CELL_ID"] = ctx["cell"]
     env["AUTOPILOT_CELL_ATTEMPT"] = ctx["attempt"]

@@ -79,7 +79,8 @@ def orphan_cells(cells: list[CellState], journal: Path, grace: float, token: str
 
 def orphan_marked(run_token: str, grace: float, endpoint: bool = True,
                   lease: str | None = None, keep: frozenset[str] = frozenset(),
-                  keep_pids: frozenset[int] = frozenset()) -> list[dict[str, Any]]:
+                  keep_pids: frozenset[int] = frozenset(),
+                  keep_leases: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
     """Kill every process still carrying this run's marker: at start-up, with the lock
     held, none can be ours yet, so each is a predecessor's. This catches what the journal
     cannot know: a harness or grader spawned by a supervisor SIGKILLed before it could
@@ -87,12 +88,13 @@ def orphan_marked(run_token: str, grace: float, endpoint: bool = True,
     for an endpoint, hold its port). ``cell`` is None for an endpoint; ``endpoint=False``
     leaves endpoint processes alone; ``lease`` keeps to one Ray actor's processes;
     ``keep``: the tokens of attempts re-attached to (their data path and harness tree
-    carry them), ``keep_pids``: a re-adopted endpoint's tree."""
+    carry them), ``keep_pids``: a re-adopted endpoint's tree, ``keep_leases``: the Ray
+    actors a successor re-attaches to (what they run carries their lease)."""
     out = []
     for p, env in marked_processes(run_token):
         if keep and (env.get(TOKEN_ENV) in keep or env.get(DATAPATH_ENV) in keep):
             continue
-        if p.pid in keep_pids:
+        if p.pid in keep_pids or (keep_leases and env.get(LEASE_ENV) in keep_leases):
             continue
         if not endpoint and "AUTOPILOT_CELL_ID" not in env:
             continue

@@ -149,6 +149,20 @@ class Backend(_Frozen):
     """Placement and the actors ready within this, or the run stops."""
     poll_secs: float = Field(default=0.25, gt=0)
     """How often the actors' events are drained."""
+    lease_secs: float = Field(default=60, gt=0)
+    """A node's actor that has not heard from the head for this long ends what it runs
+    and its endpoint (it is fenced: a partition may have cut it off); the head re-runs a
+    lost node's cells elsewhere only once that has surely happened, unless a sweep on
+    that machine ended them first. Longer than a supervisor's restart: its successor
+    re-attaches to the actors within it."""
+
+    @model_validator(mode="after")
+    def _lease(self) -> Backend:
+        if self.lease_secs < 4 * self.poll_secs:
+            raise ValueError(f"lease_secs ({self.lease_secs:g}) must be at least 4 polls "
+                             f"(poll_secs {self.poll_secs:g}): a node heard from every "
+                             "poll must never fence itself")
+        return self
 
     @field_validator("address")
     @classmethod

@@ -25,7 +25,7 @@ from typing import Any
 
 import anyio
 
-from autopilot.backends.base import Backend, Keeper
+from autopilot.backends.base import Backend, Keeper, Survivors
 from autopilot.cell.childenv import urls_from_env
 from autopilot.cell.validity import Classification
 from autopilot.config import Preset
@@ -92,6 +92,7 @@ class Recorder:
         self.elapsed_before = prior_elapsed(read_json(self.state_dir / "status.json"))
         self.done_this_session = 0
         self.swept = recovery.Swept()
+        self.survivors = Survivors()  # what a backend re-attaches to elsewhere
         self.stop = Stop()
         self.storage_reason: str | None = None  # a full disk made the run hand over
         self.throttle = Throttle(preset.run.concurrency, preset.run.concurrency)

@@ -54,6 +54,7 @@ from autopilot.state.statedir import open_append
 from autopilot.templates import render
 
 if TYPE_CHECKING:
+    from autopilot.backends.base import Survivors
     from autopilot.cell.sandbox import DockerSandboxes
 
 log = get_logger(__name__)
@@ -269,10 +270,13 @@ def live_endpoints(journal: Path, token: str) -> dict[int, dict[str, Any]]:
 
 
 async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Ledger,
-                        run_token: str, emit: Emit, reattach: bool = False) -> Swept:
+                        run_token: str, emit: Emit, reattach: bool = False,
+                        spare: Survivors | None = None) -> Swept:
     """Kill what a dead predecessor left running (in a worker thread: kills wait) but
     what may be re-attached to (``reattach``: attempts under their data paths, the
-    endpoint); its other cells go back to pending (journaled from the loop)."""
+    endpoint; ``spare``: what the backend re-attaches to elsewhere, a Ray node's actor
+    with its attempts and endpoint); its other cells go back to pending (journaled from
+    the loop)."""
     journal = state_dir / "journal.jsonl"
     grace = preset.watchdog.kill_grace_secs
     found = Swept()
@@ -281,15 +285,16 @@ async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Led
         lost = await reattach_datapaths(preset, plan, state_dir, ledger, emit, found)
         found.endpoints = await anyio.to_thread.run_sync(live_endpoints, journal, run_token)
     handled = {cid for cid, _, _ in found.reattached} | {a[0] for a in found.adopted} | \
-        found.never_started
+        found.never_started | {cid for cid, _, _ in (spare.attempts if spare else ())}
     cells = [c for c in ledger.cells.values() if c.id not in handled]
     keep_tokens = frozenset(str(dp.meta.get("token")) for _, _, dp in found.reattached)
     keep_groups = frozenset(str(dp.meta.get("group")) for _, _, dp in found.reattached) | {
-        f"endpoint-{r}" for r in found.endpoints}
+        f"endpoint-{r}" for r in found.endpoints} | (spare.groups if spare else frozenset())
     # A forked data path carries its fork server's environment, not its attempt's token:
     # kept by its pid (its harness tree, by the token it carries).
     keep_pids = frozenset(ev["pid"] for ev in found.endpoints.values()) | {
-        dp.pid for _, _, dp in found.reattached}
+        dp.pid for _, _, dp in found.reattached} | (spare.pids if spare else frozenset())
+    keep_leases = spare.leases if spare else frozenset()
     # The fork server a predecessor left serving is re-attached, not swept (alone: the
     # data paths it forked are kept or swept as their attempts are).
     from autopilot.datapath.forks import live_forkserver
@@ -329,7 +334,8 @@ async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Led
     for marked in await anyio.to_thread.run_sync(
             lambda: sweep.orphan_marked(run_token, grace, keep=keep_tokens,
                                         keep_pids=keep_pids | _trees(keep_pids)
-                                        | ({server} if server else set()))):
+                                        | ({server} if server else set()),
+                                        keep_leases=keep_leases)):
         found.cleaned.append({**marked, "unjournaled": True})
         emit(OrphanKilled(cell=marked["cell"], pids=marked["pids"],
              why="spawned by a predecessor killed before journaling it"))

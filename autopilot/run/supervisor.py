@@ -150,9 +150,14 @@ class Supervisor(Recorder):
             enable_subreaper()
             self.lock.beat(self.phase)
             remove_stale_temps(self.state_dir)
+            kind = backend_class(self.preset.backend.kind)
+            # What a predecessor left elsewhere (a Ray node's actor) that proves this
+            # run's: its reports journaled, then spared by the sweep and re-attached to.
+            self.survivors = await kind.survey(self.preset, self.run_token, self.state_dir,
+                                               self, self.ledger)
             self.swept = await recovery.sweep_orphans(
                 self.preset, self.plan, self.state_dir, self.ledger, self.run_token,
-                self.emit, reattach=backend_class(self.preset.backend.kind).reattaches)
+                self.emit, reattach=kind.reattaches, spare=self.survivors)
             return await self._drive()
         except BaseException as e:
             disk = storage_error(e)
@@ -203,7 +208,7 @@ class Supervisor(Recorder):
         w = Wiring(preset=self.preset, state_dir=self.state_dir, run_token=self.run_token,
                    port=self, redactor=self.redactor, clock=self.clock,
                    sandboxes=d, disk=self.disk,
-                   readopt=self.swept.endpoints)
+                   readopt=self.swept.endpoints, survivors=self.survivors.replicas)
         self.backend = backend_class(self.preset.backend.kind)(w, setting, group)
         self.passes.make_slots(len(self.backend.keepers))
 
@@ -291,7 +296,8 @@ class Supervisor(Recorder):
         self.emit(RunStarted.model_validate(started))
         sdnotify.notify("READY=1")
         self.milestone("run_started", target_n=self.plan.target_n, cells=len(self.plan.cells))
-        await self.passes.run(self.swept.adopted, self.swept.reattached)
+        await self.passes.run(self.swept.adopted,
+                              [*self.swept.reattached, *self.survivors.attempts])
         return await self._finish(), True
 
     async def _finish(self) -> int:

@@ -287,8 +287,28 @@ class RayReplicaStarted(EventBase):
     """The replica."""
 
 
+class RayActorReattached(EventBase):
+    """A predecessor's actor proved to be this run's (its run, its replica, a lease it
+    journaled): re-attached to as it is, its endpoint and attempts with it."""
+
+    event: Literal["ray_actor_reattached"] = "ray_actor_reattached"
+    replica: int
+    """The replica."""
+    lease: str
+    """The lease it runs under (a predecessor's: kept, never a new one)."""
+    node: str = ""
+    """Its Ray node (first 12 hex digits)."""
+    running: list[str] = Field(default_factory=list)
+    """The attempts it still runs or has finished, as ``cell#attempt``, re-attached to."""
+    revoked: list[str] = Field(default_factory=list)
+    """Attempts it runs that the journal does not know of: killed there."""
+    replayed: int = 0
+    """Its reports no head had journaled, journaled now."""
+
+
 class RayActorReaped(EventBase):
-    """A replica's actor died: its cells are abandoned or adopted."""
+    """A replica's actor that could not be proved this run's, or would not answer: it is
+    stopped, and what it ran is abandoned or adopted."""
 
     event: Literal["ray_actor_reaped"] = "ray_actor_reaped"
     replica: int | None = None
@@ -335,6 +355,22 @@ class LeaseSweepUnreachable(EventBase):
     """The node's address."""
     why: str = ""
     """Why."""
+
+
+class LeaseFenced(EventBase):
+    """A lost replica's lease can run nothing any more: its processes were swept on its
+    machine, or its actor has surely fenced itself (no head for ``backend.lease_secs``).
+    Only then are its cells run elsewhere."""
+
+    event: Literal["lease_fenced"] = "lease_fenced"
+    replica: int
+    """The replica."""
+    lease: str
+    """The lease."""
+    how: Literal["swept", "expired"]
+    """Swept on its machine, or its lease expired (the node unreachable)."""
+    waited_secs: float = 0.0
+    """How long its cells waited for it, after the loss was seen."""
 
 
 class CampaignStarted(EventBase):
@@ -422,7 +458,8 @@ RUN_EVENTS = (RunStarted, RunFinished, RunHandedOver, LeftoversStopped, PassStar
               Milestone, NotifyFailed, EndpointSpawned, EndpointStarted,
               EndpointDown, EndpointUp, EndpointRestart, EndpointFailed, EndpointThrottled,
               EndpointReconfigure, EndpointNotReadopted, OrphanKilled, JournalPidRefused,
-              ClaimDropped, Published, PublishFailed, RayReplicaStarted, RayActorReaped,
-              LeaseSwept, LeaseSweepFailed, LeaseSweepUnreachable,
+              ClaimDropped, Published, PublishFailed, RayReplicaStarted, RayActorReattached,
+              RayActorReaped, LeaseSwept, LeaseSweepFailed, LeaseSweepUnreachable,
+              LeaseFenced,
               CampaignStarted, CampaignFinished, CampaignBlocked, CampaignBudgetReached,
               EntryStarted, EntryFinished, EntrySkipped)

@@ -13,9 +13,14 @@ Failure semantics:
   killed on that machine where a live node can reach it (``sweep_lease``); a new actor
   (the next incarnation, a new lease) is created in the bundle once Ray can place it.
 - A result is accepted only from the lease that was asked for it; a late one is ignored.
-- A supervisor SIGKILLed leaves its detached actors and placement group behind: the next
-  one (the lock held) stops them first, so nothing a predecessor started runs on beside
-  the re-queued cells, then creates its own.
+- A supervisor SIGKILLed (or handing over) leaves its detached actors and placement
+  group running: the next one (the lock held) asks each actor who it is (``survey``) and
+  re-attaches to every one that proves to be this run's replica: its endpoint serves on
+  (no model load again), each attempt it runs or finished is watched to its end as the
+  same attempt, and the reports the dead head never journaled are journaled once (each
+  carries its number; a poll acknowledges what is journaled). Only an actor that cannot
+  prove it, or does not answer, is stopped (``ray_actor_reaped``), so nothing a
+  predecessor started runs on beside the re-queued cells.
 
 Imported only when a preset asks for Ray (``pip install 'bench-autopilot[ray]'``).
 """
@@ -24,12 +29,13 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from autopilot.backends.base import Backend, Wiring, replica_lines
+from autopilot.backends.base import Backend, Port, Survivors, Wiring, replica_lines
 from autopilot.backends.ray.cluster import (
     STRATEGY,
     actor_name,
@@ -41,127 +47,40 @@ from autopilot.backends.ray.cluster import (
     placement_lines,
     short_error,
 )
+from autopilot.backends.ray.mirror import RemoteEndpoint, RemoteKeeper, peer_origin
 from autopilot.backends.ray.node import (
-    GradeFailureReport,
-    MilestoneReport,
     NodeAgent,
     Polled,
+    Result,
+    fence_check_secs,
     lease_of,
     sweep_lease,
 )
+from autopilot.backends.ray.reattach import RayAttempt, Survivor, apply_polled, survey
 from autopilot.backends.ray.shipping import unpack
 from autopilot.cell.context import move_aside
 from autopilot.cell.validity import Classification
-from autopilot.endpoints.keeper import KeeperBase
-from autopilot.errors import EndpointError, EndpointFailed
+from autopilot.errors import EndpointError
 from autopilot.logsetup import get_logger
 from autopilot.plan import cell_context
-from autopilot.state.cellevents import CellFilesReceived, UnsafePathRefused
+from autopilot.state.cellevents import CellAbandoned, CellFilesReceived, UnsafePathRefused
 from autopilot.state.fsguard import UnsafePath, run_roots
 from autopilot.state.runevents import (
+    LeaseFenced,
     LeaseSweepFailed,
     LeaseSweepUnreachable,
     LeaseSwept,
     RayActorReaped,
+    RayActorReattached,
     RayReplicaStarted,
 )
 
 if TYPE_CHECKING:
     from autopilot.config import ArmEndpoint, Preset
     from autopilot.plan import Cell
+    from autopilot.state.ledger import Ledger
 
 log = get_logger(__name__)
-
-class RemoteEndpoint:
-    """What the supervisor touches of a replica's endpoint when it runs on a node."""
-
-    attached = False
-
-    def __init__(self, executor: RayBackend, replica: int, log_path: Path,
-                 arm_group: tuple[str, ...]) -> None:
-        self.executor = executor
-        self.replica = replica
-        self.log_path = log_path
-        self.arm_group = arm_group
-
-    # Where the node's endpoint answers (as its actor last reported): for templates of
-    # work done here, e.g. grading centrally what a predecessor's cell left finished.
-    @property
-    def port(self) -> int:
-        return int(self.executor.remote[self.replica].seen.get("port") or 0)
-
-    @property
-    def host(self) -> str:
-        return str(self.executor.remote[self.replica].seen.get("host") or "127.0.0.1")
-
-    @property
-    def api_base(self) -> str:
-        return str(self.executor.remote[self.replica].seen.get("api_base") or "")
-
-    @property
-    def served_model(self) -> str:
-        return str(self.executor.remote[self.replica].seen.get("model") or "")
-
-    async def stop(self) -> None:
-        await self.executor.stop_replica(self.replica)
-
-    async def aclose(self) -> None:
-        return None
-
-    def describe(self) -> dict[str, Any]:
-        return {"engine": self.executor.w.preset.endpoint.engine, "replica": self.replica}
-
-
-def peer_origin(api_base: str, up: bool, its_ip: str | None, here: str | None) -> str:
-    """A replica's endpoint (``scheme://host:port``) as another node reaches it, or ""
-    where it cannot: the replica is not up, or it listens on a loopback address of
-    another machine."""
-    import ipaddress
-    from urllib.parse import urlsplit
-
-    u = urlsplit(api_base)
-    if not up or not u.netloc:
-        return ""
-    try:
-        loopback = u.hostname == "localhost" or ipaddress.ip_address(u.hostname or "").is_loopback
-    except ValueError:
-        loopback = False  # a name: the node resolves it
-    return f"{u.scheme}://{u.netloc}" if not loopback or its_ip == here else ""
-
-
-class RemoteKeeper(KeeperBase):
-    """The supervisor's view of a keeper that runs in a node's actor."""
-
-    def __init__(self, executor: RayBackend, replica: int, endpoint: RemoteEndpoint) -> None:
-        super().__init__()
-        self.x = executor
-        self.i = replica
-        self.ep = endpoint
-        self.lost_since: float | None = None
-        self.seen: dict[str, Any] = {}  # the actor's keeper, as last polled
-        self.where: dict[str, Any] = {}  # node, host, ip, devices of the live actor
-        self.incarnation = 0
-        self.restarts: list[float] = []  # recreations after a loss, on the monotonic clock
-
-    def describe(self) -> dict[str, Any]:
-        return {**self.seen, **self.ep.describe(), "state": self.state,
-                "failed": self.failed,
-                "restarts": len(self.restarts) + int(self.seen.get("restarts", 0)),
-                "node": self.where.get("node", "")[:12], "host": self.where.get("host"),
-                "ip": self.where.get("ip"), "devices": self.where.get("devices"),
-                "lease": self.where.get("lease"), "backend": "ray"}
-
-    async def start(self) -> None:
-        await self.x.start_replica(self.i)
-
-    async def wait_up(self) -> None:
-        while not self.is_up:
-            if self.failed:
-                raise EndpointFailed(self.failed)
-            await anyio.sleep(self.x.poll_secs)
-
-    async def watch(self) -> None:
-        await self.x.watch(self.i)
 
 
 class RayBackend(Backend):
@@ -201,6 +120,13 @@ class RayBackend(Backend):
 
         return outside_problems(preset)
 
+    @classmethod
+    async def survey(cls, preset: Preset, run_token: str, state_dir: Path,
+                     port: Port, ledger: Ledger) -> Survivors:
+        """What a predecessor left on the nodes that proves this run's
+        (autopilot.backends.ray.reattach.survey)."""
+        return await survey(preset, run_token, state_dir, port, ledger)
+
     def __init__(self, w: Wiring, setting: ArmEndpoint, group: tuple[str, ...]) -> None:
         # Ray serves one arm group (refused otherwise at load): its first, on every node.
         super().__init__(w, setting, group)
@@ -226,7 +152,14 @@ class RayBackend(Backend):
         # Attempts sent to each replica's current lease and not answered yet.
         self.inflight: list[set[tuple[str, int]]] = [set() for _ in range(self.n)]
         self.revoked: list[list[tuple[str, int]]] = [[] for _ in range(self.n)]
-        self._swept: dict[str, anyio.Event] = {}  # lease -> its sweep is done
+        # Attempts whose result the loop has journaled: the actor may forget them.
+        self.taken: list[list[tuple[str, int]]] = [[] for _ in range(self.n)]
+        # What a predecessor left that proved this run's (survey): re-attached at start.
+        self.survivors: dict[int, Survivor] = dict(w.survivors or {})
+        self._swept: dict[str, anyio.Event] = {}  # lease -> it is fenced (swept or expired)
+        # lease -> when the head last heard its actor (monotonic): the actor fences itself
+        # lease_secs after it last heard a head, which is no later than this
+        self.heard: dict[str, float] = {}
         self.session = uuid.uuid4().hex[:8]  # this supervisor's leases are its own
 
     # ------------------------------------------------------------------ names
@@ -235,7 +168,7 @@ class RayBackend(Backend):
         return actor_name(self.w.run_token, what)
 
     def _lease(self, i: int) -> str:
-        return lease_of(self.session, i, self.remote[i].incarnation)
+        return self.remote[i].lease
 
     # ------------------------------------------------------------------ start-up
 
@@ -250,8 +183,12 @@ class RayBackend(Backend):
             self._connected = True
 
     async def _reap_predecessors(self) -> None:
+        """Stop every actor of this run but the survivors (``survey``); free the old
+        placement group unless a survivor lives in it (removing it would kill them)."""
         ray = self.ray
         for i in range(self.n):
+            if i in self.survivors:
+                continue
             try:
                 old = ray.get_actor(self._name(f"r{i}"), namespace=self.cfg.namespace)
             except ValueError:
@@ -269,10 +206,15 @@ class RayBackend(Backend):
             pg = ray.util.get_placement_group(self._name("pg"))
         except ValueError:
             return
-        ray.util.remove_placement_group(pg)
+        if self.survivors:
+            self.pg = pg  # theirs: the replicas recreated beside them go in it too
+        else:
+            ray.util.remove_placement_group(pg)
 
     def _place(self) -> None:
         ray = self.ray
+        if self.pg is not None:
+            return
         self.pg = ray.util.placement_group(
             self.bundles, strategy=STRATEGY[self.cfg.placement], name=self._name("pg"),
             lifetime="detached")
@@ -290,6 +232,7 @@ class RayBackend(Backend):
 
         k = self.remote[i]
         k.incarnation += 1
+        k.lease, k.acked = lease_of(self.session, i, k.incarnation), 0
         cls = self.ray.remote(NodeAgent)
         return cls.options(
             name=self._name(f"r{i}"), namespace=self.cfg.namespace, lifetime="detached",
@@ -303,6 +246,9 @@ class RayBackend(Backend):
     async def start_replica(self, i: int) -> None:
         await self.ready()
         k = self.remote[i]
+        s = self.survivors.pop(i, None)
+        if s is not None:
+            return await self._reattach(i, s)
         actor = self._new_actor(i)
         self.actors[i] = actor
         try:
@@ -318,8 +264,26 @@ class RayBackend(Backend):
             raise EndpointError(f"replica {i}: {short_error(e)}") from None
         k.state = "up"
         k.lost_since = None
+        self.heard[k.lease] = time.monotonic()
         self.w.port.emit(RayReplicaStarted(replica=i,
                       **{**k.where, "node": k.where["node"][:12]}))
+        await self._drain(i)
+
+    async def _reattach(self, i: int, s: Survivor) -> None:
+        """Replica ``i`` is a predecessor's live actor: mirror it under its own lease."""
+        k = self.remote[i]
+        k.incarnation += 1
+        k.lease, k.acked, k.where = s.hello.lease, s.acked, dict(s.hello.where)
+        self.actors[i] = s.actor
+        self.heard[k.lease] = time.monotonic()  # the survey's poll
+        self.revoked[i] += s.revoked
+        self.taken[i] += s.taken
+        k.state, k.lost_since = "up", None
+        self._apply_keeper(i, s.hello.keeper)
+        self.w.port.emit(RayActorReattached(
+            replica=i, lease=k.lease, node=str(k.where.get("node", ""))[:12],
+            running=[f"{c}#{a}" for c, a in s.running],
+            revoked=[f"{c}#{a}" for c, a in s.revoked], replayed=s.replayed))
         await self._drain(i)
 
     # ------------------------------------------------------------------ the loop
@@ -329,17 +293,26 @@ class RayBackend(Backend):
         actor, inc = self.actors[i], self.remote[i].incarnation
         if actor is None:
             return False
+        port, k = self.w.port, self.remote[i]
         async with self._drain_locks[i]:
             revoked, self.revoked[i] = self.revoked[i], []
+            taken, self.taken[i] = self.taken[i], []
+            # A hand-over leaves the nodes' cells running for the successor.
+            stopping = port.stopping() and not port.handing_over()
             try:
-                got = await actor.poll.remote([list(r) for r in revoked],
-                                              self.w.port.stopping(), self.w.port.forced(),
-                                              self.origins(i))
+                got: Polled = await actor.poll.remote(
+                    [list(r) for r in revoked], stopping, stopping and port.forced(),
+                    self.origins(i), k.acked, [list(t) for t in taken])
             except self.ray.exceptions.RayActorError as e:
                 self.revoked[i] = revoked + self.revoked[i]
+                self.taken[i] = taken + self.taken[i]
                 self._lost(i, inc, short_error(e))
                 return False
-            self._apply(i, got)
+            self.heard[k.lease] = time.monotonic()
+            if k.incarnation == inc:  # not replaced meanwhile
+                k.acked = apply_polled(port, i, str(k.where.get("node", "")), k.lease,
+                                       k.acked, got)
+                self._apply_keeper(i, got.keeper)
             return True
 
     def origins(self, asking: int) -> list[str]:
@@ -349,19 +322,8 @@ class RayBackend(Backend):
         return [peer_origin(str(k.seen.get("api_base") or ""), k.is_up, k.where.get("ip"),
                             here) for k in self.remote]
 
-    def _apply(self, i: int, got: Polled) -> None:
-        port, k = self.w.port, self.remote[i]
-        tag = {"replica": i, "node": k.where.get("node", "")[:12]}
-        for r in got.reports:
-            if isinstance(r, MilestoneReport):
-                port.milestone(r.kind, **{**r.info, **tag})
-            elif isinstance(r, GradeFailureReport):
-                port.grade_failure(r.cell, r.classification)
-            else:
-                port.emit(r.event, **{**r.extra, **tag})
-        for cid, t in got.ticks.items():
-            port.tick(cid, t.frozen_secs, t.tier, t.last_signal)
-        seen = got.keeper
+    def _apply_keeper(self, i: int, seen: dict[str, Any] | None) -> None:
+        k = self.remote[i]
         if seen is not None:
             k.seen = {key: seen[key] for key in ("port", "host", "api_base", "url", "engine",
                                                  "model", "down_secs", "down_since",
@@ -426,18 +388,34 @@ class RayBackend(Backend):
             return
         self._swept[lease] = done = anyio.Event()
         try:
-            await self._sweep_once(i, lease, ip)
+            seen = time.monotonic()
+            swept = await self._sweep_once(i, lease, ip)
+            if not swept:  # unreachable: until its actor has surely fenced itself
+                await anyio.sleep(self._expiry(lease) - time.monotonic())
+            self.w.port.emit(LeaseFenced(replica=i, lease=lease,
+                                         how="swept" if swept else "expired",
+                                         waited_secs=round(time.monotonic() - seen, 2)))
         finally:
             done.set()
 
-    async def _sweep_once(self, i: int, lease: str, ip: str | None) -> None:
+    def _expiry(self, lease: str) -> float:
+        """When a lost lease's actor has surely ended what it ran: lease_secs after the
+        head last heard it, its check interval and the kill's grace on top."""
+        lease_secs = self.cfg.lease_secs
+        return (self.heard.get(lease, time.monotonic()) + lease_secs
+                + fence_check_secs(lease_secs) + self.w.preset.watchdog.kill_grace_secs + 1.0)
+
+    async def _sweep_once(self, i: int, lease: str, ip: str | None) -> bool:
+        """Whether the lease's processes were killed on its machine."""
         ray = self.ray
         nodes = [n for n in await anyio.to_thread.run_sync(ray.nodes)
                  if n.get("Alive") and n.get("NodeManagerAddress") == ip]
         if not nodes:
-            self.w.port.emit(LeaseSweepUnreachable(replica=i, lease=lease, ip=ip,
-                          why="no live node on that machine: its processes end with it"))
-            return
+            self.w.port.emit(LeaseSweepUnreachable(
+                replica=i, lease=lease, ip=ip,
+                why="no live node on that machine: its actor fences itself, its lease "
+                    "guard ends the rest"))
+            return False
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         task = ray.remote(sweep_lease).options(
@@ -449,26 +427,54 @@ class RayBackend(Backend):
                                          self.w.preset.watchdog.kill_grace_secs)
         except Exception as e:  # a sweep that failed is said, not fatal
             self.w.port.emit(LeaseSweepFailed(replica=i, lease=lease, error=short_error(e)))
-            return
+            return False
         self.w.port.emit(LeaseSwept(replica=i, lease=lease, pids=pids))
+        return True
 
     # ------------------------------------------------------------------ cells
 
     async def run(self, cell: Cell, attempt: int, replica: int) -> Classification | None:
         """Run one attempt on the replica's actor; its verdict, INVALID(node_lost) when
         the actor or node went away, or None when it was abandoned (stopping)."""
-        i, k = replica, self.remote[replica]
-        actor, key = self.actors[i], (cell.id, attempt)
+        actor = self.actors[replica]
         if actor is None:  # lost between being picked and now
             return Classification("INVALID", reason="node_lost", launched=time.time(),
-                                  detail=f"replica {i} lost before the cell could start")
+                                  detail=f"replica {replica} lost before the cell could start")
+        return await self._follow(cell, attempt, replica, actor.run_cell.remote(cell, attempt))
+
+    async def resume(self, cell: Cell, attempt: int, replica: int,
+                     attached: Any) -> Classification | None:
+        """Follow an attempt a predecessor started on a node's actor (``survey``) to its
+        end: the same attempt, its verdict as the node judged it."""
+        i = attached.replica if isinstance(attached, RayAttempt) else replica
+        actor = self.actors[i]
+        if actor is None or self.remote[i].lease != getattr(attached, "lease", None):
+            # lost (and perhaps recreated) since the survey: what it ran went with it
+            return Classification(
+                "INVALID", reason="node_lost", launched=time.time(),
+                detail=f"replica {i} lost before its attempt could be re-attached to")
+        return await self._follow(cell, attempt, i, self._attached(actor, cell, attempt))
+
+    async def _attached(self, actor: Any, cell: Cell, attempt: int) -> Result | None:
+        found, got = await actor.attach_cell.remote(cell.id, attempt)
+        if not found:  # its actor was stopped and made again meanwhile, say
+            self.w.port.emit(CellAbandoned(cell=cell.id, attempt=attempt,
+                                           why="its node's actor no longer holds it"))
+            return None
+        return got  # type: ignore[no-any-return]
+
+    async def _follow(self, cell: Cell, attempt: int, i: int,
+                      call: Awaitable[Result | None]) -> Classification | None:
+        """Wait for an attempt on replica ``i``'s actor: its result, journaled here
+        with its files and events; INVALID(node_lost) if the actor goes; None when
+        abandoned, or when the loop hands over (the attempt runs on for the successor)."""
+        k, key = self.remote[i], (cell.id, attempt)
         # The lease this attempt runs under: by the time an error arrives, the replica
         # may already be recreated under a new one, which must be left alone.
         inc, lease, where = k.incarnation, self._lease(i), dict(k.where)
         self.inflight[i].add(key)
         try:
-            got: tuple[Classification | None, bytes | None] = await actor.run_cell.remote(
-                cell, attempt)
+            got = await self._unless_handover(call)
         except self.ray.exceptions.RayActorError as e:
             self._lost(i, inc, short_error(e))
             self.revoked[i].append(key)  # if the actor was only unreachable, it kills it
@@ -479,11 +485,40 @@ class RayBackend(Backend):
                        f"(node {where.get('node', '')[:12]}) lost: {short_error(e)}")
         finally:
             self.inflight[i].discard(key)
+        self.heard[lease] = time.monotonic()
+        if got is None:
+            return None
         c, files = got
         if files is not None:  # no shared storage: its files come back before its verdict
             await self._receive(cell, attempt, files)
         await self._drain(i)  # its events (started, exited, graded) before its verdict
+        if k.incarnation == inc:
+            # The loop journals the verdict as this returns, before any later poll: that
+            # poll tells the actor it may forget the result. A head killed before it
+            # leaves the result to its successor.
+            self.taken[i].append(key)
         return c
+
+    async def _unless_handover(self, call: Awaitable[Result | None]) -> Result | None:
+        """``call``'s result, or None once the loop hands over: the actor's attempt runs
+        on (awaiting a Ray reference is only listening to it)."""
+        got: list[Result | None] = []
+        err: list[Exception] = []
+        async with anyio.create_task_group() as tg:
+            async def listen() -> None:
+                try:
+                    got.append(await call)
+                except Exception as e:  # said outside the group, as itself
+                    err.append(e)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(listen)
+            while not self.w.port.handing_over():
+                await anyio.sleep(self.poll_secs)
+            tg.cancel_scope.cancel()
+        if err:
+            raise err[0]
+        return got[0] if got else None
 
     async def _receive(self, cell: Cell, attempt: int, files: bytes) -> None:
         """Unpack an attempt's shipped files into the state dir, the previous attempt's
@@ -519,9 +554,11 @@ class RayBackend(Backend):
         if k.state not in ("failed", "lost"):
             k.state = "stopped"
 
-    async def release(self) -> None:
-        """After every replica stopped: free the placement group, leave the cluster."""
-        if self.pg is not None:
+    async def release(self, keep: bool = False) -> None:
+        """After every replica stopped: free the placement group, leave the cluster.
+        Handing over (``keep``): the actors and their placement group stay for the
+        successor (removing the group would end them)."""
+        if self.pg is not None and not keep:
             self.ray.util.remove_placement_group(self.pg)
-            self.pg = None
+        self.pg = None
         await anyio.to_thread.run_sync(self.ray.shutdown)

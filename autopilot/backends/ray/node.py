@@ -8,12 +8,24 @@ the node). It decides nothing about the run: every event it would journal is buf
 and the supervisor drains the buffer (``poll``) and journals it, so the journal, status,
 lock and notifications stay single and central.
 
+Outliving the head: the actor and the attempts it runs are detached from the supervisor
+that made them. A successor that holds the run's lock asks the actor who it is
+(``hello``), re-attaches to each attempt it still runs or has finished (``attach_cell``:
+the same attempt, its verdict and files kept until the head says it has them) and
+replays the reports the dead head never acknowledged: each report carries a sequence
+number, journaled with it, and a poll acknowledges what the head has journaled, so a
+report is journaled once whichever head reads it.
+
 Leases: the actor is created for one *incarnation* of its replica by one supervisor.
 Every process it starts carries ``AUTOPILOT_RAY_LEASE=<session>-<replica>.<incarnation>``
 beside the run's marker, so when a
 node or actor is lost the supervisor can have exactly those processes killed on the
 machine (``sweep_lease``), and a partitioned actor whose lease the supervisor revoked
-(``poll(revoked=...)``) kills what it still runs instead of finishing it.
+(``poll(revoked=...)``) kills what it still runs instead of finishing it. An actor that
+has not heard from any head for ``backend.lease_secs`` fences itself: it ends its cells,
+its endpoint and its fork server, as ``stop`` does, and no successor re-attaches to it;
+the head re-runs a lost node's cells elsewhere only after that time (``FENCE_CHECK_SECS``
+and the kill grace included), unless a sweep on its machine ended them first.
 
 Nothing here imports Ray: the supervisor side (autopilot.backends.ray.head) wraps these with
 ``ray.remote`` so that a run without the extra never needs it.
@@ -75,6 +87,10 @@ class GradeFailureReport:
 Report = EventReport | MilestoneReport | GradeFailureReport
 """One thing a node reports, in the order it happened."""
 
+Result = tuple[Classification | None, bytes | None]
+"""An attempt's end on a node: its classification (None: abandoned) and, without shared
+storage, its files packed for the head."""
+
 
 @dataclass(frozen=True)
 class PeerEndpoint:
@@ -99,10 +115,34 @@ class Tick:
 
 
 @dataclass(frozen=True)
+class Numbered:
+    """A report and its number in the actor's life (1, 2, ...): the head journals the
+    number with it and acknowledges up to it."""
+
+    seq: int
+    report: Report
+
+
+@dataclass(frozen=True)
+class Hello:
+    """Who an actor is, for a successor deciding whether to re-attach to it."""
+
+    run_token: str
+    lease: str
+    replica: int
+    where: dict[str, Any]
+    running: list[tuple[str, int]]  # attempts still running here
+    finished: list[tuple[str, int]]  # attempts ended here whose verdict no head has taken
+    keeper: dict[str, Any] | None  # its keeper's describe(), as a poll gives it
+    endpoint_pid: int | None  # the endpoint process it keeps (the start-up sweep spares it)
+    fenced: bool = False  # it ended everything (no head for lease_secs): not re-attached
+
+
+@dataclass(frozen=True)
 class Polled:
     """What a node's actor answers the head's poll."""
 
-    reports: list[Report]
+    reports: list[Numbered]
     ticks: dict[str, Tick]
     keeper: dict[str, Any] | None  # its keeper's describe(), with where it serves
     running: list[tuple[str, int]]
@@ -112,7 +152,8 @@ class NodePort:
     """The backend port on a node: everything is buffered until the head polls."""
 
     def __init__(self) -> None:
-        self.reports: list[Report] = []
+        self.reports: list[Numbered] = []  # not yet acknowledged by a head
+        self.seq = 0
         self.ticks: dict[str, Tick] = {}
         self.stop = False  # the supervisor is stopping: abandon cells (SIGTERM/INT)
         self.force = False  # ... at once (a second signal)
@@ -124,17 +165,21 @@ class NodePort:
             if typed is None:
                 raise TypeError(f"{kind} fits no event type: {sorted(record)}")
             event, fields = typed, {}
-        self.reports.append(EventReport(event, fields))
+        self._add(EventReport(event, fields))
         return {"event": kind, **record}
 
+    def _add(self, report: Report) -> None:
+        self.seq += 1
+        self.reports.append(Numbered(self.seq, report))
+
     def milestone(self, kind: str, **info: Any) -> None:
-        self.reports.append(MilestoneReport(kind, info))
+        self._add(MilestoneReport(kind, info))
 
     def tick(self, cid: str, frozen_secs: float, tier: str, last_signal: Any) -> None:
         self.ticks[cid] = Tick(frozen_secs, tier, last_signal)
 
     def grade_failure(self, cid: str, c: Classification) -> None:
-        self.reports.append(GradeFailureReport(cid, c))
+        self._add(GradeFailureReport(cid, c))
 
     def throttled(self) -> None:
         return None  # the head's keeper mirror sees the node keeper's throttling
@@ -143,15 +188,28 @@ class NodePort:
         return self.stop
 
     def handing_over(self) -> bool:
-        return False  # a node's attempts end with its actor (docs/runbook.md: Ray keeps its way)
+        # The node's own loop never hands over: its attempts run on in the actor, which
+        # outlives a head that hands over (autopilot.backends.ray.reattach).
+        return False
 
     def forced(self) -> bool:
         return self.force
 
-    def drain(self) -> tuple[list[Report], dict[str, Tick]]:
-        reports, self.reports = self.reports, []
+    def drain(self, acked: int) -> tuple[list[Numbered], dict[str, Tick]]:
+        """Every report after ``acked`` (the head journaled those up to it: they are
+        dropped), kept until a later poll acknowledges them: a head killed between
+        this answer and its journal leaves them to its successor."""
+        self.reports = [n for n in self.reports if n.seq > acked]
         ticks, self.ticks = self.ticks, {}
-        return reports, ticks
+        return list(self.reports), ticks
+
+
+FENCE_CHECK_SECS = 1.0
+"""At most this long between an actor's checks of its lease (less for a short lease)."""
+
+
+def fence_check_secs(lease_secs: float) -> float:
+    return min(FENCE_CHECK_SECS, lease_secs / 4)
 
 
 def lease_of(session: str, replica: int, incarnation: int) -> str:
@@ -183,9 +241,15 @@ class NodeAgent:
         self.redactor = Redactor(secret_values(preset))
         self.port = NodePort()
         self.running: dict[tuple[str, int], asyncio.Task[Any]] = {}
+        # Each attempt's result (verdict, shipped files) until a head has taken it: the
+        # head that asked may have died meanwhile (``attach_cell``).
+        self.results: dict[tuple[str, int], asyncio.Future[Result]] = {}
         self.keeper: Keeper | None = None
         self.origins: list[str] = []  # every replica's, as the head last said
         self._watch: asyncio.Task[Any] | None = None
+        self.heard = time.monotonic()  # the last time a head spoke to it
+        self.fenced = False
+        self._fence: asyncio.Task[Any] | None = None
         # Every process this actor starts (endpoint, harness, grader) inherits the lease.
         os.environ[LEASE_ENV] = self.lease
 
@@ -200,6 +264,8 @@ class NodeAgent:
         ep.arm_setting, ep.arm_group = arm_groups(p)[0]
         self.keeper = Keeper(ep, self.port.emit, self.port.milestone)
         self._start_guard()
+        self.heard = time.monotonic()
+        self._fence = asyncio.ensure_future(self._fence_watch())
         await self.keeper.start()
         self._watch = asyncio.ensure_future(self.keeper.watch())
         w = Wiring(preset=p, state_dir=self.state_dir, run_token=self.run_token,
@@ -212,6 +278,16 @@ class NodeAgent:
                                        forks_name=f"forkserver-{self.lease}"),
                           peers=self.peers)
         return self.where()
+
+    async def _fence_watch(self) -> None:
+        """End everything once no head has spoken for ``lease_secs``: a head that lost
+        this node re-runs its cells elsewhere after that long."""
+        lease = self.preset.backend.lease_secs
+        while not self.fenced:
+            await asyncio.sleep(fence_check_secs(lease))
+            if time.monotonic() - self.heard > lease:
+                self.fenced = True
+                await self.stop()
 
     def peers(self) -> list[Any]:
         """Every replica, by number, as this node's gateways see it: its own keeper, and
@@ -242,31 +318,70 @@ class NodeAgent:
                 "devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
     async def poll(self, revoked: list[list[Any]] | None = None, stopping: bool = False,
-                   forced: bool = False, origins: list[str] | None = None) -> Polled:
-        """Drain the buffered events; kill the attempts whose lease the supervisor
-        revoked (it re-queued them while this actor was unreachable); learn that the
-        supervisor is stopping (its cells are then abandoned, as locally), and where
-        every replica answers (``origins``: a request fails over to another node's
-        replica before its response begins)."""
+                   forced: bool = False, origins: list[str] | None = None, acked: int = 0,
+                   taken: list[list[Any]] | None = None) -> Polled:
+        """Drain the buffered events after ``acked``; kill the attempts whose lease the
+        supervisor revoked (it re-queued them while this actor was unreachable); learn
+        that the supervisor is stopping (its cells are then abandoned, as locally), and
+        where every replica answers (``origins``: a request fails over to another
+        node's replica before its response begins). ``taken``: attempts whose result
+        the head has journaled (forgotten here)."""
+        self.heard = time.monotonic()
         if origins is not None:
             self.origins = [str(o) for o in origins]
+        for cid, attempt in taken or ():
+            self.results.pop((str(cid), int(attempt)), None)
         self.port.stop = self.port.stop or stopping
         self.port.force = self.port.force or forced
         for cid, attempt in revoked or ():
             task = self.running.get((cid, attempt))
             if task is not None:
                 task.cancel()  # CellRun kills the harness tree on cancellation
-        reports, ticks = self.port.drain()
+        reports, ticks = self.port.drain(acked)
+        return Polled(reports, ticks, self._keeper_view(), list(self.running))
+
+    def _keeper_view(self) -> dict[str, Any] | None:
         k = self.keeper
-        return Polled(reports, ticks, None if k is None else {
-            **k.describe(), "port": k.ep.port, "host": k.ep.host, "api_base": k.ep.api_base},
-            list(self.running))
+        return None if k is None else {
+            **k.describe(), "port": k.ep.port, "host": k.ep.host, "api_base": k.ep.api_base}
+
+    def hello(self) -> Hello:
+        """Who this actor is and what it holds: a successor re-attaches to it (or not)."""
+        self.heard = time.monotonic()
+        view = self._keeper_view()
+        pid = (view or {}).get("pid")
+        return Hello(self.run_token, self.lease, self.replica, self.where(),
+                     list(self.running),
+                     [key for key, fut in self.results.items() if fut.done()],
+                     view, pid if type(pid) is int else None, self.fenced)
+
+    async def attach_cell(self, cid: str, attempt: int) -> tuple[bool, Result | None]:
+        """A successor's wait for an attempt its predecessor started here: (True, its
+        result) once it ends, or (False, None) when this actor holds no such attempt."""
+        fut = self.results.get((cid, attempt))
+        if fut is None:
+            return False, None
+        return True, await asyncio.shield(fut)
 
     async def run_cell(self, cell: Cell, attempt: int
                        ) -> tuple[Classification | None, bytes | None]:
         """Run and grade one attempt here; its classification, and (without shared
         storage) its output dir and logs packed for the head."""
         assert self.keeper is not None, "run_cell before start"
+        key = (cell.id, attempt)
+        fut: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        self.results[key] = fut
+        try:
+            got = await self._run(cell, attempt)
+        except BaseException as e:
+            if not fut.done():  # a successor waiting on it hears the same
+                fut.set_exception(e if isinstance(e, Exception) else RuntimeError(repr(e)))
+                fut.exception()  # retrieved: no "never retrieved" warning if none waits
+            raise
+        fut.set_result(got)
+        return got
+
+    async def _run(self, cell: Cell, attempt: int) -> Result:
         key = (cell.id, attempt)
         run = CellRun(self.cx, cell, attempt)
         task = asyncio.ensure_future(run.run())
@@ -290,8 +405,11 @@ class NodeAgent:
         for _, task in tasks:
             with contextlib.suppress(BaseException):  # cancelled or failed: gone
                 await task
+        self.results.clear()
         if self._watch is not None:
             self._watch.cancel()
+        if self._fence is not None and not self.fenced:
+            self._fence.cancel()
         if self.keeper is not None:
             await self.keeper.ep.stop()
             await self.keeper.ep.aclose()
@@ -320,4 +438,5 @@ def sweep_run(run_token: str, grace: float, endpoint: bool) -> list[dict[str, An
     return orphan_marked(run_token, grace, endpoint=endpoint)
 
 
-__all__ = ["LEASE_ENV", "NodeAgent", "lease_of", "sweep_lease", "sweep_run"]
+__all__ = ["LEASE_ENV", "Hello", "NodeAgent", "Numbered", "Result", "lease_of", "sweep_lease",
+           "sweep_run"]
