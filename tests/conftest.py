@@ -235,13 +235,21 @@ def test_images(docker_host: str, tmp_path_factory: pytest.TempPathFactory) -> d
     busybox, and a FAKE llama-server whose entrypoint runs tests/fakebin/llama-server
     with the host's Python bind-mounted read-only."""
     import shutil
+
+    if shutil.which("busybox") is None:
+        pytest.skip("busybox (Debian's busybox-static) is not installed")
+    return import_test_images(docker_host, tmp_path_factory.mktemp("rootfs"))
+
+
+def import_test_images(host: str, tmp: Path) -> dict[str, str]:
+    """``test_images`` into the daemon at ``host`` (tmp: an empty dir of the caller's)."""
+    import shutil
     import tarfile
 
     busybox = shutil.which("busybox")
-    if busybox is None:
-        pytest.skip("busybox (Debian's busybox-static) is not installed")
-    root = tmp_path_factory.mktemp("rootfs")
-    (root / "bin").mkdir()
+    assert busybox is not None, "busybox (Debian's busybox-static) is not installed"
+    root = tmp / "root"
+    (root / "bin").mkdir(parents=True)
     shutil.copy2(busybox, root / "bin" / "busybox")
     for applet in ("sh", "sleep", "cat", "ls", "echo", "true", "find", "rm", "mkdir", "id"):
         (root / "bin" / applet).symlink_to("busybox")
@@ -250,12 +258,12 @@ def test_images(docker_host: str, tmp_path_factory: pytest.TempPathFactory) -> d
     entry.write_text('#!/bin/sh\nexec "$FAKE_PYTHON" /repo/tests/fakebin/llama-server "$@"\n')
     entry.chmod(0o755)
     (root / "tmp").mkdir()
-    tar = tmp_path_factory.mktemp("img") / "rootfs.tar"
+    tar = tmp / "rootfs.tar"
     with tarfile.open(tar, "w") as tf:
         tf.add(root, arcname=".")
     data = tar.read_bytes()
-    docker_cli(docker_host, "import", "-", "autopilot-test/busybox:1", input=data)
-    docker_cli(docker_host, "import", "--change", 'ENTRYPOINT ["/entry/llama-server"]',
+    docker_cli(host, "import", "-", "autopilot-test/busybox:1", input=data)
+    docker_cli(host, "import", "--change", 'ENTRYPOINT ["/entry/llama-server"]',
                "-", "autopilot-test/fake-llama:1", input=data)
     return {"busybox": "autopilot-test/busybox:1", "llama": "autopilot-test/fake-llama:1"}
 

@@ -21,6 +21,8 @@ test asserts on beside the journal):
 - ``partition`` (alone: a cluster of its own, each node in a network namespace of its
   own): replica 2's node is cut off from the others for longer than its lease, then
   healed.
+- ``docker`` (alone: two nodes with a Docker daemon each): Docker-mode endpoints and a
+  sandbox container per cell, each on its own node's daemon.
 - ``failover``: replica 1's endpoint dies and stays down; its node's requests go to
   another node's replica before their response begins.
 """
@@ -263,15 +265,15 @@ def ship(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
             "node_dir": str(out / "nodes")}
 
 
-def partition(out: Path) -> dict[str, Any]:
+def partition(out: Path, cut: bool = True) -> dict[str, Any]:
     """Three Ray nodes, each in a network namespace of its own (tests/netns.py): once
     replica 2 runs cells, its node's link to the others is cut for longer than its lease,
     then healed. Its cells must be re-run elsewhere only after its actor fenced itself,
-    and counted once."""
+    and counted once. (``cut=False``: the same run, uncut: tools/bench.py's baseline.)"""
     from netns import Topology
 
     out.mkdir(parents=True, exist_ok=True)
-    state = out / "partition"
+    state = out / ("partition" if cut else "uncut")
     with Topology(3, out) as topo:
         topo.start_ray()
         over = overlay(out, topo.address, think="0.6", lease_secs=6)
@@ -282,6 +284,9 @@ def partition(out: Path) -> dict[str, Any]:
                      "replica 2 running cells")
             lease = next(e["lease"] for e in events(state)
                          if e["event"] == "ray_replica_started" and e["replica"] == 2)
+            if not cut:
+                output, _ = proc.communicate(timeout=400)
+                return {"code": proc.returncode, "output": output[-4000:]}
             cut_off = sorted(a for a in running_attempts(state)
                              if any(e["event"] == "cell_started" and e.get("replica") == 2
                                     and (e["cell"], e["attempt"]) == a
@@ -314,11 +319,148 @@ def partition(out: Path) -> dict[str, Any]:
             "healed_at": healed_at, "leftover": leftover}
 
 
+SANDBOX_HARNESS = (
+    "import os, subprocess, sys\n"
+    "cell, image = sys.argv[1], sys.argv[2]\n"
+    "# as MMBT's harness does: one sandbox container per cell, on the daemon it is given\n"
+    "subprocess.run(['docker', 'run', '-d', '--network', 'none', '--name',\n"
+    "                'bench-sandbox-' + cell, image, 'sleep', '3600'], check=True)\n"
+    "os.execv(sys.executable, [sys.executable, '-m', 'autopilot.demo.harness', cell,\n"
+    "                          *sys.argv[3:]])\n"
+)
+
+
+def created(host: str, since: float) -> list[str]:
+    """The names of the containers created on the daemon at ``host`` since ``since``."""
+    from conftest import docker_cli
+
+    out = docker_cli(host, "events", "--since", f"{since:.3f}", "--until",
+                     f"{time.time():.3f}", "--filter", "event=create", "--format",
+                     "{{.Actor.Attributes.name}}").stdout.decode()
+    return out.split()
+
+
+def docker(out: Path) -> dict[str, Any]:
+    """Two Ray nodes, each with a Docker daemon of its own (its raylet's DOCKER_HOST):
+    the endpoint runs in a container of its node's daemon, and every cell's harness
+    makes a sandbox container there (the MMBT shape). Node 1 is lost mid-run; then a
+    second run is SIGKILLed with its replica 1's actor, and cleaned up."""
+    from conftest import container_names, import_test_images
+    from ray.cluster_utils import Cluster
+
+    hosts, dirs = [], []
+    for k in range(2):
+        d = Path(f"/tmp/ap-raydock-{os.getpid()}-{k}")
+        r = subprocess.run([str(ROOT / "tools" / "dockerd"), "start", str(d)],
+                           capture_output=True, text=True, timeout=180)
+        dirs.append(d)
+        assert r.returncode == 0, r.stderr
+        hosts.append(r.stdout.strip().split("=", 1)[1])
+    cluster = None
+    try:
+        for h, d in zip(hosts, dirs, strict=True):
+            images = import_test_images(h, d / "img")  # the same names on each daemon
+        common = {"num_cpus": 2, "object_store_memory": 80 * 2**20}
+        cluster = Cluster(initialize_head=True, head_node_args={
+            **common, "resources": {"node0": 1}, "include_dashboard": False,
+            "env_vars": {"DOCKER_HOST": hosts[0]}})
+        node1 = cluster.add_node(**common, resources={"node1": 1},
+                                 env_vars={"DOCKER_HOST": hosts[1]})
+        cluster.wait_for_nodes()
+        state = out / "docker"
+        script = out / "sandbox_harness.py"
+        script.write_text(SANDBOX_HARNESS)
+        name = f"llama-autopilot-ray-{os.getpid()}"
+        py, base = os.path.realpath(sys.executable), sys.base_prefix
+        binds = [f"{ROOT}:/repo:ro", f"{base}:{base}:ro", "/usr:/usr:ro", "/lib:/lib:ro"]
+        if Path("/lib64").exists():
+            binds.append("/lib64:/lib64:ro")
+        over = out / "ray-docker.json"
+        over.write_text(json.dumps({
+            "tasks": [{"id": "p1_bugfix"}, {"id": "p2_extract"}, {"id": "p3_market"}],
+            "endpoint": {
+                "engine": "llamacpp", "mode": "docker", "model_path": "/models/fake.gguf",
+                "replicas": 2, "slots": 2, "startup_timeout_secs": 60,
+                "probe_interval_secs": 0.5,
+                "docker": {"image": images["llama"], "container_name": name, "gpus": "none",
+                           "binds": binds},
+                "env": {"FAKE_PYTHON": py, "FAKE_AUTOPILOT_ROOT": "/repo"}},
+            "harness": {"argv": ["{python}", str(script), "{cell}", images["busybox"],
+                                 "--task", "{task}", "--arm", "{arm}", "--n", "{n}",
+                                 "--attempt", "{attempt}", "--host", "{host}", "--port",
+                                 "{port}", "--model", "{model}", "--out", "{output_dir}",
+                                 "--think-secs", "0.1"],
+                        "sandbox_container": "bench-sandbox-{cell}"},
+            "run": {"concurrency": 4},
+            "backend": {"kind": "ray", "address": cluster.address, "shared_state_dir": True,
+                        "resources": [{"node0": 1}, {"node1": 1}], "poll_secs": 0.2,
+                        "start_timeout_secs": 60}}))
+        since = time.time() - 1
+        proc = subprocess.Popen(cli(state, over), cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        try:
+            # Node 1 lost mid-cell (its raylet and actor killed, as a crashed machine's):
+            # what it left on its daemon goes with its lease's sweep.
+            wait_for(lambda: running_on(state, 1) and verdicts(state) >= 3, 240,
+                     "replica 1 running cells")
+            left_running = sorted(running_attempts(state))
+            cluster.remove_node(node1)
+            output, _ = proc.communicate(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        result = {"code": proc.returncode, "output": output[-4000:], "name": name,
+                  "running_at_loss": left_running,
+                  "created": [created(h, since) for h in hosts],
+                  "left": [sorted(container_names(h)) for h in hosts]}
+        # Then `autopilot cleanup` after a supervisor SIGKILLed and replica 1's actor
+        # killed with it (its lease guard ends its processes; its containers stay): the
+        # node's sweep removes them from that node's daemon.
+        cluster.add_node(**common, resources={"node1": 1}, env_vars={"DOCKER_HOST": hosts[1]})
+        cluster.wait_for_nodes()
+        state = out / "docker-cleanup"
+        proc = subprocess.Popen(cli(state, over), cwd=ROOT, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            wait_for(lambda: running_on(state, 1) and any(
+                n.startswith("bench-sandbox-") for n in container_names(hosts[1])), 240,
+                "replica 1 running cells, a sandbox made")
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        actor = next(e["actor_pid"] for e in events(state)
+                     if e["event"] == "ray_replica_started" and e["replica"] == 1)
+        os.kill(actor, signal.SIGKILL)
+        lease = next(e["lease"] for e in events(state)
+                     if e["event"] == "ray_replica_started" and e["replica"] == 1)
+        wait_for(lambda: not env_holders("AUTOPILOT_RAY_LEASE", {lease}), 60,
+                 "the lease guard ending replica 1's processes")
+        result["before_cleanup"] = sorted(container_names(hosts[1]))
+        r = subprocess.run([sys.executable, "-m", "autopilot.cli", "cleanup", "--endpoint",
+                            "--state-dir", str(state), "--preset", "demo", "--config",
+                            str(over)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        result["cleanup"] = r.stdout + r.stderr[-3000:]
+        result["after_cleanup"] = [sorted(container_names(h)) for h in hosts]
+        return result
+    finally:
+        if cluster is not None:
+            cluster.shutdown()
+        for d in dirs:
+            subprocess.run([str(ROOT / "tools" / "dockerd"), "stop", str(d)], timeout=120)
+
+
 def main() -> int:
     scenario, out = sys.argv[1], Path(sys.argv[2])
-    if scenario == "partition":  # its own cluster, in namespaces it makes
+    if scenario == "docker":  # its own cluster and daemons, in this namespace
+        subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
         os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-        (out / "result.json").write_text(json.dumps({"partition": partition(out)}))
+        (out / "result.json").write_text(json.dumps({"docker": docker(out)}))
+        return 0
+    if scenario in ("partition", "uncut"):  # its own cluster, in namespaces it makes
+        os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+        (out / "result.json").write_text(json.dumps(
+            {scenario: partition(out, cut=scenario == "partition")}))
         return 0
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"

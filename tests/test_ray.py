@@ -256,6 +256,48 @@ def test_a_node_cut_off_is_fenced_before_its_cells_run_elsewhere_and_counts_once
     assert got["leftover"] == []  # after the heal, nothing of the old lease runs
 
 
+def test_docker_endpoints_and_sandboxes_live_on_their_own_nodes_daemon(
+        tmp_path: Path) -> None:
+    """Two nodes, a private dockerd each (the raylet's DOCKER_HOST): the MMBT shape, a
+    Docker-mode endpoint per replica and a sandbox container per cell; node 1 is lost
+    mid-run (its raylet killed), leaving its endpoint and sandboxes on its daemon."""
+    r = subprocess.run(["unshare", "-n", "--", sys.executable,
+                        str(ROOT / "tests" / "ray_scenario.py"), "docker", str(tmp_path)],
+                       capture_output=True, text=True, timeout=900, env=cli_env(), cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    got = json.loads((tmp_path / "result.json").read_text())["docker"]
+    assert got["code"] == 0 and "AUTOPILOT_COMPLETE" in got["output"], got["output"]
+    created = [set(names) for names in got["created"]]
+    name = got["name"]
+    # each replica's endpoint container on its own node's daemon, and only there
+    assert name in created[0] and name not in created[1]
+    assert f"{name}-1" in created[1] and f"{name}-1" not in created[0]
+    evs = events(tmp_path / "docker")
+    ran: dict[str, set[int]] = {}
+    for e in evs:
+        if e["event"] == "cell_started":
+            ran.setdefault(e["cell"], set()).add(e["replica"])
+    assert len(ran) == 12 and set().union(*ran.values()) == {0, 1}
+    for cell, replicas in ran.items():  # a cell's sandbox where its harness ran
+        assert {k for k in (0, 1) if f"bench-sandbox-{cell}" in created[k]} == replicas
+    # The lost node's cells ran again on replica 0, once; what it left on its daemon
+    # (its endpoint container, the sandboxes of the cells it ran) went with its lease's
+    # sweep, from the live node of the same machine, on the lost actor's own daemon.
+    lost = [e for e in evs if e["event"] == "cell_verdict" and e["reason"] == "node_lost"]
+    assert lost and {(e["cell"], e["attempt"]) for e in lost} <= {
+        tuple(a) for a in got["running_at_loss"]}
+    assert [(e["replica"], e["how"]) for e in evs if e["event"] == "lease_fenced"] == [
+        (1, "swept")]
+    assert_each_cell_once_and_never_rerun(evs, 12)
+    assert got["left"] == [[], []]  # each daemon: nothing of the run left
+    # `autopilot cleanup` after a SIGKILLed supervisor whose replica 1 actor died too:
+    # what that actor left on node 1's daemon is found and removed there, by exact name
+    assert f"{name}-1" in got["before_cleanup"], got["before_cleanup"]
+    assert any(n.startswith("bench-sandbox-") for n in got["before_cleanup"])
+    assert f"container {name}-1 on node" in got["cleanup"], got["cleanup"]
+    assert got["after_cleanup"] == [[], []], got["cleanup"]
+
+
 def test_ray_backend_config_errors_are_one_line_exit_2(tmp_path: Path) -> None:
     state = tmp_path / "state"
     cases = [
@@ -270,6 +312,10 @@ def test_ray_backend_config_errors_are_one_line_exit_2(tmp_path: Path) -> None:
          "is not 'auto' or HOST:PORT"),
         ({"backend": {"kind": "ray", "resources": [{"GPU": -1}]}},
          "backend.resources[0]: amounts must be positive"),
+        ({"backend": {"kind": "ray", "poll_secs": 1, "lease_secs": 3}},
+         "lease_secs (3) must be at least 4 polls"),
+        ({"backend": {"kind": "ray"}, "harness": {"compose_projects": "{output_dir}/p.txt"}},
+         "does not sweep Compose projects on the nodes yet"),
     ]
     for doc, words in cases:
         over = write_overlay(tmp_path / "o.json", doc)

@@ -744,6 +744,160 @@ def ray_inner(tmp: Path, k: int) -> None:
         cluster.shutdown()
 
 
+RAY_KILLS_INNER = "--ray-kills-inner"
+LOAD_SECS = 20.0  # the simulated model load per replica
+
+
+def bench_raykills(tmp: Path, kills: int) -> list[Row]:
+    """Head kills on a 4-node Ray cluster: wall with ``kills`` SIGKILLs of the supervisor
+    (each resumed at once) over wall without, on the demo workload with a simulated
+    20 s model load per replica and cells of several seconds; and the GPU-ideal ratio
+    (one load per replica, every slot busy while work is pending) of each."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return [Row("Ray head kills", "not measured", "(no target)", "Ray is not installed",
+                    None)]
+    out = subprocess.run(["unshare", "-n", "--", PY, __file__, RAY_KILLS_INNER, str(tmp),
+                          str(kills)], capture_output=True, text=True, env=env(), cwd=ROOT,
+                         timeout=1800)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    m = json.loads(out.stdout.strip().splitlines()[-1])
+    a, b = m["none"], m["kills"]
+    return [
+        Row(f"Ray: {b['kills']} SIGKILLs of the head supervisor / none, 4 nodes, "
+            f"{m['cells']} cells, {LOAD_SECS:g} s model load per replica",
+            f"{b['wall'] / a['wall']:.3f} ({b['wall']:.1f}s / {a['wall']:.1f}s)", "<= 1.05",
+            "the same run without kills, same cluster (re-attach: loads "
+            f"{b['loads']} for 4 replicas, reaped {b['reaped']}, re-run {b['rerun']})",
+            b["wall"] / a["wall"] <= 1.05 and b["loads"] == 4 and b["rerun"] == 0),
+        Row("  GPU-ideal ratio without / with the kills",
+            f"{a['ideal']:.3f} / {b['ideal']:.3f}", "(no target)",
+            "(one load + the cells' busy time spread over every slot) / wall", None),
+    ]
+
+
+def bench_partition(tmp: Path) -> list[Row]:
+    """A node cut off mid-run for longer than its lease, vs the same run uncut: three Ray
+    nodes in network namespaces of their own (run by tests/ray_scenario.py, as a
+    program: its ``partition`` and ``uncut`` scenarios, lease 6 s)."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return [Row("Ray partition", "not measured", "(no target)", "Ray is not installed",
+                    None)]
+    got: dict[str, dict[str, Any]] = {}
+    for name in ("uncut", "partition"):
+        out = tmp / f"net-{name}"
+        r = subprocess.run([PY, str(ROOT / "tests" / "ray_scenario.py"), name, str(out)],
+                           capture_output=True, text=True, env=env(), cwd=ROOT, timeout=900)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+        res = json.loads((out / "result.json").read_text())[name]
+        assert res["code"] == 0, res["output"]
+        evs = events(out / name)
+        wall = _ts(evs[-1]["ts"]) - _ts(next(e["ts"] for e in evs
+                                              if e["event"] == "run_started"))
+        got[name] = {**res, "wall": wall, "ideal": _busy(evs) / 6 / wall, "evs": evs}
+    cut = got["partition"]
+    rerun = min(_ts(e["ts"]) for e in cut["evs"] if e["event"] == "cell_spawning"
+                and any(e["cell"] == c and e["attempt"] > a for c, a in cut["cut_off"]))
+    return [
+        Row("Ray partition: a node cut off mid-cell for longer than its 6 s lease, 3 nodes, "
+            "24 cells: GPU-ideal ratio uncut / cut",
+            f"{got['uncut']['ideal']:.3f} / {cut['ideal']:.3f} (walls "
+            f"{got['uncut']['wall']:.1f}s / {cut['wall']:.1f}s)", "(no target)",
+            "the same run uncut, same namespaces (the cut node's slots are gone after it)",
+            None),
+        Row("  its processes gone / its cells re-run, after the cut",
+            f"{cut['fenced_at'] - cut['cut_at']:.1f}s / {rerun - cut['cut_at']:.1f}s",
+            "fenced first", "the node's lease processes seen from the host; the journal",
+            cut["fenced_at"] <= rerun),
+    ]
+
+
+def _busy(evs: list[dict[str, Any]]) -> float:
+    """Seconds the evidence shows harnesses running, summed over attempts."""
+    busy = 0.0
+    start: dict[tuple[Any, Any], float] = {}
+    for e in evs:
+        key = (e.get("cell"), e.get("attempt"))
+        if e["event"] == "cell_started":
+            start[key] = _ts(e["ts"])
+        elif e["event"] == "cell_exited" and key in start:
+            busy += _ts(e["ts"]) - start[key]
+    return busy
+
+
+def _ray_kills_run(state: Path, doc: dict[str, Any], tmp: Path, kills: int
+                   ) -> dict[str, Any]:
+    argv = [PY, "-m", "autopilot", "--preset", "demo", "--target-n", "4", "--config",
+            overlay(tmp, doc), "--state-dir", str(state), "--quiet"]
+    t0 = time.monotonic()
+    done = 0
+    for _ in range(kills):
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            seen = _verdicts(state)
+            while proc.poll() is None and not (_verdicts(state) > seen and done < kills):
+                time.sleep(0.05)
+        finally:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if proc.returncode != -signal.SIGKILL:
+            break
+        done += 1
+    last = subprocess.run(argv, cwd=ROOT, env=env(), capture_output=True, text=True,
+                          timeout=900)
+    wall = time.monotonic() - t0
+    assert last.returncode == 0, last.stderr[-2000:]
+    evs = events(state)
+    slots = 4 * doc["endpoint"]["slots"]
+    return {"wall": wall, "kills": done, "ideal": (LOAD_SECS + _busy(evs) / slots) / wall,
+            "loads": sum(e["event"] == "endpoint_spawned" for e in evs),
+            "reaped": sum(e["event"] == "ray_actor_reaped" for e in evs),
+            "rerun": sum(e["event"] == "cell_verdict" and e["verdict"] == "INVALID"
+                         for e in evs)}
+
+
+def _verdicts(state: Path) -> int:
+    return sum(e["event"] == "cell_verdict" for e in events(state))
+
+
+def _ts(stamp: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(stamp).timestamp()
+
+
+def ray_kills_inner(tmp: Path, kills: int) -> None:
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    from ray.cluster_utils import Cluster
+
+    common = {"num_cpus": 2, "object_store_memory": 80 * 2**20}
+    cluster = Cluster(initialize_head=True, head_node_args={
+        **common, "resources": {"node0": 1}, "include_dashboard": False})
+    try:
+        for i in (1, 2, 3):
+            cluster.add_node(**common, resources={f"node{i}": 1})
+        cluster.wait_for_nodes()
+        doc = {"vars": {"think_secs": "1.0"},
+               "endpoint": {"replicas": 4, "slots": 2, "startup_delay_secs": LOAD_SECS,
+                            "startup_timeout_secs": 120},
+               "run": {"concurrency": 8},
+               "backend": {"kind": "ray", "address": cluster.address,
+                           "shared_state_dir": True, "poll_secs": 0.25,
+                           "resources": [{f"node{i}": 1} for i in range(4)],
+                           "start_timeout_secs": 120}}
+        runs = {"none": _ray_kills_run(tmp / "rk-none", doc, tmp, 0),
+                "kills": _ray_kills_run(tmp / "rk-kills", doc, tmp, kills)}
+        print(json.dumps({**runs, "cells": 48}))
+    finally:
+        cluster.shutdown()
+
+
 GW_UPSTREAM = r'''
 import json, sys
 from aiohttp import web
@@ -1124,9 +1278,12 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", default=None,
                     choices=["overhead", "stuck", "endpoint", "scale", "idle", "chaos",
                              "restore", "replicas", "ray", "gateway", "dialects", "oneload",
-                             "inspect", "hostcpu"])
+                             "inspect", "hostcpu", "raykills", "partition"])
     if len(sys.argv) == 4 and sys.argv[1] == RAY_INNER:  # inside `unshare -n` (bench_ray)
         ray_inner(Path(sys.argv[2]), int(sys.argv[3]))
+        return 0
+    if len(sys.argv) == 4 and sys.argv[1] == RAY_KILLS_INNER:  # (bench_raykills)
+        ray_kills_inner(Path(sys.argv[2]), int(sys.argv[3]))
         return 0
     a = ap.parse_args()
     q = a.quick
@@ -1145,6 +1302,8 @@ def main() -> int:
         "oneload": lambda t: bench_oneload(t, 5 if q else 20),
         "inspect": lambda t: bench_inspect(t, 1 if q else 5),
         "hostcpu": lambda t: bench_hostcpu(t, 1 if q else 3),
+        "raykills": lambda t: bench_raykills(t, 3 if q else 10),
+        "partition": bench_partition,
     }
     # This machine exports PYTHONDONTWRITEBYTECODE=1, so an editable checkout would
     # recompile every autopilot module on every start (~0.1 s); an installed package has

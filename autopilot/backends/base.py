@@ -242,8 +242,11 @@ class Backend(abc.ABC):
         return replica_lines(preset, "this machine") if preset.endpoint.replicas > 1 else []
 
     @classmethod
-    def cleanup(cls, preset: Preset, token: str, grace: float, endpoint: bool) -> list[str]:
-        """Blocking: what the backend leaves elsewhere than this machine, removed."""
+    def cleanup(cls, preset: Preset, token: str, grace: float, endpoint: bool,
+                state_dir: Path | None = None, sandboxes: tuple[str, ...] = (),
+                since: float | None = None) -> list[str]:
+        """Blocking: what the backend leaves elsewhere than this machine, removed (the
+        plan's ``sandboxes`` by exact name, when not older than ``since``)."""
         return []
 
     # Whether the endpoint starts on this machine (preflight then checks its binary,

@@ -62,10 +62,11 @@ class Owner:
 
 
 class Docker:
-    """A thin, owned aiodocker client (``DOCKER_HOST`` honoured)."""
+    """A thin, owned aiodocker client (``DOCKER_HOST`` honoured, or ``url``: a node's
+    daemon named by the node's own ``DOCKER_HOST``)."""
 
-    def __init__(self) -> None:
-        self.client = aiodocker.Docker()
+    def __init__(self, url: str | None = None) -> None:
+        self.client = aiodocker.Docker(url=url)
         self._activity: dict[str, tuple[float, int | None]] = {}
         self.spared: list[dict[str, str]] = []  # harness sandboxes not ours (Owner)
 
@@ -128,6 +129,18 @@ class Docker:
             if name in existing and await self.remove(name, owner):
                 removed.append(name)
         return removed
+
+    async def remove_endpoint(self, name: str, state_dir: str) -> bool:
+        """Remove the endpoint container named exactly ``name`` when this run's state dir
+        labelled it (a replica's on a node, its actor lost): never another's."""
+        try:
+            c = await self.client.containers.get(name)
+        except DockerError:
+            return False
+        labels = c["Config"].get("Labels") or {}
+        if labels.get(LABEL_STATE) != state_dir or labels.get(LABEL_ROLE) != "endpoint":
+            return False
+        return await self.remove(name)
 
     async def remove_labelled(self, state_dir: str, role: str | None = None) -> list[str]:
         removed = []

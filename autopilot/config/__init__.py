@@ -242,10 +242,9 @@ class Preset(_Frozen):
         if self.grader.mode != "per-cell":
             raise ValueError("backend.kind = 'ray' grades on the node: grader.mode must "
                              "be 'per-cell'")
-        if self.harness.sandbox_container or self.endpoint.container() is not None:
-            raise ValueError("backend.kind = 'ray' runs endpoints and harnesses as processes "
-                             "on the nodes (Docker on nodes is not built yet): leave "
-                             "harness.sandbox_container unset and endpoint.mode = 'process'")
+        if self.harness.compose_projects:
+            raise ValueError("backend.kind = 'ray' does not sweep Compose projects on the "
+                             "nodes yet: leave harness.compose_projects unset")
 
     _env_refs: tuple[EnvRef, ...] = PrivateAttr(default=())
 

@@ -25,9 +25,10 @@ from autopilot.cell.sweep import orphan_marked
 from autopilot.config import Preset
 from autopilot.plan import Plan, cell_context
 from autopilot.run.preflight import needs_docker
-from autopilot.run.recovery import sandbox_owner
+from autopilot.run.recovery import sandbox_names, sandbox_owner
 from autopilot.state.claims import mark_released, outside_roots, release_owned
 from autopilot.state.fsguard import remove_or_clear, run_roots
+from autopilot.state.journal import began
 from autopilot.templates import render
 
 
@@ -58,8 +59,10 @@ async def cleanup(preset: Preset, plan: Plan, state_dir: Path, *, endpoint: bool
     token = existing_run_token(state_dir)  # none: no supervisor ever marked a process
     if token is not None:
         # What the backend keeps elsewhere (with Ray: every node of the cluster) first.
-        removed += await anyio.to_thread.run_sync(
-            backend_class(preset.backend.kind).cleanup, preset, token, 2.0, endpoint)
+        removed += await anyio.to_thread.run_sync(partial(
+            backend_class(preset.backend.kind).cleanup, preset, token, 2.0, endpoint,
+            state_dir, sandbox_names(preset, plan, state_dir),
+            began(state_dir / "journal.jsonl")))
         for found in await anyio.to_thread.run_sync(
                 partial(orphan_marked, token, 2.0, endpoint=endpoint)):
             what = f"cell {found['cell']}" if found["cell"] else "endpoint"
@@ -82,7 +85,7 @@ async def cleanup(preset: Preset, plan: Plan, state_dir: Path, *, endpoint: bool
         for uid, pids in await anyio.to_thread.run_sync(
                 orphan_uids, state_dir / "journal.jsonl", preset.harness.uids, set(), 2.0):
             removed.append(f"processes {' '.join(map(str, pids))} (cell uid {uid})")
-    if needs_docker(preset):
+    if needs_docker(preset) and backend_class(preset.backend.kind).endpoint_here:
         from autopilot.cell.sandbox import Docker
 
         docker = Docker()

@@ -316,7 +316,7 @@ async def run_preflight(
                        "pins": pins, "model": preset.model,
                        "endpoint": endpoint_identity(preset)}
 
-    if needs_docker(preset):
+    if needs_docker(preset) and backend.endpoint_here:  # (else each node's own daemon)
         why = await docker_reachable()
         if why:
             raise PreflightError(f"preflight: Docker unreachable ({why})")

@@ -17,6 +17,7 @@ import contextlib
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -374,9 +375,11 @@ async def stop_leftovers(preset: Preset, plan: Plan, state_dir: Path, ledger: Le
     from autopilot.backends.base import backend_class  # the backends import this module
 
     grace = preset.watchdog.kill_grace_secs
-    elsewhere = await anyio.to_thread.run_sync(
-        backend_class(preset.backend.kind).cleanup, preset, run_token, grace, True)
-    if needs_docker(preset):
+    kind = backend_class(preset.backend.kind)
+    elsewhere = await anyio.to_thread.run_sync(partial(
+        kind.cleanup, preset, run_token, grace, True, state_dir,
+        sandbox_names(preset, plan, state_dir), began(state_dir / "journal.jsonl")))
+    if needs_docker(preset) and kind.endpoint_here:  # (a Ray node's daemon: above)
         from autopilot.cell.sandbox import Docker
 
         docker = Docker()
@@ -432,6 +435,14 @@ def finished_outcome(preset: Preset, cell: Cell, state_dir: Path, state: CellSta
         exit_code=None, completion=True)
 
 
+def sandbox_names(preset: Preset, plan: Plan, state_dir: Path,
+                  keep: frozenset[str] = frozenset()) -> tuple[str, ...]:
+    """Every cell's sandbox container name (``harness.sandbox_container``), but ``keep``'s."""
+    template = preset.harness.sandbox_container
+    return tuple(render(template, cell_context(preset, c, 1, state_dir))
+                 for c in plan.cells if c.id not in keep) if template else ()
+
+
 def sandbox_owner(preset: Preset, state_dir: Path) -> Any:
     """Which harness sandboxes are this run's (autopilot.cell.sandbox.Owner): its roots,
     and when it began (now, for a run with no event yet: nothing before is ours)."""
@@ -456,13 +467,11 @@ async def docker_setup(preset: Preset, plan: Plan, state_dir: Path,
     from autopilot.cell.sandbox import Docker, DockerSandboxes, sweep_listed_projects
 
     docker = Docker()
-    template = preset.harness.sandbox_container
     owner = sandbox_owner(preset, state_dir)
     boxes = DockerSandboxes(docker, preset, state_dir, owner)
-    if template:
+    if preset.harness.sandbox_container:
         # Never the sandbox of an attempt re-attached to (``keep``): it is running.
-        names = [render(template, cell_context(preset, c, 1, state_dir)) for c in plan.cells
-                 if c.id not in keep]
+        names = sandbox_names(preset, plan, state_dir, keep)
         for name in await docker.remove_exact(names, owner):
             cleaned.append({"container": name})
         for name in names:  # one daemon, two runs with these cell ids: refused, as outputs

@@ -213,9 +213,10 @@ class Supervisor(Recorder):
         self.passes.make_slots(len(self.backend.keepers))
 
     async def _drive(self) -> int:
-        self._docker = await recovery.docker_setup(self.preset, self.plan, self.state_dir,
-                                                   self.swept.cleaned,
-                                                   self.swept.kept_cells)
+        if backend_class(self.preset.backend.kind).endpoint_here:  # (else on each node)
+            self._docker = await recovery.docker_setup(
+                self.preset, self.plan, self.state_dir, self.swept.cleaned,
+                self.swept.kept_cells)
         self._make_backend()
         code = EXIT_INCOMPLETE
         try:

@@ -5,9 +5,10 @@ Ray backend (autopilot.backends.ray.head). Nothing here imports Ray at module lo
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autopilot.backends.ray.node import sweep_run
+from autopilot.backends.ray.node import Containers, sweep_run
 from autopilot.errors import ConfigError, EndpointError
 
 if TYPE_CHECKING:
@@ -61,11 +62,50 @@ def connect(cfg: BackendConfig) -> Any:
     return ray
 
 
-def cleanup_cluster(preset: Preset, token: str, grace: float, endpoint: bool) -> list[str]:
+def node_state_dir(preset: Preset, token: str, state_dir: Path) -> Path:
+    """Where a node keeps the run's files: the state dir itself on shared storage, else
+    its private mirror (autopilot.backends.ray.node.NodeAgent)."""
+    b = preset.backend
+    return state_dir if b.shared_state_dir else Path(b.node_dir) / token[:16]
+
+
+def endpoint_containers(preset: Preset) -> tuple[str, ...]:
+    """Each replica's endpoint container name (Endpoint.container_name), in Docker mode."""
+    from autopilot.endpoints import ENGINES
+
+    d = preset.endpoint.container()
+    if d is None:
+        return ()
+    name = d.container_name or ENGINES[preset.endpoint.engine].default_container
+    return tuple(name if i == 0 else f"{name}-{i}" for i in range(preset.endpoint.replicas))
+
+
+def node_containers(preset: Preset, token: str, state_dir: Path, *,
+                    endpoints: tuple[str, ...] = (), sandboxes: tuple[str, ...] = (),
+                    since: float | None = None, docker_host: str | None = None
+                    ) -> Containers | None:
+    """What of the run a node's daemon may hold, to remove by exact name."""
+    from autopilot.state.fsguard import run_roots
+
+    if not endpoints and not sandboxes:
+        return None
+    where = node_state_dir(preset, token, state_dir)
+    return Containers(str(where), endpoints, sandboxes,
+                      tuple(str(r) for r in run_roots(preset, where)), since, docker_host)
+
+
+def cleanup_cluster(preset: Preset, token: str, grace: float, endpoint: bool,
+                    state_dir: Path | None = None, sandboxes: tuple[str, ...] = (),
+                    since: float | None = None) -> list[str]:
     """``autopilot cleanup`` on every node: stop the run's actors (each kills what it runs
     and its endpoint), free its placement group, then kill what still carries the run's
-    marker on every live node. Blocking; the lock is free (no supervisor runs)."""
+    marker on every live node and remove the run's containers from its daemon (its
+    endpoints' by label, the plan's ``sandboxes`` by name). Blocking; the lock is free
+    (no supervisor runs)."""
     cfg = preset.backend
+    containers = None if state_dir is None else node_containers(
+        preset, token, state_dir, endpoints=endpoint_containers(preset) if endpoint else (),
+        sandboxes=sandboxes, since=since)
     ray = connect(cfg)
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -95,10 +135,12 @@ def cleanup_cluster(preset: Preset, token: str, grace: float, endpoint: bool) ->
             found = ray.get(sweep.options(
                 num_cpus=0, max_retries=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
-            ).remote(token, grace, endpoint), timeout=120)
-            done += [f"processes {' '.join(map(str, f['pids']))} "
-                     f"({'cell ' + f['cell'] if f['cell'] else 'endpoint'}) on node "
-                     f"{node['NodeID'][:12]} ({node.get('NodeManagerAddress')})" for f in found]
+            ).remote(token, grace, endpoint, containers), timeout=120)
+            where = f"on node {node['NodeID'][:12]} ({node.get('NodeManagerAddress')})"
+            done += [f"container {f['container']} {where}" if "container" in f else
+                     f"processes {' '.join(map(str, f['pids']))} "
+                     f"({'cell ' + f['cell'] if f['cell'] else 'endpoint'}) {where}"
+                     for f in found]
     finally:
         ray.shutdown()
     return done

@@ -43,12 +43,15 @@ from autopilot.backends.ray.cluster import (
     bundle_of,
     cleanup_cluster,
     connect,
+    endpoint_containers,
     import_ray,
+    node_containers,
     placement_lines,
     short_error,
 )
 from autopilot.backends.ray.mirror import RemoteEndpoint, RemoteKeeper, peer_origin
 from autopilot.backends.ray.node import (
+    Containers,
     NodeAgent,
     Polled,
     Result,
@@ -74,6 +77,7 @@ from autopilot.state.runevents import (
     RayActorReattached,
     RayReplicaStarted,
 )
+from autopilot.templates import render
 
 if TYPE_CHECKING:
     from autopilot.config import ArmEndpoint, Preset
@@ -95,8 +99,10 @@ class RayBackend(Backend):
                 + replica_lines(preset, "its Ray node"))
 
     @classmethod
-    def cleanup(cls, preset: Preset, token: str, grace: float, endpoint: bool) -> list[str]:
-        return cleanup_cluster(preset, token, grace, endpoint)
+    def cleanup(cls, preset: Preset, token: str, grace: float, endpoint: bool,
+                state_dir: Path | None = None, sandboxes: tuple[str, ...] = (),
+                since: float | None = None) -> list[str]:
+        return cleanup_cluster(preset, token, grace, endpoint, state_dir, sandboxes, since)
 
     # The endpoint starts on the nodes (each actor reports its own failure); here, only
     # that this machine can drive a cluster at all.
@@ -151,6 +157,7 @@ class RayBackend(Backend):
         self._drain_locks = [anyio.Lock() for _ in range(self.n)]
         # Attempts sent to each replica's current lease and not answered yet.
         self.inflight: list[set[tuple[str, int]]] = [set() for _ in range(self.n)]
+        self.cells: dict[str, Cell] = {}  # by id, each cell sent to a node
         self.revoked: list[list[tuple[str, int]]] = [[] for _ in range(self.n)]
         # Attempts whose result the loop has journaled: the actor may forget them.
         self.taken: list[list[tuple[str, int]]] = [[] for _ in range(self.n)]
@@ -161,6 +168,10 @@ class RayBackend(Backend):
         # lease_secs after it last heard a head, which is no later than this
         self.heard: dict[str, float] = {}
         self.session = uuid.uuid4().hex[:8]  # this supervisor's leases are its own
+        from autopilot.state.journal import began
+
+        # the run's first launch: a node's sandboxes older than it are not the run's
+        self.began = began(w.state_dir / "journal.jsonl")
 
     # ------------------------------------------------------------------ names
 
@@ -241,7 +252,7 @@ class RayBackend(Backend):
                 placement_group=self.pg, placement_group_bundle_index=i),
             **actor_options(self.bundles[i]),
         ).remote(self.w.preset, str(self.w.state_dir), i, self._lease(i),
-                 self.w.run_token)
+                 self.w.run_token, self.began)
 
     async def start_replica(self, i: int) -> None:
         await self.ready()
@@ -405,6 +416,21 @@ class RayBackend(Backend):
         return (self.heard.get(lease, time.monotonic()) + lease_secs
                 + fence_check_secs(lease_secs) + self.w.preset.watchdog.kill_grace_secs + 1.0)
 
+    def _containers(self, i: int) -> Containers | None:
+        """Replica ``i``'s containers on its node's daemon: its endpoint's, and the
+        sandboxes of the cells it was running."""
+        w = self.w
+        template = w.preset.harness.sandbox_container
+        mine = endpoint_containers(w.preset)[i:i + 1]
+        boxes = tuple(render(template, cell_context(w.preset, self.cells[cid], a,
+                                                    w.state_dir))
+                      for cid, a in sorted(self.inflight[i]) if cid in self.cells
+                      ) if template else ()
+        host = self.remote[i].where.get("docker_host")
+        return node_containers(w.preset, w.run_token, w.state_dir, endpoints=mine,
+                               sandboxes=boxes, since=self.began,
+                               docker_host=host if isinstance(host, str) else None)
+
     async def _sweep_once(self, i: int, lease: str, ip: str | None) -> bool:
         """Whether the lease's processes were killed on its machine."""
         ray = self.ray
@@ -424,7 +450,8 @@ class RayBackend(Backend):
         try:
             with anyio.fail_after(60):
                 pids = await task.remote(self.w.run_token, lease,
-                                         self.w.preset.watchdog.kill_grace_secs)
+                                         self.w.preset.watchdog.kill_grace_secs,
+                                         self._containers(i))
         except Exception as e:  # a sweep that failed is said, not fatal
             self.w.port.emit(LeaseSweepFailed(replica=i, lease=lease, error=short_error(e)))
             return False
@@ -473,6 +500,7 @@ class RayBackend(Backend):
         # may already be recreated under a new one, which must be left alone.
         inc, lease, where = k.incarnation, self._lease(i), dict(k.where)
         self.inflight[i].add(key)
+        self.cells[cell.id] = cell
         try:
             got = await self._unless_handover(call)
         except self.ray.exceptions.RayActorError as e:

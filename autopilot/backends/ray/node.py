@@ -27,6 +27,12 @@ its endpoint and its fork server, as ``stop`` does, and no successor re-attaches
 the head re-runs a lost node's cells elsewhere only after that time (``FENCE_CHECK_SECS``
 and the kill grace included), unless a sweep on its machine ended them first.
 
+Docker on a node: a Docker-mode endpoint and the cells' sandbox containers live on the
+node's own daemon (the actor's ``DOCKER_HOST``), created, owned and removed there by the
+same rules as on one machine (exact names, ``Owner``: a container of another run is never
+removed); a lost lease's endpoint and sandboxes go with its sweep, and ``cleanup``
+removes the run's containers from every live node's daemon.
+
 Nothing here imports Ray: the supervisor side (autopilot.backends.ray.head) wraps these with
 ``ray.remote`` so that a run without the extra never needs it.
 """
@@ -221,8 +227,10 @@ class NodeAgent:
     """One replica on one node (a named, detached Ray actor; see module doc)."""
 
     def __init__(self, preset: Preset, state_dir: str, replica: int, lease: str,
-                 run_token: str) -> None:
+                 run_token: str, began: float | None = None) -> None:
         self.preset = preset
+        self.began = began  # the run's first launch (sandboxes older are not its own)
+        self.docker: Any = None  # this node's Docker client, when the preset needs one
         self.shared = preset.backend.shared_state_dir
         # Without shared storage: this node's private mirror of the state dir (its cells'
         # files are shipped back with each verdict, autopilot.backends.ray.shipping).
@@ -269,7 +277,8 @@ class NodeAgent:
         await self.keeper.start()
         self._watch = asyncio.ensure_future(self.keeper.watch())
         w = Wiring(preset=p, state_dir=self.state_dir, run_token=self.run_token,
-                   port=self.port, redactor=self.redactor, clock=time.monotonic)
+                   port=self.port, redactor=self.redactor, clock=time.monotonic,
+                   sandboxes=self._sandboxes())
         self.cx = replace(cell_context(w, self.keeper, replica=self.replica,
                                        extra_env={LEASE_ENV: self.lease}, forks=True,
                                        # its own: ends with the actor, and the nodes
@@ -278,6 +287,18 @@ class NodeAgent:
                                        forks_name=f"forkserver-{self.lease}"),
                           peers=self.peers)
         return self.where()
+
+    def _sandboxes(self) -> Any:
+        """The cells' Docker side on this node's own daemon, when the preset has one."""
+        h = self.preset.harness
+        if not (h.sandbox_container or h.scratch_remove_image):
+            return None
+        from autopilot.cell.sandbox import Docker, DockerSandboxes, Owner
+        from autopilot.state.fsguard import run_roots
+
+        self.docker = Docker()
+        return DockerSandboxes(self.docker, self.preset, self.state_dir,
+                               Owner(run_roots(self.preset, self.state_dir), self.began))
 
     async def _fence_watch(self) -> None:
         """End everything once no head has spoken for ``lease_secs``: a head that lost
@@ -314,6 +335,9 @@ class NodeAgent:
         return {"node": ctx.get_node_id(), "host": socket.gethostname(),
                 "ip": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
                 "actor_pid": os.getpid(),
+                # the daemon its containers live on: a sweep from another node of this
+                # machine removes them there
+                "docker_host": os.environ.get("DOCKER_HOST"),
                 "lease": self.lease,
                 "devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
@@ -417,26 +441,64 @@ class NodeAgent:
         cx = getattr(self, "cx", None)
         if cx is not None:  # this node's fork server of data paths
             await cx.launch.aclose()
+        if self.docker is not None:
+            await self.docker.close()
+            self.docker = None
         return [f"{cid}#{attempt}" for (cid, attempt), _ in tasks]
 
 
-def sweep_lease(run_token: str, lease: str, grace: float) -> list[int]:
+def sweep_lease(run_token: str, lease: str, grace: float,
+                containers: Containers | None = None) -> list[int]:
     """Kill, on the machine this runs on, every process of the run (its marker) that
     carries ``lease``: what a lost actor left behind. A Ray task placed on a live node of
-    the lost node's machine (or the lease guard); exact identity, both markers."""
+    the lost node's machine (or the lease guard); exact identity, both markers. Then its
+    containers on this machine's daemon (``containers``), by exact name and only ours."""
     from autopilot.cell.sweep import orphan_marked
 
-    return [pid for found in orphan_marked(run_token, grace, lease=lease)
+    pids = [pid for found in orphan_marked(run_token, grace, lease=lease)
             for pid in found["pids"]]
+    if containers is not None:
+        asyncio.run(containers.remove())
+    return pids
 
 
-def sweep_run(run_token: str, grace: float, endpoint: bool) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Containers:
+    """A run's containers on one node's daemon, to remove by exact name: endpoint
+    containers labelled with its state dir there, and sandboxes ``Owner`` says are its."""
+
+    state_dir: str
+    endpoints: tuple[str, ...] = ()
+    sandboxes: tuple[str, ...] = ()
+    roots: tuple[str, ...] = ()
+    since: float | None = None
+    docker_host: str | None = None  # the lost actor's daemon (its DOCKER_HOST), if it said
+
+    async def remove(self) -> list[str]:
+        from autopilot.cell.sandbox import Docker, Owner
+
+        docker = Docker(self.docker_host)
+        try:
+            gone = [n for n in self.endpoints
+                    if await docker.remove_endpoint(n, self.state_dir)]
+            return gone + await docker.remove_exact(
+                self.sandboxes, Owner(tuple(Path(r) for r in self.roots), self.since))
+        finally:
+            await docker.close()
+
+
+def sweep_run(run_token: str, grace: float, endpoint: bool,
+              containers: Containers | None = None) -> list[dict[str, Any]]:
     """``autopilot cleanup`` on one node: kill whatever still carries the run's marker
-    there (the lock is free, so nothing of it can be live). A Ray task per node."""
+    there (the lock is free, so nothing of it can be live), then remove the run's
+    containers from its daemon. A Ray task per node."""
     from autopilot.cell.sweep import orphan_marked
 
-    return orphan_marked(run_token, grace, endpoint=endpoint)
+    found = orphan_marked(run_token, grace, endpoint=endpoint)
+    if containers is not None:
+        found += [{"container": n} for n in asyncio.run(containers.remove())]
+    return found
 
 
-__all__ = ["LEASE_ENV", "Hello", "NodeAgent", "Numbered", "Result", "lease_of", "sweep_lease",
-           "sweep_run"]
+__all__ = ["LEASE_ENV", "Containers", "Hello", "NodeAgent", "Numbered", "Result", "lease_of",
+           "sweep_lease", "sweep_run"]
