@@ -168,11 +168,17 @@ def _end_what_the_test_left(request: pytest.FixtureRequest) -> Any:
 
 def end_runs_under(tmp: Path) -> None:
     """Kill, by pid, what the runs whose state dirs lie under ``tmp`` left running (their
-    marker), and sweep their cgroups."""
+    marker, their fork server by its record), and sweep their cgroups."""
     tokens = set()
     for f in tmp.rglob("run.token"):
         with contextlib.suppress(OSError):
             tokens.add(f.read_text().strip())
+        # its fork server of data paths (no marker: its record names it), which would
+        # otherwise wait out its idle time with no loop to serve
+        from autopilot.datapath.forks import end_forkserver
+
+        with contextlib.suppress(OSError):
+            end_forkserver(f.parent)
     tokens.discard("")
     if not tokens:
         return
