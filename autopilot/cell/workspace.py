@@ -49,7 +49,9 @@ async def prepare_workspace(cx: CellContext, ctx: dict[str, Any], cell: str, att
     uid = None
     if cx.users is not None:
         try:
-            uid = cx.users.take(cell)
+            # Off the loop: a uid handed on is first scrubbed of what it left in the
+            # shared sticky dirs (a scan of /tmp, whatever its size).
+            uid = await anyio.to_thread.run_sync(cx.users.take, cell)
         except LookupError as e:
             return (str(e), 126), None
         await anyio.to_thread.run_sync(own_dirs, output_dir, cx.state_dir, uid)
