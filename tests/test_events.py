@@ -162,3 +162,12 @@ def test_a_typed_event_is_written_under_its_journal_names() -> None:
         assert (kind, fields) == ("pass_started", {"pass": 3, "pending": 2})
         again = parse({"event": kind, **fields})
         assert isinstance(again, PassStarted) and again.pass_no == 3
+
+
+def test_every_milestone_kind_is_one_the_notifier_knows() -> None:
+    # Writers are typed (MilestoneKind: mypy checks each call's kind); the notifier's
+    # table of icons and priorities covers exactly those kinds.
+    from autopilot.run.notify import MILESTONES
+    from autopilot.state.runevents import MILESTONE_KINDS
+
+    assert set(MILESTONES) == MILESTONE_KINDS

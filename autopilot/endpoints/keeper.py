@@ -30,6 +30,7 @@ from autopilot.state.runevents import (
     EndpointStarted,
     EndpointThrottled,
     EndpointUp,
+    MilestoneSink,
 )
 from autopilot.state.runevents import EndpointFailed as EndpointFailedEvent
 
@@ -67,7 +68,7 @@ class Keeper(KeeperBase):
         self,
         endpoint: Endpoint,
         emit: Emit,
-        milestone: Emit,
+        milestone: MilestoneSink,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__()

@@ -31,12 +31,13 @@ from urllib.parse import urlsplit
 import anyio
 
 from autopilot.logsetup import get_logger
+from autopilot.state.runevents import MilestoneKind
 
 log = get_logger(__name__)
 
 # kind -> (apprise notify type, priority). apprise itself is imported on first send:
 # a run without notification URLs never pays for loading its plugins.
-MILESTONES: dict[str, tuple[str, str]] = {
+MILESTONES: dict[MilestoneKind, tuple[str, str]] = {
     "run_started": ("info", "normal"),
     "endpoint_restart": ("warning", "high"),
     "endpoint_failed": ("failure", "emergency"),
@@ -249,7 +250,7 @@ class Notifier:
 
     # ------------------------------------------------------------------ sending
 
-    def submit(self, kind: str, payload: dict[str, Any]) -> bool:
+    def submit(self, kind: MilestoneKind, payload: dict[str, Any]) -> bool:
         """Queue a milestone; False when disabled, suppressed by cool-down, or queue full."""
         if not self.enabled:
             return False

@@ -48,7 +48,7 @@ from autopilot.state.fsutil import atomic_write_text, iso, read_json, storage_er
 from autopilot.state.journal import Journal
 from autopilot.state.ledger import Ledger
 from autopilot.state.progress import oneline
-from autopilot.state.runevents import LaunchThrottled, Milestone, NotifyFailed
+from autopilot.state.runevents import LaunchThrottled, Milestone, MilestoneKind, NotifyFailed
 from autopilot.state.status import StatusWriter
 from autopilot.state.tokens import tokens_of
 from autopilot.templates import render
@@ -181,7 +181,7 @@ class Recorder:
                 self.storage_failed(disk)
             raise
 
-    def milestone(self, kind: str, **info: Any) -> None:
+    def milestone(self, kind: MilestoneKind, **info: Any) -> None:
         priority = MILESTONES.get(kind, ("", "normal"))[1]
         payload = {
             "kind": kind, "priority": priority, "preset": self.preset.name,

@@ -30,7 +30,7 @@ from autopilot.state import budget
 from autopilot.state.cellevents import CellQuarantined
 from autopilot.state.eventbase import EventBase
 from autopilot.state.ledger import VALID, Ledger
-from autopilot.state.runevents import LaunchingPaused
+from autopilot.state.runevents import LaunchingPaused, MilestoneKind
 
 
 def should_quarantine(invalid_attempts: int, infra_retries: int) -> bool:
@@ -113,14 +113,14 @@ class HarnessAnomaly:
     last_cell: str
     reason: str | None
     advice: str
-    kind: ClassVar[str] = "harness_anomaly"
+    kind: ClassVar[MilestoneKind] = "harness_anomaly"
 
 
 @dataclass(frozen=True)
 class BudgetReached:
     """A milestone: the run's budget is spent (launching stopped)."""
     why: str
-    kind: ClassVar[str] = "budget_reached"
+    kind: ClassVar[MilestoneKind] = "budget_reached"
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ class ArmComplete:
     arm: str
     passed: int
     valid: int
-    kind: ClassVar[str] = "arm_complete"
+    kind: ClassVar[MilestoneKind] = "arm_complete"
 
 
 Milestone = HarnessAnomaly | BudgetReached | ArmComplete

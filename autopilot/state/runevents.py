@@ -5,11 +5,26 @@ journal (campaign.jsonl). autopilot.state.events holds them together with the ce
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, get_args
 
 from pydantic import Field
 
 from autopilot.state.eventbase import EventBase
+
+MilestoneKind = Literal[
+    "run_started", "endpoint_restart", "endpoint_failed", "node_lost", "arm_complete",
+    "run_complete", "run_incomplete", "harness_anomaly", "publish_failed", "budget_reached",
+    "disk_low", "disk_ok", "campaign_entry_finished", "campaign_complete",
+    "campaign_incomplete", "test"]
+"""Every milestone a writer may push: mypy checks each call's kind against it (a
+``Milestone`` read back keeps any string: a newer version's kind stays readable)."""
+MILESTONE_KINDS: frozenset[str] = frozenset(get_args(MilestoneKind))
+
+
+class MilestoneSink(Protocol):
+    """Where a milestone goes (the loop journals and pushes it; a node buffers it)."""
+
+    def __call__(self, kind: MilestoneKind, **info: Any) -> None: ...
 
 
 class RunStarted(EventBase):

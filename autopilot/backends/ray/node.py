@@ -63,6 +63,7 @@ from autopilot.logsetup import SPOOL_CAP, Redactor
 from autopilot.plan import Cell, arm_groups
 from autopilot.state.eventbase import EventBase, record_of
 from autopilot.state.events import parse
+from autopilot.state.runevents import MilestoneKind
 from autopilot.state.statedir import check_trusted, ensure_private_dir
 
 
@@ -78,7 +79,7 @@ class EventReport:
 class MilestoneReport:
     """A milestone to journal and push: its kind and details."""
 
-    kind: str
+    kind: MilestoneKind
     info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -178,7 +179,7 @@ class NodePort:
         self.seq += 1
         self.reports.append(Numbered(self.seq, report))
 
-    def milestone(self, kind: str, **info: Any) -> None:
+    def milestone(self, kind: MilestoneKind, **info: Any) -> None:
         self._add(MilestoneReport(kind, info))
 
     def tick(self, cid: str, frozen_secs: float, tier: str, last_signal: Any) -> None:
