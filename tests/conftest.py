@@ -247,6 +247,16 @@ def test_images(docker_host: str, tmp_path_factory: pytest.TempPathFactory) -> d
     return import_test_images(docker_host, tmp_path_factory.mktemp("rootfs"))
 
 
+def fake_llama_binds() -> list[str]:
+    """What the FAKE llama-server image needs bind-mounted (read-only): this checkout at
+    /repo, and the host's Python and the libraries it loads."""
+    base = sys.base_prefix
+    binds = [f"{ROOT}:/repo:ro", f"{base}:{base}:ro", "/usr:/usr:ro", "/lib:/lib:ro"]
+    if Path("/lib64").exists():
+        binds.append("/lib64:/lib64:ro")
+    return binds
+
+
 def import_test_images(host: str, tmp: Path) -> dict[str, str]:
     """``test_images`` into the daemon at ``host`` (tmp: an empty dir of the caller's)."""
     import shutil

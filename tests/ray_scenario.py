@@ -44,23 +44,27 @@ from autopilot.cell.procs import grade_marker
 
 
 def overlay(out: Path, address: str, arms: list[dict[str, Any]] | None = None,
-            think: str = "0.25", **backend: Any) -> Path:
-    path = out / f"ray{len(backend)}{'-pinned' if arms else ''}-{think}.json"
+            think: str = "0.25", replicas: int = 3, load: float = 0.0,
+            **backend: Any) -> Path:
+    """``load``: a simulated model load (the endpoint answers only after it)."""
+    path = out / f"ray{len(backend)}{'-pinned' if arms else ''}-{think}-{replicas}-{load}.json"
     path.write_text(json.dumps({
         **({"arms": arms} if arms else {}),
         "vars": {"think_secs": think},  # cells of a few seconds: a node dies mid-cell
-        "endpoint": {"replicas": 3, "slots": 2},
-        "run": {"concurrency": 6},
+        "endpoint": {"replicas": replicas, "slots": 2,
+                     **({"startup_delay_secs": load, "startup_timeout_secs": load + 60}
+                        if load else {})},
+        "run": {"concurrency": 2 * replicas},
         "backend": {"kind": "ray", "address": address, "shared_state_dir": True,
-                    "resources": [{"node0": 1}, {"node1": 1}, {"node2": 1}],
+                    "resources": [{f"node{i}": 1} for i in range(replicas)],
                     "poll_secs": 0.2, "start_timeout_secs": 60, **backend},
     }))
     return path
 
 
-def cli(state: Path, over: Path) -> list[str]:
-    return [sys.executable, "-m", "autopilot.cli", "--preset", "demo", "--target-n", "2",
-            "--config", str(over), "--state-dir", str(state), "--quiet"]
+def cli(state: Path, over: Path, target_n: int = 2) -> list[str]:
+    return [sys.executable, "-m", "autopilot.cli", "--preset", "demo", "--target-n",
+            str(target_n), "--config", str(over), "--state-dir", str(state), "--quiet"]
 
 
 def running_on(state: Path, replica: int) -> bool:
@@ -265,19 +269,22 @@ def ship(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
             "node_dir": str(out / "nodes")}
 
 
-def partition(out: Path, cut: bool = True) -> dict[str, Any]:
+def partition(out: Path, cut: bool = True, nodes: int = 3, load: float = 0.0,
+              target_n: int = 2) -> dict[str, Any]:
     """Three Ray nodes, each in a network namespace of its own (tests/netns.py): once
     replica 2 runs cells, its node's link to the others is cut for longer than its lease,
     then healed. Its cells must be re-run elsewhere only after its actor fenced itself,
-    and counted once. (``cut=False``: the same run, uncut: tools/bench.py's baseline.)"""
+    and counted once. (``cut=False``: the same run, uncut: tools/bench.py's baseline;
+    ``nodes``, ``load``, ``target_n``: its larger runs.)"""
     from netns import Topology
 
     out.mkdir(parents=True, exist_ok=True)
     state = out / ("partition" if cut else "uncut")
-    with Topology(3, out) as topo:
+    with Topology(nodes, out) as topo:
         topo.start_ray()
-        over = overlay(out, topo.address, think="0.6", lease_secs=6)
-        proc = topo.popen(0, cli(state, over), cwd=ROOT, stdout=subprocess.PIPE,
+        over = overlay(out, topo.address, think="0.6", replicas=nodes, load=load,
+                       lease_secs=6)
+        proc = topo.popen(0, cli(state, over, target_n), cwd=ROOT, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
             wait_for(lambda: running_on(state, 2) and verdicts(state) >= 3, 240,
@@ -345,7 +352,7 @@ def docker(out: Path) -> dict[str, Any]:
     the endpoint runs in a container of its node's daemon, and every cell's harness
     makes a sandbox container there (the MMBT shape). Node 1 is lost mid-run; then a
     second run is SIGKILLed with its replica 1's actor, and cleaned up."""
-    from conftest import container_names, import_test_images
+    from conftest import container_names, fake_llama_binds, import_test_images
     from ray.cluster_utils import Cluster
 
     hosts, dirs = [], []
@@ -371,10 +378,7 @@ def docker(out: Path) -> dict[str, Any]:
         script = out / "sandbox_harness.py"
         script.write_text(SANDBOX_HARNESS)
         name = f"llama-autopilot-ray-{os.getpid()}"
-        py, base = os.path.realpath(sys.executable), sys.base_prefix
-        binds = [f"{ROOT}:/repo:ro", f"{base}:{base}:ro", "/usr:/usr:ro", "/lib:/lib:ro"]
-        if Path("/lib64").exists():
-            binds.append("/lib64:/lib64:ro")
+        py, binds = os.path.realpath(sys.executable), fake_llama_binds()
         over = out / "ray-docker.json"
         over.write_text(json.dumps({
             "tasks": [{"id": "p1_bugfix"}, {"id": "p2_extract"}, {"id": "p3_market"}],
@@ -457,10 +461,11 @@ def main() -> int:
         os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
         (out / "result.json").write_text(json.dumps({"docker": docker(out)}))
         return 0
-    if scenario in ("partition", "uncut"):  # its own cluster, in namespaces it makes
-        os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    if scenario in ("partition", "uncut", "partition4", "uncut4"):  # its own cluster, in
+        os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # namespaces it makes
+        big = {"nodes": 4, "load": 20.0, "target_n": 4} if scenario.endswith("4") else {}
         (out / "result.json").write_text(json.dumps(
-            {scenario: partition(out, cut=scenario == "partition")}))
+            {scenario: partition(out, cut=scenario.startswith("partition"), **big)}))
         return 0
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"

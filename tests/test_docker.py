@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 from conftest import (
-    ROOT,
     cli_env,
     container_names,
     docker_cli,
     events,
+    fake_llama_binds,
     run_cli,
     spawn_cli,
     wait_for,
@@ -26,13 +26,10 @@ from conftest import (
 pytestmark = pytest.mark.slow
 
 PY = os.path.realpath(sys.executable)
-BASE = sys.base_prefix
 
 
 def llama_overlay(tmp: Path, images: dict[str, str], name: str, **extra: object) -> str:
-    binds = [f"{ROOT}:/repo:ro", f"{BASE}:{BASE}:ro", "/usr:/usr:ro", "/lib:/lib:ro"]
-    if Path("/lib64").exists():
-        binds.append("/lib64:/lib64:ro")
+    binds = fake_llama_binds()
     doc = {
         "endpoint": {
             "engine": "llamacpp", "mode": "docker", "model_path": "/models/fake.gguf",

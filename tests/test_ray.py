@@ -253,6 +253,9 @@ def test_a_node_cut_off_is_fenced_before_its_cells_run_elsewhere_and_counts_once
         # ... and no process of its lease was left on the node when the cell ran again
         assert got["fenced_at"] <= parse_iso(rerun["ts"]), (got["fenced_at"], rerun["ts"])
     assert_each_cell_once_and_never_rerun(evs, 24)
+    totals = json.loads((tmp_path / "partition" / "status.json").read_text())["totals"]
+    assert totals["done"] == totals["total"] == totals["pass"] + totals["fail"] == 24
+    assert totals["invalid"] == 0  # the cut attempt is not a cell: the board counts 24
     assert got["leftover"] == []  # after the heal, nothing of the old lease runs
 
 
