@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from math import fsum
 from pathlib import Path
 
 import psutil
@@ -136,7 +137,12 @@ def supervisor_cpu(where: Path, cells: int, cgroups: str) -> float:
     user of its own."""
     over = write_overlay(where / f"o{cells}.json", {
         "tasks": [{"id": f"t{i}"} for i in range(cells // 2)],
-        "arms": [{"label": "demo-nothink", "mode": "nothink"}], "run": {"concurrency": 4},
+        "arms": [{"label": "demo-nothink", "mode": "nothink"}],
+        # The production cadence (as tools/bench.py's overhead runs), not the demo's 10x
+        # faster polling: what a cell costs, not what a longer wall costs in ticks (a
+        # crowded box stretches the wall, and every tick is supervisor CPU).
+        "run": {"concurrency": 4, "status_debounce_secs": 0.5},
+        "watchdog": {"poll_secs": 2.0}, "endpoint": {"probe_interval_secs": 5},
         "harness": {"argv": ["/bin/sh", "-c",
                              'echo \'{{"total_completion_tokens": 3}}\' > "$1/summary.json"',
                              "h", "{output_dir}"], "user": "cell", "uids": [61250, 61269]},
@@ -158,21 +164,29 @@ def supervisor_cpu(where: Path, cells: int, cgroups: str) -> float:
         shutil.rmtree(state, ignore_errors=True)
 
 
+BIG = 164
+
+
 @as_root
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("cgroups", ["on", "off"])
 def test_the_supervisors_cpu_per_cell_is_the_same_with_2000_idle_processes(
         reachable: Path, cgroups: str) -> None:
-    # Per cell, the fixed start and end taken away: (a run of 84 cells - a run of 4) / 80,
-    # each run the best of 5, interleaved with and without the crowd (a shared box is noisy).
+    # Per cell, the fixed start and end taken away: (the runs of 164 cells - the runs of
+    # 4) / 160, over 7 rounds interleaved with and without the crowd. A shared 2-core box
+    # is noisy: identical runs differ by up to 20% (how the journal's commits batch, how
+    # many status writes a wall holds). The best of 5 runs of 84 cells read 1.12 and 1.14
+    # in one CI run, and 1.11 here beside a CPU hog, where its per-run strace shows no
+    # read of any other process after the start; all 7 rounds together, of runs twice
+    # as long, hold the estimate to a few percent.
     runs: dict[tuple[str, int], list[float]] = {}
-    for _ in range(5):
+    for _ in range(7):
         for crowd in ("quiet", "crowded"):
             idle = [subprocess.Popen(["sleep", "900"]) for _ in range(2000 if crowd ==
                                                                       "crowded" else 0)]
             try:
-                for cells in (4, 84):
+                for cells in (4, BIG):
                     runs.setdefault((crowd, cells), []).append(
                         supervisor_cpu(reachable, cells, cgroups))
             finally:
@@ -180,7 +194,8 @@ def test_the_supervisors_cpu_per_cell_is_the_same_with_2000_idle_processes(
                     p.kill()
                 for p in idle:
                     p.wait()
-    quiet, crowded = ((min(runs[c, 84]) - min(runs[c, 4])) / 80 for c in ("quiet", "crowded"))
+    quiet, crowded = ((fsum(runs[c, BIG]) - fsum(runs[c, 4])) / (BIG - 4) / 7
+                      for c in ("quiet", "crowded"))
     assert crowded / quiet <= 1.10, (
         f"supervisor CPU per cell: {quiet * 1000:.1f} ms quiet, {crowded * 1000:.1f} ms "
         f"beside 2,000 idle processes ({runs})")
