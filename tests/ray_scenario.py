@@ -44,27 +44,23 @@ from autopilot.cell.procs import grade_marker
 
 
 def overlay(out: Path, address: str, arms: list[dict[str, Any]] | None = None,
-            think: str = "0.25", replicas: int = 3, load: float = 0.0,
-            **backend: Any) -> Path:
-    """``load``: a simulated model load (the endpoint answers only after it)."""
-    path = out / f"ray{len(backend)}{'-pinned' if arms else ''}-{think}-{replicas}-{load}.json"
+            think: str = "0.25", **backend: Any) -> Path:
+    path = out / f"ray{len(backend)}{'-pinned' if arms else ''}-{think}.json"
     path.write_text(json.dumps({
         **({"arms": arms} if arms else {}),
         "vars": {"think_secs": think},  # cells of a few seconds: a node dies mid-cell
-        "endpoint": {"replicas": replicas, "slots": 2,
-                     **({"startup_delay_secs": load, "startup_timeout_secs": load + 60}
-                        if load else {})},
-        "run": {"concurrency": 2 * replicas},
+        "endpoint": {"replicas": 3, "slots": 2},
+        "run": {"concurrency": 6},
         "backend": {"kind": "ray", "address": address, "shared_state_dir": True,
-                    "resources": [{f"node{i}": 1} for i in range(replicas)],
+                    "resources": [{"node0": 1}, {"node1": 1}, {"node2": 1}],
                     "poll_secs": 0.2, "start_timeout_secs": 60, **backend},
     }))
     return path
 
 
-def cli(state: Path, over: Path, target_n: int = 2) -> list[str]:
-    return [sys.executable, "-m", "autopilot.cli", "--preset", "demo", "--target-n",
-            str(target_n), "--config", str(over), "--state-dir", str(state), "--quiet"]
+def cli(state: Path, over: Path) -> list[str]:
+    return [sys.executable, "-m", "autopilot.cli", "--preset", "demo", "--target-n", "2",
+            "--config", str(over), "--state-dir", str(state), "--quiet"]
 
 
 def running_on(state: Path, replica: int) -> bool:
@@ -269,22 +265,19 @@ def ship(cluster: Any, nodes: list[Any], out: Path) -> dict[str, Any]:
             "node_dir": str(out / "nodes")}
 
 
-def partition(out: Path, cut: bool = True, nodes: int = 3, load: float = 0.0,
-              target_n: int = 2) -> dict[str, Any]:
+def partition(out: Path, cut: bool = True) -> dict[str, Any]:
     """Three Ray nodes, each in a network namespace of its own (tests/netns.py): once
     replica 2 runs cells, its node's link to the others is cut for longer than its lease,
     then healed. Its cells must be re-run elsewhere only after its actor fenced itself,
-    and counted once. (``cut=False``: the same run, uncut: tools/bench.py's baseline;
-    ``nodes``, ``load``, ``target_n``: its larger runs.)"""
+    and counted once. (``cut=False``: the same run, uncut: tools/bench.py's baseline.)"""
     from netns import Topology
 
     out.mkdir(parents=True, exist_ok=True)
     state = out / ("partition" if cut else "uncut")
-    with Topology(nodes, out) as topo:
+    with Topology(3, out) as topo:
         topo.start_ray()
-        over = overlay(out, topo.address, think="0.6", replicas=nodes, load=load,
-                       lease_secs=6)
-        proc = topo.popen(0, cli(state, over, target_n), cwd=ROOT, stdout=subprocess.PIPE,
+        over = overlay(out, topo.address, think="0.6", lease_secs=6)
+        proc = topo.popen(0, cli(state, over), cwd=ROOT, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
             wait_for(lambda: running_on(state, 2) and verdicts(state) >= 3, 240,
@@ -461,11 +454,10 @@ def main() -> int:
         os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
         (out / "result.json").write_text(json.dumps({"docker": docker(out)}))
         return 0
-    if scenario in ("partition", "uncut", "partition4", "uncut4"):  # its own cluster, in
-        os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # namespaces it makes
-        big = {"nodes": 4, "load": 20.0, "target_n": 4} if scenario.endswith("4") else {}
+    if scenario in ("partition", "uncut"):  # its own cluster, in namespaces it makes
+        os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
         (out / "result.json").write_text(json.dumps(
-            {scenario: partition(out, cut=scenario.startswith("partition"), **big)}))
+            {scenario: partition(out, cut=scenario == "partition")}))
         return 0
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"

@@ -778,10 +778,9 @@ def bench_raykills(tmp: Path, kills: int) -> list[Row]:
 
 
 def bench_partition(tmp: Path) -> list[Row]:
-    """A node cut off mid-run for longer than its lease, vs the same run uncut: four Ray
-    nodes in network namespaces of their own, 48 cells, a 20 s model load per replica
-    (run by tests/ray_scenario.py, as a program: its ``partition4`` and ``uncut4``
-    scenarios, lease 6 s)."""
+    """A node cut off mid-run for longer than its lease, vs the same run uncut: three Ray
+    nodes in network namespaces of their own (run by tests/ray_scenario.py, as a
+    program: its ``partition`` and ``uncut`` scenarios, lease 6 s)."""
     try:
         import ray  # noqa: F401
     except ImportError:
@@ -790,22 +789,21 @@ def bench_partition(tmp: Path) -> list[Row]:
     got: dict[str, dict[str, Any]] = {}
     for name in ("uncut", "partition"):
         out = tmp / f"net-{name}"
-        r = subprocess.run([PY, str(ROOT / "tests" / "ray_scenario.py"), f"{name}4",
-                            str(out)], capture_output=True, text=True, env=env(), cwd=ROOT,
-                           timeout=900)
+        r = subprocess.run([PY, str(ROOT / "tests" / "ray_scenario.py"), name, str(out)],
+                           capture_output=True, text=True, env=env(), cwd=ROOT, timeout=900)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-        res = json.loads((out / "result.json").read_text())[f"{name}4"]
+        res = json.loads((out / "result.json").read_text())[name]
         assert res["code"] == 0, res["output"]
         evs = events(out / name)
-        wall = _ts(evs[-1]["ts"]) - _ts(evs[0]["ts"])  # the loads included
-        got[name] = {**res, "wall": wall, "ideal": (LOAD_SECS + _busy(evs) / 8) / wall,
-                     "evs": evs}
+        wall = _ts(evs[-1]["ts"]) - _ts(next(e["ts"] for e in evs
+                                              if e["event"] == "run_started"))
+        got[name] = {**res, "wall": wall, "ideal": _busy(evs) / 6 / wall, "evs": evs}
     cut = got["partition"]
     rerun = min(_ts(e["ts"]) for e in cut["evs"] if e["event"] == "cell_spawning"
                 and any(e["cell"] == c and e["attempt"] > a for c, a in cut["cut_off"]))
     return [
-        Row("Ray partition: a node cut off mid-cell for longer than its 6 s lease, 4 nodes, "
-            f"48 cells, {LOAD_SECS:g} s model load per replica: GPU-ideal ratio uncut / cut",
+        Row("Ray partition: a node cut off mid-cell for longer than its 6 s lease, 3 nodes, "
+            "24 cells: GPU-ideal ratio uncut / cut",
             f"{got['uncut']['ideal']:.3f} / {cut['ideal']:.3f} (walls "
             f"{got['uncut']['wall']:.1f}s / {cut['wall']:.1f}s)", "(no target)",
             "the same run uncut, same namespaces (the cut node's slots are gone after it)",
