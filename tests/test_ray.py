@@ -320,6 +320,8 @@ def test_ray_backend_config_errors_are_one_line_exit_2(tmp_path: Path) -> None:
          "backend.resources[0]: amounts must be positive"),
         ({"backend": {"kind": "ray", "poll_secs": 1, "lease_secs": 3}},
          "lease_secs (3) must be at least 4 polls"),
+        ({"backend": {"kind": "ray", "lease_secs": 1e309}},  # JSON's inf: never fenced
+         "backend.lease_secs: Input should be a finite number"),
         ({"backend": {"kind": "ray"}, "harness": {"compose_projects": "{output_dir}/p.txt"}},
          "does not sweep Compose projects on the nodes yet"),
     ]
