@@ -21,6 +21,7 @@ from pydantic_core import core_schema
 
 from autopilot.config import ENGINE_MODELS, Preset
 from autopilot.config.endpoint import EndpointCommon
+from autopilot.fielddocs import describe, models_in
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 # A value written as ``${VAR}`` or ``${VAR:-default}`` is expanded by the loader before
@@ -50,6 +51,7 @@ class _PresetSchema(GenerateJsonSchema):
 def json_schema(partial: bool = False) -> dict[str, Any]:
     """The JSON Schema of a preset file. ``partial``: of a file that gives only some keys
     (one that ``extends`` another, a ``--config`` overlay): nothing is required."""
+    describe([Preset, EndpointCommon, *ENGINE_MODELS.values()])
     schema = Preset.model_json_schema(schema_generator=_PresetSchema)
     schema = {"$schema": SCHEMA_DIALECT, **schema, "title": "bench-autopilot preset"}
     schema["properties"] = {"extends": {"type": "string", "description": EXTENDS},
@@ -97,12 +99,6 @@ class Table:
     header: str  # as TOML writes it: [watchdog], [[tasks]], [endpoint] engine = "vllm"
     doc: str
     options: tuple[Option, ...]
-
-
-def _models_in(annotation: Any) -> list[type[BaseModel]]:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    return [m for a in typing.get_args(annotation) for m in _models_in(a)]
 
 
 def _container(annotation: Any) -> Any:
@@ -155,7 +151,7 @@ def _doc(model: type[BaseModel]) -> str:
 
 
 def _visit_field(field: FieldInfo, key: str, out: dict[str, Table]) -> None:
-    for inner in _models_in(field.annotation):
+    for inner in models_in(field.annotation):
         many = _container(field.annotation)
         if many is dict:
             _visit_model(inner, f"[{key}.NAME]", f"{key}.NAME.", out)
@@ -175,8 +171,9 @@ def _visit_model(model: type[BaseModel], header: str, prefix: str, out: dict[str
 
 def tables() -> list[Table]:
     """Every table of a preset, in the order the page gives them."""
+    describe([Preset, EndpointCommon, *ENGINE_MODELS.values()])
     top = tuple(o for o, f in zip(_options(Preset, ""), Preset.model_fields.values(),
-                                  strict=True) if not _models_in(f.annotation))
+                                  strict=True) if not models_in(f.annotation))
     out = {"(top level)": Table("(top level)", _doc(Preset),
                                 (Option("extends", "string", "none", EXTENDS), *top))}
     for name, f in Preset.model_fields.items():

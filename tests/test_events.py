@@ -12,6 +12,7 @@ from pathlib import Path
 
 from conftest import ROOT, events, run_cli, write_overlay
 
+from autopilot.fielddocs import describe
 from autopilot.state.events import (
     RECORD_ONLY,
     TYPES,
@@ -95,6 +96,7 @@ def test_the_events_page_is_generated_from_the_types() -> None:
 
 def test_every_type_documents_every_field() -> None:
     # `event` is the discriminator: each type fixes it to its kind (EventBase says so).
+    describe(TYPES.values())  # what the generated page does first
     missing = [f"{kind}.{name}" for kind, cls in TYPES.items()
                for name, f in cls.model_fields.items()
                if name != "event" and not (f.description or "").strip()]

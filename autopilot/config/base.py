@@ -17,11 +17,11 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 class Frozen(BaseModel):
     # A field's docstring is its description: in `autopilot schema`, in the generated
-    # option reference (docs/reference.md) and in an editor's TOML completion.
+    # option reference (docs/reference.md) and in an editor's TOML completion; read
+    # there, not at every start-up (autopilot.fielddocs).
     # inf and nan are no setting: a lease or a timeout of 1e309 (JSON's inf) would wait
     # for ever, and nan compares false with every bound
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True,
-                              allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 def check_name(value: str, what: str) -> str:

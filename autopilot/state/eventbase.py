@@ -11,8 +11,11 @@ class EventBase(BaseModel):
     """One line of the journal. Frozen; fields of a later version are kept as extras
     (an older reader still folds a newer journal, ignoring what it does not know)."""
 
+    # defer_build: a type's validator is built when it is first used, not at import (a
+    # run uses a few of the ~100 kinds; a successor's start-up is a run's dead time).
+    # The fields' docstrings are read only where shown (autopilot.fielddocs).
     model_config = ConfigDict(frozen=True, extra="allow", populate_by_name=True,
-                              use_attribute_docstrings=True)
+                              defer_build=True)
 
     ts: str | None = None
     """When it was journaled (ISO 8601, UTC)."""

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Union
 
 from pydantic import Field, ValidationError
 
+from autopilot.fielddocs import describe
 from autopilot.state.cellevents import CELL_EVENTS
 from autopilot.state.eventbase import CellEventBase, EventBase
 from autopilot.state.runevents import RUN_EVENTS
@@ -84,6 +85,7 @@ def events_markdown() -> str:
              "docs/events.md`; a test keeps this page equal to them). Every event has "
              "`ts` (ISO 8601, UTC) and `event` (its kind); an event of a cell has `cell` "
              "and `attempt`. Fields a later version adds are kept by an older reader.", ""]
+    describe(TYPES.values())
     for kind, cls in TYPES.items():
         lines += [f"## `{kind}`", "", " ".join((cls.__doc__ or "").split()), ""]
         own = {n: f for n, f in cls.model_fields.items() if n not in ("ts", "event")}
