@@ -103,6 +103,42 @@ async def test_spawned_children_read_eof_from_stdin() -> None:
         OWNED.discard(proc.pid)
 
 
+@pytest.mark.parametrize("pidfds", [True, False])
+async def test_until_gone_returns_when_the_process_ends_and_not_before(
+        pidfds: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # How a loop waits for a data path (not its child) to end: woken by its pidfd, or by
+    # a poll where there are none.
+    import anyio
+
+    from autopilot.cell.procs import until_gone
+
+    if not pidfds:
+        monkeypatch.delattr(os, "pidfd_open")
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        ident = identify(proc.pid)
+        assert ident is not None
+        ended = anyio.Event()
+
+        async def wait() -> None:
+            await until_gone(ident, poll=3600 if pidfds else 0.01)
+            ended.set()
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wait)
+                await anyio.wait_all_tasks_blocked()
+                assert not ended.is_set()  # alive: still waiting
+                proc.kill()  # (a zombie until reaped: ended all the same)
+                await ended.wait()
+        # A recycled identity is no process of ours: nothing to wait for.
+        with anyio.fail_after(30):
+            await until_gone(ProcIdentity(os.getpid(), 0.0, 1))
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.mark.parametrize(("code", "words"), [
     (-4, "killed by SIGILL"), (-9, "killed by SIGKILL"), (1, "exit code 1"), (0, "exit code 0"),
     (None, "still running"), (-200, "killed by signal 200")])

@@ -30,6 +30,7 @@ from autopilot.cell.procs import (
     ProcIdentity,
     spawn,
     start_ticks,
+    until_gone,
     verify,
 )
 from autopilot.datapath import wire
@@ -351,8 +352,7 @@ class DataPath:
         if self.pid <= 1:
             return
         with anyio.move_on_after(wait):
-            while verify(self.identity) is not None:
-                await anyio.sleep(0.01)
+            await until_gone(self.identity)
         p = verify(self.identity)
         if p is not None:
             with contextlib.suppress(psutil.Error):

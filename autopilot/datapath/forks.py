@@ -20,7 +20,14 @@ import psutil
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from autopilot.cell.procs import OWNED, ProcIdentity, spawn, start_ticks, verify
+from autopilot.cell.procs import (
+    OWNED,
+    ProcIdentity,
+    spawn,
+    start_ticks,
+    until_gone,
+    verify,
+)
 from autopilot.datapath import wire
 from autopilot.datapath.client import (
     ANSWER_SECS,
@@ -232,8 +239,7 @@ class ForkServer:
             self.proc = None
         elif self.ident is not None and not keep:  # a predecessor's: ends after bye
             with anyio.move_on_after(5.0):
-                while verify(self.ident) is not None:
-                    await anyio.sleep(0.01)
+                await until_gone(self.ident)
             self._end_stranger(self.ident)
         if not keep:
             for name in (self.record, self.secret, self.sock_name):
