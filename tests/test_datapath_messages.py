@@ -5,9 +5,11 @@ the message it can be, never as a crash or a wrong value."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
+from autopilot.attemptspec import AttemptSpec, GatewaySpec, HarnessSpec
 from autopilot.datapath import wire
 from autopilot.datapath.messages import (
     WAIT_CAP_SECS,
@@ -104,3 +106,49 @@ def test_a_record_an_earlier_data_path_wrote_under_its_old_name_is_read(tmp_path
     newer = ATTEMPT.__class__(**{**ATTEMPT.__dict__, "port": 9000})
     wire.write_private_json(tmp_path / wire.RECORD, newer.record())
     assert read_record(tmp_path) == newer  # its own name first
+
+
+SPEC = AttemptSpec(
+    "t1_a_v1", 2, HarnessSpec(("/bin/sh", "-c", "true"), {"PATH": "/bin"}, "/s/spool", "/w"),
+    meta={"token": "t", "uid": None, "arms": ["a"]},
+    gateway=GatewaySpec((("http://127.0.0.1:1", "0"),), "/s/gw.jsonl",
+                        {"max_request": 1 << 20, "hold_429": 2.5},
+                        {"temperature": 0}, {"messages": {"max_tokens": 9}}, key="k",
+                        model="m", upstream_key="u", rewrite=True, dialects=("chat",),
+                        secrets=("s3cret",), fd=7),
+    dir="/s/datapath/t1_a_v1/attempt-2", secret="x" * 32)
+
+
+def test_an_attempts_spec_is_read_back_as_written_and_only_by_its_version() -> None:
+    doc = wire.decode(wire.encode_spec(SPEC))
+    assert wire.spec_of(doc) == SPEC
+    assert wire.spec_of({**doc, "version": wire.VERSION + 1}) is None  # another loop's
+    without = replace(SPEC, gateway=None)
+    assert wire.spec_of(wire.decode(wire.encode_spec(without))) == without
+    assert SPEC.with_listener(3).gateway.fd == 3 and without.with_listener(3) == without
+
+
+@pytest.mark.parametrize("change", [
+    {"harness": {"argv": [], "env": {}, "spool": "/s"}},  # nothing to run
+    {"harness": {"argv": ["sh", 1], "env": {}, "spool": "/s"}},
+    {"harness": {"argv": ["sh"], "env": {"A": 1}, "spool": "/s"}},  # env of strings only
+    {"gateway": {"upstream": [["only-one"]]}},
+    {"gateway": "yes"},  # a gateway that is no gateway is no spec, not "no gateway"
+    {"attempt": "2"}, {"cell": None}, {"dir": ""}, {"secret": 7}, {"meta": []},
+])
+def test_a_spec_of_the_wrong_shape_is_no_spec(change: dict) -> None:
+    doc = wire.decode(wire.encode_spec(SPEC))
+    assert doc is not None
+    if "gateway" in change and isinstance(change["gateway"], dict):
+        change = {"gateway": {**doc["gateway"], **change["gateway"]}}
+    assert wire.spec_of({**doc, **change}) is None
+
+
+def test_a_gateways_limits_and_listener_are_shape_checked() -> None:
+    doc = wire.decode(wire.encode_spec(SPEC))
+    assert doc is not None
+    for bad in ({"limits": {"max_request": "1"}}, {"limits": [1]}, {"log_path": 3}):
+        assert wire.spec_of({**doc, "gateway": {**doc["gateway"], **bad}}) is None
+    # a listener number that is no descriptor is none (the data path then refuses it)
+    odd = wire.spec_of({**doc, "gateway": {**doc["gateway"], "fd": -1}})
+    assert odd is not None and odd.gateway is not None and odd.gateway.fd is None

@@ -28,6 +28,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
+from autopilot.attemptspec import GatewaySpec
 from autopilot.errors import EndpointError
 from autopilot.state.cellevents import CellRan
 from autopilot.state.eventbase import EventBase
@@ -131,7 +132,7 @@ class RunGateway:
         self.settings = settings
         self._serving: Any = None  # autopilot.gateway.proxy.Gateway, once made
 
-    def datapath_spec(self, *args: Any, **kw: Any) -> dict[str, Any]:
+    def datapath_spec(self, *args: Any, **kw: Any) -> GatewaySpec:
         return self.settings.datapath_spec(*args, **kw)
 
     def grading(self, cell: str, attempt: int, upstream: Callable[[], list[tuple[str, str]]],

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from autopilot.attemptspec import AttemptSpec, GatewaySpec
 from autopilot.cell.cgroups import Containment
 from autopilot.cell.procs import ProcIdentity
 from autopilot.cell.validity import Classification
@@ -94,8 +95,8 @@ class Launch(Protocol):
     """What starts an attempt's data path (autopilot.datapath.client.Launcher), held by
     name: its fork server is warmed with the endpoint's load and closed at the end."""
 
-    async def __call__(self, state_dir: Path, cell: str, attempt: int, spec: dict[str, Any],
-                       *, listen: Any | None, run_token: str, token: str) -> DataPathView: ...
+    async def __call__(self, state_dir: Path, spec: AttemptSpec, *, listen: Any | None,
+                       run_token: str, token: str) -> DataPathView: ...
 
     async def warm(self) -> None: ...
 
@@ -120,11 +121,11 @@ class Gatekeeper(Protocol):
     """The model gateway as a cell sees it (autopilot.gateway.proxy.Gateway): what an
     attempt's data path needs to run the attempt's own listener."""
 
-    def datapath_spec(self, settings: dict[str, Any], upstream: list[tuple[str, str]],
+    def datapath_spec(self, settings: Mapping[str, Any], upstream: list[tuple[str, str]],
                       log_path: Path, key: str = "", model: str | None = None, *,
                       route: Route | None = None, route_key: str = "",
                       dialect_settings: Mapping[Any, Mapping[str, Any]] | None = None
-                      ) -> dict[str, Any]: ...
+                      ) -> GatewaySpec: ...
 
     def grading(self, cell: str, attempt: int, upstream: Callable[[], list[tuple[str, str]]],
                 log_path: Path, model: str | None = None
@@ -254,7 +255,7 @@ def gateway_news(cx: CellContext, cell: str, attempt: int, dp: DataPathView,
 
 
 def gateway_spec(gw: Gatekeeper, arm: Arm, upstream: list[tuple[str, str]], key: str,
-                 model: str, log_path: Path) -> dict[str, Any]:
+                 model: str, log_path: Path) -> GatewaySpec:
     """What an attempt's data path needs for its gateway listener. An arm's route: its
     key is read here, at launch, and travels to the data path on its stdin only (never
     to the harness)."""

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 import anyio
 
+from autopilot.attemptspec import AttemptSpec, HarnessSpec
 from autopilot.cell.cgroups import group_name
 from autopilot.cell.context import (
     CellContext,
@@ -272,19 +273,18 @@ class CellRun:
         # it is re-attached or abandoned as this attempt, never charged.
         cx.emit(CellSpawning(cell=self.cell.id, attempt=self.attempt, token=self.token,
                              group=self.group.name if self.group else None, uid=self.uid))
-        spec: dict[str, Any] = {
-            "harness": {"argv": run_argv, "cwd": cwd, "env": env, "spool": str(self.spool)},
-            "meta": {"token": self.token, "group": self.group.name if self.group else None,
-                     "uid": self.uid,
-                     "replica": cx.replica, "deadline": deadline_epoch,
-                     "launched": self.launched, "arms": list(cx.keeper.ep.arm_group)}}
-        if gw is not None:
-            spec["gateway"] = gateway_spec(
+        spec = AttemptSpec(
+            self.cell.id, self.attempt, HarnessSpec(tuple(run_argv), env, str(self.spool), cwd),
+            meta={"token": self.token, "group": self.group.name if self.group else None,
+                  "uid": self.uid, "replica": cx.replica, "deadline": deadline_epoch,
+                  "launched": self.launched, "arms": list(cx.keeper.ep.arm_group)},
+            gateway=gateway_spec(
                 gw, arm, self._upstreams(), key, self.ctx["model"],
-                cx.state_dir / "gateway" / self.cell.id / f"attempt-{self.attempt}.jsonl")
+                cx.state_dir / "gateway" / self.cell.id / f"attempt-{self.attempt}.jsonl",
+            ) if gw is not None else None)
         try:
-            dp = await cx.launch(cx.state_dir, self.cell.id, self.attempt, spec,
-                                 listen=listen, run_token=cx.run_token, token=self.token)
+            dp = await cx.launch(cx.state_dir, spec, listen=listen, run_token=cx.run_token,
+                                 token=self.token)
         except (LaunchFailed, OSError) as e:
             # Ours, not the harness's (which never ran): infrastructure, no retry spent.
             why = f"data path failed: {e}"[:400]

@@ -13,7 +13,7 @@ import os
 import secrets
 import subprocess
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -22,6 +22,7 @@ import psutil
 from anyio.abc import ByteStream, Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from autopilot.attemptspec import AttemptSpec
 from autopilot.cell.context import LaunchFailed
 from autopilot.cell.procs import (
     DATAPATH_ENV,
@@ -85,7 +86,7 @@ def meter_from(doc: Any) -> Meter | None:
 class Forks(Protocol):
     """Where a data path can be forked rather than spawned (forks.ForkServer)."""
 
-    async def fork(self, d: Path, spec: dict[str, Any], listen: Any | None
+    async def fork(self, d: Path, spec: AttemptSpec, listen: Any | None
                    ) -> Attempt | None: ...
 
 
@@ -135,13 +136,13 @@ class DataPath:
     # ------------------------------------------------------------------ making one
 
     @classmethod
-    async def launch(cls, state_dir: Path, cell: str, attempt: int, spec: dict[str, Any],
-                     *, listen: Any | None, run_token: str, token: str,
-                     forks: Forks | None = None) -> DataPath:
+    async def launch(cls, state_dir: Path, spec: AttemptSpec, *, listen: Any | None,
+                     run_token: str, token: str, forks: Forks | None = None) -> DataPath:
         """Start the data path of one attempt (a fork of ``forks``, else a process of its
         own) and wait until its harness is spawned. ``listen``: the gateway's listening
         socket (handed over, closed here)."""
-        d = wire.attempt_dir(state_dir, cell, attempt)
+        cell = spec.cell
+        d = wire.attempt_dir(state_dir, cell, spec.attempt)
         ensure_private_dir(d.parent.parent)
         ensure_private_dir(d.parent)
         ensure_private_dir(d)
@@ -151,11 +152,10 @@ class DataPath:
                 (d / stale).unlink()
         secret = secrets.token_hex(16)
         wire.write_private_json(d / wire.SECRET, {"secret": secret})
-        spec = {**spec, "version": wire.VERSION, "dir": str(d), "secret": secret,
-                "cell": cell, "attempt": attempt}
+        spec = replace(spec, dir=str(d), secret=secret)
         fds: tuple[int, ...] = ()
-        if listen is not None:
-            spec["gateway"] = {**spec["gateway"], "fd": listen.fileno()}
+        if listen is not None:  # (a spawned data path has it under the same number)
+            spec = spec.with_listener(listen.fileno())
             fds = (listen.fileno(),)
         if forks is not None:
             try:
@@ -181,7 +181,7 @@ class DataPath:
                 listen.close()
         try:
             assert proc.stdin is not None and proc.stdout is not None
-            await proc.stdin.send(wire.encode(spec))
+            await proc.stdin.send(wire.encode_spec(spec))
             await proc.stdin.aclose()
             reader = BufferedByteReceiveStream(proc.stdout)
             with anyio.fail_after(READY_SECS):

@@ -20,6 +20,7 @@ import psutil
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from autopilot.attemptspec import AttemptSpec
 from autopilot.cell.procs import (
     OWNED,
     ProcIdentity,
@@ -166,12 +167,12 @@ class ForkServer:
             raise OSError(f"the fork server did not answer as {ident.pid}")
         self.sock, self.ident = sock, ident
 
-    async def fork(self, d: Path, spec: dict[str, Any], listen: Any | None
+    async def fork(self, d: Path, spec: AttemptSpec, listen: Any | None
                    ) -> Attempt | None:
         """The data path's ready line, forked from the server; None: spawn instead."""
         if self.broken:
             return None
-        data = wire.encode(spec)
+        data = wire.encode_spec(spec)
         if len(data) > (1 << 20) - 1024:
             return None
         r, w = os.pipe()
@@ -285,10 +286,10 @@ class Launcher:
     def __init__(self, forks: ForkServer | None = None) -> None:
         self.forks = forks
 
-    async def __call__(self, state_dir: Path, cell: str, attempt: int, spec: dict[str, Any],
-                       *, listen: Any | None, run_token: str, token: str) -> DataPath:
-        return await DataPath.launch(state_dir, cell, attempt, spec, listen=listen,
-                                     run_token=run_token, token=token, forks=self.forks)
+    async def __call__(self, state_dir: Path, spec: AttemptSpec, *, listen: Any | None,
+                       run_token: str, token: str) -> DataPath:
+        return await DataPath.launch(state_dir, spec, listen=listen, run_token=run_token,
+                                     token=token, forks=self.forks)
 
     async def warm(self) -> None:
         if self.forks is not None:

@@ -34,6 +34,7 @@ import signal
 import socket
 import sys
 
+from autopilot.attemptspec import AttemptSpec
 from autopilot.datapath import process, wire
 from autopilot.datapath.messages import Forked, Hello, Refusal
 
@@ -54,7 +55,7 @@ def _reap(*_: object) -> None:
             return
 
 
-def _child(spec: dict[str, object], fds: list[int], server: socket.socket) -> None:
+def _child(spec: AttemptSpec, fds: list[int], server: socket.socket) -> None:
     """In the fork: become the attempt's data path, never return."""
     code = 1
     try:
@@ -69,9 +70,6 @@ def _child(spec: dict[str, object], fds: list[int], server: socket.socket) -> No
         for fd in (null, ready, log):
             if fd > 2:
                 os.close(fd)
-        gw = spec.get("gateway")
-        if isinstance(gw, dict) and len(fds) > 2:
-            gw["fd"] = fds[2]
         code = process.run_spec(spec)
     except BaseException as e:
         with contextlib.suppress(Exception):
@@ -126,9 +124,13 @@ def _serve_loop(conn: socket.socket, listener: socket.socket) -> bool:
             return False
         if not data:
             return False  # the loop closed its end, or died: the next one re-attaches
-        spec = wire.decode(data)
-        if spec is not None and spec.get("op") == "bye" and not fds:
+        doc = wire.decode(data)
+        if doc is not None and doc.get("op") == "bye" and not fds:
             return True
+        spec = wire.spec_of(doc)
+        if spec is not None and spec.gateway is not None:
+            # its listener, under the number it has here (a gateway without one: no spec)
+            spec = spec.with_listener(fds[2]) if len(fds) > 2 else None
         if spec is None or len(fds) < 2:
             for fd in fds:
                 os.close(fd)

@@ -40,6 +40,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from autopilot.attemptspec import AttemptSpec, GatewaySpec
 from autopilot.datapath import callers, wire
 from autopilot.datapath.messages import Attempt, Hello, Poll, Refusal, Status
 
@@ -48,10 +49,11 @@ _PR_SET_CHILD_SUBREAPER = 36
 
 
 class DataPathProcess:
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: AttemptSpec) -> None:
         self.spec = spec
-        self.dir = Path(spec["dir"])
-        self.secret = str(spec["secret"]).encode()
+        self.dir = Path(spec.dir)
+        self.secret = spec.secret.encode()
+        self.harness_ticks: int | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.code: int | None = None
         self.exited = asyncio.Event()  # the harness has ended
@@ -59,8 +61,8 @@ class DataPathProcess:
         self.waiting = 0  # callers in a wait, to be answered before we go
         self.ended: float | None = None
         self.att: Any = None  # the gateway's Attempt (autopilot.gateway.proxy)
-        self.upstream: list[tuple[str, str]] = [
-            (str(r), str(o)) for r, o in (spec.get("gateway") or {}).get("upstream", [])]
+        self.upstream: list[tuple[str, str]] = list(spec.gateway.upstream if spec.gateway
+                                                    else ())
         self.throttled = 0
         self.failovers: list[dict[str, Any]] = []
         self.spawn_error: str | None = None
@@ -84,17 +86,17 @@ class DataPathProcess:
                 self.exited.set()
 
     def _spawn(self) -> None:
-        h = self.spec["harness"]
-        out = os.open(h["spool"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+        h = self.spec.harness
+        out = os.open(h.spool, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
                       | os.O_CLOEXEC, 0o600)
         try:
             # restore_signals (Popen's default) gives the harness SIGPIPE's default back.
             self.proc = subprocess.Popen(
-                h["argv"], cwd=h.get("cwd") or None, env=h["env"],
+                h.argv, cwd=h.cwd, env=h.env,
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True, close_fds=True)
         except OSError as e:
-            self.spawn_error = f"spawn failed: {e.strerror}: {h['argv'][0]}"
+            self.spawn_error = f"spawn failed: {e.strerror}: {h.argv[0]}"
             self.code, self.ended = None, time.time()
             self.exited.set()
         finally:
@@ -105,9 +107,9 @@ class DataPathProcess:
     def _attempt(self) -> Attempt:
         p = self.proc
         return Attempt(pid=os.getpid(), harness_pid=p.pid if p else None,
-                       harness_ticks=self.spec.get("harness_ticks"),
+                       harness_ticks=self.harness_ticks,
                        port=self.att.port if self.att is not None else None,
-                       meta=self.spec.get("meta", {}), ticks=wire.proc_ticks(os.getpid()),
+                       meta=self.spec.meta, ticks=wire.proc_ticks(os.getpid()),
                        spawn_error=self.spawn_error)
 
     def _status(self) -> Status:
@@ -180,14 +182,13 @@ class DataPathProcess:
         path = wire.fd_path(dirfd, wire.SOCK)
         server.setblocking(False)
         accepting = asyncio.ensure_future(self._accept(server))
-        gw = self.spec.get("gateway")
+        gw = self.spec.gateway
         async with contextlib.AsyncExitStack() as stack:
-            if gw:
+            if gw is not None:
                 self.att = await stack.enter_async_context(self._gateway(gw))
             self._spawn()
             self._reap()  # a harness that ended before the handler was looking
-            ticks = wire.proc_ticks(self.proc.pid) if self.proc else None
-            self.spec["harness_ticks"] = ticks
+            self.harness_ticks = wire.proc_ticks(self.proc.pid) if self.proc else None
             said = replace(self._attempt(), started=time.time())
             wire.write_private_json(self.dir / wire.RECORD, said.record())
             self._tell(said.ready())
@@ -220,11 +221,11 @@ class DataPathProcess:
         os.close(dirfd)
         return 0
 
-    def _gateway(self, gw: dict[str, Any]) -> contextlib.AbstractAsyncContextManager[Any]:
+    def _gateway(self, gw: GatewaySpec) -> contextlib.AbstractAsyncContextManager[Any]:
         from autopilot.gateway.proxy import Gateway, Limits
         from autopilot.logsetup import Redactor
 
-        redactor = Redactor(gw.get("secrets") or ())
+        redactor = Redactor(gw.secrets)
 
         def failover(cell: str, attempt: int, frm: str, to: str, why: str) -> None:
             if len(self.failovers) < 1000:
@@ -233,12 +234,12 @@ class DataPathProcess:
         def throttled() -> None:
             self.throttled += 1
 
-        g = Gateway(redactor.scrub, Limits(**gw["limits"]), on_throttled=throttled,
+        g = Gateway(redactor.scrub, Limits(**gw.limits), on_throttled=throttled,  # type: ignore[arg-type]
                     on_failover=failover)
-        upstream_key = gw.get("upstream_key")
-        if isinstance(upstream_key, str):
+        upstream_key = gw.upstream_key
+        if upstream_key is not None:
             g.key = lambda: upstream_key
-        sock = socket.socket(fileno=int(gw["fd"]))
+        sock = socket.socket(fileno=gw.fd)
         sock.setblocking(False)
         local = sock.getsockname()[:2]
         me = os.getpid()
@@ -247,15 +248,11 @@ class DataPathProcess:
             # A keyless request: admitted only from a connection our own tree opened.
             return callers.opened_by_tree(peer, local, me)
 
-        model = gw.get("model")
-        return _closing(g, g.attempt(self.spec["cell"], int(self.spec["attempt"]),
-                                     gw.get("settings") or {}, lambda: self.upstream,
-                                     Path(gw["log_path"]), sock=sock,
-                                     key=str(gw.get("key") or "") or None, caller=caller,
-                                     model=model if isinstance(model, str) else None,
-                                     rewrite=gw.get("rewrite") is True,
-                                     dialects=frozenset(map(str, gw.get("dialects") or ())),
-                                     dialect_settings=gw.get("dialect_settings") or {}))
+        return _closing(g, g.attempt(self.spec.cell, self.spec.attempt, gw.settings,
+                                     lambda: self.upstream, Path(gw.log_path), sock=sock,
+                                     key=gw.key or None, caller=caller, model=gw.model,
+                                     rewrite=gw.rewrite, dialects=frozenset(gw.dialects),
+                                     dialect_settings=gw.dialect_settings))
 
     def _tell(self, msg: dict[str, Any]) -> None:
         """One line to the loop that started us, if it is still there."""
@@ -287,7 +284,7 @@ def main() -> int:
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: None)
     raw = sys.stdin.buffer.read(16 << 20)
-    spec = wire.decode(raw.strip())
+    spec = wire.spec_of(wire.decode(raw.strip()))
     if spec is None:
         print("autopilot data path: no spec of version", wire.VERSION, "on stdin",
               file=sys.stderr)
@@ -318,25 +315,24 @@ async def _when_space(write: Any) -> None:
             await asyncio.sleep(SPACE_RETRY_SECS)
 
 
-def run_spec(spec: dict[str, Any]) -> int:
+def run_spec(spec: AttemptSpec) -> int:
     """Be the data path of ``spec`` (here, or in a fork of autopilot.datapath.forkserver)."""
-    if spec.get("version") != wire.VERSION:
-        print("autopilot data path: no spec of version", wire.VERSION, file=sys.stderr)
+    if spec.gateway is not None and spec.gateway.fd is None:
+        print("autopilot data path: a gateway without its listener", file=sys.stderr)
         return 2
     _subreaper()
     _title(spec)
     return asyncio.run(DataPathProcess(spec).run())
 
 
-def _title(spec: dict[str, Any]) -> None:
+def _title(spec: AttemptSpec) -> None:
     """What ``ps`` shows of this process: the runbook's name for it and its attempt (a
     forked data path would otherwise show as its fork server's command line)."""
     try:
         from setproctitle import setproctitle
     except ImportError:  # a title is a courtesy, never a reason not to run
         return
-    cell, attempt = str(spec.get("cell", "?"))[:200], spec.get("attempt", "?")
-    setproctitle(f"autopilot data path {cell} attempt {attempt}")
+    setproctitle(f"autopilot data path {spec.cell[:200]} attempt {spec.attempt}")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from autopilot.attemptspec import AttemptSpec
+
 VERSION = 1
 SECRET = "secret"  # noqa: S105 - a file name
 SOCK = "ctl.sock"
@@ -62,6 +64,18 @@ def trusted_peer(uid: int) -> bool:
 
 def encode(msg: dict[str, Any]) -> bytes:
     return (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+
+
+def encode_spec(spec: AttemptSpec) -> bytes:
+    """An attempt's spec as it travels to its data path: with this version's number."""
+    return encode({**spec.to_wire(), "version": VERSION})
+
+
+def spec_of(doc: dict[str, Any] | None) -> AttemptSpec | None:
+    """The spec a loop of this version sent (None: another version's, or no spec)."""
+    if doc is None or doc.get("version") != VERSION:
+        return None
+    return AttemptSpec.of(doc)
 
 
 def decode(line: bytes) -> dict[str, Any] | None:

@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autopilot.attemptspec import GatewaySpec
+
 if TYPE_CHECKING:
     from autopilot.config import Preset, Route
 
@@ -52,7 +54,7 @@ class GatewaySettings:
                       log_path: Path, key: str = "", model: str | None = None, *,
                       route: Route | None = None, route_key: str = "",
                       dialect_settings: Mapping[Any, Mapping[str, Any]] | None = None
-                      ) -> dict[str, Any]:
+                      ) -> GatewaySpec:
         """What an attempt's data path needs to run its listener with this gateway's
         settings (autopilot.datapath.process). It travels on the data path's stdin only:
         the upstream's key and the attempt's key are never written to a file. ``route``:
@@ -63,12 +65,11 @@ class GatewaySettings:
         if route is not None:
             upstream_key, model = route_key or None, route.model
             rewrite, dialects = True, route.dialects()
-        return {"settings": dict(settings), "upstream": [list(u) for u in upstream],
-                "dialect_settings": {k: dict(v) for k, v in (dialect_settings or {}).items()},
-                "log_path": str(log_path), "limits": asdict(self.limits),
-                "upstream_key": upstream_key, "rewrite": rewrite,
-                "dialects": sorted(dialects), "key": key, "model": model,
-                "secrets": list(self.secrets)}
+        return GatewaySpec(
+            tuple(upstream), str(log_path), asdict(self.limits), dict(settings),
+            {str(k): dict(v) for k, v in (dialect_settings or {}).items()}, key=key,
+            model=model, upstream_key=upstream_key, rewrite=rewrite,
+            dialects=tuple(sorted(dialects)), secrets=tuple(self.secrets))
 
 
 def _number(replica: str) -> int | None:
