@@ -120,6 +120,40 @@ def test_a_caller_without_the_secret_gets_nothing(tmp_path: Path) -> None:
         end(pid)
 
 
+def test_a_spec_the_server_cannot_trust_forks_nothing(tmp_path: Path) -> None:
+    # A caller with the secret (the run's own user) that sends a spec of another
+    # version, or a gateway without the listener it is to serve: answered "bad spec",
+    # and no data path is forked to run half of it.
+    import socket
+
+    from autopilot.attemptspec import AttemptSpec, GatewaySpec, HarnessSpec
+
+    pid, secret = started_server(tmp_path)
+    spec = AttemptSpec("t_a_v1", 1, HarnessSpec(("/bin/true",), {}, str(tmp_path / "spool")),
+                       gateway=GatewaySpec((), str(tmp_path / "gw.jsonl"), {}),
+                       dir=str(tmp_path), secret="s" * 32)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+            s.settimeout(10)
+            s.connect(str(tmp_path / "datapath" / FORKSERVER_SOCK))
+            s.send(json.dumps({"op": "hello", "secret": secret,
+                               "version": wire.VERSION}).encode())
+            assert json.loads(s.recv(4096)) == {"ok": True, "pid": pid}
+            other = {**json.loads(wire.encode_spec(spec)), "gateway": None,
+                     "version": wire.VERSION + 1}
+            for data in (wire.encode_spec(spec), json.dumps(other).encode()):
+                r, w = os.pipe()
+                try:
+                    socket.send_fds(s, [data], [w, w])  # (ready pipe, log): no listener
+                    assert json.loads(s.recv(4096)) == {"ok": False, "why": "bad spec"}
+                finally:
+                    os.close(r)
+                    os.close(w)
+        assert psutil.Process(pid).children() == []
+    finally:
+        end(pid)
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
                     reason="needs root and setpriv (tools/test runs as root)")
 def test_a_caller_of_another_uid_is_dropped_before_a_byte_is_read() -> None:

@@ -315,7 +315,7 @@ class DataPath:
 
     def _by_files(self) -> None:
         """The data path's channel is closed: its end is in exit.json, or it was lost."""
-        done = Status.of(self.finished(), exited=True)
+        done = self.finished()
         if done is not None:
             self._apply(done)
             return
@@ -324,13 +324,9 @@ class DataPath:
         self.phase = "lost"
         self.why_lost = "the attempt's data path ended without recording the harness's end"
 
-    def finished(self) -> dict[str, Any] | None:
+    def finished(self) -> Status | None:
         """exit.json, once the data path has written it."""
-        done = wire.read_private_json(self.dir / wire.EXIT)
-        if done is None:
-            return None
-        m = done.get("meter")
-        return {**done, "meter": m} if isinstance(m, dict) else done
+        return finished_record(self.dir)
 
     async def close(self) -> None:
         """Stop talking to it (it goes on, watched by its files). The child, if ours, is
@@ -389,14 +385,11 @@ def datapath_env(run_token: str, token: str) -> dict[str, str]:
     return env
 
 
-def finished_record(d: Path) -> tuple[int | None, Meter | None, dict[str, Any]] | None:
-    """(exit code, final meter, the record) of an attempt whose data path wrote its end,
-    else None. Read by start-up for an attempt that ended while no loop watched it."""
-    done = wire.read_private_json(d / wire.EXIT)
-    if done is None:
-        return None
-    code = done.get("code")
-    return (code if type(code) is int else None), meter_from(done.get("meter")), done
+def finished_record(d: Path) -> Status | None:
+    """The end an attempt's data path recorded in ``d`` (exit.json: its harness's exit,
+    the gateway's final meter), else None. Read by start-up for an attempt that ended
+    while no loop watched it, and by a loop whose channel to it closed."""
+    return Status.of(wire.read_private_json(d / wire.EXIT), exited=True)
 
 
 __all__ = ["DATAPATH_ENV", "DataPath", "DataPathError", "finished_record",

@@ -170,7 +170,7 @@ async def reattach_datapaths(preset: Preset, plan: Plan, state_dir: Path, ledger
     adopted with that record's gateway evidence. Returns the cells whose data path is
     gone without a record: their evidence is incomplete, so they are never adopted."""
     from autopilot.datapath import wire
-    from autopilot.datapath.client import DataPath, finished_record
+    from autopilot.datapath.client import DataPath, finished_record, meter_from
     from autopilot.datapath.messages import read_record
 
     lost: set[str] = set()
@@ -203,14 +203,14 @@ async def reattach_datapaths(preset: Preset, plan: Plan, state_dir: Path, ledger
         if rec is None:
             lost.add(cell.id)
             continue
-        code, meter, _ = rec
+        code, meter = rec.code, meter_from(rec.meter)
         record = read_record(d)
         meta = record.meta if record is not None else {}
         launched = meta.get("launched") if isinstance(meta, dict) else None
         outcome = ended_outcome(preset, plan.by_id[cell.id], state_dir, cell, code,
                                 launched if isinstance(launched, int | float) else None)
         found.adopted.append((cell.id, cell.attempts, outcome, meter))
-        ended = rec[2].get("ended")
+        ended = rec.ended
         wall = (whole_wall(float(launched), float(ended), -1.0)
                 if isinstance(launched, int | float) and isinstance(ended, int | float)
                 else None)
