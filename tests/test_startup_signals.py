@@ -25,6 +25,8 @@ import pytest
 from conftest import ROOT, events, run_cli, spawn_cli, wait_for
 from test_live_restore import demo, gone, marked, slow_overlay, started, verdicts
 
+from autopilot.run.recovery import STOPPED_AT_START
+
 pytestmark = pytest.mark.slow
 
 
@@ -222,6 +224,9 @@ def test_autopilot_stop_ends_a_handed_over_run_and_leaves_a_finished_one_alone(
     assert marked(state) == []
     kinds = [e["event"] for e in events(state)]
     assert "leftovers_stopped" in kinds
+    # an attempt it ended is said to be stopped, not taken for a restart's
+    assert all(e["why"] == STOPPED_AT_START for e in events(state)
+               if e["event"] == "cell_abandoned")
     assert [e for e in events(state) if e["event"] == "run_finished"][-1]["outcome"] \
         == "stopped"
     before = (state / "journal.jsonl").read_bytes()

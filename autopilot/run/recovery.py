@@ -272,12 +272,13 @@ def live_endpoints(journal: Path, token: str) -> dict[int, dict[str, Any]]:
 
 async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Ledger,
                         run_token: str, emit: Emit, reattach: bool = False,
-                        spare: Survivors | None = None) -> Swept:
+                        spare: Survivors | None = None,
+                        why: str = "supervisor restarted") -> Swept:
     """Kill what a dead predecessor left running (in a worker thread: kills wait) but
     what may be re-attached to (``reattach``: attempts under their data paths, the
     endpoint; ``spare``: what the backend re-attaches to elsewhere, a Ray node's actor
     with its attempts and endpoint); its other cells go back to pending (journaled from
-    the loop)."""
+    the loop). ``why``: what a killed attempt is journaled as abandoned for."""
     journal = state_dir / "journal.jsonl"
     grace = preset.watchdog.kill_grace_secs
     found = Swept()
@@ -322,8 +323,7 @@ async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Led
             emit(CellAdopted(cell=cell.id, attempt=cell.attempts,
                  why="harness finished before the supervisor died", outcome=asdict(outcome)))
             continue
-        emit(CellAbandoned(cell=cell.id, attempt=cell.attempts,
-             why="supervisor restarted", killed_pids=pids))
+        emit(CellAbandoned(cell=cell.id, attempt=cell.attempts, why=why, killed_pids=pids))
     endpoint = await anyio.to_thread.run_sync(sweep.orphan_endpoint, journal, run_token,
                                               refused, keep_pids)
     for r in refused:
@@ -365,13 +365,17 @@ async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Led
     return found
 
 
+STOPPED_AT_START = "stopped: a stop signal during start-up ended it (not charged)"
+
+
 async def stop_leftovers(preset: Preset, plan: Plan, state_dir: Path, ledger: Ledger,
                          run_token: str, emit: Emit) -> Swept:
     """A stop during start-up (``systemctl stop`` right after a ``restart``): end what a
     predecessor left, since no one else will (``KillMode=process``): its attempts by
     identity and marker (the sweep without re-attaching), its endpoint process, and an
     endpoint container or a backend's endpoint elsewhere. Journaled like any sweep."""
-    found = await sweep_orphans(preset, plan, state_dir, ledger, run_token, emit)
+    found = await sweep_orphans(preset, plan, state_dir, ledger, run_token, emit,
+                                why=STOPPED_AT_START)
     from autopilot.backends.base import backend_class  # the backends import this module
 
     grace = preset.watchdog.kill_grace_secs
