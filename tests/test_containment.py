@@ -55,7 +55,7 @@ def test_the_probe_still_sees_a_holder(tmp_path: Path) -> None:
         lock.beat("run:pass1")
         assert flock_held(state / "autopilot.lock") is True
         holder = lock_held(state)
-        assert holder is not None and holder["phase"] == "run:pass1"
+        assert holder is not None and holder.phase == "run:pass1" and holder.pid == os.getpid()
     finally:
         lock.release()
     assert flock_held(state / "autopilot.lock") is False

@@ -160,3 +160,15 @@ def test_a_loser_never_names_the_dead_predecessor(tmp_path: Path) -> None:
     finally:
         winner.kill()
         winner.wait()
+
+
+def test_a_holder_record_from_the_state_dir_is_shape_checked_before_it_is_said() -> None:
+    # What a refused start prints comes from a file anyone of the run's user could write.
+    from autopilot.state.lock import Holder, describe_holder
+
+    said = describe_holder(Holder.of({"pid": 12, "host": "x\x1b]0;pwned\x07\x1b[2J",
+                                      "started_at": "2026-12-05T00:00:00Z"}))
+    assert "\x1b" not in said and "\x07" not in said and said.startswith("pid 12 on host x")
+    odd = Holder.of({"pid": "12", "host": ["h"], "started_at": 5, "starting": "yes"})
+    assert odd == Holder() and describe_holder(odd) == "holder unknown (lock held)"
+    assert Holder.of(None) == Holder() and Holder.of([1]) == Holder()

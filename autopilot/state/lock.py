@@ -24,6 +24,7 @@ from typing import Any
 import psutil
 
 from autopilot.errors import LockHeld
+from autopilot.escape import clean
 from autopilot.state.fsutil import atomic_write_json, iso, read_json
 from autopilot.state.liveness import HEARTBEAT_SECS, holder_alive
 from autopilot.state.statedir import ensure_private_dir, open_private
@@ -52,8 +53,35 @@ def _me() -> tuple[int, float]:
     return os.getpid(), psutil.Process().create_time()
 
 
-def heartbeat_holder(state_dir: Path, now: float | None = None) -> dict[str, Any] | None:
-    """The heartbeat's content if it is fresh and names a live process on this host."""
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a run, as its lock record or heartbeat says. Read from the state dir,
+    so shape-checked: a field of the wrong shape is missing, text has no control
+    characters. ``starting``: the flock is held by a supervisor that has not recorded
+    itself yet."""
+
+    pid: int | None = None
+    host: str | None = None
+    started_at: str | None = None
+    phase: str | None = None
+    starting: bool = False
+
+    @classmethod
+    def of(cls, doc: Any) -> Holder:
+        if not isinstance(doc, dict):
+            return cls()
+
+        def text(key: str) -> str | None:
+            value = doc.get(key)
+            return clean(value, 200) if isinstance(value, str) else None
+
+        pid = doc.get("pid")
+        return cls(pid if type(pid) is int else None, text("host"), text("started_at"),
+                   text("phase"), doc.get("starting") is True)
+
+
+def heartbeat_holder(state_dir: Path, now: float | None = None) -> Holder | None:
+    """Who the heartbeat names, if it is fresh and names a live process on this host."""
     hb = read_json(state_dir / HEARTBEAT_NAME)
     if not isinstance(hb, dict):
         return None
@@ -69,7 +97,7 @@ def heartbeat_holder(state_dir: Path, now: float | None = None) -> dict[str, Any
         return None
     if int(hb["pid"]) == os.getpid():
         return None
-    return hb
+    return Holder.of(hb)
 
 
 def _live(rec: Any) -> bool:
@@ -77,12 +105,12 @@ def _live(rec: Any) -> bool:
     return holder_alive(rec) is True
 
 
-def describe_holder(hb: dict[str, Any] | None) -> str:
-    if hb and hb.get("starting"):
+def describe_holder(holder: Holder | None) -> str:
+    if holder is not None and holder.starting:
         return "a supervisor that is starting holds the lock (it has not recorded itself yet)"
-    if not hb:
+    if holder is None or holder.pid is None:
         return "holder unknown (lock held)"
-    return f"pid {hb.get('pid')} on host {hb.get('host')} since {hb.get('started_at')}"
+    return f"pid {holder.pid} on host {holder.host} since {holder.started_at}"
 
 
 def flock_held(path: Path) -> bool | None:
@@ -107,14 +135,14 @@ def flock_held(path: Path) -> bool | None:
     return False
 
 
-def lock_held(state_dir: Path) -> dict[str, Any] | None:
+def lock_held(state_dir: Path) -> Holder | None:
     """Read-only probe for readers (dashboard, --once, cleanup): who holds the run, if
     anyone. It never takes the lock, so it can never make a starter lose."""
     path = state_dir / LOCK_NAME
     if path.exists():
         held = flock_held(path)
         if held:
-            return read_json(state_dir / HEARTBEAT_NAME) or {}
+            return Holder.of(read_json(state_dir / HEARTBEAT_NAME))
         if held is None:  # no /proc/locks: a shared lock, for an instant
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
@@ -123,7 +151,7 @@ def lock_held(state_dir: Path) -> dict[str, Any] | None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
-                return read_json(state_dir / HEARTBEAT_NAME) or {}
+                return Holder.of(read_json(state_dir / HEARTBEAT_NAME))
             finally:
                 os.close(fd)
     return heartbeat_holder(state_dir)
@@ -165,7 +193,7 @@ class RunLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
 
-    def _holder_record(self) -> dict[str, Any] | None:
+    def _holder_record(self) -> Holder:
         """Who holds the flock. The holder writes its record right after taking it, so
         wait briefly for one; a record naming a dead process (a SIGKILLed predecessor's,
         not yet overwritten by the new winner) is never the answer."""
@@ -173,9 +201,9 @@ class RunLock:
             for name in (LOCK_NAME, HEARTBEAT_NAME):
                 rec = read_json(self.state_dir / name)
                 if _live(rec):
-                    return rec
+                    return Holder.of(rec)
             time.sleep(0.025)
-        return {"starting": True}
+        return Holder(starting=True)
 
     def beat(self, phase: str, released: bool = False) -> None:
         pid, ct = _me()
