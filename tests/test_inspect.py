@@ -345,6 +345,10 @@ def test_kill9_mid_eval_then_resume_re_runs_only_the_unfinished_samples(
                 psutil.Process(pid).send_signal(signal.SIGKILL)
             except psutil.NoSuchProcess:
                 pass
+        # A kill is delivered, not done: Inspect recovers a buffer only once the pid
+        # that wrote it is gone (reaped), so the resume must not race the reaping
+        wait_for(lambda: not any(psutil.pid_exists(pid) for pid in holders), 60,
+                 "the killed eval reaped")
         return holders
 
     proc = spawn_cli(*args, log=tmp_path / "run1.log")
@@ -367,7 +371,8 @@ def test_kill9_mid_eval_then_resume_re_runs_only_the_unfinished_samples(
     killed, v = [e for e in evs if e["event"] == "cell_verdict"]
     assert (killed["attempt"], killed["verdict"]) == (1, "INVALID")
     assert v["verdict"] in ("PASS", "FAIL") and v["attempt"] >= 2, v
-    assert v["items"]["scored"] == 6 and v["items"]["reused"] == 3, v["items"]
+    said = (state / "logs" / f"{cell}.launcher.log").read_text()[-3000:]
+    assert v["items"]["scored"] == 6 and v["items"]["reused"] == 3, (v["items"], said)
     # the gateway of the attempt that scored served the three unfinished samples only
     [m] = [e for e in evs if e["event"] == "cell_metered" and e["attempt"] == v["attempt"]]
     assert m["requests"] == 3, m

@@ -131,8 +131,9 @@ def resume(prior: Prior, out: Path) -> Resumed | None:
                             "samplebuffer", symlinks=True, dirs_exist_ok=True)
         try:
             recover_eval_log(str(dest), overwrite=True, cleanup=True)
-        except RecoveryNotAvailable:
-            pass  # no buffer: the flushed samples are what there is
+        except RecoveryNotAvailable as e:  # no buffer: the flushed samples are what there is
+            print(f"inspect_run: nothing unflushed of attempt {prior.attempt} recovered: "
+                  f"{' '.join(str(e).split())[:300]}", flush=True)
         except Exception as e:  # Inspect could not: run afresh
             print(f"inspect_run: not reusing attempt {prior.attempt}: recovery failed: "
                   f"{' '.join(str(e).split())[:300]}", flush=True)
