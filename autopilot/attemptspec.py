@@ -13,7 +13,7 @@ or a hostile process of the run's user that got the socket, may have written it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 
@@ -56,6 +56,31 @@ class HarnessSpec:
 
 
 @dataclass(frozen=True)
+class GatewayLimits:
+    """What a gateway holds a request and a response to (autopilot.gateway)."""
+
+    max_request: int = 64 << 20  # a request body larger than this is refused (413)
+    parse_cap: int = 8 << 20  # bytes of a JSON response held to read its usage
+    max_records: int = 5000  # request lines per attempt's gateway.jsonl
+    hold_429: float = 0.0  # seconds a throttled request may be held and retried here
+    body_secs: float = 300.0  # a request body not received within this: 408
+    upstream_read_secs: float = 1800.0  # the upstream silent this long: the request is cut
+    max_depth: int = 64  # JSON nesting read (a request's body, a response's)
+
+    @classmethod
+    def of(cls, doc: Any) -> GatewayLimits | None:
+        """The limits as the wire carries them: every field, each of its own type (an
+        int field an int, never a bool); None for anything else (another version's)."""
+        kinds = {f.name: f.type for f in fields(cls)}
+        if not isinstance(doc, dict) or set(doc) != set(kinds):
+            return None
+        for name, value in doc.items():
+            if type(value) is not int and (kinds[name] != "float" or type(value) is not float):
+                return None
+        return cls(**doc)
+
+
+@dataclass(frozen=True)
 class GatewaySpec:
     """The attempt's gateway listener (autopilot.gateway.settings.datapath_spec).
     ``key``: the attempt's own key, the only one the listener admits; ``upstream_key``:
@@ -64,7 +89,7 @@ class GatewaySpec:
 
     upstream: tuple[tuple[str, str], ...]
     log_path: str
-    limits: dict[str, float]
+    limits: GatewayLimits
     settings: dict[str, Any] = field(default_factory=dict)  # the arm's request overrides
     dialect_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     key: str = ""
@@ -77,7 +102,7 @@ class GatewaySpec:
 
     def to_wire(self) -> dict[str, Any]:
         return {"upstream": [list(u) for u in self.upstream], "log_path": self.log_path,
-                "limits": self.limits, "settings": self.settings,
+                "limits": asdict(self.limits), "settings": self.settings,
                 "dialect_settings": self.dialect_settings, "key": self.key,
                 "model": self.model, "upstream_key": self.upstream_key,
                 "rewrite": self.rewrite, "dialects": list(self.dialects),
@@ -92,8 +117,8 @@ class GatewaySpec:
                 isinstance(u, list) and len(u) == 2 and all(isinstance(x, str) for x in u)
                 for u in up)):
             return None
-        if not (isinstance(limits, dict) and all(
-                isinstance(k, str) and type(v) in (int, float) for k, v in limits.items())):
+        lim = GatewayLimits.of(limits)
+        if lim is None:
             return None
         log_path, settings = doc.get("log_path"), doc.get("settings")
         by_dialect = doc.get("dialect_settings")
@@ -103,7 +128,7 @@ class GatewaySpec:
             return None
         dialects, secrets = _strs(doc.get("dialects")), _strs(doc.get("secrets"))
         fd = doc.get("fd")
-        return cls(tuple((u[0], u[1]) for u in up), log_path, dict(limits),
+        return cls(tuple((u[0], u[1]) for u in up), log_path, lim,
                    dict(settings), {str(k): dict(v) for k, v in by_dialect.items()},
                    key=_opt_str(doc.get("key")) or "", model=_opt_str(doc.get("model")),
                    upstream_key=_opt_str(doc.get("upstream_key")),

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from autopilot.attemptspec import AttemptSpec, GatewaySpec, HarnessSpec
+from autopilot.attemptspec import AttemptSpec, GatewayLimits, GatewaySpec, HarnessSpec
 from autopilot.datapath import wire
 from autopilot.datapath.messages import (
     WAIT_CAP_SECS,
@@ -112,7 +112,7 @@ SPEC = AttemptSpec(
     "t1_a_v1", 2, HarnessSpec(("/bin/sh", "-c", "true"), {"PATH": "/bin"}, "/s/spool", "/w"),
     meta={"token": "t", "uid": None, "arms": ["a"]},
     gateway=GatewaySpec((("http://127.0.0.1:1", "0"),), "/s/gw.jsonl",
-                        {"max_request": 1 << 20, "hold_429": 2.5},
+                        GatewayLimits(max_request=1 << 20, hold_429=2.5),
                         {"temperature": 0}, {"messages": {"max_tokens": 9}}, key="k",
                         model="m", upstream_key="u", rewrite=True, dialects=("chat",),
                         secrets=("s3cret",), fd=7),
@@ -147,8 +147,17 @@ def test_a_spec_of_the_wrong_shape_is_no_spec(change: dict) -> None:
 def test_a_gateways_limits_and_listener_are_shape_checked() -> None:
     doc = wire.decode(wire.encode_spec(SPEC))
     assert doc is not None
-    for bad in ({"limits": {"max_request": "1"}}, {"limits": [1]}, {"log_path": 3}):
-        assert wire.spec_of({**doc, "gateway": {**doc["gateway"], **bad}}) is None
+    limits = doc["gateway"]["limits"]
+    assert GatewayLimits.of(limits) == SPEC.gateway.limits  # each field of its own type
+    for bad in ({"limits": {**limits, "max_request": "1"}}, {"limits": [1]}, {"log_path": 3},
+                {"limits": {**limits, "max_records": True}},  # a bool is no count
+                {"limits": {**limits, "max_depth": 64.0}},  # an int field takes no float
+                {"limits": {**limits, "spare": 1}},  # another version's
+                {"limits": {k: v for k, v in limits.items() if k != "parse_cap"}}):
+        assert wire.spec_of({**doc, "gateway": {**doc["gateway"], **bad}}) is None, bad
+    # a float field takes an int (JSON writes 300.0 as written, 5 as 5)
+    assert GatewayLimits.of({**limits, "body_secs": 5}) == replace(SPEC.gateway.limits,
+                                                                    body_secs=5)
     # a listener number that is no descriptor is none (the data path then refuses it)
     odd = wire.spec_of({**doc, "gateway": {**doc["gateway"], "fd": -1}})
     assert odd is not None and odd.gateway is not None and odd.gateway.fd is None

@@ -126,11 +126,11 @@ def test_a_spec_the_server_cannot_trust_forks_nothing(tmp_path: Path) -> None:
     # and no data path is forked to run half of it.
     import socket
 
-    from autopilot.attemptspec import AttemptSpec, GatewaySpec, HarnessSpec
+    from autopilot.attemptspec import AttemptSpec, GatewayLimits, GatewaySpec, HarnessSpec
 
     pid, secret = started_server(tmp_path)
     spec = AttemptSpec("t_a_v1", 1, HarnessSpec(("/bin/true",), {}, str(tmp_path / "spool")),
-                       gateway=GatewaySpec((), str(tmp_path / "gw.jsonl"), {}),
+                       gateway=GatewaySpec((), str(tmp_path / "gw.jsonl"), GatewayLimits()),
                        dir=str(tmp_path), secret="s" * 32)
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:

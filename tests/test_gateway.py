@@ -17,7 +17,7 @@ from gateway_fake import FakeUpstream, client, here, records
 
 from autopilot.gateway.dialects import CHAT
 from autopilot.gateway.evidence import StreamScan, Usage, error_kind, merge
-from autopilot.gateway.proxy import Gateway, Limits
+from autopilot.gateway.proxy import Gateway, GatewayLimits
 from autopilot.state.tokens import Tokens
 
 # ---------------------------------------------------------------------- the rules
@@ -148,7 +148,7 @@ async def test_a_stream_arrives_as_the_same_chunks_as_direct(
 
 async def test_a_hostile_upstream_costs_bounded_memory_and_an_error_record(
         upstream: FakeUpstream, tmp_path: Path) -> None:
-    gw = Gateway(limits=Limits(parse_cap=1 << 20))
+    gw = Gateway(limits=GatewayLimits(parse_cap=1 << 20))
     log = tmp_path / "g"
     try:
         async with gw.attempt("c1", 1, {}, here(upstream), log) as att, \
@@ -221,7 +221,7 @@ async def test_an_endpoint_that_is_down_is_an_endpoint_error(tmp_path: Path) -> 
 async def test_a_429_burst_is_absorbed_as_throttling(upstream: FakeUpstream,
                                                      tmp_path: Path) -> None:
     throttled: list[int] = []
-    gw = Gateway(limits=Limits(hold_429=5), on_throttled=lambda: throttled.append(1))
+    gw = Gateway(limits=GatewayLimits(hold_429=5), on_throttled=lambda: throttled.append(1))
     try:
         async with gw.attempt("c1", 1, {}, here(upstream), tmp_path / "g") as att, \
                 client(att) as c:

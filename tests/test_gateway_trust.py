@@ -23,7 +23,7 @@ from gateway_fake import FakeUpstream, client, here, records
 
 from autopilot.gateway.dialects import route_of
 from autopilot.gateway.evidence import loads_bounded
-from autopilot.gateway.proxy import Gateway, Limits, attempt_key, retry_after
+from autopilot.gateway.proxy import Gateway, GatewayLimits, attempt_key, retry_after
 
 # ---------------------------------------------------------------------- the rules
 
@@ -328,7 +328,7 @@ async def test_a_response_the_gateway_cannot_meter_is_marked_unmetered_never_zer
 
 async def test_a_body_over_the_parse_cap_is_unmetered(upstream: FakeUpstream,
                                                       tmp_path: Path) -> None:
-    gw = Gateway(limits=Limits(parse_cap=1 << 20))
+    gw = Gateway(limits=GatewayLimits(parse_cap=1 << 20))
     try:
         async with gw.attempt("c1", 1, {}, here(upstream), tmp_path / "g") as att, \
                 client(att, timeout=60) as c:
@@ -363,7 +363,7 @@ async def test_an_event_stream_nobody_asked_for_is_still_read(upstream: FakeUpst
 async def test_retry_after_nan_is_not_held_and_never_wedges(upstream: FakeUpstream,
                                                             tmp_path: Path) -> None:
     for hold in (0.0, 10.0):
-        gw = Gateway(limits=Limits(hold_429=hold))
+        gw = Gateway(limits=GatewayLimits(hold_429=hold))
         try:
             async with gw.attempt("c1", 1, {}, here(upstream), tmp_path / f"g{hold}") as att, \
                     client(att) as c:
@@ -393,7 +393,7 @@ async def test_a_deep_request_body_is_refused_not_a_traceback(upstream: FakeUpst
 
 async def test_a_request_body_that_never_arrives_is_timed_out(upstream: FakeUpstream,
                                                               tmp_path: Path) -> None:
-    gw = Gateway(limits=Limits(body_secs=0.5))
+    gw = Gateway(limits=GatewayLimits(body_secs=0.5))
     try:
         async with gw.attempt("c1", 1, {}, here(upstream), tmp_path / "g") as att:
             reader, writer = await asyncio.open_connection("127.0.0.1", att.port)
@@ -699,7 +699,7 @@ async def test_an_oversized_body_is_413_and_a_gzip_bomb_passes_uninflated(
         upstream: FakeUpstream, tmp_path: Path) -> None:
     import zlib
 
-    gw = Gateway(limits=Limits(max_request=8 << 20))
+    gw = Gateway(limits=GatewayLimits(max_request=8 << 20))
     comp = zlib.compressobj(9, zlib.DEFLATED, 31)
     bomb = comp.compress(b"\0" * (256 << 20)) + comp.flush()  # 256 MB inflated, ~250 KB
     try:

@@ -222,7 +222,7 @@ class DataPathProcess:
         return 0
 
     def _gateway(self, gw: GatewaySpec) -> contextlib.AbstractAsyncContextManager[Any]:
-        from autopilot.gateway.proxy import Gateway, Limits
+        from autopilot.gateway.proxy import Gateway
         from autopilot.logsetup import Redactor
 
         redactor = Redactor(gw.secrets)
@@ -234,7 +234,7 @@ class DataPathProcess:
         def throttled() -> None:
             self.throttled += 1
 
-        g = Gateway(redactor.scrub, Limits(**gw.limits), on_throttled=throttled,  # type: ignore[arg-type]
+        g = Gateway(redactor.scrub, gw.limits, on_throttled=throttled,
                     on_failover=failover)
         upstream_key = gw.upstream_key
         if upstream_key is not None:

@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from autopilot.gateway.attempt import Attempt, Limits
+from autopilot.gateway.attempt import Attempt, GatewayLimits
 from autopilot.gateway.dialects import Dialect
 from autopilot.gateway.evidence import StreamScan, error_kind, loads_bounded
 from autopilot.gateway.policy import ERROR_BODY
@@ -17,7 +17,7 @@ from autopilot.gateway.policy import ERROR_BODY
 
 def account(att: Attempt, rec: dict[str, Any], status: int, dialect: Dialect,
             scan: StreamScan | None, held: list[bytes], held_n: int, metered: bool,
-            encoding: str, lim: Limits, redact: Callable[[str], str]) -> None:
+            encoding: str, lim: GatewayLimits, redact: Callable[[str], str]) -> None:
     """Count one finished response: its usage by bucket, finish, who answered, or the
     kind of error it is; unmetered where its spend cannot be read (never 0 tokens)."""
     m = att.meter

@@ -15,9 +15,9 @@ from typing import IO, Any
 
 from aiohttp import web
 
+from autopilot.attemptspec import GatewayLimits
 from autopilot.gateway.evidence import Meter, merge
 from autopilot.gateway.policy import KEY_HEADERS, KEY_QUERY
-from autopilot.gateway.settings import Limits
 
 
 @dataclass
@@ -134,4 +134,4 @@ def _connection(req: web.Request) -> tuple[tuple[str, int], int] | None:
     return (str(peer[0]), int(peer[1])), inode
 
 
-__all__ = ["Attempt", "Limits"]
+__all__ = ["Attempt", "GatewayLimits"]

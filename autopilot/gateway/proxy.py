@@ -45,6 +45,7 @@ from aiohttp import (
     web,
 )
 
+from autopilot.attemptspec import GatewayLimits
 from autopilot.gateway.accounting import account
 from autopilot.gateway.attempt import Attempt
 from autopilot.gateway.dialects import CHAT, Dialect, route_of
@@ -65,7 +66,7 @@ from autopilot.gateway.policy import (
     retry_after,
     without_key,
 )
-from autopilot.gateway.settings import GatewaySettings, Limits, gateway_for
+from autopilot.gateway.settings import GatewaySettings, gateway_for
 from autopilot.state.statedir import open_append
 
 if TYPE_CHECKING:  # the attempt's data path runs this module: it must not load config
@@ -114,7 +115,7 @@ class Gateway(GatewaySettings):
     attempts share one client)."""
 
     def __init__(self, redact: Callable[[str], str] = lambda s: s,
-                 limits: Limits | None = None,
+                 limits: GatewayLimits | None = None,
                  on_throttled: Callable[[], None] = lambda: None,
                  on_failover: Callable[[str, int, str, str, str], Any] | None = None) -> None:
         super().__init__(redact, limits, on_throttled, on_failover)
@@ -549,5 +550,5 @@ async def _read_error(up: Any, held: list[bytes]) -> int:
     return held_n
 
 
-__all__ = ["KEY_ENV", "Attempt", "Gateway", "Limits", "attempt_key", "gateway_for",
+__all__ = ["KEY_ENV", "Attempt", "Gateway", "GatewayLimits", "attempt_key", "gateway_for",
            "retry_after"]

@@ -7,25 +7,13 @@ loads it on the first grading that asks (autopilot.backends.base.RunGateway)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autopilot.attemptspec import GatewaySpec
+from autopilot.attemptspec import GatewayLimits, GatewaySpec
 
 if TYPE_CHECKING:
     from autopilot.config import Preset, Route
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_request: int = 64 << 20  # a request body larger than this is refused (413)
-    parse_cap: int = 8 << 20  # bytes of a JSON response held to read its usage
-    max_records: int = 5000  # request lines per attempt's gateway.jsonl
-    hold_429: float = 0.0  # seconds a throttled request may be held and retried here
-    body_secs: float = 300.0  # a request body not received within this: 408
-    upstream_read_secs: float = 1800.0  # the upstream silent this long: the request is cut
-    max_depth: int = 64  # JSON nesting read (a request's body, a response's)
 
 
 class GatewaySettings:
@@ -33,11 +21,11 @@ class GatewaySettings:
     and failover), without serving anything itself."""
 
     def __init__(self, redact: Callable[[str], str] = lambda s: s,
-                 limits: Limits | None = None,
+                 limits: GatewayLimits | None = None,
                  on_throttled: Callable[[], None] = lambda: None,
                  on_failover: Callable[[str, int, str, str, str], Any] | None = None) -> None:
         self.redact = redact
-        self.limits = limits or Limits()
+        self.limits = limits or GatewayLimits()
         # a 429 from upstream: the loop launches fewer cells at once (run.throttle)
         self.on_throttled = on_throttled
         # a request sent to another replica than the cell's own: (cell, attempt, from, to,
@@ -66,7 +54,7 @@ class GatewaySettings:
             upstream_key, model = route_key or None, route.model
             rewrite, dialects = True, route.dialects()
         return GatewaySpec(
-            tuple(upstream), str(log_path), asdict(self.limits), dict(settings),
+            tuple(upstream), str(log_path), self.limits, dict(settings),
             {str(k): dict(v) for k, v in (dialect_settings or {}).items()}, key=key,
             model=model, upstream_key=upstream_key, rewrite=rewrite,
             dialects=tuple(sorted(dialects)), secrets=tuple(self.secrets))
@@ -87,7 +75,7 @@ def gateway_for(preset: Preset, redact: Callable[[str], str], on_throttled: Call
     # here, not at the top: the data path serves this module and never loads pydantic
     from autopilot.state.cellevents import RequestFailover
 
-    gw = GatewaySettings(redact, Limits(max_request=int(g.max_request_mb * 2**20),
+    gw = GatewaySettings(redact, GatewayLimits(max_request=int(g.max_request_mb * 2**20),
                                 max_records=g.max_records, hold_429=g.hold_429_secs,
                                 body_secs=g.body_timeout_secs,
                                 upstream_read_secs=g.upstream_read_secs),
