@@ -324,8 +324,7 @@ UNTYPED_DEBT = frozenset({
     "gateway.attempt.write", "gateway.evidence.summary", "state.budget.of_events",
     "state.claims.save", "state.ledger.counts", "state.ledger.trust",
     "state.liveness.annotate", "state.liveness.look", "state.liveness.shown",
-    "state.liveness.to_json", "state.progress.oneline", "state.readers.plan_record",
-    "state.statusdoc.check",
+    "state.liveness.to_json", "state.progress.oneline", "state.statusdoc.check",
 })
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, events, run_cli, write_overlay
 
+from autopilot.errors import ConfigError
 from autopilot.loader import load_preset
 from autopilot.state import resolved
 
@@ -179,3 +180,28 @@ def test_a_records_free_text_is_escaped_where_it_is_shown(run_dir: Path,
     assert "\x1b" not in rep.stdout and "<script>" not in title and "\\|" in title
     s = run_cli("summarize", "demo-think", "--state-dir", str(copy), env=bare_env())
     assert s.returncode == 0 and "\x1b" not in s.stdout
+
+
+def test_a_plan_record_of_the_wrong_shape_can_only_refuse(run_dir: Path, tmp_path: Path) -> None:
+    """plan.json is a state file (autopilot.state.readers.PlanRecord): a field of the
+    wrong shape is read as absent, and a digest that is no text is one nothing matches,
+    never a reason to load a preset the record names instead."""
+    from autopilot.state.readers import PlanRecord, load_recorded, plan_record
+
+    assert PlanRecord.of([1]) is None and PlanRecord.of("plan") is None
+    odd = PlanRecord.of({"preset": 7, "preset_path": "", "config_path": ["a", 3],
+                         "target_n": True, "tasks": ["t", 1], "arms": "a",
+                         "resolved_sha256": {"x": 1}})
+    assert odd == PlanRecord(resolved_sha256="")  # every field absent, the digest refused
+    assert PlanRecord.of({"target_n": 3, "config_path": "o.toml", "tasks": ["t"]}) == \
+        PlanRecord(target_n=3, overlays=("o.toml",), tasks=("t",))
+    copy = tmp_path / "state"
+    shutil.copytree(run_dir, copy)
+    plan = json.loads((copy / "plan.json").read_text())
+    assert plan_record(copy).resolved_sha256 == plan["resolved_sha256"]
+    assert plan_record(copy).tasks == tuple(plan["tasks"])
+    (copy / "plan.json").write_text(json.dumps({**plan, "resolved_sha256": 12}))
+    with pytest.raises(ConfigError, match=r"sha256 is not the one plan\.json records"):
+        load_recorded(copy)
+    r = run_cli("report", "--state-dir", str(copy), env=bare_env())
+    assert r.returncode == 2 and "sha256 is not the one" in r.stderr, r.stderr

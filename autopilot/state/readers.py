@@ -9,6 +9,7 @@ and none of them imports another to do it.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +39,49 @@ def unreadable(state_dir: Path) -> str | None:
     return None
 
 
-def plan_record(state_dir: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class PlanRecord:
+    """plan.json as the readers use it (autopilot.run.recovery.record_plan writes it). A
+    state file: each field shape-checked, a field of the wrong shape read as absent, so
+    it can only make a reader refuse (a digest that matches nothing), never choose."""
+
+    preset: str | None = None  # the preset's name
+    preset_path: str | None = None
+    overlays: tuple[str, ...] = ()  # its config_path: one path or a list
+    target_n: int | None = None
+    resolved_sha256: str | None = None  # where present: the preset the run resolved
+    tasks: tuple[str, ...] | None = None
+    arms: tuple[str, ...] | None = None
+
+    @classmethod
+    def of(cls, doc: Any) -> PlanRecord | None:
+        if not isinstance(doc, dict):
+            return None
+        target_n, digest = doc.get("target_n"), doc.get("resolved_sha256")
+        return cls(
+            preset=_text(doc.get("preset")), preset_path=_text(doc.get("preset_path")),
+            overlays=tuple(overlays_of(doc.get("config_path"))),
+            target_n=target_n if type(target_n) is int and target_n > 0 else None,
+            # present but no text: a digest nothing matches (refused), not "none recorded"
+            resolved_sha256=(digest if isinstance(digest, str) else "")
+            if "resolved_sha256" in doc else None,
+            tasks=_texts(doc.get("tasks")), arms=_texts(doc.get("arms")))
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _texts(value: Any) -> tuple[str, ...] | None:
+    if isinstance(value, list) and all(isinstance(x, str) for x in value):
+        return tuple(value)
+    return None
+
+
+def plan_record(state_dir: Path) -> PlanRecord:
     """plan.json, or ConfigError saying why there is none to read."""
-    rec = state_json(state_dir, "plan.json")
-    if not isinstance(rec, dict):
+    rec = PlanRecord.of(state_json(state_dir, "plan.json"))
+    if rec is None:
         denied = unreadable(state_dir)
         raise ConfigError(denied or f"{state_dir}: no plan.json here (not a state dir of a run)")
     return rec
@@ -61,20 +101,18 @@ def load_recorded(state_dir: Path) -> tuple[Preset, Plan]:
     preset the run recorded (autopilot.state.resolved), never the reader's environment
     or a preset file plan.json names."""
     rec = plan_record(state_dir)
-    if "resolved_sha256" in rec:
-        preset = resolved.load(state_dir, rec["resolved_sha256"])
+    if rec.resolved_sha256 is not None:
+        preset = resolved.load(state_dir, rec.resolved_sha256)
     else:
         preset = _unrecorded(state_dir, rec)
     return preset, _plan(preset, rec)
 
 
-def _plan(preset: Preset, rec: dict[str, Any]) -> Plan:
-    target_n = rec.get("target_n")
-    return Plan(preset, target_n if isinstance(target_n, int) and target_n > 0
-                else preset.run.target_n or 1)
+def _plan(preset: Preset, rec: PlanRecord) -> Plan:
+    return Plan(preset, rec.target_n or preset.run.target_n or 1)
 
 
-def _unrecorded(state_dir: Path, rec: dict[str, Any]) -> Preset:
+def _unrecorded(state_dir: Path, rec: PlanRecord) -> Preset:
     """A run from before runs recorded their preset: loaded again, as then, but only
     for the state dir's owner (another user's plan.json would choose the preset and
     this shell's environment would be expanded into it)."""
@@ -83,10 +121,10 @@ def _unrecorded(state_dir: Path, rec: dict[str, Any]) -> Preset:
         raise ConfigError(f"{state_dir}: this run recorded no resolved preset ({resolved.FILE}"
                           f"; made before runs did) and is uid {owner}'s: read it as that "
                           "user, or resume it once to write the record")
-    preset_ref = rec.get("preset_path") or rec.get("preset")
-    if rec.get("preset_path") and not Path(rec["preset_path"]).is_file():
-        preset_ref = rec.get("preset")
-    return load_preset(str(preset_ref), overlay=overlays_of(rec.get("config_path")),
+    preset_ref = rec.preset_path or rec.preset
+    if rec.preset_path and not Path(rec.preset_path).is_file():
+        preset_ref = rec.preset
+    return load_preset(str(preset_ref), overlay=list(rec.overlays),
                        checks=(template_problems,))
 
 
@@ -96,10 +134,10 @@ def record_problem(state_dir: Path) -> str | None:
     try:
         check_trusted(state_dir)
         rec = plan_record(state_dir)
-        if "resolved_sha256" not in rec:
+        if rec.resolved_sha256 is None:
             return (f"{state_dir}: no resolved preset recorded ({resolved.FILE}); "
                     "resume the run once to write it")
-        resolved.load(state_dir, rec["resolved_sha256"])
+        resolved.load(state_dir, rec.resolved_sha256)
     except (ConfigError, StateDirError) as e:
         return str(e)
     return None
@@ -112,14 +150,14 @@ def load_trusted(state_dir: Path, ref: str | None,
     recorded *name* among the preset dirs), and its plan must be the one recorded."""
     check_trusted(state_dir)
     rec = plan_record(state_dir)
-    if not ref and not overlay and "resolved_sha256" in rec:
+    if not ref and not overlay and rec.resolved_sha256 is not None:
         # The run's own record, in a state dir that passed the checks: what it ran with,
         # whatever this shell's environment says.
-        preset = resolved.load(state_dir, rec["resolved_sha256"])
+        preset = resolved.load(state_dir, rec.resolved_sha256)
         return preset, _plan(preset, rec)
     if not ref:
-        name = rec.get("preset")
-        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        name = rec.preset
+        if name is None or not NAME_RE.fullmatch(name):
             raise ConfigError(f"{state_dir}/plan.json: recorded preset {name!r} is not a "
                               "preset name; pass --preset")
         ref = name
@@ -127,11 +165,11 @@ def load_trusted(state_dir: Path, ref: str | None,
     plan = _plan(preset, rec)
     # The cells must be the run's (a fixed grader may change the identity: that is what
     # regrade is for), so the recorded tasks and arms are compared, not the identity.
-    if (rec.get("tasks"), rec.get("arms")) != ([t.id for t in preset.tasks],
-                                               [a.label for a in preset.arms]):
-        given = [f"--config {c!r}" for c in overlays_of(rec.get("config_path"))]
-        if isinstance(rec.get("preset_path"), str):
-            given.insert(0, f"--preset {rec['preset_path']!r}")
+    if (rec.tasks, rec.arms) != (tuple(t.id for t in preset.tasks),
+                                 tuple(a.label for a in preset.arms)):
+        given = [f"--config {c!r}" for c in rec.overlays]
+        if rec.preset_path is not None:
+            given.insert(0, f"--preset {rec.preset_path!r}")
         hint = " ".join(given)
         raise ConfigError(f"{state_dir}: preset {ref!r} does not give this run's tasks and "
                           "arms: pass the --preset and --config the run was made with"
