@@ -71,11 +71,11 @@ class GatewayLimits:
     def of(cls, doc: Any) -> GatewayLimits | None:
         """The limits as the wire carries them: every field, each of its own type (an
         int field an int, never a bool); None for anything else (another version's)."""
-        kinds = {f.name: f.type for f in fields(cls)}
+        kinds = {f.name: type(f.default) for f in fields(cls)}  # int or float
         if not isinstance(doc, dict) or set(doc) != set(kinds):
             return None
         for name, value in doc.items():
-            if type(value) is not int and (kinds[name] != "float" or type(value) is not float):
+            if type(value) is not int and not (kinds[name] is float and type(value) is float):
                 return None
         return cls(**doc)
 

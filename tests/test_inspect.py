@@ -332,8 +332,8 @@ def test_kill9_mid_eval_then_resume_re_runs_only_the_unfinished_samples(
             except Exception:  # a zip or a database being written: the next poll
                 continue
             if got is not None and got != "NotModified":
-                # completed and scored: a summary can carry its completed_at a moment
-                # before its scores, and then Inspect's recovery scores it again
+                # completed and scored: what the resume counts as reused
+                # (autopilot.harnesses.inspect_resume.final_samples)
                 done |= {(s.id, s.epoch) for s in got.samples if s.completed_at and s.scores}
         return len(done)
 
