@@ -301,7 +301,8 @@ def test_kill9_mid_eval_then_resume_re_runs_only_the_unfinished_samples(
     """A whole-task cell of six samples, killed -9 (the supervisor and the eval) once
     three are done and the fourth is waiting: the resume's next attempt reuses the three
     through Inspect's eval-retry (its log recovered first, as Inspect recovers a crashed
-    one) and the gateway serves exactly the other three; every view counts six, three
+    one, though its writer's pid is a live process's) and the gateway serves exactly the
+    other three; every view counts six, three
     of them reused, and the cell keeps one log."""
     from inspect_ai.log import read_eval_log
     from inspect_ai.log._recorders.buffer.buffer import sample_buffer
@@ -364,6 +365,15 @@ def test_kill9_mid_eval_then_resume_re_runs_only_the_unfinished_samples(
             proc.wait()
         kill_the_eval()  # the live-restored eval outlives its supervisor: never the suite
     assert not (gate / "asked-4").exists()
+    # The killed eval's pid outlives it where the resume comes first: a zombie not yet
+    # reaped, or a pid recycled since (Inspect then skips the buffer, and the resume
+    # reused only the two samples flushed to the log). Named for pid 1, which always
+    # lives, its buffer must still be recovered.
+    [db] = (out / ".inspect" / "data").rglob("*.db")
+    stem, _pid = db.name.removesuffix(".db").rsplit(".", 1)
+    for side in ("-wal", "-shm", ""):
+        if db.with_name(db.name + side).exists():
+            db.with_name(db.name + side).rename(db.with_name(f"{stem}.1.db{side}"))
     (gate / "open").touch()
     r = run_cli(*args, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
@@ -371,8 +381,9 @@ def test_kill9_mid_eval_then_resume_re_runs_only_the_unfinished_samples(
     killed, v = [e for e in evs if e["event"] == "cell_verdict"]
     assert (killed["attempt"], killed["verdict"]) == (1, "INVALID")
     assert v["verdict"] in ("PASS", "FAIL") and v["attempt"] >= 2, v
-    said = (state / "logs" / f"{cell}.launcher.log").read_text()[-3000:]
+    said = (state / "logs" / f"{cell}.launcher.log").read_text()[-6000:]
     assert v["items"]["scored"] == 6 and v["items"]["reused"] == 3, (v["items"], said)
+    assert "sample buffer names a pid a process still has" in said, said
     # the gateway of the attempt that scored served the three unfinished samples only
     [m] = [e for e in evs if e["event"] == "cell_metered" and e["attempt"] == v["attempt"]]
     assert m["requests"] == 3, m

@@ -127,8 +127,12 @@ def resume(prior: Prior, out: Path) -> Resumed | None:
     if header.status == "started":  # killed: its last samples may be in the buffer only
         buffer = prior.dir / ".inspect" / "data" / "inspect_ai" / "samplebuffer"
         if buffer.is_dir() and not buffer.is_symlink():
-            shutil.copytree(buffer, out / ".inspect" / "data" / "inspect_ai" /
-                            "samplebuffer", symlinks=True, dirs_exist_ok=True)
+            copy = out / ".inspect" / "data" / "inspect_ai" / "samplebuffer"
+            shutil.copytree(buffer, copy, symlinks=True, dirs_exist_ok=True)
+            if unpin(copy):
+                print(f"inspect_run: attempt {prior.attempt}'s sample buffer names a pid "
+                      "a process still has (its eval not yet reaped, or the pid "
+                      "recycled): recovered as the ended attempt's", flush=True)
         try:
             recover_eval_log(str(dest), overwrite=True, cleanup=True)
         except RecoveryNotAvailable as e:  # no buffer: the flushed samples are what there is
@@ -143,6 +147,38 @@ def resume(prior: Prior, out: Path) -> Resumed | None:
     carried = {k: prior.inherited.get(k, prior.attempt) for k in before}
     write_reuse(out, carried)  # on disk before the retry: a kill keeps the attribution
     return Resumed(dest, before, carried)
+
+
+# Inspect names a sample buffer ``<log>.<writer pid>.db`` (with SQLite's ``-wal`` and
+# ``-shm`` beside it) and recovers one only when no process has that pid: a crashed
+# writer, not a live one. Pids stay below pid_max, at most 2**22 on Linux, so from here
+# on no process can have them.
+NO_PID = 1 << 22
+_BUFFER_DB = re.compile(r"^(.+)\.(\d{1,7})\.db$")  # a pid: below 2**22
+
+
+def unpin(copy: Path) -> list[Path]:
+    """Rename the copied buffers whose writer pid a process still has, to a pid none can
+    have; what was renamed. Their writer was an earlier attempt, ended before this one
+    began, but its pid can outlive it: a killed eval not yet reaped (a zombie; the
+    teardown counts it as gone) or a pid recycled since. Inspect would skip such a
+    buffer, and its unflushed samples would be run, and paid for, again."""
+    import psutil
+
+    renamed: list[Path] = []
+    for n, db in enumerate(sorted(p for p in copy.rglob("*.db")
+                                  if p.is_file() and not p.is_symlink())):
+        m = _BUFFER_DB.match(db.name)
+        if m is None or not psutil.pid_exists(int(m[2])):
+            continue
+        new = db.with_name(f"{m[1]}.{NO_PID + n}.db")
+        for side in ("-wal", "-shm"):  # SQLite finds a database's log by its name
+            old_side = db.with_name(db.name + side)
+            if old_side.is_file() and not old_side.is_symlink():
+                old_side.replace(new.with_name(new.name + side))
+        db.replace(new)
+        renamed.append(new)
+    return renamed
 
 
 def retry_argv(python: str, log: Path, logs: Path, flags: list[str]) -> list[str]:
