@@ -315,7 +315,7 @@ UNTYPED_EDGES = frozenset({
 })
 UNTYPED_DEBT = frozenset({
     "cell.cgroups.kill", "cell.cgroups.sweep", "cell.context.summary",
-    "cell.procs.journaled_alive", "cell.procs.journaled_identity", "cell.procs.probe",
+    "cell.procs.journaled_alive", "cell.procs.journaled_identity",
     "cell.sandbox.gpu_requests", "cell.sandbox.why_not", "cell.scratch.clean_scratch",
     "cell.substance.call_signature", "cell.substance.command_template",
     "cell.substance.substance_decision", "cell.sweep.orphan_endpoint",

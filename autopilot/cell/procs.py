@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import psutil
@@ -37,6 +37,9 @@ from anyio.abc import Process
 
 from autopilot.errors import StateDirError
 from autopilot.proctree import child_pids, descendants
+
+if TYPE_CHECKING:  # the data path and fork server use this module: no pydantic there
+    from autopilot.state.cellevents import Probe
 
 TOKEN_ENV = "AUTOPILOT_CELL_TOKEN"  # noqa: S105 - an env var name, not a secret
 # Every harness and grader of a run carries the run's marker, so a process spawned by a
@@ -531,9 +534,11 @@ def kill_adoptees(grace: float = 1.0) -> list[int]:
     return killed
 
 
-def probe(tracker: Tracker | None, activity: int | None) -> dict[str, Any]:
+def probe(tracker: Tracker | None, activity: int | None) -> Probe:
     """What the watchdog's PROBE records: is the tree alive, what is it doing, the
     sandbox's CPU."""
+    from autopilot.state.cellevents import Probe
+
     procs = tracker.collect() if tracker else {}
     states: dict[str, int] = {}
     cpu = 0.0
@@ -544,5 +549,5 @@ def probe(tracker: Tracker | None, activity: int | None) -> dict[str, Any]:
             cpu += t.user + t.system
         except psutil.Error:
             continue
-    return {"alive": bool(procs), "pids": len(procs), "states": states,
-            "cpu_secs": round(cpu, 2), "sandbox_activity": activity}
+    return Probe(alive=bool(procs), pids=len(procs), states=states, cpu_secs=round(cpu, 2),
+                 sandbox_activity=activity)

@@ -509,12 +509,12 @@ class CellRun:
                     step = found
             cx.on_tick(self.cell.id, state, step.action)
             if step.changed and step.kind != "substance":
-                extra: dict[str, Any] = ({"probe": probe(self.tracker, activity)}
-                                         if step.action == "PROBE" else {})
-                cx.emit(CellWatchdog(cell=self.cell.id, attempt=self.attempt,
-                                     tier=step.action, reason=step.reason or "",
-                                     idle_secs=round(step.idle_secs, 1),
-                                     frozen_secs=round(step.frozen_secs, 1), **extra))
+                tier = CellWatchdog(cell=self.cell.id, attempt=self.attempt,
+                                    tier=step.action, reason=step.reason or "",
+                                    idle_secs=round(step.idle_secs, 1),
+                                    frozen_secs=round(step.frozen_secs, 1))
+                cx.emit(tier.model_copy(update={"probe": probe(self.tracker, activity)})
+                        if step.action == "PROBE" else tier)  # only a PROBE says it
             if step.action == "KILL":
                 await dp.wait(0)
                 if dp.exited:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict
+
 from autopilot.state.eventbase import CellEventBase
 
 
@@ -58,6 +60,24 @@ class CellReattached(CellEventBase):
     """The harness had already ended."""
 
 
+class Probe(BaseModel):
+    """What the watchdog's PROBE saw of an attempt: is its process tree alive, what is
+    it doing, is its sandbox busy."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", defer_build=True)
+
+    alive: bool = False
+    """Any process of the attempt's tree lives."""
+    pids: int = 0
+    """How many."""
+    states: dict[str, int] = {}
+    """How many in each state (running, sleeping, disk-sleep, zombie...)."""
+    cpu_secs: float = 0.0
+    """The tree's CPU time so far (user + system)."""
+    sandbox_activity: int | None = None
+    """The sandbox's CPU activity (its cgroup's usage), where it has one."""
+
+
 class CellWatchdog(CellEventBase):
     """The watchdog's tier changed (OK, WARN, PROBE, KILL) or substance said so."""
 
@@ -70,7 +90,7 @@ class CellWatchdog(CellEventBase):
     """Seconds without progress."""
     frozen_secs: float | None = None
     """Seconds the transcript has not grown."""
-    probe: Any = None
+    probe: Probe | None = None
     """At PROBE: the state of the attempt's process tree and sandbox then."""
 
 
