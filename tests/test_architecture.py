@@ -314,12 +314,10 @@ UNTYPED_EDGES = frozenset({
     "state.resolved.leaves", "state.resolved.previous",
 })
 UNTYPED_DEBT = frozenset({
-    "cell.cgroups.kill", "cell.cgroups.sweep", "cell.context.summary",
-    "cell.procs.journaled_alive", "cell.procs.journaled_identity",
+    "cell.context.summary", "cell.procs.journaled_alive", "cell.procs.journaled_identity",
     "cell.sandbox.gpu_requests", "cell.sandbox.why_not", "cell.scratch.clean_scratch",
     "cell.substance.call_signature", "cell.substance.command_template",
-    "cell.substance.substance_decision", "cell.sweep.orphan_endpoint",
-    "cell.sweep.orphan_marked", "cell.validity.journaled_items",
+    "cell.substance.substance_decision", "cell.validity.journaled_items",
     "cell.workspace.prepare_workspace", "gateway.accounting.account",
     "gateway.attempt.write", "gateway.evidence.summary", "state.budget.of_events",
     "state.claims.save", "state.ledger.counts", "state.ledger.trust",

@@ -29,8 +29,8 @@ import os
 import re
 import signal
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 OFF_ENV = "AUTOPILOT_CGROUPS"  # "off": never use cgroups (the fallback, e.g. to test it)
 PLACE = 'echo 0 > "$0/cgroup.procs" && exec "$@"'
@@ -74,6 +74,25 @@ def where() -> tuple[Path | None, str]:
     if mount is None or own is None:
         return None, "no cgroup v2 hierarchy mounted"
     return mount / own.lstrip("/"), ""
+
+
+@dataclass(frozen=True)
+class Spared:
+    """A process in one of the run's groups that is not the group's own (moved in by a
+    harness, or the supervisor itself): never signalled, said (foreign_in_cell_group)."""
+
+    group: str
+    pid: int
+    why: str
+
+
+@dataclass(frozen=True)
+class Swept:
+    """One group a sweep emptied: the pids it ended, and those it spared."""
+
+    group: str
+    pids: list[int]
+    foreign: list[Spared] = field(default_factory=list)
 
 
 class Containment:
@@ -120,11 +139,11 @@ class Containment:
             return []
 
     def kill(self, group: Path, timeout: float = 5.0,
-             spared: list[dict[str, Any]] | None = None) -> list[int]:
+             spared: list[Spared] | None = None) -> list[int]:
         """End every process of ``group`` that is the group's own and remove it; the
         pids it ended. A member that is not (``foreign``: moved in by a harness, since a
         group's members may write its ``cgroup.procs``) is never signalled: it is left
-        where it is and added to ``spared`` ({group, pid, why}) for the caller to
+        where it is and added to ``spared`` for the caller to
         journal (foreign_in_cell_group)."""
         pids = self.members(group)
         if not pids:
@@ -138,8 +157,7 @@ class Containment:
             # A harness moved us (or an ancestor of ours) in: never frozen, never
             # signalled; we move ourselves back out to the group we started in.
             if spared is not None:
-                spared.extend({"group": group.name, "pid": pid,
-                               "why": "the supervisor (or an ancestor of it)"}
+                spared.extend(Spared(group.name, pid, "the supervisor (or an ancestor of it)")
                               for pid in sorted(mine & set(pids)))
             _write(self.base.parent / "cgroup.procs", str(os.getpid()))
         # Frozen first: nothing in the group forks or moves anyone in while we look
@@ -154,7 +172,7 @@ class Containment:
             moved_in = set(strangers) & mine  # already said above
             strangers.update(dict.fromkeys(moved_in, "the supervisor"))
             if strangers and spared is not None:
-                spared.extend({"group": group.name, "pid": pid, "why": why}
+                spared.extend(Spared(group.name, pid, why)
                               for pid, why in strangers.items() if pid not in moved_in)
             ours = [pid for pid in pids if pid not in strangers]
             if not strangers and _write(group / "cgroup.kill", "1"):
@@ -191,21 +209,20 @@ class Containment:
         return "populated 1" in events
 
     def sweep(self, timeout: float = 5.0, endpoint: bool = True,
-              keep: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+              keep: frozenset[str] = frozenset()) -> list[Swept]:
         """Kill every group of the run (a dead predecessor's, or all at cleanup; the
         endpoints' only with ``endpoint``; never the groups named in ``keep``: attempts
         re-attached to, a re-adopted endpoint)."""
-        found: list[dict[str, Any]] = []
+        found: list[Swept] = []
         for group in sorted(p for p in self.base.iterdir() if p.is_dir()):
             if not endpoint and group.name.startswith("endpoint-"):
                 continue
             if group.name in keep or group.name.rpartition("-u")[0] in keep:
                 continue  # (kept by its name, whatever uid the attempt ran as)
-            spared: list[dict[str, Any]] = []
+            spared: list[Spared] = []
             pids = self.kill(group, timeout, spared)
             if pids or spared:
-                found.append({"group": group.name, "pids": pids,
-                              **({"foreign": spared} if spared else {})})
+                found.append(Swept(group.name, pids, spared))
         return found
 
     def close(self) -> None:

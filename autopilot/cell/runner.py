@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import anyio
 
 from autopilot.attemptspec import AttemptSpec, HarnessSpec
-from autopilot.cell.cgroups import group_name
+from autopilot.cell.cgroups import Spared, group_name
 from autopilot.cell.context import (
     CellContext,
     DataPathView,
@@ -162,14 +162,14 @@ class CellRun:
         """Kill what is left in the attempt's cgroup (a child that cleared its
         environment and double-forked is still in it) and remove the group."""
         if self.group is not None and self.cx.contain is not None:
-            spared: list[dict[str, Any]] = []
+            spared: list[Spared] = []
             pids = await anyio.to_thread.run_sync(self.cx.contain.kill, self.group, 5.0,
                                                   spared)
             if pids:
                 log.info("cell_group_killed", pids=pids)
             for foreign in spared:  # moved into the cell's group by someone: never signalled
                 self.cx.emit(ForeignInCellGroup(cell=self.cell.id, attempt=self.attempt,
-                                                **foreign))
+                             group=foreign.group, pid=foreign.pid, why=foreign.why))
             self.group = None
 
     async def _kill(self, grace: float) -> list[int]:

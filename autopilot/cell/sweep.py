@@ -10,6 +10,7 @@ process (``full_scan``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,10 +78,20 @@ def orphan_cells(cells: list[CellState], journal: Path, grace: float, token: str
     return out
 
 
+@dataclass(frozen=True)
+class Killed:
+    """Processes a sweep ended, exactly: a cell's (its id), or an endpoint's (``cell``
+    None; ``engine`` where the journal names it)."""
+
+    pids: list[int]
+    cell: str | None = None
+    engine: str | None = None
+
+
 def orphan_marked(run_token: str, grace: float, endpoint: bool = True,
                   lease: str | None = None, keep: frozenset[str] = frozenset(),
                   keep_pids: frozenset[int] = frozenset(),
-                  keep_leases: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+                  keep_leases: frozenset[str] = frozenset()) -> list[Killed]:
     """Kill every process still carrying this run's marker: at start-up, with the lock
     held, none can be ours yet, so each is a predecessor's. This catches what the journal
     cannot know: a harness or grader spawned by a supervisor SIGKILLed before it could
@@ -90,7 +101,7 @@ def orphan_marked(run_token: str, grace: float, endpoint: bool = True,
     ``keep``: the tokens of attempts re-attached to (their data path and harness tree
     carry them), ``keep_pids``: a re-adopted endpoint's tree, ``keep_leases``: the Ray
     actors a successor re-attaches to (what they run carries their lease)."""
-    out = []
+    out: list[Killed] = []
     for p, env in marked_processes(run_token):
         if keep and (env.get(TOKEN_ENV) in keep or env.get(DATAPATH_ENV) in keep):
             continue
@@ -105,14 +116,14 @@ def orphan_marked(run_token: str, grace: float, endpoint: bool = True,
         ident = ProcIdentity(p.pid, p.create_time(), start_ticks(p.pid))
         pids = kill_tree(Tracker(ident, env.get(TOKEN_ENV), full_scan=True), grace)
         if pids:
-            out.append({"cell": env.get("AUTOPILOT_CELL_ID"), "pids": pids})
+            out.append(Killed(pids, env.get("AUTOPILOT_CELL_ID")))
     if out:
-        log.info("orphan_unjournaled_killed", found=out)
+        log.info("orphan_unjournaled_killed", found=[(k.cell, k.pids) for k in out])
     return out
 
 
 def orphan_endpoint(journal: Path, token: str, refused: Refusals,
-                    keep: frozenset[int] = frozenset()) -> dict[str, Any] | None:
+                    keep: frozenset[int] = frozenset()) -> Killed | None:
     """Stop exactly the endpoint processes dead predecessors spawned (journaled at spawn,
     before their load finished; never an attached one); what was killed, or None. Each
     kill is identity-checked, so a process that already exited, or a recycled pid, is
@@ -134,7 +145,7 @@ def orphan_endpoint(journal: Path, token: str, refused: Refusals,
     if not killed:
         return None
     log.info("orphan_endpoint_killed", pids=killed)
-    return {"endpoint": engine, "pids": killed}
+    return Killed(killed, engine=engine if isinstance(engine, str) else None)
 
 
 def orphan_uids(journal: Path, uids: tuple[int, int], keep: set[Any], grace: float

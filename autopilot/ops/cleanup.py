@@ -65,18 +65,17 @@ async def cleanup(preset: Preset, plan: Plan, state_dir: Path, *, endpoint: bool
             began(state_dir / "journal.jsonl")))
         for found in await anyio.to_thread.run_sync(
                 partial(orphan_marked, token, 2.0, endpoint=endpoint)):
-            what = f"cell {found['cell']}" if found["cell"] else "endpoint"
-            removed.append(f"processes {' '.join(map(str, found['pids']))} ({what})")
+            what = f"cell {found.cell}" if found.cell else "endpoint"
+            removed.append(f"processes {' '.join(map(str, found.pids))} ({what})")
         contain = cgroups.for_run(token)[0]
         swept = await anyio.to_thread.run_sync(
             partial(contain.sweep, endpoint=endpoint)) if contain else []
         for group in swept:
-            if group["pids"]:
-                removed.append(f"processes {' '.join(map(str, group['pids']))} (cgroup "
-                               f"{group['group']})")
-            for f in group.get("foreign", ()):  # never signalled: not the run's
-                removed.append(f"spared process {f['pid']} in cgroup {group['group']} "
-                               f"({f['why']})")
+            if group.pids:
+                removed.append(f"processes {' '.join(map(str, group.pids))} (cgroup "
+                               f"{group.group})")
+            for f in group.foreign:  # never signalled: not the run's
+                removed.append(f"spared process {f.pid} in cgroup {group.group} ({f.why})")
         if contain is not None:  # and no empty group of the run left behind (nor made)
             await anyio.to_thread.run_sync(contain.close)
     if preset.harness.user != "same":  # every process of a past cell's own uid

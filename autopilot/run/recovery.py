@@ -330,15 +330,15 @@ async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Led
         emit(JournalPidRefused(**r, why="named by the journal, but the process "
              "carries neither this run's marker nor is our descendant: not signalled"))
     if endpoint:
-        found.cleaned.append(endpoint)
+        found.cleaned.append({"endpoint": endpoint.engine, "pids": endpoint.pids})
     # Then what no journal line records (a spawn the predecessor died before writing).
     for marked in await anyio.to_thread.run_sync(
             lambda: sweep.orphan_marked(run_token, grace, keep=keep_tokens,
                                         keep_pids=keep_pids | _trees(keep_pids)
                                         | ({server} if server else set()),
                                         keep_leases=keep_leases)):
-        found.cleaned.append({**marked, "unjournaled": True})
-        emit(OrphanKilled(cell=marked["cell"], pids=marked["pids"],
+        found.cleaned.append({"cell": marked.cell, "pids": marked.pids, "unjournaled": True})
+        emit(OrphanKilled(cell=marked.cell, pids=marked.pids,
              why="spawned by a predecessor killed before journaling it"))
     # Last, whatever is still in the run's cgroups: a child that cleared its environment
     # and double-forked carries no marker and no parent, but cannot leave its group.
@@ -346,12 +346,12 @@ async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Led
     if contain is not None:
         for group in await anyio.to_thread.run_sync(
                 lambda: contain.sweep(keep=keep_groups)):
-            for f in group.get("foreign", ()):
-                emit(ForeignInCellGroup(cell=None, **f))
-            if not group["pids"]:
+            for f in group.foreign:
+                emit(ForeignInCellGroup(cell=None, group=f.group, pid=f.pid, why=f.why))
+            if not group.pids:
                 continue
-            found.cleaned.append({"cgroup": group["group"], "pids": group["pids"]})
-            emit(OrphanKilled(cell=None, group=group["group"], pids=group["pids"],
+            found.cleaned.append({"cgroup": group.group, "pids": group.pids})
+            emit(OrphanKilled(cell=None, group=group.group, pids=group.pids,
                  why="left in the run's cgroup by a predecessor"))
     # And with a user per cell, every process of a past cell's uid (one that wrote its
     # pid out of its group, say): a cell's uid is no one else's.

@@ -332,6 +332,12 @@ class ForeignInCellGroup(CellEventBase):
     event: Literal["foreign_in_cell_group"] = "foreign_in_cell_group"
     cell: str | None = None  # type: ignore[assignment]
     """The cell whose group it is in (none: found at start-up, of no live cell)."""
+    group: str = ""
+    """The cgroup (its name under the run's)."""
+    pid: int | None = None
+    """The process spared."""
+    why: str = ""
+    """Why it is not the group's own."""
 
 
 class ForeignOutputsMoved(CellEventBase):

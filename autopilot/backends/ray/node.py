@@ -457,7 +457,7 @@ def sweep_lease(run_token: str, lease: str, grace: float,
     from autopilot.cell.sweep import orphan_marked
 
     pids = [pid for found in orphan_marked(run_token, grace, lease=lease)
-            for pid in found["pids"]]
+            for pid in found.pids]
     if containers is not None:
         asyncio.run(containers.remove())
     return pids
@@ -495,7 +495,8 @@ def sweep_run(run_token: str, grace: float, endpoint: bool,
     containers from its daemon. A Ray task per node."""
     from autopilot.cell.sweep import orphan_marked
 
-    found = orphan_marked(run_token, grace, endpoint=endpoint)
+    found: list[dict[str, Any]] = [{"cell": k.cell, "pids": k.pids}
+                                   for k in orphan_marked(run_token, grace, endpoint=endpoint)]
     if containers is not None:
         found += [{"container": n} for n in asyncio.run(containers.remove())]
     return found
