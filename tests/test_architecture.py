@@ -317,7 +317,7 @@ UNTYPED_DEBT = frozenset({
     "cell.context.summary", "cell.procs.journaled_alive", "cell.procs.journaled_identity",
     "cell.sandbox.gpu_requests", "cell.sandbox.why_not", "cell.scratch.clean_scratch",
     "cell.substance.call_signature", "cell.substance.command_template",
-    "cell.substance.substance_decision", "cell.validity.journaled_items",
+    "cell.substance.substance_decision",
     "cell.workspace.prepare_workspace", "gateway.accounting.account",
     "gateway.attempt.write", "gateway.evidence.summary", "state.budget.of_events",
     "state.claims.save", "state.ledger.counts", "state.ledger.trust",

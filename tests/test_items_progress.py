@@ -88,7 +88,11 @@ def test_a_cut_is_interrupted_never_the_models_fail() -> None:
     assert (c.verdict, c.reason) == ("INVALID", "interrupted")
     assert "4 of 8 samples finished (3 by this attempt)" in c.detail
     assert c.finished == {"total": 8, "done": 4, "reused": 1, "new": 3}
-    assert c.journaled_items() == {"finished": c.finished}
+    # the verdict as journaled: how far it got, and no items (nothing it counts)
+    ev = c.as_event("c", 2)
+    assert (ev.finished, ev.items, ev.verdict, ev.reason) == (
+        c.finished, None, "INVALID", "interrupted")
+    assert "items" not in ev.model_fields_set and "ungraded" not in ev.model_fields_set
     # a request open at the cut would make a one-item cell the model's FAIL: not here
     ev = Evidence(requests=5, answered=4, errors={"context_overflow": 1})
     assert count_by_evidence(c, cut, ev).reason == "interrupted"

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from autopilot.config import GRADE_REASONS, VerdictRule
+from autopilot.state.cellevents import CellVerdict
 from autopilot.state.items import items_of, progress_of
 
 Verdict = Literal["PASS", "FAIL", "INVALID"]
@@ -87,12 +88,23 @@ class Classification:
     # an attempt cut before all its items were done: how far it got (INVALID(interrupted))
     finished: dict[str, int] | None = None
 
-    def journaled_items(self) -> dict[str, Any]:
-        """The verdict event's ``items`` (a valid verdict's counts) or ``finished`` (how
-        far an interrupted attempt got), else nothing."""
+    def as_event(self, cell: str, attempt: int, *, regrade: bool = False) -> CellVerdict:
+        """The verdict as the journal records it, the one form every writer of it (a
+        run's recorder, ``autopilot regrade``) builds: its word, and ``items`` (a valid
+        verdict's counts) or ``finished`` (how far an interrupted attempt got). What it
+        spent is the recorder's to add: the gateway metered that, not the grader."""
+        event = CellVerdict(cell=cell, attempt=attempt, verdict=self.verdict,
+                            reason=self.reason, word=self.word, caveat=self.caveat,
+                            teardown_masked=self.teardown_masked, detail=self.detail)
+        said: dict[str, object] = {"ungraded": True} if self.grade_side else {}
+        if regrade:
+            said["regrade"] = True
         if self.finished and self.reason == "interrupted":
-            return {"finished": self.finished}
-        return {"items": self.items} if self.items and self.verdict in ("PASS", "FAIL") else {}
+            said["finished"] = self.finished
+        elif self.items and self.verdict in ("PASS", "FAIL"):
+            said["items"] = self.items  # its samples are what is counted
+        # (set, not defaulted: a record holds the fields that were said, and no others)
+        return event.model_copy(update=said)
 
     @property
     def harness_break(self) -> bool:

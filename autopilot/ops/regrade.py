@@ -20,6 +20,7 @@ from autopilot.cell.grading import judge_cell
 from autopilot.cell.validity import RunOutcome, attempt_outcomes
 from autopilot.config import Preset
 from autopilot.plan import Plan, cell_context
+from autopilot.state.eventbase import record_of
 from autopilot.state.fsutil import atomic_write_json, parse_iso
 from autopilot.state.journal import Journal, state_events
 from autopilot.state.ledger import Ledger
@@ -105,13 +106,8 @@ async def regrade(
             before = _label(c.status, c.reason)
             result = await judge_cell(preset, ctx, outcome,
                                       state_dir / "logs" / f"{c.id}.grade.log")
-            extra: dict[str, Any] = {"ungraded": True} if result.grade_side else {}
-            extra |= result.journaled_items()
-            record = journal.append(
-                "cell_verdict", cell=c.id, attempt=c.attempts, verdict=result.verdict,
-                reason=result.reason, word=result.word, caveat=result.caveat,
-                teardown_masked=result.teardown_masked, detail=result.detail,
-                regrade=True, **extra)
+            kind, fields = record_of(result.as_event(c.id, c.attempts, regrade=True), {})
+            record = journal.append(kind, **fields)
             ledger.apply(record)
             after = _label(ledger.cells[c.id].status, ledger.cells[c.id].reason)
             done.append(Regraded(c.id, c.attempts, before, after))

@@ -40,7 +40,6 @@ from autopilot.run.snapshot import RunView, build, prior_elapsed
 from autopilot.run.stopping import Stop
 from autopilot.run.throttle import Throttle, on_throttled
 from autopilot.state import budget
-from autopilot.state.cellevents import CellVerdict
 from autopilot.state.diskspace import DiskWatch, Reading, floor_bytes
 from autopilot.state.eventbase import EventBase, record_of
 from autopilot.state.fsguard import run_roots
@@ -254,11 +253,8 @@ class Recorder:
 
     def record_verdict(self, cid: str, attempt: int, c: Classification, *,
                        regrade: bool = False) -> None:
-        extra: dict[str, Any] = {"ungraded": True} if c.grade_side else {}
-        extra |= c.journaled_items()  # its samples are what is counted
-        if regrade:
-            extra["regrade"] = True
-        else:
+        extra: dict[str, Any] = {}
+        if not regrade:  # a regrade spends nothing
             summary = self._attempt_summary(cid)
             reported = budget.of_summary(summary)
             m = self.ledger.cells[cid].metered
@@ -278,9 +274,7 @@ class Recorder:
                 extra["gateway"] = {"requests": m.get("requests"), "errors": m.get("errors")}
                 if unread:  # spend of unknown size: the budget's concern
                     extra["unmetered"] = unread
-        self.emit(CellVerdict(cell=cid, attempt=attempt, verdict=c.verdict, reason=c.reason,
-                  word=c.word, caveat=c.caveat, teardown_masked=c.teardown_masked,
-                  detail=c.detail, **extra))
+        self.emit(c.as_event(cid, attempt, regrade=regrade).model_copy(update=extra))
         self._decide(runbook.on_verdict(self.policy, self.rules, self.ledger, cid, c,
                                         regrade=regrade, now=time.time()))
 
