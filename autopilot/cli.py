@@ -111,9 +111,9 @@ def dry_run_text(preset: Preset, plan: Plan, state_dir: Path, warnings: list[str
         f"tasks ({len(preset.tasks)}): " + ", ".join(t.id for t in preset.tasks),
         f"N: {plan.target_n}",
         f"state dir: {state_dir}",
-        f"cells: {c['total']} total | {c['done']} valid | "
-        f"{c['pending'] + c['running'] + c['grading']} pending | {c['invalid']} invalid | "
-        f"{c['quarantined']} quarantined | {c['ungraded']} ungraded",
+        f"cells: {c.total} total | {c.done} valid | "
+        f"{c.pending + c.running + c.grading} pending | {c.invalid} invalid | "
+        f"{c.quarantined} quarantined | {c.ungraded} ungraded",
     ]
     from autopilot.backends.base import backend_class  # imports no Ray
 

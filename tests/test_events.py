@@ -173,3 +173,17 @@ def test_every_milestone_kind_is_one_the_notifier_knows() -> None:
     from autopilot.state.runevents import MILESTONE_KINDS
 
     assert set(MILESTONES) == MILESTONE_KINDS
+
+
+def test_the_counts_the_ledger_writes_are_the_counts_status_json_reads() -> None:
+    """status.json's totals (and each arm's and task's) are written from the ledger's
+    Counts and read back as statusdoc's Totals: every field of one is a field of the
+    other, by the same name and value, and ``done`` is what was passed and failed."""
+    from autopilot.state.ledger import Counts
+    from autopilot.state.statusdoc import Totals
+
+    written = Counts(9, 3, 2, 1, 1, 0, 1, 1, 0, {"passed": 4, "scored": 6}).as_json()
+    read = Totals.model_validate(written, context={"strict": True})
+    assert read.model_dump(by_alias=True) == written
+    assert (read.done, read.pass_, read.items) == (5, 3, {"passed": 4, "scored": 6})
+    assert "items" not in Counts(1, 1).as_json()  # only where there are some

@@ -82,4 +82,4 @@ def test_ledger_replay_rebuilds_state() -> None:
     assert [c.id for c in led.pending()][:1] == [c2]
     t = led.trust()
     assert t["valid_cells"] == 1 and t["invalid_by_reason"] == {"stall": 1}
-    assert led.counts()["running"] == 1
+    assert led.counts().running == 1

@@ -266,7 +266,7 @@ def arm_done(policy: Policy, ledger: Ledger, arm: str) -> Decision:
     counts = ledger.counts(cells)
     return replace(policy, announced=policy.announced | {arm}), [
         WriteArmSummary(arm),
-        ArmComplete(arm, passed=counts["pass"], valid=counts["done"])]
+        ArmComplete(arm, passed=counts.pass_, valid=counts.done)]
 
 
 def endpoint_failure(fails: Sequence[str | None]) -> str | None:

@@ -61,8 +61,7 @@ def build(v: RunView, light: bool = False) -> dict[str, Any]:
     led, preset = v.ledger, v.preset
     summary = led.summary()
     totals = summary.totals
-    remaining = (totals["total"] - totals["done"] - totals["quarantined"]
-                 - totals["ungraded"])
+    remaining = totals.total - totals.done - totals.quarantined - totals.ungraded
     snap: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "phase": v.phase,
@@ -83,7 +82,7 @@ def build(v: RunView, light: bool = False) -> dict[str, Any]:
         "pass": v.pass_no,
         "max_passes": preset.run.max_passes,
         "concurrency": preset.run.concurrency,
-        "totals": totals,
+        "totals": totals.as_json(),
         "trust": summary.trust,
         "endpoint": v.endpoint if v.endpoint is not None else {
             "engine": preset.endpoint.engine, "state": "not running"},
@@ -108,8 +107,9 @@ def build(v: RunView, light: bool = False) -> dict[str, Any]:
     cells = list(led.cells.values())
     arms, tasks = [a.label for a in preset.arms], [t.id for t in preset.tasks]
     empty = led.counts([])
-    snap["arms"] = {a: summary.arms.get(a, empty) for a in arms}
-    snap["tasks"] = {a: {t: summary.tasks.get((a, t), empty) for t in tasks} for a in arms}
+    snap["arms"] = {a: summary.arms.get(a, empty).as_json() for a in arms}
+    snap["tasks"] = {a: {t: summary.tasks.get((a, t), empty).as_json() for t in tasks}
+                     for a in arms}
     snap["running"] = [
         {"cell": c.id, "attempt": c.attempts, "pid": c.pid,
          "frozen_secs": round(c.frozen_secs, 1), "tier": c.tier,

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from autopilot.plan import Cell, Plan
 from autopilot.state.budget import COST_BASES, MAX_COUNT, METERED, Spend, of_events, of_metered
@@ -306,7 +306,7 @@ class Ledger:
         record as ungradable (its grader cannot run here; reported, never a success)."""
         return cell.valid or (cell.status == "ungraded" and cell.reason in SETTLED_UNGRADED)
 
-    def counts(self, cells: list[CellState] | None = None) -> dict[str, Any]:
+    def counts(self, cells: list[CellState] | None = None) -> Counts:
         cells = list(self.cells.values()) if cells is None else cells
         items: Counter[str] = Counter()
         for cell in cells:
@@ -381,33 +381,57 @@ class Ledger:
         )
 
 
+class Counts(NamedTuple):
+    """A group's cells by where they stand (``CellState.phase``): what status.json's
+    totals, and each arm's and task's, hold (``autopilot.state.statusdoc.Totals`` reads
+    them back, by the same names). A named tuple, the cheapest to build: a 20,000-cell
+    plan has thousands of groups, counted again at every transition."""
+
+    total: int = 0
+    pass_: int = 0
+    fail: int = 0
+    invalid: int = 0
+    quarantined: int = 0
+    ungraded: int = 0
+    running: int = 0
+    grading: int = 0
+    pending: int = 0
+    items: dict[str, int] | None = None  # what its many-item cells scored, if any
+
+    @property
+    def done(self) -> int:
+        return self.pass_ + self.fail
+
+    def as_json(self) -> dict[str, int | dict[str, int]]:
+        """As status.json holds it (``pass``; ``items`` only where there are some)."""
+        (total, passed, failed, invalid, quarantined, ungraded, running, grading, pending,
+         items) = self
+        out: dict[str, int | dict[str, int]] = {
+            "total": total, "pass": passed, "fail": failed, "invalid": invalid,
+            "quarantined": quarantined, "ungraded": ungraded, "running": running,
+            "grading": grading, "pending": pending, "done": passed + failed}
+        if items:
+            out["items"] = dict(items)
+        return out
+
+
 @dataclass
 class Summary:
-    totals: dict[str, int]
-    arms: dict[str, dict[str, int]]
-    tasks: dict[tuple[str, str], dict[str, int]]
+    totals: Counts
+    arms: dict[str, Counts]
+    tasks: dict[tuple[str, str], Counts]
     trust: dict[str, Any]
 
 
-def _counts(phases: Counter[str], items: Counter[str] | None = None) -> dict[str, Any]:
+def _counts(phases: Counter[str], items: Counter[str] | None = None) -> Counts:
     """A group's cells by phase; with ``items``, what its many-item cells scored (the
     counting unit there: passed of scored)."""
-    out: dict[str, Any] = {
-        "total": sum(phases.values()),
-        "pass": phases["PASS"],
-        "fail": phases["FAIL"],
-        "invalid": phases["invalid"],
-        "quarantined": phases["quarantined"],
-        "ungraded": phases["ungraded"],
-        "running": phases["running"],
-        "grading": phases["ran"],
-        "pending": phases["pending"],
-        "done": phases["PASS"] + phases["FAIL"],
-    }
-    if items:
+    return Counts(
+        sum(phases.values()), phases["PASS"], phases["FAIL"], phases["invalid"],
+        phases["quarantined"], phases["ungraded"], phases["running"], phases["ran"],
+        phases["pending"],
         # reused (samples an earlier attempt scored) only where there were some
-        out["items"] = {k: items[k] for k in ITEM_KINDS if k != "reused" or items[k]}
-    return out
+        {k: items[k] for k in ITEM_KINDS if k != "reused" or items[k]} if items else None)
 
 
 def _count(value: Any) -> bool:

@@ -145,11 +145,11 @@ def counts(cells: Iterable[CellState]) -> dict[str, Any]:
     ``samples``: what many-item cells scored, where there are such)."""
     c = Ledger([]).counts(list(cells))
     out: dict[str, Any] = {
-        "pass": c["pass"], "fail": c["fail"], "invalid": c["invalid"],
-        "quarantined": c["quarantined"], "ungraded": c["ungraded"],
-        "running": c["running"] + c["grading"], "pending": c["pending"], "valid": c["done"]}
-    if "items" in c:
-        out["samples"] = c["items"]
+        "pass": c.pass_, "fail": c.fail, "invalid": c.invalid, "quarantined": c.quarantined,
+        "ungraded": c.ungraded, "running": c.running + c.grading, "pending": c.pending,
+        "valid": c.done}
+    if c.items:
+        out["samples"] = c.items
     return out
 
 
