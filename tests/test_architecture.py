@@ -320,7 +320,7 @@ UNTYPED_DEBT = frozenset({
     "cell.substance.substance_decision",
     "cell.workspace.prepare_workspace", "gateway.accounting.account",
     "gateway.attempt.write", "gateway.evidence.summary", "state.budget.of_events",
-    "state.claims.save", "state.ledger.trust",
+    "state.claims.save",
     "state.liveness.annotate", "state.liveness.look", "state.liveness.shown",
     "state.liveness.to_json", "state.progress.oneline", "state.statusdoc.check",
 })

@@ -276,10 +276,11 @@ def test_a_fail_with_a_caveat_is_marked_in_the_grid(status: str, caveat: str | N
 def test_the_trust_line_counts_every_invalid_attempt_as_validate_does() -> None:
     # A grader_unavailable cell is INVALID 1 in validate and the report; it spends no
     # retry, and the line says both rather than "invalid attempts 0 (grader_unavailable 1)".
+    from autopilot.state.ledger import Trust
     from autopilot.views.dashboard.term import trust_line
 
-    line = trust_line({"valid_cells": 3, "invalid_cells": 1, "invalid_attempts": 0,
-                       "invalid_by_reason": {"grader_unavailable": 1}})
+    line = trust_line(Trust(valid_cells=3, invalid_cells=1, invalid_attempts=0,
+                            invalid_by_reason={"grader_unavailable": 1}))
     assert "invalid attempts 1 (grader_unavailable 1), 0 spending a retry" in line
-    same = trust_line({"invalid_attempts": 2, "invalid_by_reason": {"stall": 2}})
+    same = trust_line(Trust(invalid_attempts=2, invalid_by_reason={"stall": 2}))
     assert "invalid attempts 2 (stall 2) | " in same

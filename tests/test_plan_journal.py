@@ -81,5 +81,9 @@ def test_ledger_replay_rebuilds_state() -> None:
     assert led.cells[c3].status == "running" and led.cells[c3].pid == 9
     assert [c.id for c in led.pending()][:1] == [c2]
     t = led.trust()
-    assert t["valid_cells"] == 1 and t["invalid_by_reason"] == {"stall": 1}
+    assert t.valid_cells == 1 and t.invalid_by_reason == {"stall": 1}
+    assert t.excluded == ((c2, "invalid", ("stall",)),)
+    # status.json's form of it, as every version wrote it
+    assert t.as_json()["excluded"] == [{"cell": c2, "status": "invalid", "reasons": ["stall"]}]
+    assert "items" not in t.as_json()
     assert led.counts().running == 1

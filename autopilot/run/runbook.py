@@ -305,8 +305,7 @@ def outcome(ledger: Ledger, rules: Rules, *, stopped_by: str | None, paused: str
     if paused and not reason:
         reason = paused
     if not reason:
-        trust = ledger.trust()
-        q = [e["cell"] for e in trust["excluded"] if e["status"] == "quarantined"]
+        q = [e.cell for e in ledger.trust().excluded if e.status == "quarantined"]
         ungraded = [c.id for c in ledger.cells.values()
                     if c.status == "ungraded" and not ledger.settled(c)]
         if q:

@@ -83,7 +83,7 @@ def build(v: RunView, light: bool = False) -> dict[str, Any]:
         "max_passes": preset.run.max_passes,
         "concurrency": preset.run.concurrency,
         "totals": totals.as_json(),
-        "trust": summary.trust,
+        "trust": summary.trust.as_json(),
         "endpoint": v.endpoint if v.endpoint is not None else {
             "engine": preset.endpoint.engine, "state": "not running"},
         "endpoints": v.endpoints,

@@ -318,14 +318,14 @@ class Supervisor(Recorder):
             return EXIT_SIGINT if self.stop_signal == signal.SIGINT else EXIT_SIGTERM
         if out.phase == "COMPLETE":
             self.emit(RunFinished(outcome="COMPLETE"))
-            self.milestone("run_complete", trust=self.ledger.trust()["invalid_by_reason"])
+            self.milestone("run_complete", trust=self.ledger.trust().invalid_by_reason)
             if self.opts.publish:
                 await self._publish()
             print("AUTOPILOT_COMPLETE", flush=True)
             return EXIT_COMPLETE
         self.emit(RunFinished(outcome="INCOMPLETE", reason=self.outcome_reason))
         self.milestone("run_incomplete", why=self.outcome_reason,
-                       excluded=[e["cell"] for e in self.ledger.trust()["excluded"]][:10])
+                       excluded=[e.cell for e in self.ledger.trust().excluded][:10])
         print(f"AUTOPILOT_INCOMPLETE {term(self.outcome_reason, 1000)}", flush=True)
         return EXIT_INCOMPLETE
 

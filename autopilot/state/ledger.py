@@ -314,7 +314,7 @@ class Ledger:
                 items.update(cell.items)
         return _counts(Counter(cell.phase for cell in cells), items)
 
-    def trust(self) -> dict[str, Any]:
+    def trust(self) -> Trust:
         """The fail-closed accounting block shown everywhere aggregates are shown."""
         return self.summary().trust
 
@@ -325,7 +325,7 @@ class Ledger:
         groups: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
         items: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
         by_reason: Counter[str] = Counter()
-        excluded = []
+        excluded: list[Excluded] = []
         attempts = masked = retried = 0
         basis: Counter[str] = Counter()
         for cell in self.cells.values():
@@ -338,7 +338,7 @@ class Ledger:
                 by_reason.update(cell.reasons)
                 attempts += cell.invalid_attempts
             if cell.status in ("invalid", "quarantined", "ungraded"):
-                excluded.append({"cell": cell.id, "status": cell.status, "reasons": cell.reasons})
+                excluded.append(Excluded(cell.id, cell.status, tuple(cell.reasons)))
             if cell.teardown_masked and cell.status in VALID:
                 masked += 1
             if cell.attempts > 1:
@@ -355,24 +355,23 @@ class Ledger:
             total.update(cnt)
         for cnt in arm_items.values():
             total_items.update(cnt)
-        trust = {
-            "valid_cells": total["PASS"] + total["FAIL"],
-            "invalid_cells": total["invalid"],
-            "invalid_attempts": attempts,
-            "invalid_by_reason": dict(sorted(by_reason.items())),
-            "teardown_masked_cells": masked,
-            "quarantined_cells": total["quarantined"],
-            "ungraded_cells": total["ungraded"],
+        trust = Trust(
+            valid_cells=total["PASS"] + total["FAIL"],
+            invalid_cells=total["invalid"],
+            invalid_attempts=attempts,
+            invalid_by_reason=dict(sorted(by_reason.items())),
+            teardown_masked_cells=masked,
+            quarantined_cells=total["quarantined"],
+            ungraded_cells=total["ungraded"],
             # whose word a valid cell's tokens rest on: the gateway's, or the harness's
             # own where the gateway's count disagrees with it (a flag; the verdict stands)
-            "metered_cells": sum(basis[kind] for kind in METERED),
-            "cost_mismatch_cells": basis["self_reported_mismatch"],
-            "grade_retries": self.grade_retries,
-            "retried_cells": retried,
-            "excluded": excluded,
-        }
-        if total_items:
-            trust["items"] = dict(total_items)
+            metered_cells=sum(basis[kind] for kind in METERED),
+            cost_mismatch_cells=basis["self_reported_mismatch"],
+            grade_retries=self.grade_retries,
+            retried_cells=retried,
+            excluded=tuple(excluded),
+            items=dict(total_items) if total_items else None,
+        )
         return Summary(
             totals=_counts(total, total_items),
             arms={name: _counts(cnt, arm_items.get(name)) for name, cnt in by_arm.items()},
@@ -415,12 +414,57 @@ class Counts(NamedTuple):
         return out
 
 
+class Excluded(NamedTuple):
+    """A cell no pass rate counts: INVALID now, quarantined, or ungraded."""
+
+    cell: str
+    status: str
+    reasons: tuple[str, ...]  # its INVALID attempts' reasons, in order
+
+
+@dataclass(frozen=True)
+class Trust:
+    """The fail-closed accounting block shown everywhere aggregates are shown: what
+    counts, what does not, and why (status.json's ``trust``, by these names)."""
+
+    valid_cells: int = 0
+    invalid_cells: int = 0
+    invalid_attempts: int = 0  # those that spent a retry
+    invalid_by_reason: dict[str, int] = field(default_factory=dict)  # every INVALID attempt
+    teardown_masked_cells: int = 0
+    quarantined_cells: int = 0
+    ungraded_cells: int = 0
+    metered_cells: int = 0
+    cost_mismatch_cells: int = 0
+    grade_retries: int = 0
+    retried_cells: int = 0
+    excluded: tuple[Excluded, ...] = ()
+    items: dict[str, int] | None = None  # what many-item cells scored, if any
+
+    def as_json(self) -> dict[str, object]:
+        """As status.json holds it (``items`` only where there are some)."""
+        out: dict[str, object] = {
+            "valid_cells": self.valid_cells, "invalid_cells": self.invalid_cells,
+            "invalid_attempts": self.invalid_attempts,
+            "invalid_by_reason": dict(self.invalid_by_reason),
+            "teardown_masked_cells": self.teardown_masked_cells,
+            "quarantined_cells": self.quarantined_cells,
+            "ungraded_cells": self.ungraded_cells, "metered_cells": self.metered_cells,
+            "cost_mismatch_cells": self.cost_mismatch_cells,
+            "grade_retries": self.grade_retries, "retried_cells": self.retried_cells,
+            "excluded": [{"cell": e.cell, "status": e.status, "reasons": list(e.reasons)}
+                         for e in self.excluded]}
+        if self.items:
+            out["items"] = dict(self.items)
+        return out
+
+
 @dataclass
 class Summary:
     totals: Counts
     arms: dict[str, Counts]
     tasks: dict[tuple[str, str], Counts]
-    trust: dict[str, Any]
+    trust: Trust
 
 
 def _counts(phases: Counter[str], items: Counter[str] | None = None) -> Counts:

@@ -55,5 +55,5 @@ def to_json(d: DashData) -> str:
     doc = {"schema_version": SCHEMA_VERSION, "phase": s.get("phase"), "preset": s.get("preset"),
            "model": s.get("model"), "target_n": d.target_n, "generated_at": iso(),
            "liveness": s.get("liveness"),
-           "arms": arms, "trust": d.trust}
+           "arms": arms, "trust": d.trust.as_json()}
     return json.dumps(doc, separators=(",", ":"), sort_keys=False)

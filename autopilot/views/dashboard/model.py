@@ -19,7 +19,7 @@ from autopilot.plan import Cell
 from autopilot.state.cellevents import CellVerdict
 from autopilot.state.fsutil import parse_iso
 from autopilot.state.journal import state_events
-from autopilot.state.ledger import CellState, Ledger
+from autopilot.state.ledger import CellState, Ledger, Trust
 from autopilot.state.liveness import shown
 from autopilot.state.statusdoc import Status
 from autopilot.state.statusdoc import read as read_status
@@ -40,7 +40,7 @@ class DashData:
     arms: list[str]
     target_n: int
     cells: dict[str, CellState]
-    trust: dict[str, Any]
+    trust: Trust
     events: list[dict[str, Any]] = field(default_factory=list)
     completions: list[float] = field(default_factory=list)
     baseline: dict[str, Any] | None = None

@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autopilot.escape import clean, finite
-from autopilot.state.ledger import CellState
+from autopilot.state.ledger import CellState, Trust
 from autopilot.state.status import fmt_secs
 from autopilot.views import stats
 from autopilot.views.dashboard import analysis
@@ -53,21 +53,20 @@ def header(d: DashData) -> list[str]:
     return lines
 
 
-def trust_line(t: dict[str, Any]) -> str:
-    by = {k: v for k, v in (t.get("invalid_by_reason") or {}).items()
-          if isinstance(v, int) and not isinstance(v, bool)}
+def trust_line(t: Trust) -> str:
+    by = t.invalid_by_reason
     reasons = ", ".join(f"{k} {v}" for k, v in by.items())
     # Every INVALID attempt, as validate and the report count them; those that spent a
     # retry (grader_unavailable, datapath_lost... do not) said apart where they differ.
-    spent = t.get("invalid_attempts", 0)
+    spent = t.invalid_attempts
     every = sum(by.values())
-    return (f"trust: valid {t.get('valid_cells', 0)} | invalid now {t.get('invalid_cells', 0)}"
+    return (f"trust: valid {t.valid_cells} | invalid now {t.invalid_cells}"
             f" | invalid attempts {every}{f' ({reasons})' if reasons else ''}"
             f"{f', {spent} spending a retry' if spent != every else ''} | quarantined "
-            f"{t.get('quarantined_cells', 0)} | teardown-masked "
-            f"{t.get('teardown_masked_cells', 0)} | retried {t.get('retried_cells', 0)}"
-            + (f" | tokens: harness disagrees with the gateway on {t['cost_mismatch_cells']}"
-               if t.get("cost_mismatch_cells") else ""))
+            f"{t.quarantined_cells} | teardown-masked "
+            f"{t.teardown_masked_cells} | retried {t.retried_cells}"
+            + (f" | tokens: harness disagrees with the gateway on {t.cost_mismatch_cells}"
+               if t.cost_mismatch_cells else ""))
 
 
 def delta(d: DashData, arm: str, task: str, passes: int, valid: int) -> str:
