@@ -174,7 +174,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     # The lock says whether a run is in progress: a frozen supervisor (SIGSTOP, a paused
     # VM) has a stale heartbeat but still holds the run, and its cells still run.
     live = lock_held(state_dir) is not None or look(
-        state_dir, status if isinstance(status, dict) else {}).state == "live"
+        state_dir, status.get("phase") if isinstance(status, dict) else None).state == "live"
     result = validate_run(preset, plan, state_dir, in_progress=live)
     print(render_table(result))
     return 0 if result.ok else 1

@@ -321,8 +321,8 @@ UNTYPED_DEBT = frozenset({
     "cell.workspace.prepare_workspace", "gateway.accounting.account",
     "gateway.attempt.write", "gateway.evidence.summary", "state.budget.of_events",
     "state.claims.save",
-    "state.liveness.annotate", "state.liveness.look", "state.liveness.shown",
-    "state.liveness.to_json", "state.progress.oneline", "state.statusdoc.check",
+    "state.liveness.annotate", "state.liveness.shown",
+    "state.progress.oneline", "state.statusdoc.check",
 })
 
 

@@ -32,6 +32,9 @@ HB = {"pid": 1, "create_time": 1.0, "host": "h", "epoch": 1000.0, "interval_secs
     ("run:pass1", None, False, 1001.0, "unknown", "no heartbeat (supervisor not running?)"),
     ("COMPLETE", HB, False, 9999.0, "finished", ""),
     ("INCOMPLETE", None, False, 9999.0, "finished", ""),
+    # a phase of another shape (a hostile status.json) is no phase, and no crash
+    (["COMPLETE"], HB, False, 1001.0, "gone", "stopped (supervisor gone)"),
+    ({"x": 1}, HB, True, 1005.0, "live", ""),
 ])
 def test_judge(phase, hb, alive, now, state, label) -> None:
     live = judge(phase, hb, alive, now)
@@ -44,6 +47,24 @@ def views(state: Path) -> tuple[str, dict, str]:
     grid = run_cli("--state-dir", str(state), "--no-color", "--no-events", prog="dashboard")
     assert one.returncode == js.returncode == grid.returncode == 0, one.stderr + js.stderr
     return one.stdout.strip(), json.loads(js.stdout), grid.stdout
+
+
+@pytest.mark.parametrize("phase", [["COMPLETE"], {"a": 1}, 7, None])
+def test_a_status_of_another_shape_is_shown_not_a_traceback(tmp_path: Path,
+                                                           phase: object) -> None:
+    """status.json is untrusted: a phase that is no text (a list is not even hashable)
+    is shown by every view as what it can tell, never as a traceback."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "status.json").write_text(json.dumps({"phase": phase, "preset": "p"}))
+    import socket
+
+    gone = {**HB, "host": socket.gethostname()}  # pid 1, but not since 1970: not its holder
+    (state / "heartbeat.json").write_text(json.dumps(gone))
+    one, js, grid = views(state)
+    assert "stopped (supervisor gone)" in one, one
+    assert js["liveness"]["state"] == "gone"
+    assert "Traceback" not in grid
 
 
 @pytest.mark.slow

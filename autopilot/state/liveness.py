@@ -18,7 +18,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from autopilot.state.untrusted import state_json
 
@@ -31,21 +31,30 @@ HANDOVER_LABEL = "handing over: attempts run on under their data paths; the next
     "supervisor re-attaches"
 
 
+class LivenessJson(TypedDict):
+    """``liveness`` as a view adds it to status.json (dashboard --json, the served page)."""
+
+    state: State
+    heartbeat_age_secs: float | None
+    label: str
+
+
 @dataclass(frozen=True)
 class Liveness:
     state: State
     age_secs: float | None  # heartbeat age; None without a heartbeat
     label: str  # what a view prints ("" when live or finished)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> LivenessJson:
         return {"state": self.state, "heartbeat_age_secs": None if self.age_secs is None
                 else round(self.age_secs, 1), "label": self.label}
 
 
-def judge(phase: Any, heartbeat: Any, holder_alive: bool | None, now: float) -> Liveness:
+def judge(phase: object, heartbeat: Any, holder_alive: bool | None, now: float) -> Liveness:
     """``phase`` from status.json; ``heartbeat`` as read; ``holder_alive``: the
     heartbeat's process is alive with its exact start time (None: another host, cannot
     tell)."""
+    phase = phase if isinstance(phase, str) else None  # (a list is not even hashable)
     hb = heartbeat if isinstance(heartbeat, dict) else None
     epoch = hb.get("epoch") if hb else None
     age = now - epoch if isinstance(epoch, int | float) and not isinstance(epoch, bool) \
@@ -91,10 +100,10 @@ def holder_alive(hb: Any) -> bool | None:
         return False
 
 
-def look(state_dir: Path, status: dict[str, Any], now: float | None = None) -> Liveness:
+def look(state_dir: Path, phase: object, now: float | None = None) -> Liveness:
+    """``phase``: status.json's, as read (untrusted: ``judge`` compares it only)."""
     hb = state_json(state_dir, "heartbeat.json")
-    return judge(status.get("phase"), hb, holder_alive(hb),
-                 time.time() if now is None else now)
+    return judge(phase, hb, holder_alive(hb), time.time() if now is None else now)
 
 
 def annotate(status: dict[str, Any], live: Liveness) -> dict[str, Any]:
@@ -114,7 +123,7 @@ def shown(state_dir: Path, status: dict[str, Any]) -> dict[str, Any]:
     ``released`` when the run's outputs were let go (autopilot.state.claims)."""
     from autopilot.state.claims import released_at
 
-    out = annotate(status, look(state_dir, status))
+    out = annotate(status, look(state_dir, status.get("phase")))
     when = released_at(state_dir)
     if when:
         out["released"] = when

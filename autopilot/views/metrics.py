@@ -175,7 +175,9 @@ def write_run_textfile(path: Path, ledger: Ledger, status: dict[str, Any]) -> No
     from autopilot.logsetup import get_logger
     from autopilot.state.liveness import FINAL_PHASES
 
-    live = Liveness("finished" if status.get("phase") in FINAL_PHASES else "live", 0.0, "")
+    phase = status.get("phase")
+    live = Liveness("finished" if isinstance(phase, str) and phase in FINAL_PHASES
+                    else "live", 0.0, "")
     try:
         write_textfile(path, ledger, status, live)
     except OSError as e:

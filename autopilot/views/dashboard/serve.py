@@ -239,8 +239,8 @@ class Server:
         if d is None or d.ledger is None:
             return None
         raw = state_json(self.state_dir, "status.json")
-        return exposition(d.ledger, d.status, look(self.state_dir,
-                                                   raw if isinstance(raw, dict) else {}))
+        return exposition(d.ledger, d.status, look(
+            self.state_dir, raw.get("phase") if isinstance(raw, dict) else None))
 
     async def static(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
