@@ -314,12 +314,12 @@ UNTYPED_EDGES = frozenset({
     "state.resolved.leaves", "state.resolved.previous",
 })
 UNTYPED_DEBT = frozenset({
-    "cell.context.summary", "cell.procs.journaled_alive", "cell.procs.journaled_identity",
+    "cell.procs.journaled_alive", "cell.procs.journaled_identity",
     "cell.sandbox.gpu_requests", "cell.sandbox.why_not", "cell.scratch.clean_scratch",
     "cell.substance.call_signature", "cell.substance.command_template",
     "cell.substance.substance_decision",
     "cell.workspace.prepare_workspace", "gateway.accounting.account",
-    "gateway.attempt.write", "gateway.evidence.summary", "state.budget.of_events",
+    "gateway.attempt.write", "state.budget.of_events",
     "state.claims.save",
     "state.liveness.annotate", "state.liveness.shown",
     "state.progress.oneline", "state.statusdoc.check",

@@ -20,7 +20,7 @@ from autopilot.cell.validity import Classification
 from autopilot.cell.watchdog import WatchState
 from autopilot.config import Arm, Preset, Route
 from autopilot.plan import Cell, cell_context
-from autopilot.state.cellevents import RequestFailover
+from autopilot.state.cellevents import MeterSummary, RequestFailover
 from autopilot.state.diskspace import DiskWatch
 from autopilot.state.fsguard import move_tree
 
@@ -43,7 +43,7 @@ class Meterish(Protocol):
     first_error: str | None
     models: dict[str, int]
 
-    def summary(self) -> dict[str, Any]: ...
+    def summary(self) -> MeterSummary: ...
 
 
 class DataPathView(Protocol):

@@ -19,6 +19,9 @@ from autopilot.gateway.dialects import CHAT, Dialect, StreamState, Usage
 from autopilot.gateway.jsonbound import STREAM_DEPTH, loads_bounded
 from autopilot.state.tokens import Tokens
 
+if TYPE_CHECKING:  # a type only: the data path serving this loads no pydantic
+    from autopilot.state.cellevents import MeterSummary
+
 if TYPE_CHECKING:  # the attempt's data path runs this module: it must not load config
     from autopilot.config import Preset
 
@@ -190,7 +193,7 @@ class Meter:
         if kind == "throttled":
             self.throttled_tail += 1
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> MeterSummary:
         return {"requests": self.requests, "answered": self.answered,
                 "errors": dict(self.errors), "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,

@@ -7,7 +7,7 @@ extras, so an older reader still folds a newer journal.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict
 
@@ -170,6 +170,29 @@ class CellAbandoned(CellEventBase):
     spawn): the attempt number is used again, since the harness never touched it."""
 
 
+class MeterSummary(TypedDict):
+    """One attempt's gateway totals as a meter event carries them, and as a data path
+    sends them (autopilot.gateway.evidence.Meter.summary)."""
+
+    requests: int
+    answered: int
+    errors: dict[str, int]
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    tokens: dict[str, int]
+    estimated: int
+    malformed_usage: int
+    failovers: int
+    first_error: str | None
+    last_error: str | None
+    models: dict[str, int]
+    unmetered: int
+    unauthorized: int
+    refused: int
+    throttled_tail: int
+
+
 class MeterEvent(CellEventBase):
     """What a gateway listener saw: requests, tokens, errors (the fields both meter
     events share)."""
@@ -191,6 +214,26 @@ class MeterEvent(CellEventBase):
     throttled_tail: Any = None
     """Requests at the attempt's end the provider refused as throttled, none answered
     since."""
+    answered: Any = None
+    """Requests answered."""
+    reasoning_tokens: Any = None
+    """Reasoning tokens (within the completion tokens)."""
+    estimated: Any = None
+    """Responses whose completion count is an estimate (they reported no usage)."""
+    malformed_usage: Any = None
+    """Responses whose usage block could not be read as one."""
+    failovers: Any = None
+    """Requests sent to another replica than the cell's own."""
+    first_error: Any = None
+    """The first request's error kind ("" when it was fine)."""
+    last_error: Any = None
+    """The last error, in words."""
+    models: Any = None
+    """Who the responses say answered, by model (at most 8)."""
+    unauthorized: Any = None
+    """Requests refused for not carrying the attempt's key (401)."""
+    refused: Any = None
+    """The attempt's own requests refused for their route or model (403)."""
 
 
 class CellMetered(MeterEvent):
