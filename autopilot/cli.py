@@ -259,6 +259,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 def cmd_regrade(args: argparse.Namespace) -> int:
     from autopilot.ops.regrade import refresh_status, regrade
     from autopilot.state.status import oneline
+    from autopilot.state.statusdoc import read as read_status
 
     state_dir = _state_dir(args)
     preset, plan = load_trusted(state_dir, args)
@@ -270,7 +271,7 @@ def cmd_regrade(args: argparse.Namespace) -> int:
                           f"(arms: {', '.join(a.label for a in preset.arms)})")
     done = anyio.run(partial(regrade, preset, plan, state_dir, task=args.task, arm=args.arm))
     snap = refresh_status(preset, plan, state_dir)
-    print(f"regraded {len(done)} cell(s); {oneline(snap)}")
+    print(f"regraded {len(done)} cell(s); {oneline(read_status(snap))}")
     return 0
 
 
@@ -413,6 +414,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.once:
         from autopilot.state.lock import lock_held
         from autopilot.state.status import oneline
+        from autopilot.state.statusdoc import read as read_status
 
         snap = snapshot_once(preset, plan, state_dir)
         holder = lock_held(state_dir)
@@ -423,7 +425,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
             print(f"run in progress ({describe_holder(holder)}): status.json is the live "
                   "supervisor's and is left as it is; from the journal:", file=sys.stderr)
-        print(oneline(snap))
+        print(oneline(read_status(snap)))
         return 0
 
     opts = RunOptions(

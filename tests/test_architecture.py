@@ -322,7 +322,7 @@ UNTYPED_DEBT = frozenset({
     "gateway.attempt.write", "state.budget.of_events",
     "state.claims.save",
     "state.liveness.annotate", "state.liveness.shown",
-    "state.progress.oneline", "state.statusdoc.check",
+    "state.statusdoc.check",
 })
 
 

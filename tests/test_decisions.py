@@ -20,6 +20,7 @@ from autopilot.loader import load_preset
 from autopilot.run.placement import ReplicaView, choose_replica
 from autopilot.run.runbook import StreakState, should_quarantine, streak_step
 from autopilot.state.status import eta_secs, fmt_secs, oneline
+from autopilot.state.statusdoc import read as read_status
 
 LIM = Limits(warn_secs=90, probe_secs=180, kill_secs=300, stuck_secs=1200,
              teardown_grace_secs=10, deadline=5000)
@@ -203,10 +204,28 @@ def test_eta_and_oneline() -> None:
     assert eta_secs(10, 5, 100) == 200
     assert eta_secs(0, 0, 0) == 0
     assert fmt_secs(31) == "0:31" and fmt_secs(3725) == "1:02:05"
-    line = oneline({"phase": "run:pass1", "preset": "demo", "eta_secs": 31,
-                    "totals": {"done": 14, "total": 24, "pass": 9, "fail": 5, "invalid": 0,
-                               "running": 2}})
+    assert fmt_secs(float("inf")) == fmt_secs(float("nan")) == "?"  # a status.json's 1e999
+    line = oneline(read_status({"phase": "run:pass1", "preset": "demo", "eta_secs": 31,
+                                "totals": {"done": 14, "total": 24, "pass": 9, "fail": 5,
+                                           "invalid": 0, "running": 2}}))
     assert line == "run:pass1 demo 14/24 done P9 F5 I0 | 2 running | eta 0:31"
+    # a field of another shape (a hostile or torn status.json) reads as its default
+    odd = oneline(read_status({"phase": ["x"], "preset": "demo", "eta_secs": "soon",
+                               "totals": {"done": [14], "total": 24, "pass": None},
+                               "trust": {"teardown_masked_cells": True},
+                               "liveness": {"label": 7}, "throttle": {"throttled": "yes"}}))
+    assert odd == "? demo 0/24 done P0 F0 I0 | 0 running | eta ?", odd
+    every = oneline(read_status({
+        "phase": "run:pass1", "preset": "demo", "totals": {"running": 2},
+        "trust": {"teardown_masked_cells": 1}, "released": "2026-12-05T01:00:00Z",
+        "liveness": {"state": "gone", "label": "stopped (supervisor gone)"},
+        "endpoint": {"state": "down"}, "throttle": {"limit": 2, "ceiling": 8,
+                                                    "throttled": True}}))
+    assert every.split(" | ") == [
+        "run:pass1 demo 0/0 done P0 F0 I0 M1", "2 running when last seen", "eta ?",
+        "stopped (supervisor gone)", "released 2026-12-05T01:00:00Z: its outputs may be "
+        "another run's now; its verdicts are as journaled", "endpoint down",
+        "provider throttling: 2/8 at once"]
 
 
 def _wd(**kw):
@@ -431,9 +450,9 @@ def test_a_full_disk_spends_no_retry() -> None:
 def test_oneline_says_the_disk_is_low_while_running() -> None:
     snap = {"phase": "run:pass1", "preset": "demo", "totals": {"done": 1, "total": 4},
             "disk": {"low": True, "floor_mb": 200.0, "free_mb": 12.5, "where": "/x"}}
-    assert oneline(snap).endswith("| disk low (12.5 MB free): launching paused")
-    assert "disk low" not in oneline({**snap, "phase": "COMPLETE"})
-    assert "disk low" not in oneline({**snap, "disk": {"low": False}})
+    assert oneline(read_status(snap)).endswith("| disk low (12.5 MB free): launching paused")
+    assert "disk low" not in oneline(read_status({**snap, "phase": "COMPLETE"}))
+    assert "disk low" not in oneline(read_status({**snap, "disk": {"low": False}}))
 
 
 def _mmbt_rows(commands: list[str]) -> list[dict]:

@@ -344,7 +344,9 @@ class Recorder:
         ), light)
 
     def progress_line(self) -> str:
-        return oneline(self.snapshot(light=True))
+        from autopilot.state.statusdoc import read
+
+        return oneline(read(self.snapshot(light=True)))
 
     def _write_metrics(self, snap: dict[str, Any]) -> None:
         """The node_exporter textfile (--metrics-textfile), from the same snapshot."""

@@ -112,6 +112,17 @@ class Throttle(_Part):
     """Below the ceiling."""
 
 
+class Seen(_Part):
+    """The supervisor's liveness, as a reader judges it (autopilot.state.liveness)."""
+
+    state: str = ""
+    """live, stale, gone, handover, finished or unknown."""
+    heartbeat_age_secs: float | None = None
+    """The heartbeat's age."""
+    label: str = ""
+    """What a view prints ("" when live or finished)."""
+
+
 class Status(_Part):
     """status.json."""
 
@@ -191,8 +202,12 @@ class Status(_Part):
     """The arms, in the preset's order."""
     tasks_order: list[str] = Field(default_factory=list)
     """The tasks, in the preset's order."""
-    liveness: dict[str, Any] | None = None
+    liveness: Seen | None = None
     """Added by a reader: whether the supervisor is alive (the heartbeat)."""
+    phase_written: str | None = None
+    """Added by a reader where the supervisor is not alive: the phase it last wrote."""
+    released: str | None = None
+    """Added by a reader: when the run's outputs were let go (``autopilot release``)."""
 
 
 def read(doc: Any) -> Status:
@@ -211,5 +226,5 @@ def check(doc: dict[str, Any]) -> str | None:
     return None
 
 
-__all__ = ["SCHEMA_VERSION", "Running", "Status", "Thresholds", "Throttle", "Totals", "check",
-           "read"]
+__all__ = ["SCHEMA_VERSION", "Running", "Seen", "Status", "Thresholds", "Throttle", "Totals",
+           "check", "read"]

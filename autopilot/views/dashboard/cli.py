@@ -20,6 +20,7 @@ from autopilot.errors import EXIT_USAGE
 from autopilot.escape import sane
 from autopilot.state.liveness import shown
 from autopilot.state.progress import oneline
+from autopilot.state.statusdoc import read as read_status
 from autopilot.state.untrusted import state_json
 
 
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(status, dict):
             return _no_run(state_dir)
         try:
-            print(oneline(shown(state_dir, sane(status))))
+            print(oneline(read_status(shown(state_dir, sane(status)))))
         except (TypeError, ValueError, KeyError, AttributeError, OverflowError):
             print(f"dashboard: error: {state_dir}/status.json: malformed", file=sys.stderr)
             return 1
