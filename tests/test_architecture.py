@@ -317,12 +317,9 @@ UNTYPED_DEBT = frozenset({
     "cell.procs.journaled_alive", "cell.procs.journaled_identity",
     "cell.sandbox.gpu_requests", "cell.sandbox.why_not", "cell.scratch.clean_scratch",
     "cell.substance.call_signature", "cell.substance.command_template",
-    "cell.substance.substance_decision",
-    "cell.workspace.prepare_workspace", "gateway.accounting.account",
-    "gateway.attempt.write", "state.budget.of_events",
-    "state.claims.save",
-    "state.liveness.annotate", "state.liveness.shown",
-    "state.statusdoc.check",
+    "cell.substance.substance_decision", "cell.workspace.prepare_workspace",
+    "gateway.accounting.account", "gateway.attempt.write", "state.budget.of_events",
+    "state.liveness.annotate", "state.liveness.shown", "state.statusdoc.check",
 })
 
 

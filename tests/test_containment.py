@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import ROOT, cli_env
 
 from autopilot.errors import LockHeld
@@ -610,3 +611,32 @@ def test_a_harness_that_moves_the_supervisor_into_its_group_does_not_kill_it(
     spared = [e for e in evs if e["event"] == "foreign_in_cell_group"]
     assert spared and "supervisor" in spared[0]["why"]
     assert any(e["event"] == "run_finished" and e["outcome"] == "COMPLETE" for e in evs)
+
+
+def test_an_owners_record_is_rewritten_as_read_and_one_of_another_shape_refused(
+        tmp_path: Path) -> None:
+    """Each holder of a root's owners record is read as a Holder: another version's
+    fields on it are written back as they were; an entry of another shape refuses the
+    claim in one line, and the record is left untouched."""
+    from autopilot.state.claims import Claims, owners_path, release_owned
+
+    root, other, mine = tmp_path / "logs", tmp_path / "state-other", tmp_path / "state"
+    other.mkdir()
+    mine.mkdir()
+    theirs = {"state_dir": str(other), "outputs": [str(root / "a")], "since": "x",
+              "note": "from a later version"}
+    owners_path(root).write_text(json.dumps({"holders": [theirs]}))
+    claims = Claims()
+    claims.take([root], mine, [root / "b"])
+    claims.release()
+    holders = json.loads(owners_path(root).read_text())["holders"]
+    assert holders[0] == theirs  # kept field for field
+    assert (holders[1]["state_dir"], holders[1]["outputs"]) == (str(mine), [str(root / "b")])
+    assert release_owned([root], mine) == [root]
+    assert json.loads(owners_path(root).read_text())["holders"] == [theirs]
+
+    odd = json.dumps({"holders": [theirs, {"state_dir": str(other), "outputs": "a"}]})
+    owners_path(root).write_text(odd)
+    with pytest.raises(LockHeld, match="not an owners record this autopilot wrote"):
+        Claims().take([root], mine, [root / "b"])
+    assert owners_path(root).read_text() == odd

@@ -27,9 +27,9 @@ import fcntl
 import json
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from autopilot.errors import LockHeld, OutputsOwned
 from autopilot.state.fsutil import iso
@@ -59,8 +59,39 @@ def _same_dir(a: str, b: Path) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
+@dataclass(frozen=True)
+class Holder:
+    """One run among a root's owners: its state dir and the output dirs it wrote there.
+    ``record`` is the entry as read, rewritten as it was (with any field another version
+    added)."""
+
+    state_dir: str
+    outputs: tuple[str, ...]
+    record: dict[str, object]
+
+    @classmethod
+    def of(cls, raw: object) -> Holder | None:
+        """An owners entry as read (untrusted); None when it is not one of this shape."""
+        if not isinstance(raw, dict):
+            return None
+        state_dir, outputs = raw.get("state_dir"), raw.get("outputs")
+        if not isinstance(state_dir, str) or not isinstance(outputs, list) \
+                or not all(isinstance(o, str) for o in outputs):
+            return None
+        return cls(state_dir, tuple(outputs), raw)
+
+    @classmethod
+    def new(cls, state_dir: Path, outputs: list[str]) -> Holder:
+        record: dict[str, object] = {"state_dir": str(state_dir.absolute()),
+                                     "outputs": outputs, "since": iso()}
+        return cls(str(record["state_dir"]), tuple(outputs), record)
+
+
+Save = Callable[[list[Holder]], None]
+
+
 @contextlib.contextmanager
-def _owners(root: Path) -> Any:
+def _owners(root: Path) -> Iterator[tuple[list[Holder], Save]]:
     """The owners record of ``root``, locked while the caller reads and rewrites it
     (briefly: never across a run)."""
     path = owners_path(root)
@@ -68,23 +99,20 @@ def _owners(root: Path) -> Any:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         raw = read_json(path)
-        holders = raw.get("holders") if isinstance(raw, dict) else None
-        ok = isinstance(holders, list) and all(
-            isinstance(h, dict) and isinstance(h.get("state_dir"), str)
-            and isinstance(h.get("outputs"), list)
-            and all(isinstance(o, str) for o in h["outputs"]) for h in holders)
-        if os.fstat(fd).st_size and not ok:
+        listed = raw.get("holders") if isinstance(raw, dict) else None
+        holders = [Holder.of(h) for h in listed] if isinstance(listed, list) else None
+        if os.fstat(fd).st_size and (holders is None or None in holders):
             raise LockHeld(f"{path}: not an owners record this autopilot wrote (malformed); "
                            "remove it once no run writes under "
                            f"{root}") from None
 
-        def save(new: list[dict[str, Any]]) -> None:
-            blob = (json.dumps({"holders": new}) + "\n").encode()
+        def save(new: list[Holder]) -> None:
+            blob = (json.dumps({"holders": [h.record for h in new]}) + "\n").encode()
             os.ftruncate(fd, 0)
             os.pwrite(fd, blob, 0)
             os.fsync(fd)
 
-        yield (list(holders) if ok and holders else []), save
+        yield [h for h in holders or () if h is not None], save
     finally:
         os.close(fd)
 
@@ -133,23 +161,22 @@ class Claims:
 
     def _own(self, root: Path, state_dir: Path, mine: list[str]) -> None:
         with _owners(root) as (holders, save):
-            kept: list[dict[str, Any]] = []
+            kept: list[Holder] = []
             for h in holders:
-                if _same_dir(h["state_dir"], state_dir):
+                if _same_dir(h.state_dir, state_dir):
                     continue  # ours, from an earlier launch: replaced below
-                if not os.path.isdir(h["state_dir"]):
-                    self.dropped.append({"root": str(root), "state_dir": h["state_dir"]})
+                if not os.path.isdir(h.state_dir):
+                    self.dropped.append({"root": str(root), "state_dir": h.state_dir})
                     continue
-                both = sorted(set(h["outputs"]) & set(mine))
+                both = sorted(set(h.outputs) & set(mine))
                 if both:
                     raise OutputsOwned(
                         f"{both[0]}{f' (and {len(both) - 1} more)' if len(both) > 1 else ''}"
-                        f" belongs to the run in {h['state_dir']} (finished, not released): "
-                        f"`autopilot release --state-dir {h['state_dir']}` (or `autopilot "
+                        f" belongs to the run in {h.state_dir} (finished, not released): "
+                        f"`autopilot release --state-dir {h.state_dir}` (or `autopilot "
                         "cleanup` on it) lets it go, or give this run its own output dirs")
                 kept.append(h)
-            save([*kept, {"state_dir": str(state_dir.absolute()), "outputs": mine,
-                          "since": iso()}])
+            save([*kept, Holder.new(state_dir, mine)])
 
     def release(self) -> None:
         """The live claims (the ownership stays until ``release_owned``)."""
@@ -167,7 +194,7 @@ def release_owned(roots: Iterable[Path], state_dir: Path) -> list[Path]:
         if not owners_path(root).is_file():
             continue
         with _owners(root) as (holders, save):
-            rest = [h for h in holders if not _same_dir(h["state_dir"], state_dir)]
+            rest = [h for h in holders if not _same_dir(h.state_dir, state_dir)]
             if len(rest) != len(holders):
                 save(rest)
                 released.append(root)
