@@ -318,7 +318,7 @@ UNTYPED_DEBT = frozenset({
     "cell.sandbox.gpu_requests", "cell.sandbox.why_not", "cell.scratch.clean_scratch",
     "cell.substance.call_signature", "cell.substance.command_template",
     "cell.substance.substance_decision", "cell.workspace.prepare_workspace",
-    "gateway.accounting.account", "gateway.attempt.write", "state.budget.of_events",
+    "gateway.accounting.account", "gateway.attempt.write",
     "state.liveness.annotate", "state.liveness.shown", "state.statusdoc.check",
 })
 

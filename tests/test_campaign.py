@@ -251,7 +251,7 @@ def test_a_run_budget_stops_launching_and_ends_incomplete(tmp_path: Path) -> Non
         "AUTOPILOT_INCOMPLETE budget reached: ")
     evs = read_events(state / "journal.jsonl").events
     assert any(e["event"] == "milestone" and e["kind"] == "budget_reached" for e in evs)
-    spent = of_events(evs)
+    spent = of_events(read_events(state / "journal.jsonl").typed())
     ran = sum(e["event"] == "cell_started" for e in evs)
     assert spent.tokens >= 300 and ran < 24  # it stopped launching
     status = json.loads((state / "status.json").read_text())

@@ -368,10 +368,15 @@ def test_spend_from_summaries_and_journals() -> None:
     assert of_summary({"total_prompt_tokens": 10, "total_completion_tokens": 5}) == Spend(10, 5)
     assert of_summary({"total_prompt_tokens": float("inf"), "total_completion_tokens": "x"}) \
         == Spend()
-    evs = [{"event": "cell_verdict", "spend": [10, 5]},
-           {"event": "cell_verdict", "spend": [1, 1], "regrade": True},
-           {"event": "cell_verdict", "spend": [-1, 2]}, {"event": "cell_started"}]
-    assert of_events(evs) == Spend(10, 5)
+    from autopilot.state.events import parse
+
+    evs = [{"event": "cell_verdict", "cell": "c", "spend": [10, 5]},
+           {"event": "cell_verdict", "cell": "c", "spend": [1, 1], "regrade": True},
+           {"event": "cell_verdict", "cell": "c", "spend": [-1, 2]},
+           {"event": "cell_verdict", "cell": "c", "spend": [True, 2]},
+           {"event": "cell_verdict", "cell": "c", "spend": "10,5"},
+           {"event": "cell_started", "cell": "c", "spend": [7, 7]}]
+    assert of_events(filter(None, map(parse, evs))) == Spend(10, 5)
 
 
 def _r(spec: str) -> list[ReplicaView]:

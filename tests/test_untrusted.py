@@ -71,8 +71,11 @@ def test_a_count_is_a_finite_number_in_range(value: object, count: float | None)
 
 
 def test_a_journaled_spend_of_401_digits_counts_nothing_and_crashes_nothing() -> None:
-    spend = of_events([{"event": "cell_verdict", "spend": [BIG, 5]},
-                       {"event": "cell_verdict", "spend": [3, 4]}])
+    from autopilot.state.events import parse
+
+    spend = of_events(filter(None, map(parse, [
+        {"event": "cell_verdict", "cell": "c", "spend": [BIG, 5]},
+        {"event": "cell_verdict", "cell": "c", "spend": [3, 4]}])))
     assert (spend.prompt, spend.completion) == (3, 4)
     from autopilot.config import Rate
 

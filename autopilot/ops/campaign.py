@@ -317,7 +317,7 @@ class Campaign:
             return None
         total, usd, unpriced = Spend(), 0.0, False
         for q in self.planned:
-            spent = of_events(state_events(q.state_dir))
+            spent = of_events(state_events(q.state_dir).typed())
             total = total + spent
             cost = spent.usd(q.rate)
             unpriced |= cost is None and spent.tokens > 0

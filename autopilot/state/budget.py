@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the data path reads counts through this module: no pydantic there
     from autopilot.config.measure import Rate
+    from autopilot.state.cellevents import CellVerdict
+    from autopilot.state.eventbase import EventBase
 
 # A token count past this is no count (a quadrillion tokens; a hostile 401-digit integer
 # would overflow every float it meets).
@@ -115,14 +117,25 @@ def of_metered(ev: Any) -> Spend | None:
     return Spend(int(p), int(c))
 
 
-def of_events(events: Iterable[dict[str, Any]]) -> Spend:
-    """The spend journaled with a run's verdicts (regrades re-judge, they spend nothing)."""
+def of_verdict(ev: CellVerdict) -> Spend:
+    """The spend a verdict journaled (a regrade re-judges: it spends nothing); its
+    ``spend`` is as read (untrusted), so only two counts in range are a spend."""
+    s = ev.spend
+    if ev.regrade or not isinstance(s, list) or len(s) != 2 \
+            or not all(type(x) is int and 0 <= x <= MAX_COUNT for x in s):
+        return Spend()
+    return Spend(s[0], s[1])
+
+
+def of_events(events: Iterable[EventBase]) -> Spend:
+    """The spend journaled with a run's verdicts (its journal's events as their types:
+    ``ReplayResult.typed``)."""
+    from autopilot.state.cellevents import CellVerdict
+
     total = Spend()
     for ev in events:
-        s = ev.get("spend")
-        if ev.get("event") == "cell_verdict" and not ev.get("regrade") and isinstance(s, list) \
-                and len(s) == 2 and all(type(x) is int and 0 <= x <= MAX_COUNT for x in s):
-            total = total + Spend(s[0], s[1])
+        if isinstance(ev, CellVerdict):
+            total = total + of_verdict(ev)
     return total
 
 

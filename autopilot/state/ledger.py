@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
 from autopilot.plan import Cell, Plan
-from autopilot.state.budget import COST_BASES, MAX_COUNT, METERED, Spend, of_events, of_metered
+from autopilot.state.budget import COST_BASES, MAX_COUNT, METERED, Spend, of_metered, of_verdict
 from autopilot.state.cellevents import (
     CellAbandoned,
     CellAdopted,
@@ -208,7 +208,7 @@ class Ledger:
         match ev:
             case CellVerdict():
                 raw = raw or ev.model_dump(by_alias=True)
-                spent = of_events([raw])
+                spent = of_verdict(ev)
                 self.spend = self.spend + spent
                 if ev.cost_basis == "self_reported":  # a harness's word: no budget's count
                     self.claimed = self.claimed + spent
