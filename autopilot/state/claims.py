@@ -82,9 +82,8 @@ class Holder:
 
     @classmethod
     def new(cls, state_dir: Path, outputs: list[str]) -> Holder:
-        record: dict[str, object] = {"state_dir": str(state_dir.absolute()),
-                                     "outputs": outputs, "since": iso()}
-        return cls(str(record["state_dir"]), tuple(outputs), record)
+        path = str(state_dir.absolute())
+        return cls(path, tuple(outputs), {"state_dir": path, "outputs": outputs, "since": iso()})
 
 
 Save = Callable[[list[Holder]], None]
