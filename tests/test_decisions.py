@@ -239,26 +239,29 @@ def _call(page: int) -> dict:
         {"function": {"name": "read", "arguments": f'{{"file": "a.py", "page": {page}}}'}}]}
 
 
-def test_scroll_loop_tail_streak_ignores_digits() -> None:
-    from autopilot.cell.substance import substance_decision
+def _decide(rows: list[dict], stale: float, cfg):
+    """The substance decision over transcript rows, each read as the check reads it."""
+    from autopilot.cell.substance import step_of, substance_decision
 
+    return substance_decision([step_of(r, cfg) for r in rows], stale, cfg)
+
+
+def test_scroll_loop_tail_streak_ignores_digits() -> None:
     rows = [{"role": "assistant", "content": "hi"}] + [_call(p) for p in range(30)]
-    assert substance_decision(rows, 0, _wd()) == (
+    assert _decide(rows, 0, _wd()) == (
         "WARN", "scroll loop: 30 identical tool calls in a row")
-    assert substance_decision(rows, 0, _wd(substance_kill=True))[0] == "KILL"
-    assert substance_decision(rows[:30], 0, _wd()) is None  # 29 is not a streak
+    assert _decide(rows, 0, _wd(substance_kill=True))[0] == "KILL"
+    assert _decide(rows[:30], 0, _wd()) is None  # 29 is not a streak
     broken = [*rows[:15], {"role": "assistant", "tool_calls": [{"function": {"name": "x"}}]}]
-    assert substance_decision(broken + [_call(1)] * 5, 0, _wd()) is None
+    assert _decide(broken + [_call(1)] * 5, 0, _wd()) is None
 
 
 def test_runaway_generation() -> None:
-    from autopilot.cell.substance import substance_decision
-
     rows = [_call(1), {"role": "assistant", "content": "thinking " * 1000}]
-    assert substance_decision(rows, 601, _wd())[1].startswith("runaway generation")
-    assert substance_decision(rows, 599, _wd()) is None
-    assert substance_decision(rows[:1], 5000, _wd()) is None  # a tool call is pending
-    assert substance_decision(rows, 5000, _wd(runaway_secs=0)) is None  # off
+    assert _decide(rows, 601, _wd())[1].startswith("runaway generation")
+    assert _decide(rows, 599, _wd()) is None
+    assert _decide(rows[:1], 5000, _wd()) is None  # a tool call is pending
+    assert _decide(rows, 5000, _wd(runaway_secs=0)) is None  # off
 
 
 def test_check_substance_reads_transcript_tail(tmp_path) -> None:

@@ -521,3 +521,29 @@ def test_the_endpoints_own_word_on_the_model_is_checked_not_the_receipt(
     assert m["models"] == {"someone-else-7b": m["answered"]}
     receipt = json.loads((state / "cells" / v["cell"] / "receipt.json").read_text())
     assert "someone-else-7b" not in json.dumps(receipt)  # the receipt could not tell
+
+
+def test_a_request_record_writes_what_was_seen_and_keeps_reported_nulls() -> None:
+    """The record is typed as the stages build it, and written field by field as seen:
+    reported usage keeps a count it lacked as null (reported without it, not 0), a
+    response without usage writes no counts, and a false stream is still written."""
+    from autopilot.gateway.record import Failover, Record
+
+    rec = Record(1.5, "POST", "/v1/chat/completions", dialect="chat", stream=False)
+    rec.usage = Usage(Tokens(output=7))
+    rec.failover.append(Failover("a", "b", "refused"))
+    out = rec.as_json()
+    assert out["stream"] is False and out["completion_tokens"] == 7
+    assert "prompt_tokens" in out and out["prompt_tokens"] is None
+    assert out["failover"] == [{"from": "a", "to": "b", "why": "refused"}]
+    assert "held_429" not in out and "client_closed" not in out and "error" not in out
+
+    bare = Record(2.0, "GET", "/v1/models")
+    assert bare.as_json() == {"ts": 2.0, "method": "GET", "route": "/v1/models"}
+    bare.estimate = 3
+    assert bare.as_json()["completion_tokens"] == 3 and bare.as_json()["estimated"] is True
+    assert not bare.reached_upstream()
+    bare.replica, bare.status = "r0", 200
+    assert bare.reached_upstream()
+    bare.status = 503
+    assert not bare.reached_upstream()

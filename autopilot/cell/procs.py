@@ -26,7 +26,7 @@ import secrets
 import signal
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -251,7 +251,7 @@ def run_marked(p: psutil.Process, token: str) -> bool:
         return False
 
 
-def journaled_identity(ev: dict[str, Any]) -> ProcIdentity | None:
+def journaled_identity(ev: Mapping[str, object]) -> ProcIdentity | None:
     """The process identity an event records (cell_started, endpoint_spawned...), or
     None when it has none or a field has the wrong shape (the journal is untrusted)."""
     pid, ct, ticks = ev.get("pid"), ev.get("create_time"), ev.get("start_ticks")
@@ -261,7 +261,7 @@ def journaled_identity(ev: dict[str, Any]) -> ProcIdentity | None:
     return ProcIdentity(pid, float(ct), ticks if type(ticks) is int else None)
 
 
-def journaled_alive(events: Iterable[dict[str, Any]]) -> list[int]:
+def journaled_alive(events: Iterable[Mapping[str, object]]) -> list[int]:
     """Pids of journaled cell and endpoint processes (cell_started, endpoint_spawned,
     endpoint_started) whose exact identity is still alive: what a dead supervisor left."""
     alive: list[int] = []

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import aiodocker
 import anyio
@@ -47,10 +47,12 @@ class Owner:
     roots: tuple[Path, ...]
     since: float | None
 
-    def why_not(self, info: dict[str, Any]) -> str | None:
-        """None when the container ``info`` (docker inspect) is ours, else why not."""
-        binds = [str(m.get("Source", "")) for m in info.get("Mounts") or []
-                 if isinstance(m, dict) and m.get("Type") == "bind"]
+    def why_not(self, info: Mapping[str, object]) -> str | None:
+        """None when the container ``info`` (docker inspect, untrusted) is ours, else
+        why not."""
+        mounts = info.get("Mounts")
+        binds = [str(m.get("Source", "")) for m in mounts if isinstance(m, dict)
+                 and m.get("Type") == "bind"] if isinstance(mounts, list) else []
         if binds:
             if any(Path(b).is_relative_to(r) for b in binds for r in self.roots):
                 return None
@@ -312,7 +314,15 @@ async def clear_dir(docker: Docker, path: str, image: str, state_dir: str,
             log.warning("container_remove_failed", name=name, error=str(e))
 
 
-def gpu_requests(gpus: str) -> list[dict[str, Any]]:
+class DeviceRequest(TypedDict, total=False):
+    """One of Docker's ``HostConfig.DeviceRequests`` (its API's names)."""
+    Driver: str
+    Count: int
+    DeviceIDs: list[str]
+    Capabilities: list[list[str]]
+
+
+def gpu_requests(gpus: str) -> list[DeviceRequest]:
     """``--gpus`` semantics: "all", "" / "none", or a comma list of device ids."""
     if not gpus or gpus == "none":
         return []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from autopilot.cell.context import CellContext
 from autopilot.config import Preset
@@ -11,7 +11,7 @@ from autopilot.state.fsguard import remove_or_clear
 from autopilot.templates import render
 
 
-async def clean_scratch(cx: CellContext, preset: Preset, ctx: dict[str, Any], cell: str,
+async def clean_scratch(cx: CellContext, preset: Preset, ctx: Mapping[str, str], cell: str,
                         attempt: int) -> str | None:
     """Remove the harness's scratch dirs (through Docker where a root-owned sandbox's
     files stay: fsguard.remove_or_clear); what is left is journaled, and returned as

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import NamedTuple
 
 from autopilot.cell.watchdog import Action, Decision
 from autopilot.config import Watchdog
@@ -27,14 +28,21 @@ _DIGITS = re.compile(r"\d+")
 _TAIL_BYTES = 256 * 1024
 
 
-def call_signature(row: dict[str, Any], tool_field: str) -> str | None:
+class Step(NamedTuple):
+    """One transcript row as the substance checks read it (the row is the harness's,
+    untrusted: read once, here, into this)."""
+    call: str | None  # its tool call, digit runs as ``#`` (None: it calls no tool)
+    model: bool  # a model's response: the origin's "model" row, an assistant's message
+
+
+def call_signature(row: Mapping[str, object], tool_field: str) -> str | None:
     calls = row.get(tool_field)
     if not calls:
         return None
     return _DIGITS.sub("#", json.dumps(calls, sort_keys=True, default=str))
 
 
-def command_template(row: dict[str, Any]) -> str:
+def command_template(row: Mapping[str, object]) -> str:
     """An MMBT tool row's command as the origin's check_substance.py compares it: digit
     runs replaced by ``#``, then its first 300 characters."""
     args = row.get("args")
@@ -42,7 +50,14 @@ def command_template(row: dict[str, Any]) -> str:
     return _DIGITS.sub("#", command if isinstance(command, str) else "")[:300]
 
 
-def tail_streak(items: list[Any]) -> int:
+def step_of(row: Mapping[str, object], cfg: Watchdog) -> Step:
+    if cfg.transcript_schema == "mmbt":
+        kind = row.get("type")
+        return Step(command_template(row) if kind == "tool" else None, kind == "model")
+    return Step(call_signature(row, cfg.tool_field), row.get(cfg.role_field) == "assistant")
+
+
+def tail_streak(items: Sequence[object]) -> int:
     """How many items at the end equal the last one."""
     n = 0
     for item in reversed(items):
@@ -52,38 +67,26 @@ def tail_streak(items: list[Any]) -> int:
     return n
 
 
-def _mmbt_decision(rows: list[dict[str, Any]], stale_secs: float, cfg: Watchdog,
-                   act: Action) -> tuple[Action, str] | None:
-    """The MMBT shape: the streak runs over tool rows only (model rows between them
-    neither break nor make it); runaway is a stale transcript ending in a model row."""
-    tools = [command_template(r) for r in rows if r.get("type") == "tool"]
-    if len(tools) >= 2:
-        streak = tail_streak(tools)
-        if streak >= cfg.scroll_loop_streak:
-            return act, f"scroll loop: {streak} identical tool commands in a row"
-    if cfg.runaway_secs and stale_secs > cfg.runaway_secs and rows[-1].get("type") == "model":
-        return act, f"runaway generation: stale {stale_secs:.0f}s after a model response"
-    return None
-
-
 def substance_decision(
-    rows: list[dict[str, Any]], stale_secs: float, cfg: Watchdog
+    steps: Sequence[Step], stale_secs: float, cfg: Watchdog
 ) -> tuple[Action, str] | None:
-    if not rows:
+    if not steps:
         return None
     act: Action = "KILL" if cfg.substance_kill else "WARN"
     if cfg.transcript_schema == "mmbt":
-        return _mmbt_decision(rows, stale_secs, cfg, act)
-    sigs = [call_signature(r, cfg.tool_field) for r in rows]
-    last = sigs[-1]
-    if last is not None:
-        streak = tail_streak(sigs)
+        # The MMBT shape: the streak runs over tool rows only (model rows between them
+        # neither break nor make it).
+        tools = [s.call for s in steps if s.call is not None]
+        streak = tail_streak(tools) if len(tools) >= 2 else 0
+        if streak >= cfg.scroll_loop_streak:
+            return act, f"scroll loop: {streak} identical tool commands in a row"
+    elif steps[-1].call is not None:
+        streak = tail_streak([s.call for s in steps])
         if streak >= cfg.scroll_loop_streak:
             return act, f"scroll loop: {streak} identical tool calls in a row"
-    if cfg.runaway_secs and stale_secs > cfg.runaway_secs:
-        row = rows[-1]
-        if row.get(cfg.role_field) == "assistant" and last is None:
-            return act, f"runaway generation: stale {stale_secs:.0f}s after a model response"
+    last = steps[-1]
+    if cfg.runaway_secs and stale_secs > cfg.runaway_secs and last.model and last.call is None:
+        return act, f"runaway generation: stale {stale_secs:.0f}s after a model response"
     return None
 
 
@@ -91,27 +94,26 @@ def substance_decision(
 class SubstanceState:
     size: int = -1
     changed_at: float = 0.0
-    rows: tuple[dict[str, Any], ...] = ()
+    steps: tuple[Step, ...] = ()
     tier: Action = "OK"
 
 
-def _tail_rows(path: Path, limit: int, tail_bytes: int = _TAIL_BYTES
-               ) -> tuple[dict[str, Any], ...]:
+def _tail_steps(path: Path, limit: int, tail_bytes: int, cfg: Watchdog) -> tuple[Step, ...]:
     from autopilot.state.untrusted import read_tail
 
     try:
         data = read_tail(path, tail_bytes)[0]  # never a FIFO, a device or a symlink
     except OSError:
         return ()
-    rows = []
+    steps = []
     for line in data.splitlines()[-limit:]:
         try:
             row = json.loads(line)
         except ValueError:
             continue  # the first line of a tail cut, or a torn last line
         if isinstance(row, dict):
-            rows.append(row)
-    return tuple(rows)
+            steps.append(step_of(row, cfg))
+    return tuple(steps)
 
 
 def check_substance(
@@ -129,8 +131,8 @@ def check_substance(
             # rows, and bytes, for a streak of tool rows.
             limit, tail = 4 * limit, 8 * _TAIL_BYTES
         state = replace(state, size=size, changed_at=now,
-                        rows=_tail_rows(transcript, limit, tail))
-    found = substance_decision(list(state.rows), now - state.changed_at, cfg)
+                        steps=_tail_steps(transcript, limit, tail, cfg))
+    found = substance_decision(state.steps, now - state.changed_at, cfg)
     action: Action = found[0] if found else "OK"
     changed = action != state.tier
     state = replace(state, tier=action)

@@ -4,8 +4,8 @@ uid where the preset runs each cell as one, and no stale sandbox under its name.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import anyio
 
@@ -21,7 +21,7 @@ log = get_logger(__name__)
 Refusal = tuple[str, int]  # why the attempt cannot start, and the exit code it is given
 
 
-async def prepare_workspace(cx: CellContext, ctx: dict[str, Any], cell: str, attempt: int,
+async def prepare_workspace(cx: CellContext, ctx: Mapping[str, str], cell: str, attempt: int,
                             output_dir: Path, sandbox: str | None
                             ) -> tuple[Refusal | None, int | None]:
     """Ready the attempt's workspace: a refusal when it cannot start on it, and the uid

@@ -13,9 +13,10 @@ from autopilot.gateway.attempt import Attempt, GatewayLimits
 from autopilot.gateway.dialects import Dialect
 from autopilot.gateway.evidence import StreamScan, error_kind, loads_bounded
 from autopilot.gateway.policy import ERROR_BODY
+from autopilot.gateway.record import Record
 
 
-def account(att: Attempt, rec: dict[str, Any], status: int, dialect: Dialect,
+def account(att: Attempt, rec: Record, status: int, dialect: Dialect,
             scan: StreamScan | None, held: list[bytes], held_n: int, metered: bool,
             encoding: str, lim: GatewayLimits, redact: Callable[[str], str]) -> None:
     """Count one finished response: its usage by bucket, finish, who answered, or the
@@ -29,7 +30,7 @@ def account(att: Attempt, rec: dict[str, Any], status: int, dialect: Dialect,
         usage, finish, estimate, model = None, None, 0, None
         scan = None
     elif scan is not None:
-        rec["chunks"] = scan.chunks
+        rec.chunks = scan.chunks
         usage, finish, estimate = scan.usage, scan.finish, scan.chunks
         model = scan.model
         if usage is None and not scan.chunks:
@@ -40,7 +41,7 @@ def account(att: Attempt, rec: dict[str, Any], status: int, dialect: Dialect,
             if doc is None and status < 400:
                 unmetered = "a response that is not JSON the gateway can read"
         elif status < 400:
-            rec["unparsed"] = f"body over {lim.parse_cap} bytes"
+            rec.unparsed = f"body over {lim.parse_cap} bytes"
             unmetered = f"a response over {lim.parse_cap} bytes"
         usage, finish, estimate = dialect.usage(doc), dialect.finish(doc), 0
         model = dialect.model(doc)
@@ -55,33 +56,25 @@ def account(att: Attempt, rec: dict[str, Any], status: int, dialect: Dialect,
         kind = "throttled" if "overloaded" in why or "rate_limit" in why else \
             "endpoint_error"
         m.error(kind, f"in-stream error: {why}"[:300])
-        rec.update(error=kind, body=redact(why)[:ERROR_BODY])
+        rec.error, rec.body = kind, redact(why)[:ERROR_BODY]
         if usage is not None:
             m.count(usage, 0)
         return
     if kind is not None:
         m.error(kind, f"HTTP {status}")
-        rec["error"] = kind
-        rec["body"] = redact(error_text(doc, held))[:ERROR_BODY]
+        rec.error, rec.body = kind, redact(error_text(doc, held))[:ERROR_BODY]
         return
     if usage is not None and usage.malformed and unmetered is None:
         unmetered = "usage of the wrong shape"
     if metered and unmetered is not None:
-        rec["unmetered"] = unmetered
+        rec.unmetered = unmetered
     m.throttled_tail = 0  # answered: the provider took the cell's requests again
     m.count(usage, estimate)
     m.answered_as(model)
     if model is not None:
-        rec["model"] = model
-    if usage is not None:
-        rec.update(prompt_tokens=usage.prompt, completion_tokens=usage.completion,
-                   reasoning_tokens=usage.reasoning, tokens=usage.tokens.as_dict())
-        if usage.malformed:
-            rec["malformed_usage"] = True
-    elif estimate:
-        rec.update(completion_tokens=estimate, estimated=True)
-    if finish:
-        rec["finish_reason"] = finish
+        rec.model = model
+    rec.usage, rec.estimate = usage, estimate
+    rec.finish_reason = finish or None
 
 
 def error_text(doc: Any, held: list[bytes]) -> str:

@@ -18,6 +18,7 @@ from aiohttp import web
 from autopilot.attemptspec import GatewayLimits
 from autopilot.gateway.evidence import Meter, merge
 from autopilot.gateway.policy import KEY_HEADERS, KEY_QUERY
+from autopilot.gateway.record import Record
 
 
 @dataclass
@@ -51,7 +52,7 @@ class Attempt:
     unwritten: int = 0  # request lines a full disk kept out of the log (never the meter)
     _callers: set[tuple[tuple[str, int], int]] = field(default_factory=set)
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: Record) -> None:
         """One request's line, whole or not at all, and never a reason to fail the
         request: on a full disk the line is counted ``unwritten`` (the meter, which goes
         into exit.json, still holds its spend) and the file is cut back to its last
@@ -65,7 +66,7 @@ class Attempt:
         fd = self._log.fileno()
         if self._end is None:
             self._end = os.fstat(fd).st_size
-        line = memoryview((json.dumps(record, separators=(",", ":")) + "\n").encode())
+        line = memoryview((json.dumps(record.as_json(), separators=(",", ":")) + "\n").encode())
         size = len(line)
         try:
             while line:

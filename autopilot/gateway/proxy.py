@@ -66,6 +66,7 @@ from autopilot.gateway.policy import (
     retry_after,
     without_key,
 )
+from autopilot.gateway.record import Failover, Record
 from autopilot.gateway.settings import GatewaySettings, gateway_for
 from autopilot.state.statedir import open_append
 
@@ -88,11 +89,11 @@ class Outgoing:
 @dataclass(eq=False)
 class Exchange:
     """One request's way through the gateway: what the stages share. ``rec`` is the
-    record written to the gateway log (data only: nothing is decided by its keys)."""
+    record written to the gateway log."""
 
     att: Attempt
     req: web.Request
-    rec: dict[str, Any]
+    rec: Record
     t0: float
     dialect: Dialect = CHAT  # (the request's own, once read: Gateway._outgoing)
     metered: bool = False
@@ -223,8 +224,7 @@ class Gateway(GatewaySettings):
         m.in_flight += 1
         m.progress += 1
         t0 = time.perf_counter()
-        rec: dict[str, Any] = {"ts": round(time.time(), 3), "method": req.method,
-                               "route": req.path[:200]}
+        rec = Record(round(time.time(), 3), req.method, req.path[:200])
         x = Exchange(att, req, rec, t0)
         try:
             return await self._forward(x)
@@ -233,34 +233,33 @@ class Gateway(GatewaySettings):
             if att.closing:
                 # The attempt ended (its harness gone, its data path closing) with this
                 # request still open: written as cut, never lost.
-                rec.update(cut="attempt ended", ended_by="attempt")
+                rec.cut, rec.ended_by = "attempt ended", "attempt"
             elif accounted:
-                rec.update(client_closed=True, ended_by="harness")
+                rec.client_closed, rec.ended_by = True, "harness"
             else:  # the harness hung up: its request (and the upstream's work) ends
                 m.error("client_closed", "the harness closed its connection")
-                rec.update(error="client_closed", ended_by="harness")
+                rec.error, rec.ended_by = "client_closed", "harness"
                 route = route_of(req.method, req.path)
                 # Unmetered only if it reached an upstream (which may have spent on it): a
                 # body that never came was never sent anywhere.
-                if "replica" in rec and rec.get("status", 200) < 400 \
-                        and route is not None and route.metered:
-                    rec["unmetered"] = "the harness hung up before the response ended"
+                if rec.reached_upstream() and route is not None and route.metered:
+                    rec.unmetered = "the harness hung up before the response ended"
             raise
         finally:
             m.in_flight -= 1
             m.progress += 1
             if first:
-                m.first_error = str(rec.get("error") or "")
-            if rec.get("unmetered"):
+                m.first_error = rec.error or ""
+            if rec.unmetered:
                 m.unmetered += 1
-            rec["latency_ms"] = round((time.perf_counter() - t0) * 1000, 2)
+            rec.latency_ms = round((time.perf_counter() - t0) * 1000, 2)
             with contextlib.suppress(OSError):
                 att.write(rec)
 
-    def _refuse(self, att: Attempt, rec: dict[str, Any], status: int, kind: str,
+    def _refuse(self, att: Attempt, rec: Record, status: int, kind: str,
                 why: str) -> web.Response:
         att.meter.error(kind, why)
-        rec.update(status=status, error=kind, refused=why[:200], ended_by="gateway")
+        rec.status, rec.error, rec.refused, rec.ended_by = status, kind, why[:200], "gateway"
         if status == 403:
             att.meter.refused += 1
         return web.json_response({"error": {"message": f"autopilot gateway: {why}"}},
@@ -317,7 +316,7 @@ class Gateway(GatewaySettings):
         x.scan = StreamScan(x.dialect) if (x.stream or sse) and up.status < 400 else None
         if up.status >= 400:
             held_n = await _read_error(up, x.held)
-            x.rec["ttfb_ms"] = round((time.perf_counter() - x.t0) * 1000, 2)
+            x.rec.ttfb_ms = round((time.perf_counter() - x.t0) * 1000, 2)
             x.first_byte = True
             x.att.meter.bytes_in += held_n
             x.att.meter.answered += 1
@@ -333,16 +332,16 @@ class Gateway(GatewaySettings):
         except (ConnectionError, RuntimeError):
             if not x.accounted:
                 x.att.meter.error("client_closed", "the harness closed its connection")
-                x.rec["error"] = "client_closed"
-            x.rec.update(client_closed=True, ended_by="harness")
+                x.rec.error = "client_closed"
+            x.rec.client_closed, x.rec.ended_by = True, "harness"
             return False
         return True
 
     def _settle(self, x: Exchange, gone: bool) -> None:
         """What the whole response counts for (an error was counted at its head)."""
-        x.rec["ended_by"] = "harness" if gone else "complete"
+        x.rec.ended_by = "harness" if gone else "complete"
         if gone:
-            x.rec["client_closed"] = True
+            x.rec.client_closed = True
         if x.accounted:
             return
         x.att.meter.answered += 1
@@ -350,9 +349,9 @@ class Gateway(GatewaySettings):
             # The harness stopped reading mid-response: what it got is not the whole.
             x.att.meter.error("client_closed", "the harness closed its connection "
                               "mid-response")
-            x.rec["error"] = "client_closed"
+            x.rec.error = "client_closed"
             if x.metered:
-                x.rec["unmetered"] = "the harness hung up before the response ended"
+                x.rec.unmetered = "the harness hung up before the response ended"
             return
         # (a harness that stopped reading an error's body: what the endpoint said counts)
         self._account(x, sum(map(len, x.held)))
@@ -368,20 +367,21 @@ class Gateway(GatewaySettings):
         if x.resp is not None and x.resp.prepared:
             # Cut mid-body: the harness must see a cut, not a clean end, so its
             # connection is dropped, not finished.
-            x.rec.update(error="endpoint_error", detail=self.redact(why), cut="endpoint",
-                         ended_by="endpoint")
+            x.rec.error, x.rec.detail = "endpoint_error", self.redact(why)
+            x.rec.cut, x.rec.ended_by = "endpoint", "endpoint"
             if x.metered:
-                x.rec["unmetered"] = "the response was cut before it ended"
+                x.rec.unmetered = "the response was cut before it ended"
             if x.req.transport is not None:
                 x.req.transport.abort()
             return x.resp
-        x.rec.update(error="endpoint_error", detail=self.redact(why), ended_by="endpoint")
+        x.rec.error, x.rec.detail = "endpoint_error", self.redact(why)
+        x.rec.ended_by = "endpoint"
         return web.json_response({"error": {"message": "the model endpoint did not "
                                             "answer (autopilot gateway): " + why}},
                                  status=502)
 
     def _outgoing(self, att: Attempt, req: web.Request, body: bytes,
-                  rec: dict[str, Any]) -> Outgoing | web.Response:
+                  rec: Record) -> Outgoing | web.Response:
         """The request as it goes upstream: its dialect (by route alone), the upstream's
         key in that vendor's header (only on its own model routes, for the arm's
         model), the route's model asked for, the arm's settings merged in; or the
@@ -397,17 +397,17 @@ class Gateway(GatewaySettings):
         parsed = False
         path = req.path
         if route is not None:
-            rec["dialect"] = dialect.name
+            rec.dialect = dialect.name
             if body:
                 raw = inflate(body, encoding, lim.max_request)
                 if raw is not None:
                     doc = loads_bounded(raw, lim.max_depth)
                     parsed = isinstance(doc, dict)
             stream = dialect.streams(doc if parsed else None, route, req.path)
-            rec["stream"] = stream
+            rec.stream = stream
             asked = dialect.asked(doc if parsed else None, route)
             if asked is not None:
-                rec["model"] = asked[:120]
+                rec.model = asked[:120]
         out_headers = forwardable(req.headers)
         if self.key is not None:
             # A provider's key: only a model route of its dialect, only the arm's model.
@@ -423,7 +423,7 @@ class Gateway(GatewaySettings):
             # The route names the model as its provider spells it; the agent's own id is
             # kept in the record (an agent CLI refuses ids it does not know).
             doc, path = dialect.with_model(doc, path, route, att.model)
-            rec["sent_model"] = att.model
+            rec.sent_model = att.model
             changed = True
         settings = att.settings_for(dialect.name) if generation else {}
         if settings:
@@ -434,7 +434,7 @@ class Gateway(GatewaySettings):
                                     "a generation request whose body is not a JSON object "
                                     "the gateway can read (the arm's settings go into it)")
             doc = merge(doc, settings)
-            rec["applied"] = settings
+            rec.applied = dict(settings)
             changed = True
         if changed:
             body = json.dumps(doc).encode()
@@ -445,7 +445,7 @@ class Gateway(GatewaySettings):
         return Outgoing(dialect, metered, stream, body, out_headers, target)
 
     async def _send_held(self, att: Attempt, method: str, target: str, body: bytes,
-                         headers: dict[str, str], rec: dict[str, Any]) -> Any:
+                         headers: dict[str, str], rec: Record) -> Any:
         """Send; a 429 tells the loop to launch fewer cells at once, and within the
         preset's bound (hold_429) the request is held and retried here, unseen by the
         harness, as its Retry-After asks."""
@@ -460,7 +460,7 @@ class Gateway(GatewaySettings):
             if lim.hold_429 <= 0 or wait is None or time.monotonic() + wait > held_until:
                 return up
             att.meter.error("throttled", "HTTP 429 (held and retried by the gateway)")
-            rec["held_429"] = rec.get("held_429", 0) + 1
+            rec.held_429 += 1
             up.release()
             await asyncio.sleep(wait)
 
@@ -472,7 +472,7 @@ class Gateway(GatewaySettings):
         held_n = sum(map(len, held))
         async for chunk in up.content.iter_any():
             if not x.first_byte:
-                x.rec["ttfb_ms"] = round((time.perf_counter() - x.t0) * 1000, 2)
+                x.rec.ttfb_ms = round((time.perf_counter() - x.t0) * 1000, 2)
                 x.first_byte = True
             m.bytes_in += len(chunk)
             m.progress += 1
@@ -489,7 +489,7 @@ class Gateway(GatewaySettings):
         return False
 
     async def _send(self, att: Attempt, method: str, target: str, body: bytes,
-                    headers: dict[str, str], rec: dict[str, Any]) -> Any:
+                    headers: dict[str, str], rec: Record) -> Any:
         """Send to the first replica that takes the connection, the cell's own first (an
         empty origin: known to be down): a replica that died costs this request a try
         elsewhere, not the cell its conversation. Never once the response has begun."""
@@ -510,24 +510,24 @@ class Gateway(GatewaySettings):
                 continue
             if i == 0 and replica != home:  # its own replica was known to be down
                 self._failover(att, rec, home, replica, "replica down")
-            rec["replica"] = replica
+            rec.replica = replica
             return up
         raise AssertionError("unreachable")
 
-    def _failover(self, att: Attempt, rec: dict[str, Any], frm: str, to: str,
+    def _failover(self, att: Attempt, rec: Record, frm: str, to: str,
                   why: str) -> None:
         why = self.redact(why[:200])
-        rec.setdefault("failover", []).append({"from": frm, "to": to, "why": why})
+        rec.failover.append(Failover(frm, to, why))
         att.meter.failovers += 1
         if self.on_failover is not None:
             self.on_failover(att.cell, att.attempt, frm, to, why)
 
-def _response_head(up: Any, rec: dict[str, Any]) -> web.StreamResponse:
+def _response_head(up: Any, rec: Record) -> web.StreamResponse:
     """The harness's response as the upstream began it: its status and end-to-end
     headers (hop-by-hop ones, and those its Connection line names, stay here)."""
-    rec["status"] = up.status
+    rec.status = up.status
     if up.status == 429 and up.headers.get("Retry-After"):
-        rec["retry_after"] = up.headers["Retry-After"][:40]
+        rec.retry_after = up.headers["Retry-After"][:40]
     resp = web.StreamResponse(status=up.status, reason=up.reason)
     hop = HOP | named_in_connection(up.headers)
     for k, v in up.headers.items():

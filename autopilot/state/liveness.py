@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypedDict
@@ -106,7 +107,7 @@ def look(state_dir: Path, phase: object, now: float | None = None) -> Liveness:
     return judge(phase, hb, holder_alive(hb), time.time() if now is None else now)
 
 
-def annotate(status: dict[str, Any], live: Liveness) -> dict[str, Any]:
+def annotate(status: Mapping[str, object], live: Liveness) -> dict[str, object]:
     """status.json as a view should show it: the phase says STALE / stopped when the
     supervisor that wrote it is not alive, and ``liveness`` says why."""
     out = dict(status)
@@ -118,7 +119,7 @@ def annotate(status: dict[str, Any], live: Liveness) -> dict[str, Any]:
     return out
 
 
-def shown(state_dir: Path, status: dict[str, Any]) -> dict[str, Any]:
+def shown(state_dir: Path, status: Mapping[str, object]) -> dict[str, object]:
     """status.json as every view shows it: annotated with its liveness, and with
     ``released`` when the run's outputs were let go (autopilot.state.claims)."""
     from autopilot.state.claims import released_at

@@ -9,6 +9,7 @@ a value of another shape, and keeps fields a later version adds as extras
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import (
@@ -216,7 +217,7 @@ def read(doc: Any) -> Status:
     return Status.model_validate(doc if isinstance(doc, dict) else {})
 
 
-def check(doc: dict[str, Any]) -> str | None:
+def check(doc: Mapping[str, object]) -> str | None:
     """Why a document the snapshot built does not fit the schema (None: it does)."""
     try:
         Status.model_validate(doc, context={"strict": True})
