@@ -87,14 +87,14 @@ class CellFacts:
         return Tokens(input=self.prompt_tokens or 0, output=self.completion_tokens)
 
 
-def collect(preset: Preset, n: int, state_dir: Path,
+def collect(preset: Preset, target_n: int, state_dir: Path,
             energy: Energy | None = None) -> list[CellFacts]:
     """Every planned cell's facts; ``energy``: the run's, when the caller measured it."""
-    plan = Plan(preset, n)
+    plan = Plan(preset, target_n)
     # A key a harness printed into its outputs is redacted before it is escaped or cut
     # (escaping changes its characters; a cut keeps half of it).
     scrub = redactor(preset).scrub
-    checks = {c.cell: c for c in validate_run(preset, plan, state_dir).cells}
+    checks = {check.cell: check for check in validate_run(preset, plan, state_dir).cells}
     masked: dict[str, bool] = {}
     attempts: Counter[str] = Counter()
     invalid: dict[str, list[str]] = {}
@@ -103,32 +103,32 @@ def collect(preset: Preset, n: int, state_dir: Path,
     wall: dict[str, float | None] = {}
     items: dict[str, dict[str, int] | None] = {}
     per_attempt: dict[str, list[int]] = {}
-    for ev in state_events(state_dir).typed():
-        if isinstance(ev, CellStarted):
-            attempts[ev.cell] += 1
-        elif isinstance(ev, CellExited | CellAdopted):
-            wall[ev.cell] = count_or_none(ev.elapsed_secs)
-        elif isinstance(ev, CellVerdict):
-            cid = ev.cell
-            masked[cid] = ev.teardown_masked
-            items[cid] = items_of(ev.items) if ev.verdict in VALID else None
-            finished = finished_by(ev.reason, ev.finished, items[cid], ev.regrade)
+    for event in state_events(state_dir).typed():
+        if isinstance(event, CellStarted):
+            attempts[event.cell] += 1
+        elif isinstance(event, CellExited | CellAdopted):
+            wall[event.cell] = count_or_none(event.elapsed_secs)
+        elif isinstance(event, CellVerdict):
+            cid = event.cell
+            masked[cid] = event.teardown_masked
+            items[cid] = items_of(event.items) if event.verdict in VALID else None
+            finished = finished_by(event.reason, event.finished, items[cid], event.regrade)
             if finished is not None:
                 per_attempt.setdefault(cid, []).append(finished)
-            spend, basis = ev.spend, ev.cost_basis
+            spend, basis = event.spend, event.cost_basis
             if basis in METERED and isinstance(spend, list) \
-                    and len(spend) == 2 and all(_int(x) is not None for x in spend):
+                    and len(spend) == 2 and all(_int(part) is not None for part in spend):
                 metered[cid] = (str(basis), int(spend[0]), int(spend[1]))
-                split = tokens_of(ev.tokens)  # journaled where the metered count is the spend
+                split = tokens_of(event.tokens)  # journaled where the metered count is the spend
                 if split is not None and not split.empty:
                     buckets[cid] = split
                 else:
                     buckets.pop(cid, None)
-            elif not ev.regrade:
+            elif not event.regrade:
                 metered.pop(cid, None)
                 buckets.pop(cid, None)
-            if ev.verdict == "INVALID":
-                reason = ev.reason  # a word of ours, unless the journal was forged
+            if event.verdict == "INVALID":
+                reason = event.reason  # a word of ours, unless the journal was forged
                 invalid.setdefault(cid, []).append(
                     reason if reason in INVALID_REASONS else md(scrub(reason), 40))
     energy = energy or measure(preset, state_dir)
@@ -168,20 +168,21 @@ def collect(preset: Preset, n: int, state_dir: Path,
 def facts_from_cells(cells: list[CellState]) -> list[CellFacts]:
     """Facts from the ledger's cell states (verdict, masking, attempts; no artifacts)."""
     out = []
-    for c in cells:
-        verdict = c.status if c.status in ("PASS", "FAIL") else (
-            "INVALID" if c.status in ("invalid", "quarantined", "ungraded") else "ABSENT")
+    for cell in cells:
+        verdict = cell.status if cell.status in ("PASS", "FAIL") else (
+            "INVALID" if cell.status in ("invalid", "quarantined", "ungraded") else "ABSENT")
         out.append(CellFacts(
-            id=c.id, task=c.task, arm=c.arm, n=c.n, verdict=verdict, reason=c.reason or "",
-            masked=c.teardown_masked, attempts=c.attempts,
-            quarantined=c.status == "quarantined", invalid_attempts=tuple(c.reasons)))
+            id=cell.id, task=cell.task, arm=cell.arm, n=cell.n, verdict=verdict,
+            reason=cell.reason or "",
+            masked=cell.teardown_masked, attempts=cell.attempts,
+            quarantined=cell.status == "quarantined", invalid_attempts=tuple(cell.reasons)))
     return out
 
 
 def _int(v: Any) -> int | None:
     """A count from a harness's summary, if it is one (Infinity, NaN, a string: None)."""
-    n = count_or_none(v)
-    return None if n is None else int(n)
+    count = count_or_none(v)
+    return None if count is None else int(count)
 
 
 def _text(v: Any) -> str | None:
@@ -196,30 +197,30 @@ def _by(facts: list[CellFacts], arm: str, task: str | None = None) -> list[CellF
     return [f for f in facts if f.arm == arm and (task is None or f.task == task)]
 
 
-def _score(fs: list[CellFacts]) -> tuple[int, int]:
-    valid = [f for f in fs if f.valid]
+def _score(facts: list[CellFacts]) -> tuple[int, int]:
+    valid = [f for f in facts if f.valid]
     return sum(f.verdict == "PASS" for f in valid), len(valid)
 
 
-def _samples(fs: list[CellFacts]) -> str:
-    return samples_text([f.items for f in fs if f.valid])
+def _samples(facts: list[CellFacts]) -> str:
+    return samples_text([f.items for f in facts if f.valid])
 
 
-def _pct(p: int, v: int) -> str:
-    return f"{100 * p / v:.0f}%" if v else "-"
+def _pct(passes: int, valid: int) -> str:
+    return f"{100 * passes / valid:.0f}%" if valid else "-"
 
 
-def _delta(preset: Preset, arm: str, task: str | None, p: int, v: int) -> str:
-    b = preset.baseline
-    if b is None or b.arm != arm or not v:
+def _delta(preset: Preset, arm: str, task: str | None, passes: int, valid: int) -> str:
+    baseline = preset.baseline
+    if baseline is None or baseline.arm != arm or not valid:
         return ""
     if task is None:
-        base_p, base_n = sum(b.passes.values()), b.n * len(b.passes)
-    elif task in b.passes:
-        base_p, base_n = b.passes[task], b.n
+        base_p, base_n = sum(baseline.passes.values()), baseline.n * len(baseline.passes)
+    elif task in baseline.passes:
+        base_p, base_n = baseline.passes[task], baseline.n
     else:
         return ""
-    return f"{(p / v - base_p / base_n) * 100:+.0f}pp"
+    return f"{(passes / valid - base_p / base_n) * 100:+.0f}pp"
 
 
 def _matrix(facts: list[CellFacts], arm: str) -> dict[str, dict[int, str]]:
@@ -231,7 +232,7 @@ def _matrix(facts: list[CellFacts], arm: str) -> dict[str, dict[int, str]]:
 
 def trust_block(facts: list[CellFacts]) -> dict[str, Any]:
     reasons = Counter(f.reason for f in facts if f.verdict == "INVALID" and not f.quarantined)
-    attempts = Counter(r for f in facts for r in f.invalid_attempts)
+    attempts = Counter(reason for f in facts for reason in f.invalid_attempts)
     return {
         "invalid_attempts_by_reason": dict(sorted(attempts.items())),
         "valid": sum(f.valid for f in facts),
@@ -247,45 +248,48 @@ def trust_block(facts: list[CellFacts]) -> dict[str, Any]:
     }
 
 
-def _trust_line(t: dict[str, Any]) -> str:
-    reasons = ", ".join(f"{k} {v}" for k, v in t["invalid_by_reason"].items())
-    return (f"valid {t['valid']} · invalid {t['invalid']}{f' ({reasons})' if reasons else ''}"
-            f" · quarantined {t['quarantined']} · teardown-masked {t['teardown_masked']}"
-            f" · retried {t['retried']} · not run {t['absent']}")
+def _trust_line(trust: dict[str, Any]) -> str:
+    reasons = ", ".join(f"{k} {v}" for k, v in trust["invalid_by_reason"].items())
+    said = f" ({reasons})" if reasons else ""
+    return (f"valid {trust['valid']} · invalid {trust['invalid']}{said}"
+            f" · quarantined {trust['quarantined']} · teardown-masked {trust['teardown_masked']}"
+            f" · retried {trust['retried']} · not run {trust['absent']}")
 
 
-def _attempts_line(t: dict[str, Any]) -> str:
-    a = t["invalid_attempts_by_reason"]
-    return ", ".join(f"{k} {v}" for k, v in a.items()) or "none"
+def _attempts_line(trust: dict[str, Any]) -> str:
+    by_reason = trust["invalid_attempts_by_reason"]
+    return ", ".join(f"{k} {v}" for k, v in by_reason.items()) or "none"
 
 
 # ------------------------------------------------------------------ scorecard
 
 
-def scorecard(preset: Preset, facts: list[CellFacts], n: int) -> str:
-    lines = [f"# Scorecard — {md(preset.name)} ({md(preset.model)}), N={n}", ""]
-    arms = [a.label for a in preset.arms]
+def scorecard(preset: Preset, facts: list[CellFacts], target_n: int) -> str:
+    lines = [f"# Scorecard — {md(preset.name)} ({md(preset.model)}), N={target_n}", ""]
+    arms = [arm_spec.label for arm_spec in preset.arms]
     head = "| task | " + " | ".join(arms) + " |"
     lines += [head, "|---|" + "---|" * len(arms)]
-    for t in preset.tasks:
+    for task in preset.tasks:
         row = []
         for arm in arms:
-            p, v = _score(_by(facts, arm, t.id))
-            d = _delta(preset, arm, t.id, p, v)
-            row.append(f"{p}/{v}" + (f" ({d})" if d else "")
-                       + _samples(_by(facts, arm, t.id)))
-        lines.append(f"| {t.id} | " + " | ".join(row) + " |")
+            passes, valid = _score(_by(facts, arm, task.id))
+            delta = _delta(preset, arm, task.id, passes, valid)
+            row.append(f"{passes}/{valid}" + (f" ({delta})" if delta else "")
+                       + _samples(_by(facts, arm, task.id)))
+        lines.append(f"| {task.id} | " + " | ".join(row) + " |")
     totals = []
     for arm in arms:
-        p, v = _score(_by(facts, arm))
-        d = _delta(preset, arm, None, p, v)
-        totals.append(f"**{p}/{v}**" + (f" ({d})" if d else "") + _samples(_by(facts, arm)))
+        passes, valid = _score(_by(facts, arm))
+        delta = _delta(preset, arm, None, passes, valid)
+        totals.append(f"**{passes}/{valid}**" + (f" ({delta})" if delta else "")
+                      + _samples(_by(facts, arm)))
     lines.append("| **total** | " + " | ".join(totals) + " |")
     lines.append("")
     if preset.baseline:
-        b = preset.baseline
-        lines.append(f"Δ vs baseline: arm {b.arm} at N={b.n} "
-                     f"({sum(b.passes.values())}/{b.n * len(b.passes)}), in percentage points "
+        baseline = preset.baseline
+        lines.append(f"Δ vs baseline: arm {baseline.arm} at N={baseline.n} "
+                     f"({sum(baseline.passes.values())}/{baseline.n * len(baseline.passes)}), "
+                     "in percentage points "
                      "of pass rate over valid cells.")
     lines.append(f"Trust: {_trust_line(trust_block(facts))}.")
     return "\n".join(lines) + "\n"
@@ -294,22 +298,23 @@ def scorecard(preset: Preset, facts: list[CellFacts], n: int) -> str:
 def arm_summary(preset: Preset, facts: list[CellFacts], arm: str) -> str:
     """The origin's per-arm PASS/FAIL table (summary-<arm>.txt)."""
     mine = _by(facts, arm)
-    n = max((f.n for f in mine), default=0)
-    width = max(len(t.id) for t in preset.tasks)
-    cols = " ".join(f"v{i:<4}" for i in range(1, n + 1))
-    lines = [f"{arm}  ({term(preset.model)}, N={n})", f"{'task':<{width}}  {cols}  pass/valid"]
-    for t in preset.tasks:
-        row = {f.n: f for f in _by(facts, arm, t.id)}
+    replicates = max((f.n for f in mine), default=0)
+    width = max(len(task.id) for task in preset.tasks)
+    cols = " ".join(f"v{i:<4}" for i in range(1, replicates + 1))
+    lines = [f"{arm}  ({term(preset.model)}, N={replicates})",
+             f"{'task':<{width}}  {cols}  pass/valid"]
+    for task in preset.tasks:
+        row = {f.n: f for f in _by(facts, arm, task.id)}
         cells = []
-        for i in range(1, n + 1):
+        for i in range(1, replicates + 1):
             f = row.get(i)
             word = "-" if f is None or f.verdict == "ABSENT" else (
                 "Q" if f.quarantined else f.verdict if f.valid else "INV")
             cells.append(f"{word + ('*' if f and f.masked and f.valid else ''):<5}")
-        p, v = _score(list(row.values()))
-        lines.append(f"{t.id:<{width}}  " + " ".join(cells) + f"  {p}/{v}")
-    p, v = _score(mine)
-    lines.append(f"{'total':<{width}}  " + " " * (6 * n) + f"{p}/{v}")
+        passes, valid = _score(list(row.values()))
+        lines.append(f"{task.id:<{width}}  " + " ".join(cells) + f"  {passes}/{valid}")
+    passes, valid = _score(mine)
+    lines.append(f"{'total':<{width}}  " + " " * (6 * replicates) + f"{passes}/{valid}")
     lines.append(f"trust: {_trust_line(trust_block(mine))}")
     return "\n".join(lines) + "\n"
 
@@ -317,17 +322,17 @@ def arm_summary(preset: Preset, facts: list[CellFacts], arm: str) -> str:
 # ------------------------------------------------------------------ findings
 
 
-def findings(preset: Preset, facts: list[CellFacts], n: int,
+def findings(preset: Preset, facts: list[CellFacts], target_n: int,
              changes: list[tuple[str, str, str]] | None = None,
              pins: tuple[list[tuple[str, str]], list[tuple[str, str]]] = ([], []),
              errors: dict[str, int] | None = None,
              endpoint: list[str] | None = None, energy: list[str] | None = None,
              who: list[str] | None = None) -> str:
-    arms = [a.label for a in preset.arms]
-    t = trust_block(facts)
+    arms = [arm_spec.label for arm_spec in preset.arms]
+    trust = trust_block(facts)
     # The record is a state file: its free-text words escaped for markdown (the ids are
     # plain names by their grammar).
-    out = [f"# Findings — {md(preset.name)} ({md(preset.model)}), N={n}", ""]
+    out = [f"# Findings — {md(preset.name)} ({md(preset.model)}), N={target_n}", ""]
     for when, old, new in changes or []:
         out += [f"> **PLAN CHANGED** at {when}: identity {old} → {new} (resumed with "
                 "`--allow-plan-change`); verdicts recorded before it were judged under the "
@@ -337,22 +342,23 @@ def findings(preset: Preset, facts: list[CellFacts], n: int,
                 "`--allow-plan-change`); earlier verdicts were measured with the old files.",
                 ""]
     total = len(facts)
-    if t["absent"] or any(not f.valid and not f.quarantined and f.verdict != "INVALID"
+    if trust["absent"] or any(not f.valid and not f.quarantined and f.verdict != "INVALID"
                           for f in facts):
-        out += [f"> **PARTIAL**: {total - t['absent']} of {total} cells up to v{n} have run; "
+        out += [f"> **PARTIAL**: {total - trust['absent']} of {total} cells up to "
+                f"v{target_n} have run; "
                 "figures cover what exists.", ""]
-    out += [f"Trust: {_trust_line(t)}. Rates count valid cells only.", ""]
+    out += [f"Trust: {_trust_line(trust)}. Rates count valid cells only.", ""]
 
     out += ["## 1. Scorecard", ""]
     # The scorecard's own trust line is the header's, said once above.
-    out += [x for x in scorecard(preset, facts, n).splitlines()[2:]
-            if not x.startswith("Trust: ")]
+    out += [line for line in scorecard(preset, facts, target_n).splitlines()[2:]
+            if not line.startswith("Trust: ")]
     out.append("")
 
-    out += _trend_section(facts, arms, n)
+    out += _trend_section(facts, arms, target_n)
     out += _arms_section(preset, facts, arms)
     out += _finish_section(preset, facts, arms)
-    out += _trust_section(preset, facts, t, errors, who)
+    out += _trust_section(preset, facts, trust, errors, who)
 
     out += ["## 6. Tokens and cost", ""]
     out += tokens_section(preset, facts, arms)
@@ -373,7 +379,7 @@ def findings(preset: Preset, facts: list[CellFacts], n: int,
     return "\n".join(out).rstrip() + "\n"
 
 
-def _trend_section(facts: list[CellFacts], arms: list[str], n: int) -> list[str]:
+def _trend_section(facts: list[CellFacts], arms: list[str], target_n: int) -> list[str]:
     """Section 2: the cumulative pass rate over v1..k, per arm and task."""
     out: list[str] = []
     out += ["## 2. What N reveals", "",
@@ -381,16 +387,17 @@ def _trend_section(facts: list[CellFacts], arms: list[str], n: int) -> list[str]
             f"differs from its full-N rate by {stats.MISLEADING_DELTA * 100:.0f} points or more.",
             ""]
     for arm in arms:
-        rows = stats.trend(_matrix(facts, arm), n)
+        rows = stats.trend(_matrix(facts, arm), target_n)
         wins = list(rows[0].windows) if rows else []
-        out += [f"### {arm}", "", "| task | " + " | ".join(f"v1-{w}" for w in wins)
+        out += [f"### {arm}", "", "| task | " + " | ".join(f"v1-{window}" for window in wins)
                 + " | note |",
                 "|---|" + "---|" * (len(wins) + 1)]
-        for r in rows:
-            cells = [f"{p}/{v} ({_pct(p, v)})" for p, v in (r.windows[w] for w in wins)]
-            out.append(f"| {r.task} | " + " | ".join(cells) +
-                       (" | misleading at small N |" if r.misleading else " | |"))
-        flagged = [r.task for r in rows if r.misleading]
+        for row in rows:
+            cells = [f"{passes}/{valid} ({_pct(passes, valid)})"
+                     for passes, valid in (row.windows[window] for window in wins)]
+            out.append(f"| {row.task} | " + " | ".join(cells) +
+                       (" | misleading at small N |" if row.misleading else " | |"))
+        flagged = [row.task for row in rows if row.misleading]
         out += ["", f"Misleading at small N: {', '.join(flagged) or 'none'}.", ""]
     return out
 
@@ -411,19 +418,19 @@ def _arms_section(preset: Preset, facts: list[CellFacts], arms: list[str]) -> li
             out += [f"### {other} vs {ref}", "",
                     f"| task | {ref} | {other} | Δ | Fisher p | note |",
                     "|---|---|---|---|---|---|"]
-            for task in [x.id for x in preset.tasks] + [None]:
+            for task in [task_spec.id for task_spec in preset.tasks] + [None]:
                 a_p, a_v = _score(_by(facts, ref, task))
                 b_p, b_v = _score(_by(facts, other, task))
                 if not a_v or not b_v:
-                    d, p_txt, verdict = "-", "-", "no data"
+                    delta, p_txt, verdict = "-", "-", "no data"
                 else:
-                    d = f"{(b_p / b_v - a_p / a_v) * 100:+.0f}pp"
-                    p = stats.fisher_exact(b_p, b_v - b_p, a_p, a_v - a_p)
-                    p_txt = f"{p:.3f}"
-                    verdict = "significant" if p < 0.05 else "not significant"
+                    delta = f"{(b_p / b_v - a_p / a_v) * 100:+.0f}pp"
+                    p_value = stats.fisher_exact(b_p, b_v - b_p, a_p, a_v - a_p)
+                    p_txt = f"{p_value:.3f}"
+                    verdict = "significant" if p_value < 0.05 else "not significant"
                 name = task or "**total**"
                 out.append(f"| {name} | {_wilson_txt(a_p, a_v)} | {_wilson_txt(b_p, b_v)} | "
-                           f"{d} | {p_txt} | {verdict} |")
+                           f"{delta} | {p_txt} | {verdict} |")
             out.append("")
     return out
 
@@ -436,41 +443,41 @@ def _finish_section(preset: Preset, facts: list[CellFacts], arms: list[str]) -> 
     reasons = sorted({f.finish_reason for f in facts if f.finish_reason})
     out += ["| arm | task | " + " | ".join(reasons) + " |", "|---|---|" + "---|" * len(reasons)]
     for arm in arms:
-        for task in [x.id for x in preset.tasks]:
-            c = Counter(f.finish_reason for f in _by(facts, arm, task) if f.finish_reason)
-            if c:
-                out.append(f"| {arm} | {task} | " + " | ".join(str(c.get(r, 0))
-                                                              for r in reasons) + " |")
+        for task in [task_spec.id for task_spec in preset.tasks]:
+            finishes = Counter(f.finish_reason for f in _by(facts, arm, task) if f.finish_reason)
+            if finishes:
+                out.append(f"| {arm} | {task} | " + " | ".join(str(finishes.get(reason, 0))
+                                                              for reason in reasons) + " |")
     out.append("")
     return out
 
 
-def _trust_section(preset: Preset, facts: list[CellFacts], t: dict[str, Any],
+def _trust_section(preset: Preset, facts: list[CellFacts], trust: dict[str, Any],
                    errors: dict[str, int] | None, who: list[str] | None) -> list[str]:
     """Section 5: what counts, what was excluded, and why."""
     out: list[str] = []
-    out += ["## 5. Trust", "", f"- valid cells: {t['valid']}",
-            f"- invalid cells: {t['invalid']}"]
-    out += [f"  - {k}: {v}" for k, v in t["invalid_by_reason"].items()]
-    out += [f"- quarantined cells: {t['quarantined']}",
+    out += ["## 5. Trust", "", f"- valid cells: {trust['valid']}",
+            f"- invalid cells: {trust['invalid']}"]
+    out += [f"  - {k}: {v}" for k, v in trust["invalid_by_reason"].items()]
+    out += [f"- quarantined cells: {trust['quarantined']}",
             f"- teardown-masked cells (valid, killed after finishing, scored from outputs): "
-            f"{t['teardown_masked']}",
-            f"- retried cells: {t['retried']} (INVALID attempts by reason: "
-            f"{_attempts_line(t)})", *per_attempt_line([(f.id, f.per_attempt) for f in facts]),
-            f"- cells not run: {t['absent']}",
+            f"{trust['teardown_masked']}",
+            f"- retried cells: {trust['retried']} (INVALID attempts by reason: "
+            f"{_attempts_line(trust)})", *per_attempt_line([(f.id, f.per_attempt) for f in facts]),
+            f"- cells not run: {trust['absent']}",
             f"- {counting_line(preset.trust.count)}",
             "- model requests that failed, by kind (the gateway's record, every attempt): "
             + (", ".join(f"{k} {v}" for k, v in errors.items()) if errors else "none"),
-            f"- tokens metered by the gateway: {t['metered']} of {t['valid']} valid cells"
-            + (f"; the harness's own count disagrees on {t['cost_mismatch']} (the "
-               "gateway's is used)" if t["cost_mismatch"] else ""),
+            f"- tokens metered by the gateway: {trust['metered']} of {trust['valid']} valid cells"
+            + (f"; the harness's own count disagrees on {trust['cost_mismatch']} (the "
+               "gateway's is used)" if trust["cost_mismatch"] else ""),
             *(who or []), ""]
     excluded = [f for f in facts if f.verdict == "INVALID"]
     if excluded:
         out += ["Excluded from every aggregate:", ""]
         for f in excluded:
             if f.quarantined:
-                history = ", ".join(f"{r} {c}" for r, c in sorted(
+                history = ", ".join(f"{reason} {count}" for reason, count in sorted(
                     Counter(f.invalid_attempts).items()))
                 out.append(f"- {f.id}: quarantined after {len(f.invalid_attempts)} INVALID "
                            f"attempts ({history or 'reasons not journaled'})")
@@ -484,11 +491,12 @@ def _trust_section(preset: Preset, facts: list[CellFacts], t: dict[str, Any],
     return out
 
 
-def _wilson_txt(p: int, v: int) -> str:
-    w = stats.wilson(p, v)
-    if w is None:
+def _wilson_txt(passes: int, valid: int) -> str:
+    interval = stats.wilson(passes, valid)
+    if interval is None:
         return "-"
-    return f"{p}/{v} {_pct(p, v)} [{w[0] * 100:.0f}–{w[1] * 100:.0f}]"
+    low, high = interval
+    return f"{passes}/{valid} {_pct(passes, valid)} [{low * 100:.0f}–{high * 100:.0f}]"
 
 
 FAMILY_BAR = 2 / 3  # a task family "passes" at >= 2/3 of its valid replicates (the origin's)
@@ -501,26 +509,30 @@ def _comparators(preset: Preset, facts: list[CellFacts], arms: list[str]) -> lis
     if not preset.comparators:
         return ["No comparators in this preset."]
     out = ["| model | passes | task families at >= 2/3 | source |", "|---|---|---|---|"]
-    for name, c in sorted(preset.comparators.items()):
-        passes = f"{c.passes}/{c.of}" if c.passes is not None else "-"
-        fams = f"{c.families}/{c.families_of}" if c.families is not None else "-"
-        out.append(f"| {md(name, 60)} | {passes} | {fams} | {md(c.source, 120) or '-'} |")
+    for name, comparator in sorted(preset.comparators.items()):
+        passes = f"{comparator.passes}/{comparator.of}" if comparator.passes is not None else "-"
+        fams = (f"{comparator.families}/{comparator.families_of}"
+                if comparator.families is not None else "-")
+        out.append(f"| {md(name, 60)} | {passes} | {fams} | {md(comparator.source, 120) or '-'} |")
     tasks = list(dict.fromkeys(f.task for f in facts))
     for arm in arms:
         mine = _by(facts, arm)
-        p, v = _score(mine)
+        run_passes, run_valid = _score(mine)
         scores = [_score([f for f in mine if f.task == task]) for task in tasks]
-        held = sum(1 for tp, tv in scores if tv and tp >= FAMILY_BAR * tv)
-        out.append(f"| **this run: {arm}** | {p}/{v} valid ({len(mine)} planned) | "
+        held = sum(1 for task_passes, task_valid in scores
+                   if task_valid and task_passes >= FAMILY_BAR * task_valid)
+        out.append(f"| **this run: {arm}** | {run_passes}/{run_valid} valid "
+                   f"({len(mine)} planned) | "
                    f"{held}/{len(tasks)} | this report |")
     return out
 
 
-def render_findings(preset: Preset, n: int, state_dir: Path) -> str:
+def render_findings(preset: Preset, target_n: int, state_dir: Path) -> str:
     energy = measure(preset, state_dir)  # once: the per-task medians and the table
-    text = findings(preset, collect(preset, n, state_dir, energy), n,
+    text = findings(preset, collect(preset, target_n, state_dir, energy), target_n,
                     plan_changes(state_dir), recorded_pins(state_dir),
                     gateway_errors(state_dir), endpoint_record(state_dir),
-                    energy_lines(preset, energy, {c.id: c.arm for c in Plan(preset, n).cells}),
+                    energy_lines(preset, energy,
+                                 {cell.id: cell.arm for cell in Plan(preset, target_n).cells}),
                     isolation(state_dir))
     return str(redactor(preset).scrub(text))
