@@ -111,10 +111,10 @@ def marked_processes(token: str) -> list[tuple[psutil.Process, dict[str, str]]]:
     """Every live process (but us) whose environment carries the run marker ``token``,
     with that environment: a full scan, for the start-up sweep and cleanup only."""
     found = []
-    for p, env in _env_holders(RUN_TOKEN_ENV, (token, grade_marker(token))):
+    for proc, env in _env_holders(RUN_TOKEN_ENV, (token, grade_marker(token))):
         try:
-            if p.status() != psutil.STATUS_ZOMBIE:
-                found.append((p, env))
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                found.append((proc, env))
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return found
@@ -184,25 +184,25 @@ class ProcIdentity:
 
 def identify(pid: int) -> ProcIdentity | None:
     try:
-        ct = psutil.Process(pid).create_time()
+        create_time = psutil.Process(pid).create_time()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
     ticks = start_ticks(pid)
-    return None if ticks is None else ProcIdentity(pid, ct, ticks)
+    return None if ticks is None else ProcIdentity(pid, create_time, ticks)
 
 
 def verify(ident: ProcIdentity) -> psutil.Process | None:
     """The live process with exactly this identity, or None (gone, zombie or recycled)."""
     try:
-        p = psutil.Process(ident.pid)
+        proc = psutil.Process(ident.pid)
         if ident.ticks is not None:
             if start_ticks(ident.pid) != ident.ticks:
                 return None  # the pid was recycled: not ours
-        elif p.create_time() != ident.create_time:
+        elif proc.create_time() != ident.create_time:
             return None
-        if p.status() == psutil.STATUS_ZOMBIE:
+        if proc.status() == psutil.STATUS_ZOMBIE:
             return None
-        return p
+        return proc
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
 
@@ -238,37 +238,38 @@ def child_exited(pid: int) -> bool:
         return True
 
 
-def run_marked(p: psutil.Process, token: str) -> bool:
+def run_marked(proc: psutil.Process, token: str) -> bool:
     """``p`` carries this run's marker in its environment, or is our own descendant: the
     second test a process named only by the journal (untrusted) must pass before it is
     signalled, so a planted record can never name someone else's process."""
     try:
-        if p.environ().get(RUN_TOKEN_ENV) in (token, grade_marker(token)) \
-                and p.uids().real == os.geteuid():
+        if proc.environ().get(RUN_TOKEN_ENV) in (token, grade_marker(token)) \
+                and proc.uids().real == os.geteuid():
             return True
-        return any(a.pid == os.getpid() for a in p.parents())
+        return any(parent.pid == os.getpid() for parent in proc.parents())
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
         return False
 
 
-def journaled_identity(ev: Mapping[str, object]) -> ProcIdentity | None:
+def journaled_identity(record: Mapping[str, object]) -> ProcIdentity | None:
     """The process identity an event records (cell_started, endpoint_spawned...), or
     None when it has none or a field has the wrong shape (the journal is untrusted)."""
-    pid, ct, ticks = ev.get("pid"), ev.get("create_time"), ev.get("start_ticks")
-    if type(pid) is not int or pid <= 1 or not isinstance(ct, int | float) \
-            or isinstance(ct, bool):
+    pid, create_time = record.get("pid"), record.get("create_time")
+    ticks = record.get("start_ticks")
+    if type(pid) is not int or pid <= 1 or not isinstance(create_time, int | float) \
+            or isinstance(create_time, bool):
         return None
-    return ProcIdentity(pid, float(ct), ticks if type(ticks) is int else None)
+    return ProcIdentity(pid, float(create_time), ticks if type(ticks) is int else None)
 
 
 def journaled_alive(events: Iterable[Mapping[str, object]]) -> list[int]:
     """Pids of journaled cell and endpoint processes (cell_started, endpoint_spawned,
     endpoint_started) whose exact identity is still alive: what a dead supervisor left."""
     alive: list[int] = []
-    for ev in events:
-        if ev.get("event") not in ("cell_started", "endpoint_spawned", "endpoint_started"):
+    for record in events:
+        if record.get("event") not in ("cell_started", "endpoint_spawned", "endpoint_started"):
             continue
-        ident = journaled_identity(ev)
+        ident = journaled_identity(record)
         if ident is not None and ident.pid not in alive and verify(ident):
             alive.append(ident.pid)
     return alive
@@ -299,17 +300,17 @@ def direct_children() -> list[int]:
     pid = os.getpid()
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(x) for x in f.read().split()]
+            return [int(child_pid) for child_pid in f.read().split()]
     except (OSError, ValueError):
         try:
-            return [c.pid for c in psutil.Process().children()]
+            return [child.pid for child in psutil.Process().children()]
         except psutil.NoSuchProcess:
             return []
 
 
-def _alive(p: psutil.Process) -> bool:
+def _alive(proc: psutil.Process) -> bool:
     try:
-        return bool(p.is_running() and p.status() != psutil.STATUS_ZOMBIE)
+        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
 
@@ -350,13 +351,13 @@ class Tracker:
     def collect(self) -> dict[int, psutil.Process]:
         found: dict[int, psutil.Process] = {}
 
-        def add(p: psutil.Process) -> None:
-            if _alive(p):
-                found[p.pid] = p
+        def add(proc: psutil.Process) -> None:
+            if _alive(proc):
+                found[proc.pid] = proc
                 try:
-                    for c in descendants(p):
-                        if _alive(c):
-                            found[c.pid] = c
+                    for child in descendants(proc):
+                        if _alive(child):
+                            found[child.pid] = child
                 except psutil.NoSuchProcess:
                     pass
 
@@ -364,9 +365,9 @@ class Tracker:
         if root is not None:
             add(root)
         for ident in list(self.seen):
-            p = verify(ident)
-            if p is not None:
-                add(p)
+            seen = verify(ident)
+            if seen is not None:
+                add(seen)
         # Children we spawned ourselves (other cells' roots, graders, the endpoint) are
         # never another cell's orphans: only adoptees are looked at.
         scope = self._adoptees() if self.token or self.uid is not None else None
@@ -405,7 +406,7 @@ class Tracker:
             with contextlib.suppress(psutil.Error):
                 kids = child_pids(self.reaper)
                 scope += kids if kids is not None else [
-                    c.pid for c in psutil.Process(self.reaper).children()]
+                    child.pid for child in psutil.Process(self.reaper).children()]
         return scope + [pid for pid in direct_children() if pid not in OWNED]
 
     def alive(self) -> bool:
@@ -429,28 +430,28 @@ def _env_holders(key: str, value: str | tuple[str, ...], not_before: float = 0.0
                 candidates.append(psutil.Process(pid))
             except psutil.NoSuchProcess:
                 continue
-    me = os.geteuid()
-    for p in candidates:
+    euid = os.geteuid()
+    for proc in candidates:
         try:
-            if p.create_time() + _CT_TOLERANCE < not_before or p.pid == os.getpid():
+            if proc.create_time() + _CT_TOLERANCE < not_before or proc.pid == os.getpid():
                 continue
-            if p.uids().real != me:  # a marker is signalled only in the run's own user's
+            if proc.uids().real != euid:  # a marker is signalled only in the run's own user's
                 continue
-            env = p.environ()
+            env = proc.environ()
             if env.get(key) in values:
-                yield p, env
+                yield proc, env
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
             continue
 
 
 def _signal_all(procs: Iterable[psutil.Process], sig: int) -> list[int]:
     sent = []
-    for p in procs:
+    for proc in procs:
         try:
             # psutil re-checks (pid, create_time) before signalling and raises
             # NoSuchProcess on a recycled pid: identity is verified just before the kill.
-            p.send_signal(sig)
-            sent.append(p.pid)
+            proc.send_signal(sig)
+            sent.append(proc.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     return sent
@@ -462,7 +463,7 @@ def _wait_gone(procs: Iterable[psutil.Process], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     pending = list(procs)
     while pending and time.monotonic() < deadline:
-        pending = [p for p in pending if _alive(p)]
+        pending = [proc for proc in pending if _alive(proc)]
         if pending:
             time.sleep(0.02)
 
@@ -516,20 +517,20 @@ def kill_adoptees(grace: float = 1.0) -> list[int]:
     procs = []
     for pid in set(direct_children()) - OWNED:
         try:
-            p = psutil.Process(pid)
-            if p.status() == psutil.STATUS_ZOMBIE:
+            proc = psutil.Process(pid)
+            if proc.status() == psutil.STATUS_ZOMBIE:
                 continue
-            procs += [p, *descendants(p)]
+            procs += [proc, *descendants(proc)]
         except psutil.Error:
             continue
-    for p in procs:
+    for proc in procs:
         with contextlib.suppress(psutil.Error):
-            p.terminate()
-            killed.append(p.pid)
+            proc.terminate()
+            killed.append(proc.pid)
     _, alive = psutil.wait_procs(procs, timeout=grace)
-    for p in alive:
+    for proc in alive:
         with contextlib.suppress(psutil.Error):
-            p.kill()
+            proc.kill()
     reap_adopted(killed)
     return killed
 
@@ -542,11 +543,11 @@ def probe(tracker: Tracker | None, activity: int | None) -> Probe:
     procs = tracker.collect() if tracker else {}
     states: dict[str, int] = {}
     cpu = 0.0
-    for p in procs.values():
+    for proc in procs.values():
         try:
-            states[p.status()] = states.get(p.status(), 0) + 1
-            t = p.cpu_times()
-            cpu += t.user + t.system
+            states[proc.status()] = states.get(proc.status(), 0) + 1
+            times = proc.cpu_times()
+            cpu += times.user + times.system
         except psutil.Error:
             continue
     return Probe(alive=bool(procs), pids=len(procs), states=states, cpu_secs=round(cpu, 2),

@@ -119,7 +119,7 @@ def load_roster(path: Path, target_n: int | None, campaign_dir: Path | None = No
     try:
         roster = Roster.model_validate(doc)
     except ValidationError as e:
-        errs = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
+        errs = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
         raise ConfigError(f"{path}: {errs}") from None
     if not NAME_RE.fullmatch(roster.campaign.name) or ".." in roster.campaign.name:
         raise ConfigError(f"{path}: campaign.name {roster.campaign.name!r}: a plain name")
@@ -133,10 +133,10 @@ def load_roster(path: Path, target_n: int | None, campaign_dir: Path | None = No
         ref = entry.preset
         if ref.endswith(".toml") or os.sep in ref:
             ref = str((path.parent / ref).absolute())
-        n = target_n or entry.target_n or roster.campaign.target_n
+        target = target_n or entry.target_n or roster.campaign.target_n
         try:
             preset = load_admitted(ref, overlay=overlay,
-                                   flags={"target_n": n} if n else None)
+                                   flags={"target_n": target} if target else None)
         except ConfigError as e:
             raise ConfigError(f"{path}: entry {entry.name}: {e}") from None
         if preset.run.target_n is None:
@@ -154,23 +154,24 @@ def load_roster(path: Path, target_n: int | None, campaign_dir: Path | None = No
 
 
 def order_text(planned: list[Planned], caps: dict[str, int]) -> str:
-    local = [p.entry.name for p in planned if p.provider is None]
+    local = [entry_plan.entry.name for entry_plan in planned if entry_plan.provider is None]
     lines = [f"local, one after another: {' -> '.join(local) or 'none'}"]
     by_host: dict[str, list[str]] = {}
-    for p in planned:
-        if p.provider is not None:
-            by_host.setdefault(p.provider, []).append(p.entry.name)
+    for entry_plan in planned:
+        if entry_plan.provider is not None:
+            by_host.setdefault(entry_plan.provider, []).append(entry_plan.entry.name)
     for host, names in by_host.items():
         lines.append(f"beside them, provider {host} (at most {caps.get(host, 1)} at once): "
                      + ", ".join(names))
     return "\n".join(lines)
 
 
-def entry_argv(p: Planned, *extra: str) -> list[str]:
-    argv = [sys.executable, "-m", "autopilot.cli", "--preset", p.preset_ref,
-            "--target-n", str(p.target_n), "--state-dir", str(p.state_dir), "--quiet"]
-    if p.overlay:
-        argv += ["--config", p.overlay]
+def entry_argv(entry_plan: Planned, *extra: str) -> list[str]:
+    argv = [sys.executable, "-m", "autopilot.cli", "--preset", entry_plan.preset_ref,
+            "--target-n", str(entry_plan.target_n), "--state-dir", str(entry_plan.state_dir),
+            "--quiet"]
+    if entry_plan.overlay:
+        argv += ["--config", entry_plan.overlay]
     return argv + list(extra)
 
 
@@ -184,11 +185,11 @@ def endpoint_leftovers(state_dir: Path) -> list[int]:
     """Processes an entry's run left alive: anything carrying its run marker, and the
     endpoint processes its journal names (exact identity). Empty means gone."""
     token = existing_run_token(state_dir)
-    alive = {p.pid for p, _ in marked_processes(token)} if token else set()
-    for ev in state_events(state_dir):
-        if ev.get("event") in ("endpoint_spawned", "endpoint_started") \
-                and not ev.get("attached"):
-            ident = journaled_identity(ev)
+    alive = {proc.pid for proc, _ in marked_processes(token)} if token else set()
+    for record in state_events(state_dir):
+        if record.get("event") in ("endpoint_spawned", "endpoint_started") \
+                and not record.get("attached"):
+            ident = journaled_identity(record)
             if ident is not None and verify(ident) is not None:
                 alive.add(ident.pid)
     return sorted(alive)
@@ -249,13 +250,14 @@ class Campaign:
             ensure_private_dir(self.dir)
             self.journal = Journal(self.dir / JOURNAL)
             self.emit(CampaignStarted(roster=str(self.roster_path),
-                      entries=[p.entry.name for p in self.planned]))
+                      entries=[entry_plan.entry.name for entry_plan in self.planned]))
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.notifier.run)
                 tg.start_soon(self._signals, tg.cancel_scope)
                 async with anyio.create_task_group() as work:
                     work.start_soon(self._locals)
-                    for host in dict.fromkeys(p.provider for p in self.planned if p.provider):
+                    for host in dict.fromkeys(entry_plan.provider for entry_plan in self.planned
+                                              if entry_plan.provider):
                         work.start_soon(self._providers, host)
                 await self._finish()
                 await self.notifier.drain(5)
@@ -279,7 +281,7 @@ class Campaign:
 
     async def _locals(self) -> None:
         previous: Planned | None = None
-        for p in [q for q in self.planned if q.provider is None]:
+        for entry_plan in [other for other in self.planned if other.provider is None]:
             if self.stopping or self.failed:
                 return
             if previous is not None:
@@ -291,49 +293,49 @@ class Campaign:
                     # for a person (`autopilot cleanup --endpoint` on that entry).
                     self.failed = (f"entry {previous.entry.name} left its endpoint running "
                                    f"(pids {left}, containers {containers}); not starting "
-                                   f"{p.entry.name}")
+                                   f"{entry_plan.entry.name}")
                     self.emit(CampaignBlocked(why=self.failed))
                     return
-            await self._entry(p, previous_gone=previous.entry.name if previous else None)
-            previous = p
+            await self._entry(entry_plan, previous_gone=previous.entry.name if previous else None)
+            previous = entry_plan
 
     async def _providers(self, host: str) -> None:
         limit = anyio.Semaphore(max(1, self.caps.get(host, 1)))
 
-        async def one(p: Planned) -> None:
+        async def one(entry_plan: Planned) -> None:
             async with limit:
                 if not self.stopping:
-                    await self._entry(p)
+                    await self._entry(entry_plan)
 
         async with anyio.create_task_group() as tg:
-            for p in self.planned:
-                if p.provider == host:
-                    tg.start_soon(one, p)
+            for entry_plan in self.planned:
+                if entry_plan.provider == host:
+                    tg.start_soon(one, entry_plan)
 
     def _budget_reached(self) -> str | None:
         """The campaign's budget against what every entry's journal says it spent."""
-        t = self.table
-        if t is None or (t.budget_tokens is None and t.budget_usd is None):
+        table = self.table
+        if table is None or (table.budget_tokens is None and table.budget_usd is None):
             return None
         total, usd, unpriced = Spend(), 0.0, False
-        for q in self.planned:
-            spent = of_events(state_events(q.state_dir).typed())
+        for entry_plan in self.planned:
+            spent = of_events(state_events(entry_plan.state_dir).typed())
             total = total + spent
-            cost = spent.usd(q.rate)
+            cost = spent.usd(entry_plan.rate)
             unpriced |= cost is None and spent.tokens > 0
             usd += cost or 0.0
-        if t.budget_tokens is not None and total.tokens >= t.budget_tokens:
-            return f"campaign budget reached: {total.tokens} tokens of {t.budget_tokens}"
-        if t.budget_usd is not None:
+        if table.budget_tokens is not None and total.tokens >= table.budget_tokens:
+            return f"campaign budget reached: {total.tokens} tokens of {table.budget_tokens}"
+        if table.budget_usd is not None:
             if unpriced:
                 return "campaign budget unusable: an entry's model is unpriced (not $0)"
-            if usd >= t.budget_usd:
-                return f"campaign budget reached: ${usd:.4f} of ${t.budget_usd:g}"
+            if usd >= table.budget_usd:
+                return f"campaign budget reached: ${usd:.4f} of ${table.budget_usd:g}"
         return None
 
-    async def _entry(self, p: Planned, previous_gone: str | None = None) -> None:
-        name = p.entry.name
-        if entry_phase(p.state_dir) == "COMPLETE":
+    async def _entry(self, entry_plan: Planned, previous_gone: str | None = None) -> None:
+        name = entry_plan.entry.name
+        if entry_phase(entry_plan.state_dir) == "COMPLETE":
             self.results[name] = "COMPLETE"
             self.emit(EntrySkipped(entry=name, why="already COMPLETE"))
             return
@@ -344,20 +346,20 @@ class Campaign:
                 self.emit(CampaignBudgetReached(why=why))
                 self.notifier.submit("budget_reached", {"alarm": "campaign", "why": why})
             return
-        ensure_private_dir(p.state_dir)
+        ensure_private_dir(entry_plan.state_dir)
         with open_append(self.dir / f"{name}.log") as out:
             # asyncio directly: anyio's open_process has no preexec_fn for PDEATHSIG.
             proc = await asyncio.create_subprocess_exec(
-                *entry_argv(p), stdout=out, stderr=out, stdin=subprocess.DEVNULL,
+                *entry_argv(entry_plan), stdout=out, stderr=out, stdin=subprocess.DEVNULL,
                 preexec_fn=_die_with_parent)
             self.running[name] = proc.pid
-            self.emit(EntryStarted(entry=name, pid=proc.pid, state_dir=str(p.state_dir),
-                      previous_endpoint_gone=previous_gone, provider=p.provider))
+            self.emit(EntryStarted(entry=name, pid=proc.pid, state_dir=str(entry_plan.state_dir),
+                      previous_endpoint_gone=previous_gone, provider=entry_plan.provider))
             try:
                 code = await proc.wait()
             finally:
                 self.running.pop(name, None)
-        phase = entry_phase(p.state_dir) or "unknown"
+        phase = entry_phase(entry_plan.state_dir) or "unknown"
         outcome = "COMPLETE" if code == 0 and phase == "COMPLETE" else "INCOMPLETE"
         self.results[name] = outcome
         self.emit(EntryFinished(entry=name, code=code, outcome=outcome, phase=phase))
@@ -366,9 +368,9 @@ class Campaign:
             "progress": f"{len(self.results)}/{len(self.planned)} entries done"})
 
     async def _finish(self) -> None:
-        done = [n for n, o in self.results.items() if o == "COMPLETE"]
-        incomplete = [p.entry.name for p in self.planned if self.results.get(p.entry.name)
-                      != "COMPLETE"]
+        done = [name for name, result in self.results.items() if result == "COMPLETE"]
+        incomplete = [entry_plan.entry.name for entry_plan in self.planned
+                      if self.results.get(entry_plan.entry.name) != "COMPLETE"]
         outcome = "COMPLETE" if not incomplete else "INCOMPLETE"
         self.emit(CampaignFinished(outcome=outcome, complete=done, incomplete=incomplete,
                   why=self.failed))

@@ -48,14 +48,14 @@ SCHEMA_VERSION = 2
 def expand(dirs: list[Path]) -> list[Path]:
     """State dirs of runs: a run's own dir, or every run dir inside a campaign dir."""
     out: list[Path] = []
-    for d in dirs:
-        d = d.absolute()
-        if (d / "plan.json").is_file():
-            out.append(d)
+    for run_dir in dirs:
+        run_dir = run_dir.absolute()
+        if (run_dir / "plan.json").is_file():
+            out.append(run_dir)
             continue
-        found = sorted(p.parent for p in d.glob("*/plan.json"))
+        found = sorted(plan_file.parent for plan_file in run_dir.glob("*/plan.json"))
         if not found:
-            raise ConfigError(f"board: {d}: no run here (no plan.json, and no entry dirs "
+            raise ConfigError(f"board: {run_dir}: no run here (no plan.json, and no entry dirs "
                               "with one)")
         out += found
     return list(dict.fromkeys(out))
@@ -68,7 +68,7 @@ def grader_digest(preset: Preset) -> str:
            # differs), and the digest boards of earlier versions compare by
            "verdicts": {k: {**v.model_dump(mode="json"), "streak": bool(v.streak)}
                         for k, v in preset.grader.verdicts.items()},
-           "per_task": {t.id: t.grader_argv for t in preset.tasks if t.grader_argv}}
+           "per_task": {task.id: task.grader_argv for task in preset.tasks if task.grader_argv}}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -77,18 +77,19 @@ def build(dirs: list[Path], allow_mixed: bool = False) -> dict[str, Any]:
     from autopilot.views import report
 
     runs = []
-    for d in expand(dirs):
+    for run_dir in expand(dirs):
         # A board is published: it reads only a run that recorded what it resolved, in
         # a state dir that passes the ownership checks (never a preset or environment
         # another user's plan.json chose).
-        problem = record_problem(d)
+        problem = record_problem(run_dir)
         if problem:
             raise ConfigError(f"board: {problem}")
-        preset, plan = load_recorded(d)
-        facts = report.collect(preset, plan.target_n, d)
-        runs.append((d, preset, plan, facts))
-    tables = {str(d): [t.id for t in p.tasks] for d, p, _, _ in runs}
-    graders = {str(d): grader_digest(p) for d, p, _, _ in runs}
+        preset, plan = load_recorded(run_dir)
+        facts = report.collect(preset, plan.target_n, run_dir)
+        runs.append((run_dir, preset, plan, facts))
+    tables = {str(run_dir): [task.id for task in run_preset.tasks]
+              for run_dir, run_preset, _, _ in runs}
+    graders = {str(run_dir): grader_digest(run_preset) for run_dir, run_preset, _, _ in runs}
     mixed = None
     if len({tuple(v) for v in tables.values()}) > 1 or len(set(graders.values())) > 1:
         what = []
@@ -100,18 +101,19 @@ def build(dirs: list[Path], allow_mixed: bool = False) -> dict[str, Any]:
             raise ConfigError(f"board: the runs' {' and '.join(what)} differ, so their rates "
                               "do not compare; pass --allow-mixed to build a marked board")
         mixed = {"tasks": tables, "graders": graders}
-    all_tasks = list(dict.fromkeys(t for v in tables.values() for t in v))
+    all_tasks = list(dict.fromkeys(task for v in tables.values() for task in v))
     rows = []
-    for d, preset, plan, facts in runs:
+    for run_dir, preset, plan, facts in runs:
         for arm in preset.arms:
             mine = [f for f in facts if f.arm == arm.label]
-            rows.append(_row(d, preset, arm.label, arm.model or preset.model, plan.target_n,
+            rows.append(_row(run_dir, preset, arm.label, arm.model or preset.model, plan.target_n,
                              mine, all_tasks))
     board = {
         "schema_version": SCHEMA_VERSION,
-        "runs": [{"dir": str(d), "preset": p.name, "model": p.model, "target_n": pl.target_n,
-                  "tasks": tables[str(d)], "grader": graders[str(d)]}
-                 for d, p, pl, _ in runs],
+        "runs": [{"dir": str(run_dir), "preset": run_preset.name, "model": run_preset.model,
+                  "target_n": run_plan.target_n,
+                  "tasks": tables[str(run_dir)], "grader": graders[str(run_dir)]}
+                 for run_dir, run_preset, run_plan, _ in runs],
         "tasks": all_tasks, "mixed": mixed, "rows": rows,
     }
     # Every run's known secret values out of every form the board takes (json, md, html,
@@ -120,27 +122,28 @@ def build(dirs: list[Path], allow_mixed: bool = False) -> dict[str, Any]:
     from autopilot.logsetup import Redactor
 
     scrubbed: dict[str, Any] = Redactor(
-        [v for _, p, _, _ in runs for v in secret_values(p)]).scrub(board)
+        [v for _, run_preset, _, _ in runs for v in secret_values(run_preset)]).scrub(board)
     return scrubbed
 
 
-def _row(d: Path, preset: Preset, arm: str, model: str, target_n: int, facts: list[Any],
+def _row(run_dir: Path, preset: Preset, arm: str, model: str, target_n: int, facts: list[Any],
          all_tasks: list[str]) -> dict[str, Any]:
     valid = [f for f in facts if f.valid]
     passes = sum(f.verdict == "PASS" for f in valid)
-    w = stats.wilson(passes, len(valid))
+    interval = stats.wilson(passes, len(valid))
     invalid = Counter(f.reason for f in facts if f.verdict == "INVALID" and not f.quarantined)
     per_task: dict[str, Any] = {}
-    own = {t.id for t in preset.tasks}
+    own = {spec.id for spec in preset.tasks}
     reached = []
     for task in all_tasks:
         if task not in own:
             per_task[task] = "not_applicable"
             continue
-        tv = [f for f in valid if f.task == task]
-        per_task[task] = {"pass": sum(f.verdict == "PASS" for f in tv), "valid": len(tv),
-                          **_samples(tv)}
-        reached.append(len(tv))
+        task_valid = [f for f in valid if f.task == task]
+        per_task[task] = {"pass": sum(f.verdict == "PASS" for f in task_valid),
+                          "valid": len(task_valid),
+                          **_samples(task_valid)}
+        reached.append(len(task_valid))
     usage = [f for f in facts if f.completion_tokens is not None]
     tokens = ({"prompt": sum(f.prompt_tokens or 0 for f in usage),
                "completion": sum(f.completion_tokens or 0 for f in usage)} if usage else None)
@@ -149,10 +152,10 @@ def _row(d: Path, preset: Preset, arm: str, model: str, target_n: int, facts: li
         cost = cost_doc(preset, arm, usage)
     cost["route"] = route_name(preset, arm)
     return {
-        "model": model, "arm": arm, "preset": preset.name, "dir": str(d),
+        "model": model, "arm": arm, "preset": preset.name, "dir": str(run_dir),
         "pass": passes, "valid": len(valid),
         "rate": round(passes / len(valid), 4) if valid else None,
-        "wilson": [round(w[0], 4), round(w[1], 4)] if w else None,
+        "wilson": [round(interval[0], 4), round(interval[1], 4)] if interval else None,
         "target_n": target_n, "n_reached": min(reached) if reached else 0,
         "invalid_by_reason": dict(sorted(invalid.items())),
         "quarantined": sum(f.quarantined for f in facts),
@@ -169,24 +172,25 @@ def _samples(valid: list[Any]) -> dict[str, Any]:
     tot = {k: sum(i.get(k, 0) for i in got) for k in ITEM_KINDS}
     if not tot["reused"]:
         del tot["reused"]
-    w = stats.wilson(tot["passed"], tot["scored"])
+    interval = stats.wilson(tot["passed"], tot["scored"])
     return {"samples": {**tot, "rate": round(tot["passed"] / tot["scored"], 4)
                         if tot["scored"] else None,
-                        "wilson": [round(w[0], 4), round(w[1], 4)] if w else None}}
+                        "wilson": [round(interval[0], 4), round(interval[1], 4)]
+                        if interval else None}}
 
 
 def to_json(board: dict[str, Any]) -> str:
     return json.dumps(board, indent=1, sort_keys=False) + "\n"
 
 
-def _cost(c: dict[str, Any]) -> str:
-    if c.get("usd") is None:
+def _cost(cost: dict[str, Any]) -> str:
+    if cost.get("usd") is None:
         return "unpriced"
-    return ("≥ " if c.get("basis") in ("floor", "partial") else "") + f"${c['usd']:.4f}"
+    return ("≥ " if cost.get("basis") in ("floor", "partial") else "") + f"${cost['usd']:.4f}"
 
 
-def _bases(c: dict[str, Any]) -> str:
-    got = c.get("bases") or {}
+def _bases(cost: dict[str, Any]) -> str:
+    got = cost.get("bases") or {}
     return ", ".join(f"{md(k)} {v}" for k, v in got.items()) or "-"
 
 
@@ -201,36 +205,41 @@ def to_markdown(board: dict[str, Any]) -> str:
             "quarantined | teardown-masked | route | tokens (in/out) | tokens cache-incl. / "
             "fresh | cost | price basis (cells) |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in board["rows"]:
-        ci = (f"{r['rate'] * 100:.0f}% [{r['wilson'][0] * 100:.0f}–{r['wilson'][1] * 100:.0f}]"
-              if r["wilson"] else "-")
-        inv = ", ".join(f"{md(k)} {v}" for k, v in r["invalid_by_reason"].items()) or "0"
-        tok = f"{r['tokens']['prompt']}/{r['tokens']['completion']}" if r["tokens"] else "-"
-        c = r["cost"]
-        both = (f"{c['tokens_total']} / {c['tokens_fresh']}" if "tokens_total" in c else "-")
-        out.append(f"| {md(r['model'])} | {md(r['arm'])} | {r['pass']}/{r['valid']} | {ci} | "
-                   f"{r['n_reached']}/{r['target_n']} | {inv} | {r['quarantined']} | "
-                   f"{r['teardown_masked']} | {md(c.get('route', '-'))} | {tok} | {both} | "
-                   f"{_cost(c)} | {_bases(c)} |")
+    for row in board["rows"]:
+        bounds = row["wilson"]
+        interval = (f"{row['rate'] * 100:.0f}% [{bounds[0] * 100:.0f}–{bounds[1] * 100:.0f}]"
+                    if row["wilson"] else "-")
+        inv = ", ".join(f"{md(k)} {v}" for k, v in row["invalid_by_reason"].items()) or "0"
+        tok = f"{row['tokens']['prompt']}/{row['tokens']['completion']}" if row["tokens"] else "-"
+        cost = row["cost"]
+        both = (f"{cost['tokens_total']} / {cost['tokens_fresh']}" if "tokens_total" in cost
+                else "-")
+        out.append(f"| {md(row['model'])} | {md(row['arm'])} | {row['pass']}/{row['valid']} | "
+                   f"{interval} | "
+                   f"{row['n_reached']}/{row['target_n']} | {inv} | {row['quarantined']} | "
+                   f"{row['teardown_masked']} | {md(cost.get('route', '-'))} | {tok} | {both} | "
+                   f"{_cost(cost)} | {_bases(cost)} |")
     out += ["", "## Per task (pass/valid)", ""]
     tasks = board["tasks"]
-    out += ["| model | arm | " + " | ".join(md(t) for t in tasks) + " |",
+    out += ["| model | arm | " + " | ".join(md(task) for task in tasks) + " |",
             "|---|---|" + "---|" * len(tasks)]
-    for r in board["rows"]:
+    for row in board["rows"]:
         cells = [v if isinstance(v, str) else f"{v['pass']}/{v['valid']}"
-                 for v in (r["tasks"][t] for t in tasks)]
-        out.append(f"| {md(r['model'])} | {md(r['arm'])} | " + " | ".join(cells) + " |")
-    many = [r for r in board["rows"] if r.get("samples")]
+                 for v in (row["tasks"][task] for task in tasks)]
+        out.append(f"| {md(row['model'])} | {md(row['arm'])} | " + " | ".join(cells) + " |")
+    many = [row for row in board["rows"] if row.get("samples")]
     if many:
         out += ["", "## Samples (cells that grade many items)", "",
                 "| model | arm | passed/scored | rate [95% CI] | unscored | errored | reused |",
                 "|---|---|---|---|---|---|---|"]
-        for r in many:
-            sm = r["samples"]
-            ci = (f"{sm['rate'] * 100:.0f}% [{sm['wilson'][0] * 100:.0f}–"
-                  f"{sm['wilson'][1] * 100:.0f}]" if sm["wilson"] else "-")
-            out.append(f"| {md(r['model'])} | {md(r['arm'])} | {sm['passed']}/{sm['scored']} "
-                       f"| {ci} | {sm['unscored']} | {sm['errored']} | {sm.get('reused', 0)} |")
+        for row in many:
+            samples = row["samples"]
+            interval = (f"{samples['rate'] * 100:.0f}% [{samples['wilson'][0] * 100:.0f}–"
+                        f"{samples['wilson'][1] * 100:.0f}]" if samples["wilson"] else "-")
+            out.append(f"| {md(row['model'])} | {md(row['arm'])} | "
+                       f"{samples['passed']}/{samples['scored']} | {interval} | "
+                       f"{samples['unscored']} | {samples['errored']} | "
+                       f"{samples.get('reused', 0)} |")
     out += ["", "Rates count valid cells only; INVALID, quarantined and teardown-masked "
             "cells are counted beside them, never hidden. Cost is priced per cell by "
             "token bucket from the preset's rate card: `buckets` where every bucket a "

@@ -55,33 +55,33 @@ def apportion(samples: Sequence[Sample], spans: Sequence[Span],
     out = Energy()
     samples = sorted(samples, key=lambda s: s[0])
     by_replica: dict[int, list[Span]] = defaultdict(list)
-    for s in spans:
-        if s.end > s.start:
-            by_replica[s.replica].append(s)
+    for span in spans:
+        if span.end > span.start:
+            by_replica[span.replica].append(span)
     for replica in sorted(set(by_replica) | set(gpus_of)):
         gpus = gpus_of.get(replica)
-        draw = [(ts, sum(w for g, w in ws.items() if gpus is None or g in gpus))
-                for ts, ws in samples]
+        draw = [(ts, sum(watts for gpu, watts in by_gpu.items() if gpus is None or gpu in gpus))
+                for ts, by_gpu in samples]
         mine = by_replica.get(replica, [])
-        bounds = sorted({ts for ts, _ in draw} | {s.start for s in mine}
-                        | {s.end for s in mine} | {ts + max_gap for ts, _ in draw})
+        bounds = sorted({ts for ts, _ in draw} | {span.start for span in mine}
+                        | {span.end for span in mine} | {ts + max_gap for ts, _ in draw})
         starts = sorted(range(len(mine)), key=lambda i: mine[i].start)
         ends = sorted(range(len(mine)), key=lambda i: mine[i].end)
         active: set[int] = set()
-        si = ei = wi = 0
+        next_start = next_end = next_draw = 0
         current: tuple[float, float] | None = None
-        for a, b in itertools.pairwise(bounds):
-            while si < len(starts) and mine[starts[si]].start <= a:
-                active.add(starts[si])
-                si += 1
-            while ei < len(ends) and mine[ends[ei]].end <= a:
-                active.discard(ends[ei])
-                ei += 1
-            while wi < len(draw) and draw[wi][0] <= a:
-                current = draw[wi]
-                wi += 1
-            length = b - a
-            known = current is not None and a - current[0] < max_gap
+        for begin, end in itertools.pairwise(bounds):
+            while next_start < len(starts) and mine[starts[next_start]].start <= begin:
+                active.add(starts[next_start])
+                next_start += 1
+            while next_end < len(ends) and mine[ends[next_end]].end <= begin:
+                active.discard(ends[next_end])
+                next_end += 1
+            while next_draw < len(draw) and draw[next_draw][0] <= begin:
+                current = draw[next_draw]
+                next_draw += 1
+            length = end - begin
+            known = current is not None and begin - current[0] < max_gap
             if not active:
                 if known and current is not None and replica in gpus_of:
                     out.idle_joules += current[1] * length
@@ -100,10 +100,10 @@ def energy_of(samples: Sequence[Sample], index_of: Mapping[str, str], spans: lis
     """``apportion`` with GPUs named by uuid mapped to indices, and replicas that share
     every GPU (no CUDA_VISIBLE_DEVICES each) pooled: their draw is one draw."""
     if len(gpus_of) > 1 and None in gpus_of.values():
-        spans = [Span(s.cell, 0, s.start, s.end) for s in spans]
+        spans = [Span(span.cell, 0, span.start, span.end) for span in spans]
         gpus_of = {0: None}
-    gpus_of = {r: None if g is None else frozenset(index_of.get(x, x) for x in g)
-               for r, g in gpus_of.items()}
+    gpus_of = {replica: None if gpus is None else frozenset(index_of.get(gpu, gpu) for gpu in gpus)
+               for replica, gpus in gpus_of.items()}
     return apportion(samples, spans, gpus_of, max_gap)
 
 
@@ -123,14 +123,14 @@ def read_samples(state_dir: Path) -> tuple[list[Sample], dict[str, str]]:
             rec = json.loads(raw)
         except ValueError:
             continue
-        ts, ws = (rec.get("ts"), rec.get("w")) if isinstance(rec, dict) else (None, None)
-        if not isinstance(ts, int | float) or not isinstance(ws, dict):
+        ts, by_gpu = (rec.get("ts"), rec.get("w")) if isinstance(rec, dict) else (None, None)
+        if not isinstance(ts, int | float) or not isinstance(by_gpu, dict):
             continue
         uuids = rec.get("uuid") if isinstance(rec.get("uuid"), dict) else {}
         got: dict[str, float] = {}
-        for k, w in list(ws.items())[:64]:
-            if isinstance(k, str) and isinstance(w, int | float) and 0 <= w < 5000:
-                got[k[:8]] = float(w)
+        for k, watts in list(by_gpu.items())[:64]:
+            if isinstance(k, str) and isinstance(watts, int | float) and 0 <= watts < 5000:
+                got[k[:8]] = float(watts)
                 if isinstance(uuids.get(k), str):
                     index_of[uuids[k][:80]] = k[:8]
         out.append((float(ts), got))
@@ -143,27 +143,28 @@ def read_spans(state_dir: Path) -> list[Span]:
     open_: dict[tuple[str, int], tuple[float, int]] = {}
     last: dict[tuple[str, int], float] = {}
     spans = []
-    for ev in state_events(state_dir).typed():
-        ts = parse_iso(ev.ts)
-        if not isinstance(ev, CellEventBase) or not ev.cell or ev.attempt is None \
+    for event in state_events(state_dir).typed():
+        ts = parse_iso(event.ts)
+        if not isinstance(event, CellEventBase) or not event.cell or event.attempt is None \
                 or ts is None:
             continue
-        key = (ev.cell, ev.attempt)
-        if isinstance(ev, CellStarted) and ev.pid is not None:
-            open_[key] = (ts, ev.replica or 0)
+        key = (event.cell, event.attempt)
+        if isinstance(event, CellStarted) and event.pid is not None:
+            open_[key] = (ts, event.replica or 0)
         elif key in open_:
             last[key] = ts
-            if isinstance(ev, CellExited):
+            if isinstance(event, CellExited):
                 start, replica = open_.pop(key)
-                spans.append(Span(ev.cell, replica, start, ts))
-    spans += [Span(c, r, s, last.get((c, a), s)) for (c, a), (s, r) in open_.items()]
+                spans.append(Span(event.cell, replica, start, ts))
+    spans += [Span(cell, on_replica, begun, last.get((cell, attempt), begun))
+              for (cell, attempt), (begun, on_replica) in open_.items()]
     return spans
 
 
-def _figure(x: float) -> str:
+def _figure(value: float) -> str:
     """Three significant figures, never in exponent form (a short test run is 0.000375
     kWh; a night is 12.4)."""
-    return f"{x:.2f}" if x >= 100 else f"{float(f'{x:.3g}'):f}".rstrip("0").rstrip(".")
+    return f"{value:.2f}" if value >= 100 else f"{float(f'{value:.3g}'):f}".rstrip("0").rstrip(".")
 
 
 def measure(preset: Preset, state_dir: Path) -> Energy | None:
@@ -176,9 +177,9 @@ def measure(preset: Preset, state_dir: Path) -> Energy | None:
                      2.5 * preset.cost.sample_secs)
 
 
-def energy_lines(preset: Preset, e: Energy | None, cells: Mapping[str, str]) -> list[str]:
+def energy_lines(preset: Preset, energy: Energy | None, cells: Mapping[str, str]) -> list[str]:
     """The report's energy table (``cells``: cell id -> arm), or why there is none."""
-    if e is None:
+    if energy is None:
         why = ("cost.power = off" if preset.cost.power == "off" else
                f"{preset.cost.nvidia_smi} was not found or did not answer"
                if preset.samples_power
@@ -193,14 +194,15 @@ def energy_lines(preset: Preset, e: Energy | None, cells: Mapping[str, str]) -> 
            "", "| arm | cells | energy (kWh) | energy cost (USD) | sampled |",
            "|---|---|---|---|---|"]
     for arm in dict.fromkeys(cells.values()):
-        mine = [c for c, a in cells.items() if a == arm and e.ran.get(c)]
-        kwh = sum(e.joules[c] for c in mine) / J_PER_KWH
-        ran = sum(e.ran[c] for c in mine)
-        cover = sum(e.sampled[c] for c in mine) / ran if ran else 0.0
+        mine = [cell for cell, cell_arm in cells.items()
+                if cell_arm == arm and energy.ran.get(cell)]
+        kwh = sum(energy.joules[cell] for cell in mine) / J_PER_KWH
+        ran = sum(energy.ran[cell] for cell in mine)
+        cover = sum(energy.sampled[cell] for cell in mine) / ran if ran else 0.0
         cost = _figure(kwh * price) if price else "unpriced"
         out.append(f"| {arm} | {len(mine)} | {_figure(kwh)} | {cost} | {cover:.0%} |")
     out += ["", "Idle draw (no attempt running; not charged to a cell): "
-            f"{_figure(e.idle_joules / J_PER_KWH)} kWh."]
+            f"{_figure(energy.idle_joules / J_PER_KWH)} kWh."]
     return out
 
 

@@ -22,20 +22,21 @@ class TrendRow:
     misleading: bool
 
 
-def _rate(p: int, v: int) -> float | None:
-    return p / v if v else None
+def _rate(passes: int, valid: int) -> float | None:
+    return passes / valid if valid else None
 
 
 def trend(matrix: Matrix, n_max: int, windows: Sequence[int] = WINDOWS) -> list[TrendRow]:
-    wins = [w for w in windows if w <= n_max] or [n_max]
+    wins = [window for window in windows if window <= n_max] or [n_max]
     if n_max not in wins:
         wins.append(n_max)
     rows = []
     for task, row in matrix.items():
         got: dict[int, tuple[int, int]] = {}
-        for w in wins:
-            vals = [s for n, s in row.items() if n <= w and s in VALID]
-            got[w] = (vals.count("PASS"), len(vals))
+        for window in wins:
+            vals = [verdict for replicate, verdict in row.items()
+                    if replicate <= window and verdict in VALID]
+            got[window] = (vals.count("PASS"), len(vals))
         first, last = _rate(*got[wins[0]]), _rate(*got[wins[-1]])
         misleading = (first is not None and last is not None and len(wins) > 1
                       and abs(first - last) >= MISLEADING_DELTA)
@@ -54,7 +55,7 @@ class FlipRow:
 def flips(matrix: Matrix) -> list[FlipRow]:
     rows = []
     for task, row in matrix.items():
-        valid = {n: s for n, s in row.items() if s in VALID}
+        valid = {replicate: verdict for replicate, verdict in row.items() if verdict in VALID}
         tally = Counter(valid.values())
         if not tally:
             rows.append(FlipRow(task, "none", [], 0))
@@ -64,8 +65,8 @@ def flips(matrix: Matrix) -> list[FlipRow]:
             rows.append(FlipRow(task, "tie", sorted(valid.items()), len(valid)))
             continue
         modal = top[0][0]
-        rows.append(FlipRow(task, modal, sorted((n, v) for n, v in valid.items() if v != modal),
-                            len(valid)))
+        rows.append(FlipRow(task, modal, sorted((replicate, v) for replicate, v in valid.items()
+                                                if v != modal), len(valid)))
     return rows
 
 
