@@ -185,6 +185,36 @@ def test_functions_stay_small() -> None:
     assert len(long) <= LONG_BUDGET, long
 
 
+# Names a newcomer can read: the share of a function's locals and parameters named in
+# one or two letters, beside the loop and comprehension idioms every reader knows (an
+# index, a dict's key and value, an exception, a file and its descriptor, a task group).
+SHORT_IDIOMS = frozenset({"i", "j", "k", "v", "e", "f", "fd", "ok", "ts", "t0", "id", "tg",
+                          "_", "__"})
+SHORT_NAME_SHARE = 0.13  # may only shrink (lower it as names are given)
+
+
+def short_names() -> tuple[list[str], int]:
+    short, total = [], 0
+    for p in PKG.rglob("*.py"):
+        for fn in ast.walk(ast.parse(p.read_text())):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            names = {n.id for n in ast.walk(fn)
+                     if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            names |= {a.arg for a in ast.walk(fn)
+                      if isinstance(a, ast.arg) and a.arg not in ("self", "cls")}
+            total += len(names)
+            short += [f"{module_name(p)}:{fn.name}:{name}" for name in sorted(names)
+                      if len(name) <= 2 and name not in SHORT_IDIOMS]
+    return short, total
+
+
+def test_locals_are_named_for_what_they_hold() -> None:
+    short, total = short_names()
+    assert total > 1000  # the walk sees the package
+    assert len(short) / total <= SHORT_NAME_SHARE, (len(short), total)
+
+
 def test_the_data_path_loads_neither_config_nor_the_loop() -> None:
     # It starts once per attempt (autopilot.datapath.process): what it reaches is paid per
     # cell. Read the real import closure, not the AST: a lazy import would hide there.

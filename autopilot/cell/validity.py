@@ -127,8 +127,8 @@ class Classification:
         return self.verdict if self.verdict != "INVALID" else f"INVALID({self.reason})"
 
 
-def _invalid(reason: str, detail: str, **kw: Any) -> Classification:
-    return Classification("INVALID", reason=reason, detail=detail, **kw)
+def _invalid(reason: str, detail: str, **fields: Any) -> Classification:
+    return Classification("INVALID", reason=reason, detail=detail, **fields)
 
 
 def classify(
@@ -138,22 +138,22 @@ def classify(
     checks: Checks = Checks(),
     verdict_field: str = "verdict",
 ) -> Classification:
-    c = _classify(run, grade, rules, checks, verdict_field)
-    if run.disk_low and c.verdict == "INVALID" and not c.grade_side:
+    judged = _classify(run, grade, rules, checks, verdict_field)
+    if run.disk_low and judged.verdict == "INVALID" and not judged.grade_side:
         # ENOSPC breaks a harness in any of these ways (a crash, a torn summary, no
         # outputs): with the disk below the run's floor, infrastructure, not the cell.
-        return replace(c, reason="disk_full", streak=False,
+        return replace(judged, reason="disk_full", streak=False,
                        detail=f"free space below the run's floor during the attempt "
-                              f"(would be {c.reason}: {c.detail})")
-    return c
+                              f"(would be {judged.reason}: {judged.detail})")
+    return judged
 
 
 def _interrupted(run: RunOutcome) -> Classification | None:
     """A cell of many items cut before all were done (its deadline, a stall, a kill, an
     eval that did not finish) is resumable work: the items it finished stand, and it
     is no more the model's FAIL than a power cut would be (autopilot.cell.itemsprogress)."""
-    p = progress_of(run.finished)
-    if p is None or p.total < 2 or not p.unfinished:
+    progress = progress_of(run.finished)
+    if progress is None or progress.total < 2 or not progress.unfinished:
         return None
     if run.killed:
         why = run.kill_reason or f"{run.killed} kill"
@@ -161,9 +161,9 @@ def _interrupted(run: RunOutcome) -> Classification | None:
         why = f"exit code {run.exit_code}"
     else:
         why = "ended without its completion artifacts"
-    return _invalid("interrupted", f"{why}; {p.done} of {p.total} samples finished "
-                    f"({p.new} by this attempt): the next attempt resumes the rest",
-                    finished=p.as_dict())
+    return _invalid("interrupted", f"{why}; {progress.done} of {progress.total} samples finished "
+                    f"({progress.new} by this attempt): the next attempt resumes the rest",
+                    finished=progress.as_dict())
 
 
 def _classify(
@@ -212,11 +212,11 @@ def _classify(
     if grade is None or not grade.ok:
         detail = grade.detail if grade else "grader did not run"
         return _invalid("grader_failed", detail, teardown_masked=masked)
-    g = grade.grade
-    if not isinstance(g, Mapping):
+    doc = grade.grade
+    if not isinstance(doc, Mapping):
         return _invalid("malformed_grade", grade.detail or "grade file missing or not a "
                         "JSON object", teardown_masked=masked)
-    word = g.get(verdict_field)
+    word = doc.get(verdict_field)
     if not isinstance(word, str) or not word:
         return _invalid("malformed_grade", f"no {verdict_field!r} in grade",
                         teardown_masked=masked)
@@ -226,7 +226,7 @@ def _classify(
                         teardown_masked=masked)
     if rule.verdict == "INVALID":
         assert rule.reason is not None
-        said = g.get("detail")  # the grader's own words (Inspect's error): untrusted text
+        said = doc.get("detail")  # the grader's own words (Inspect's error): untrusted text
         detail = f"grader said {word}" + (f": {said[:400]}" if isinstance(said, str) else "")
         if run.endpoint_down and rule.reason not in GRADE_REASONS:
             # the outage is the cause of whatever the harness then reported
@@ -234,41 +234,41 @@ def _classify(
                             teardown_masked=masked)
         return _invalid(rule.reason, detail, word=word, teardown_masked=masked,
                         streak=bool(rule.streak), quiet=rule.streak is False)
-    found = items_of(g.get("items"))
+    found = items_of(doc.get("items"))
     return Classification(rule.verdict, word=word, caveat=rule.caveat, teardown_masked=masked,
                           streak=bool(rule.streak), items=found)
 
 
-def unmetered(c: Classification, requests: int, required: bool,
+def unmetered(judged: Classification, requests: int, required: bool,
               unread: int = 0) -> Classification:
     """Under ``gateway.require_metering``, a verdict whose harness sent no request
     through the gateway rests on evidence we did not see (a harness with the endpoint's
     port hard-coded, a cached answer), and one with ``unread`` responses the gateway
     could not meter (encoded, too large, cut, of another shape) rests on spend nobody
     knows: INVALID(unmetered), a harness break."""
-    if required and requests == 0 and c.verdict in ("PASS", "FAIL"):
-        return _invalid("unmetered", f"{c.label()} from outputs of a harness that sent no "
+    if required and requests == 0 and judged.verdict in ("PASS", "FAIL"):
+        return _invalid("unmetered", f"{judged.label()} from outputs of a harness that sent no "
                         "request through the gateway (gateway.require_metering)",
-                        launched=c.launched)
-    if required and unread > 0 and c.verdict in ("PASS", "FAIL"):
-        return _invalid("unmetered", f"{c.label()} with {unread} response(s) the gateway "
+                        launched=judged.launched)
+    if required and unread > 0 and judged.verdict in ("PASS", "FAIL"):
+        return _invalid("unmetered", f"{judged.label()} with {unread} response(s) the gateway "
                         "could not meter (see the attempt's gateway log: unmetered; "
-                        "gateway.require_metering)", launched=c.launched)
-    return c
+                        "gateway.require_metering)", launched=judged.launched)
+    return judged
 
 
-def served_as(c: Classification, models: Mapping[str, int], expected: str) -> Classification:
+def served_as(judged: Classification, models: Mapping[str, int], expected: str) -> Classification:
     """The endpoint's own word on who answered (each response's ``model``, through the
     gateway) against the model the run serves: a harness's receipt says what it was
     told, so checking that alone is circular. Any response from another model makes the
     verdict INVALID(arm_mismatch); no word (a server that omits it) proves nothing."""
-    others = sorted(m for m in models if m != expected)
-    if others and c.verdict in ("PASS", "FAIL"):
-        return _invalid("arm_mismatch", f"{c.label()} from responses of "
+    others = sorted(model for model in models if model != expected)
+    if others and judged.verdict in ("PASS", "FAIL"):
+        return _invalid("arm_mismatch", f"{judged.label()} from responses of "
                         f"{', '.join(map(repr, others[:3]))} (the endpoint's own word, "
                         f"through the gateway), not the served {expected!r}",
-                        launched=c.launched)
-    return c
+                        launched=judged.launched)
+    return judged
 
 
 @dataclass(frozen=True)
@@ -281,50 +281,51 @@ class Evidence:
     throttled_tail: int = 0  # the attempt's last requests, refused by a throttling provider
 
 
-def evidence_of(ev: Any) -> Evidence | None:
+def evidence_of(record: Any) -> Evidence | None:
     """Evidence from a journaled ``cell_metered`` (shape-checked: the journal is a state
     file); None for anything else."""
-    if not isinstance(ev, Mapping):
+    if not isinstance(record, Mapping):
         return None
-    n, a = ev.get("requests"), ev.get("answered")
-    errors = ev.get("errors")
-    if type(n) is not int or type(a) is not int or not isinstance(errors, Mapping):
+    requests, answered = record.get("requests"), record.get("answered")
+    errors = record.get("errors")
+    if type(requests) is not int or type(answered) is not int or not isinstance(errors, Mapping):
         return None
-    first = ev.get("first_error")
-    tail = ev.get("throttled_tail")
-    return Evidence(n, a, {str(k): v for k, v in errors.items() if type(v) is int},
+    first = record.get("first_error")
+    tail = record.get("throttled_tail")
+    return Evidence(requests, answered, {str(k): v for k, v in errors.items() if type(v) is int},
                     first if isinstance(first, str) and first else None,
                     tail if type(tail) is int and tail >= 0 else 0)
 
 
-def by_gateway(c: Classification, run: RunOutcome, ev: Evidence, *, unread: int,
+def by_gateway(judged: Classification, run: RunOutcome, evidence: Evidence, *, unread: int,
                required: bool, policy: str) -> Classification:
     """A verdict as the gateway's evidence leaves it — the one chain the run and
     ``validate`` both apply: unmetered spend, then counting by evidence, then a
     provider that throttled the attempt to its end."""
-    c = unmetered(c, ev.requests, required, unread)
-    return throttled_out(count_by_evidence(c, run, ev, policy), ev)
+    judged = unmetered(judged, evidence.requests, required, unread)
+    return throttled_out(count_by_evidence(judged, run, evidence, policy), evidence)
 
 
-def throttled_out(c: Classification, ev: Evidence | None) -> Classification:
+def throttled_out(judged: Classification, evidence: Evidence | None) -> Classification:
     """A cell that did not pass while the provider was refusing its last requests (429,
     Anthropic's 529 ``overloaded_error``, Gemini's RESOURCE_EXHAUSTED), with none
     answered since, ended on the provider's capacity, not on the task: an agent CLI
     that gives up after its own retries leaves no deliverable, and that is no FAIL of
     the model. INVALID(rate_limited): re-run, no retry spent."""
-    if ev is None or ev.throttled_tail < 1 or c.verdict == "PASS" or c.grade_side:
-        return c
-    if c.verdict == "INVALID" and c.reason == "rate_limited":
-        return c
-    return _invalid("rate_limited", f"{c.label()} after the provider refused the attempt's "
-                    f"last {ev.throttled_tail} request(s) as throttled (429/529), none "
-                    "answered since", launched=c.launched)
+    if evidence is None or evidence.throttled_tail < 1 or judged.verdict == "PASS" \
+            or judged.grade_side:
+        return judged
+    if judged.verdict == "INVALID" and judged.reason == "rate_limited":
+        return judged
+    return _invalid("rate_limited", f"{judged.label()} after the provider refused the attempt's "
+                    f"last {evidence.throttled_tail} request(s) as throttled (429/529), none "
+                    "answered since", launched=judged.launched)
 
 
 LOOP_KILLS = ("scroll loop", "runaway generation")  # the substance watchdog's reasons
 
 
-def count_by_evidence(c: Classification, run: RunOutcome, ev: Evidence | None,
+def count_by_evidence(judged: Classification, run: RunOutcome, evidence: Evidence | None,
                       policy: str = "evidence") -> Classification:
     """Count like the benchmark counts. An INVALID attempt whose evidence points at the
     model is the model's FAIL, with a caveat: the endpoint answered (or had its request
@@ -335,31 +336,31 @@ def count_by_evidence(c: Classification, run: RunOutcome, ev: Evidence | None,
     (a stall), grading. A first request already over the served context is the
     preset's settings, not the model: INVALID(config). Without the gateway's evidence
     nothing changes."""
-    if policy != "evidence" or ev is None or c.verdict != "INVALID" or c.grade_side:
-        return c
-    if c.reason == "interrupted":  # resumable work, whatever was in flight at the cut
-        return c
-    if run.endpoint_down or ev.errors.get("endpoint_error") or ev.requests == 0:
-        return c
-    if ev.first_error == "context_overflow":
+    if policy != "evidence" or evidence is None or judged.verdict != "INVALID" or judged.grade_side:
+        return judged
+    if judged.reason == "interrupted":  # resumable work, whatever was in flight at the cut
+        return judged
+    if run.endpoint_down or evidence.errors.get("endpoint_error") or evidence.requests == 0:
+        return judged
+    if evidence.first_error == "context_overflow":
         return _invalid("config", "the first request already exceeds the served context: "
                         "the endpoint's context is below what the harness asks for "
-                        "(harness.max_context)", launched=c.launched)
+                        "(harness.max_context)", launched=judged.launched)
     why = ""
-    if ev.errors.get("context_overflow"):
+    if evidence.errors.get("context_overflow"):
         why = "context exceeded"
-    elif c.reason == "deadline" and (ev.answered or run.working):
+    elif judged.reason == "deadline" and (evidence.answered or run.working):
         # A first answer longer than the deadline is the model's too: the endpoint had
         # the request all along (the origin counts it so).
         why = "timed out"
-    elif c.reason == "stall" and ev.answered and (run.kill_reason or "").startswith(
+    elif judged.reason == "stall" and evidence.answered and (run.kill_reason or "").startswith(
             LOOP_KILLS):
         why = "looped"
     if not why:
-        return c
-    return Classification("FAIL", caveat=why, teardown_masked=c.teardown_masked,
-                          detail=f"{why}: {c.detail}"[:600], launched=c.launched,
-                          extra={"was": c.label()})
+        return judged
+    return Classification("FAIL", caveat=why, teardown_masked=judged.teardown_masked,
+                          detail=f"{why}: {judged.detail}"[:600], launched=judged.launched,
+                          extra={"was": judged.label()})
 
 
 def counting_line(policy: str) -> str:
@@ -394,11 +395,12 @@ def attempt_outcomes(events: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int
     ``cell_ran`` (unknown fields of another version ignored, malformed ones skipped)."""
     out: dict[tuple[str, int], RunOutcome] = {}
     fields = set(RunOutcome.__dataclass_fields__)
-    for ev in events:
-        if ev.get("event") in ("cell_exited", "cell_ran") and isinstance(ev.get("outcome"), dict):
-            known = {k: v for k, v in ev["outcome"].items() if k in fields}
+    for record in events:
+        if record.get("event") in ("cell_exited", "cell_ran") \
+                and isinstance(record.get("outcome"), dict):
+            known = {k: v for k, v in record["outcome"].items() if k in fields}
             try:
-                out[(str(ev.get("cell")), int(ev.get("attempt", 0)))] = RunOutcome(**known)
+                out[(str(record.get("cell")), int(record.get("attempt", 0)))] = RunOutcome(**known)
             except (TypeError, ValueError):
                 continue
     return out

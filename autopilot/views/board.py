@@ -91,12 +91,9 @@ def build(dirs: list[Path], allow_mixed: bool = False) -> dict[str, Any]:
               for run_dir, run_preset, _, _ in runs}
     graders = {str(run_dir): grader_digest(run_preset) for run_dir, run_preset, _, _ in runs}
     mixed = None
-    if len({tuple(v) for v in tables.values()}) > 1 or len(set(graders.values())) > 1:
-        what = []
-        if len({tuple(v) for v in tables.values()}) > 1:
-            what.append("task tables")
-        if len(set(graders.values())) > 1:
-            what.append("graders")
+    what = [name for name, seen in (("task tables", {tuple(v) for v in tables.values()}),
+                                    ("graders", set(graders.values()))) if len(seen) > 1]
+    if what:
         if not allow_mixed:
             raise ConfigError(f"board: the runs' {' and '.join(what)} differ, so their rates "
                               "do not compare; pass --allow-mixed to build a marked board")
@@ -183,6 +180,13 @@ def to_json(board: dict[str, Any]) -> str:
     return json.dumps(board, indent=1, sort_keys=False) + "\n"
 
 
+def _interval(rate: float, bounds: list[float] | None) -> str:
+    """A rate and its 95% Wilson interval, in percent."""
+    if not bounds:
+        return "-"
+    return f"{rate * 100:.0f}% [{bounds[0] * 100:.0f}–{bounds[1] * 100:.0f}]"
+
+
 def _cost(cost: dict[str, Any]) -> str:
     if cost.get("usd") is None:
         return "unpriced"
@@ -206,17 +210,15 @@ def to_markdown(board: dict[str, Any]) -> str:
             "fresh | cost | price basis (cells) |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in board["rows"]:
-        bounds = row["wilson"]
-        interval = (f"{row['rate'] * 100:.0f}% [{bounds[0] * 100:.0f}–{bounds[1] * 100:.0f}]"
-                    if row["wilson"] else "-")
+        interval = _interval(row["rate"], row["wilson"])
         inv = ", ".join(f"{md(k)} {v}" for k, v in row["invalid_by_reason"].items()) or "0"
         tok = f"{row['tokens']['prompt']}/{row['tokens']['completion']}" if row["tokens"] else "-"
         cost = row["cost"]
         both = (f"{cost['tokens_total']} / {cost['tokens_fresh']}" if "tokens_total" in cost
                 else "-")
         out.append(f"| {md(row['model'])} | {md(row['arm'])} | {row['pass']}/{row['valid']} | "
-                   f"{interval} | "
-                   f"{row['n_reached']}/{row['target_n']} | {inv} | {row['quarantined']} | "
+                   f"{interval} | {row['n_reached']}/{row['target_n']} | {inv} | "
+                   f"{row['quarantined']} | "
                    f"{row['teardown_masked']} | {md(cost.get('route', '-'))} | {tok} | {both} | "
                    f"{_cost(cost)} | {_bases(cost)} |")
     out += ["", "## Per task (pass/valid)", ""]
@@ -234,8 +236,7 @@ def to_markdown(board: dict[str, Any]) -> str:
                 "|---|---|---|---|---|---|---|"]
         for row in many:
             samples = row["samples"]
-            interval = (f"{samples['rate'] * 100:.0f}% [{samples['wilson'][0] * 100:.0f}–"
-                        f"{samples['wilson'][1] * 100:.0f}]" if samples["wilson"] else "-")
+            interval = _interval(samples["rate"], samples["wilson"])
             out.append(f"| {md(row['model'])} | {md(row['arm'])} | "
                        f"{samples['passed']}/{samples['scored']} | {interval} | "
                        f"{samples['unscored']} | {samples['errored']} | "

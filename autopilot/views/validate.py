@@ -57,7 +57,7 @@ class ValidationResult:
 
     @property
     def invalid(self) -> list[CellCheck]:
-        return [c for c in self.cells if c.verdict == "INVALID"]
+        return [check for check in self.cells if check.verdict == "INVALID"]
 
     @property
     def ok(self) -> bool:
@@ -123,7 +123,7 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
         if state.attempts == 0 and not out_dir.exists():
             result.cells.append(CellCheck(cell.id, "ABSENT"))
             continue
-        completion = all(Path(render(c, ctx)).exists() for c in preset.harness.completion)
+        completion = all(Path(render(judged, ctx)).exists() for judged in preset.harness.completion)
         rec = last_outcome.get(cell.id, {})
         outcome = RunOutcome(
             exit_code=rec.get("exit_code", 0 if completion else None),
@@ -137,18 +137,21 @@ def validate_run(preset: Preset, plan: Plan, state_dir: Path,
         grade = (GradeOutcome(True, grade=read_json(grade_path)) if grade_path.exists()
                  else GradeOutcome(False, "no grade file"))
         checks = read_checks(preset, ctx) if completion else Checks()
-        c = classify(outcome, grade, preset.grader.verdicts, checks, preset.grader.verdict_field)
+        judged = classify(outcome, grade, preset.grader.verdicts, checks,
+                          preset.grader.verdict_field)
         missing = missing_requirements(preset, cell.task, ctx)
-        if c.grade_side and missing:  # not a broken grader: one that cannot run here
-            c = grader_unavailable(missing)
+        if judged.grade_side and missing:  # not a broken grader: one that cannot run here
+            judged = grader_unavailable(missing)
         seen = evidence_of(metered.get(cell.id))
         if seen is not None:  # as the run judged it: the gateway's evidence counts too
-            u = (metered.get(cell.id) or {}).get("unmetered")
-            c = by_gateway(c, outcome, seen, unread=u if type(u) is int and u > 0 else 0,
-                           required=preset.gateway.require_metering,
-                           policy=preset.trust.count)
-        result.cells.append(CellCheck(cell.id, c.verdict, c.reason or "", c.detail,
-                                      c.caveat))
+            unread = (metered.get(cell.id) or {}).get("unmetered")
+            if type(unread) is not int or unread < 0:
+                unread = 0
+            judged = by_gateway(judged, outcome, seen, unread=unread,
+                                required=preset.gateway.require_metering,
+                                policy=preset.trust.count)
+        result.cells.append(CellCheck(cell.id, judged.verdict, judged.reason or "", judged.detail,
+                                      judged.caveat))
     result.armless, result.foreign = armless_dirs(preset, plan, state_dir,
                                                   list(spans.values()))
     return result
@@ -167,24 +170,24 @@ def _fold(plan: Plan, state_dir: Path) -> Evidence:
     last_outcome: dict[str, dict[str, Any]] = {}
     spans: dict[tuple[str, int], list[float]] = {}
     metered: dict[str, dict[str, Any]] = {}
-    for ev in state_events(state_dir).typed():
-        ledger.apply(ev)
-        if not isinstance(ev, CellEventBase) or not ev.cell:
+    for event in state_events(state_dir).typed():
+        ledger.apply(event)
+        if not isinstance(event, CellEventBase) or not event.cell:
             continue
-        cid, ts = ev.cell, parse_iso(ev.ts)
+        cid, ts = event.cell, parse_iso(event.ts)
         if ts is not None:
-            key = (cid, ev.attempt if ev.attempt is not None else
+            key = (cid, event.attempt if event.attempt is not None else
                    max(1, ledger.cells[cid].attempts if cid in ledger.cells else 1))
             span = spans.setdefault(key, [ts, ts])
             span[0], span[1] = min(span[0], ts), max(span[1], ts)
-        match ev:
+        match event:
             case CellSpawning() | CellStarted():
                 last_outcome.pop(cid, None)
                 metered.pop(cid, None)
-            case CellExited() | CellRan() if isinstance(ev.outcome, dict):
-                last_outcome[cid] = ev.outcome
+            case CellExited() | CellRan() if isinstance(event.outcome, dict):
+                last_outcome[cid] = event.outcome
             case CellMetered():
-                metered[cid] = ev.model_dump(by_alias=True)
+                metered[cid] = event.model_dump(by_alias=True)
     return ledger, last_outcome, spans, metered
 
 
@@ -200,32 +203,32 @@ def armless_dirs(preset: Preset, plan: Plan, state_dir: Path,
     written outside every attempt of this run are another run's (or older): counted, not
     flagged. Returns (flagged, foreign)."""
     def ours(mtime: float) -> bool:
-        return any(a - SPAN_SLACK <= mtime <= b + SPAN_SLACK for a, b in spans)
+        return any(first - SPAN_SLACK <= mtime <= last + SPAN_SLACK for first, last in spans)
 
-    tasks = "|".join(re.escape(t.id) for t in preset.tasks)
-    arms = "|".join(re.escape(a.label) for a in preset.arms)
+    tasks = "|".join(re.escape(task.id) for task in preset.tasks)
+    arms = "|".join(re.escape(arm.label) for arm in preset.arms)
     cell_re = re.compile(rf"^(?:{tasks})_(?:{arms})_v\d+$")
-    parents = {Path(cell_context(preset, c, 1, state_dir)["output_dir"]).parent
-               for c in plan.cells[:1]}
+    parents = {Path(cell_context(preset, cell, 1, state_dir)["output_dir"]).parent
+               for cell in plan.cells[:1]}
     flagged: list[str] = []
     foreign = 0
     for parent in parents:
         if not parent.is_dir():
             continue
-        for d in sorted(parent.iterdir()):
-            if not d.is_dir() or cell_re.match(d.name):
+        for entry in sorted(parent.iterdir()):
+            if not entry.is_dir() or cell_re.match(entry.name):
                 continue
             found: list[str] = []
             mine = False
-            for n in ARTIFACT_NAMES:
+            for name in ARTIFACT_NAMES:
                 try:
-                    st = (d / n).lstat()
+                    stat = (entry / name).lstat()
                 except OSError:
                     continue
-                found.append(n)
-                mine = mine or ours(st.st_mtime)
+                found.append(name)
+                mine = mine or ours(stat.st_mtime)
             if found and mine:
-                flagged.append(f"{d} ({', '.join(found)})")
+                flagged.append(f"{entry} ({', '.join(found)})")
             elif found:
                 foreign += 1
     return flagged, foreign
@@ -233,28 +236,28 @@ def armless_dirs(preset: Preset, plan: Plan, state_dir: Path,
 
 def render_table(result: ValidationResult) -> str:
     counts: dict[str, int] = {}
-    for c in result.cells:
-        counts[c.verdict] = counts.get(c.verdict, 0) + 1
+    for check in result.cells:
+        counts[check.verdict] = counts.get(check.verdict, 0) + 1
     lines = ["validate: " + " ".join(f"{k}={v}" for k, v in sorted(counts.items()))]
     if result.in_progress:
         lines.append(f"run in progress: {counts.get('RUNNING', 0)} running cell(s) are not "
                      "judged until they end; INVALID below are from finished attempts")
     if result.invalid:
-        width = max(len(c.cell) for c in result.invalid)
+        width = max(len(check.cell) for check in result.invalid)
         lines.append(f"{'cell':<{width}}  reason            detail")
-        for c in result.invalid:
-            lines.append(f"{c.cell:<{width}}  {c.reason:<16}  {term(c.detail, 300)}")
+        for check in result.invalid:
+            lines.append(f"{check.cell:<{width}}  {check.reason:<16}  {term(check.detail, 300)}")
     why: dict[str, tuple[int, str]] = {}
-    for c in result.cells:
-        if c.verdict == "PENDING":
-            n, detail = why.get(c.reason, (0, c.detail))
-            why[c.reason] = (n + 1, detail)
+    for check in result.cells:
+        if check.verdict == "PENDING":
+            count, detail = why.get(check.reason, (0, check.detail))
+            why[check.reason] = (count + 1, detail)
     if why:
         lines.append("pending (no verdict in the journal yet): " + "; ".join(
-            f"{r or 'not run'} {n}" + (f" ({term(d, 160)})" if d else "")
-            for r, (n, d) in sorted(why.items())))
-    for d in result.armless:
-        lines.append(f"ARM-LESS DIRECTORY: {term(d, 500)} maps to no cell of the plan")
+            f"{reason or 'not run'} {count}" + (f" ({term(said, 160)})" if said else "")
+            for reason, (count, said) in sorted(why.items())))
+    for armless in result.armless:
+        lines.append(f"ARM-LESS DIRECTORY: {term(armless, 500)} maps to no cell of the plan")
     if result.foreign:
         lines.append(f"{result.foreign} director{'y' if result.foreign == 1 else 'ies'} "
                      "beside the cells' outputs written outside this run's attempts "
