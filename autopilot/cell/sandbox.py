@@ -51,10 +51,10 @@ class Owner:
         """None when the container ``info`` (docker inspect, untrusted) is ours, else
         why not."""
         mounts = info.get("Mounts")
-        binds = [str(m.get("Source", "")) for m in mounts if isinstance(m, dict)
-                 and m.get("Type") == "bind"] if isinstance(mounts, list) else []
+        binds = [str(mount.get("Source", "")) for mount in mounts if isinstance(mount, dict)
+                 and mount.get("Type") == "bind"] if isinstance(mounts, list) else []
         if binds:
-            if any(Path(b).is_relative_to(r) for b in binds for r in self.roots):
+            if any(Path(bind).is_relative_to(root) for bind in binds for root in self.roots):
                 return None
             return f"it mounts {binds[0]}, outside this run's roots: another run's"
         created = parse_iso(info.get("Created"))  # Docker's RFC 3339, to the ns
@@ -79,17 +79,17 @@ class Docker:
         """Force-remove the container with exactly this name (and, with ``owner``, only
         when it is the run's); False if there was none or it was spared."""
         try:
-            c = await self.client.containers.get(name)
+            container = await self.client.containers.get(name)
             # Docker also resolves an id prefix: make sure this is exactly that name.
-            if str(c["Name"]).lstrip("/") != name:
+            if str(container["Name"]).lstrip("/") != name:
                 return False
-            info = {k: c[k] for k in ("Mounts", "Created") if k in c}
+            info = {k: container[k] for k in ("Mounts", "Created") if k in container}
             why = owner.why_not(info) if owner is not None else None
             if why:
                 log.warning("sandbox_spared", name=name, why=why)
                 self.spared.append({"container": name, "why": why})
                 return False
-            await c.delete(force=True, v=True)
+            await container.delete(force=True, v=True)
         except DockerError as e:
             if e.status == 404:
                 return False
@@ -105,21 +105,22 @@ class Docker:
         ``docker rm -f bench-sandbox-<cell>``): launching it now would destroy that
         run's live work."""
         try:
-            c = await self.client.containers.get(name)
+            container = await self.client.containers.get(name)
         except DockerError:
             return None
-        if str(c["Name"]).lstrip("/") != name or not (c["State"] or {}).get("Running"):
+        if str(container["Name"]).lstrip("/") != name \
+                or not (container["State"] or {}).get("Running"):
             return None
-        return owner.why_not({k: c[k] for k in ("Mounts", "Created") if k in c})
+        return owner.why_not({k: container[k] for k in ("Mounts", "Created") if k in container})
 
     async def names(self, *, all_: bool = True, label: str | None = None) -> dict[str, str]:
         kwargs: dict[str, Any] = {"all": "1" if all_ else "0"}
         if label:
             kwargs["filters"] = json.dumps({"label": [label]})
         out = {}
-        for c in await self.client.containers.list(**kwargs):
-            for n in c["Names"] or []:
-                out[n.lstrip("/")] = c.id
+        for container in await self.client.containers.list(**kwargs):
+            for name in container["Names"] or []:
+                out[name.lstrip("/")] = container.id
         return out
 
     async def remove_exact(self, names: Iterable[str], owner: Owner | None = None) -> list[str]:
@@ -136,10 +137,10 @@ class Docker:
         """Remove the endpoint container named exactly ``name`` when this run's state dir
         labelled it (a replica's on a node, its actor lost): never another's."""
         try:
-            c = await self.client.containers.get(name)
+            container = await self.client.containers.get(name)
         except DockerError:
             return False
-        labels = c["Config"].get("Labels") or {}
+        labels = container["Config"].get("Labels") or {}
         if labels.get(LABEL_STATE) != state_dir or labels.get(LABEL_ROLE) != "endpoint":
             return False
         return await self.remove(name)
@@ -147,8 +148,8 @@ class Docker:
     async def remove_labelled(self, state_dir: str, role: str | None = None) -> list[str]:
         removed = []
         for name in await self.names(label=f"{LABEL_STATE}={state_dir}"):
-            c = await self.client.containers.get(name)
-            if role and (c["Config"].get("Labels") or {}).get(LABEL_ROLE) != role:
+            container = await self.client.containers.get(name)
+            if role and (container["Config"].get("Labels") or {}).get(LABEL_ROLE) != role:
                 continue
             if await self.remove(name):
                 removed.append(name)
@@ -183,12 +184,12 @@ class DockerSandboxes:
 
     def __init__(self, docker: Docker, preset: Preset, state_dir: Path, owner: Owner
                  ) -> None:
-        h = preset.harness
+        harness = preset.harness
         self.docker, self.owner, self.state_dir = docker, owner, str(state_dir)
-        self.image, self.pattern = h.scratch_remove_image, h.compose_project_pattern
-        self.containers = bool(h.sandbox_container)
+        self.image, self.pattern = harness.scratch_remove_image, harness.compose_project_pattern
+        self.containers = bool(harness.sandbox_container)
         self.clears = bool(self.image)
-        self.projects = bool(h.compose_projects)
+        self.projects = bool(harness.compose_projects)
 
     async def remove(self, name: str, launching: bool = False) -> bool:
         """Remove this run's sandbox ``name``. Before a launch, another run's live sandbox
@@ -223,9 +224,10 @@ def listed_projects(path: str, pattern: str) -> list[str]:
         data, _ = read_tail(path, 64 * 1024)
     except OSError:
         return []
-    rx = re.compile(pattern)
-    names = [x.strip() for x in data.decode("utf-8", "replace").splitlines()]
-    return list(dict.fromkeys(n for n in names if len(n) <= 128 and rx.fullmatch(n)))[:64]
+    allowed = re.compile(pattern)
+    names = [line.strip() for line in data.decode("utf-8", "replace").splitlines()]
+    return list(dict.fromkeys(name for name in names
+                              if len(name) <= 128 and allowed.fullmatch(name)))[:64]
 
 
 async def remove_projects(docker: Docker, names: Iterable[str]) -> list[str]:
@@ -235,11 +237,11 @@ async def remove_projects(docker: Docker, names: Iterable[str]) -> list[str]:
     for name in names:
         flt = json.dumps({"label": [f"{COMPOSE_PROJECT}={name}"]})
         try:
-            for c in await docker.client.containers.list(all=True, filters=flt):
-                if (c["Labels"] or {}).get(COMPOSE_PROJECT) != name:
+            for container in await docker.client.containers.list(all=True, filters=flt):
+                if (container["Labels"] or {}).get(COMPOSE_PROJECT) != name:
                     continue  # the engine's filter, checked again
-                await c.delete(force=True, v=True)
-                removed.append(f"container {str((c['Names'] or ['?'])[0]).lstrip('/')}")
+                await container.delete(force=True, v=True)
+                removed.append(f"container {str((container['Names'] or ['?'])[0]).lstrip('/')}")
             nets = await docker.client.networks.list(
                 filters={"label": [f"{COMPOSE_PROJECT}={name}"]})
             for net in nets:
@@ -263,10 +265,10 @@ async def sweep_listed_projects(docker: Docker, preset: Preset, plan: Plan,
     from autopilot.templates import render
 
     removed: list[str] = []
-    for c in plan.cells:
-        if c.id in keep:
+    for cell in plan.cells:
+        if cell.id in keep:
             continue
-        listing = render(preset.harness.compose_projects, cell_context(preset, c, 1,
+        listing = render(preset.harness.compose_projects, cell_context(preset, cell, 1,
                                                                         state_dir))
         removed += await remove_projects(docker, listed_projects(
             listing, preset.harness.compose_project_pattern))
@@ -295,21 +297,21 @@ async def clear_dir(docker: Docker, path: str, image: str, state_dir: str,
                        "ReadonlyRootfs": True, "SecurityOpt": ["no-new-privileges"]},
     }
     try:
-        c = await docker.client.containers.run(config, name=name)
+        container = await docker.client.containers.run(config, name=name)
     except DockerError as e:  # aiodocker's word for a daemon that is not there, too
         return f"docker: {e.message if hasattr(e, 'message') else e}"[:300]
     try:
-        result = await asyncio.wait_for(c.wait(), timeout)
+        result = await asyncio.wait_for(container.wait(), timeout)
         code = result.get("StatusCode") if isinstance(result, dict) else None
         if code != 0:
-            tail = "".join(await c.log(stdout=True, stderr=True, tail=3))[-200:]
+            tail = "".join(await container.log(stdout=True, stderr=True, tail=3))[-200:]
             return f"the removal container exited {code}: {tail.strip()}"
         return None
     except (TimeoutError, DockerError) as e:
         return f"the removal container did not finish: {type(e).__name__}"
     finally:
         try:
-            await c.delete(force=True)
+            await container.delete(force=True)
         except DockerError as e:
             log.warning("container_remove_failed", name=name, error=str(e))
 

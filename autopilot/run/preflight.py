@@ -44,8 +44,8 @@ def _program_problems(argv: list[str], cwd: str | None, what: str) -> list[str]:
     prog = argv[0]
     problems = []
     if "/" in prog:
-        p = Path(prog) if Path(prog).is_absolute() else base / prog
-        if not (p.is_file() and os.access(p, os.X_OK)):
+        path = Path(prog) if Path(prog).is_absolute() else base / prog
+        if not (path.is_file() and os.access(path, os.X_OK)):
             problems.append(f"{what} program {prog} not found or not executable")
     elif shutil.which(prog) is None:
         problems.append(f"{what} program {prog!r} not on PATH")
@@ -60,22 +60,22 @@ def _program_problems(argv: list[str], cwd: str | None, what: str) -> list[str]:
 def resolve_env(names: list[str], dotenv: Path) -> list[str]:
     """Names still missing after looking in the environment, then ``dotenv``. Found
     ``.env`` values are exported so cells inherit them; they are never printed."""
-    missing = [n for n in names if not os.environ.get(n)]
+    missing = [name for name in names if not os.environ.get(name)]
     if missing and dotenv.is_file():
         values = dotenv_values(dotenv)
-        for n in list(missing):
-            if values.get(n):
-                os.environ[n] = str(values[n])
-                missing.remove(n)
+        for name in list(missing):
+            if values.get(name):
+                os.environ[name] = str(values[name])
+                missing.remove(name)
     return missing
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
+    digest = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def needs_docker(preset: Preset) -> bool:
@@ -90,8 +90,8 @@ async def docker_reachable() -> str | None:
     except ImportError:
         return "aiodocker is not installed"
     try:
-        async with aiodocker.Docker() as d:
-            await d.version()
+        async with aiodocker.Docker() as docker:
+            await docker.version()
     except Exception as e:
         return f"{type(e).__name__}: {e}"
     return None
@@ -112,7 +112,7 @@ async def command_problems(preset: Preset, state_dir: Path) -> list[str]:
         return out
     ctx = _static_ctx(preset, preset.tasks[0].id, preset.arms[0].label, state_dir)
     env = {**os.environ, "AUTOPILOT_PLAN_TASKS": json.dumps(
-        [{"id": t.id, "vars": {**preset.vars, **t.vars}} for t in preset.tasks])}
+        [{"id": task.id, "vars": {**preset.vars, **task.vars}} for task in preset.tasks])}
     for tmpl in preset.preflight.commands:
         argv = render_argv(tmpl, ctx)
         try:
@@ -132,7 +132,7 @@ async def command_problems(preset: Preset, state_dir: Path) -> list[str]:
                        f"{preset.preflight.command_timeout_secs:g} s")
             continue
         if proc.returncode != 0:
-            lines = [x for x in text.decode("utf-8", "replace").splitlines() if x.strip()]
+            lines = [line for line in text.decode("utf-8", "replace").splitlines() if line.strip()]
             last = term(lines[-1], 400) if lines else "(no output)"
             out.append(f"preflight command {' '.join(argv[:4])} exited {proc.returncode}: "
                        f"{last}")
@@ -145,26 +145,26 @@ async def image_identity(name: str) -> dict[str, Any]:
     import aiodocker
 
     try:
-        async with aiodocker.Docker() as d:
-            got = await d.images.inspect(name)
+        async with aiodocker.Docker() as docker:
+            got = await docker.images.inspect(name)
     except Exception as e:
         return {"id": None, "why": f"{type(e).__name__}: {str(e)[:200]}"}
     digests = got.get("RepoDigests") if isinstance(got, dict) else None
     return {"id": str(got.get("Id", ""))[:80] or None,
-            "repo_digests": [str(x)[:200] for x in digests[:4]]
+            "repo_digests": [str(digest)[:200] for digest in digests[:4]]
             if isinstance(digests, list) else []}
 
 
 def _looks_like_path(value: str) -> bool:
     return ("/" in value and not value.startswith(("-", "http://", "https://"))
-            and not any(ch.isspace() for ch in value) and "{" not in value)
+            and not any(char.isspace() for char in value) and "{" not in value)
 
 
 def _runtime(value: str, ctx: dict[str, str]) -> bool:
     """Paths the run itself creates (outputs, scratch, the state dir): not checked."""
     roots = [ctx["state_dir"], ctx["output_dir"], ctx["scratch_dir"],
              str(Path(ctx["grade_file"]).parent)]
-    return any(value == r or value.startswith(r.rstrip("/") + "/") for r in roots)
+    return any(value == root or value.startswith(root.rstrip("/") + "/") for root in roots)
 
 
 def referenced_paths(argv: Argv, ctx: dict[str, str], cwd: str | None) -> list[Path]:
@@ -175,7 +175,7 @@ def referenced_paths(argv: Argv, ctx: dict[str, str], cwd: str | None) -> list[P
     for item in argv:
         parts = [item] if isinstance(item, str) else item
         if not isinstance(item, str) and not all(
-                ctx.get(n) for part in item for n in placeholders(part)):
+                ctx.get(name) for part in item for name in placeholders(part)):
             continue  # an optional group that drops out for this cell
         rendered += [render(part, ctx) for part in parts if placeholders(part)]
     out = []
@@ -213,7 +213,7 @@ def checkout_problems(preset: Preset, state_dir: Path) -> tuple[list[str], list[
             if not (missing and preset.grader.on_unavailable == "record"):
                 # (a grader recorded as unavailable will not run: its files do not matter)
                 paths += referenced_paths(grader_argv(preset, task.id), ctx, gcwd)
-            misses += [f"{p}" for p in paths if not p.exists()]
+            misses += [f"{path}" for path in paths if not path.exists()]
             if missing:
                 msg = f"{task.id}: grader needs {', '.join(missing)}"
                 if preset.grader.on_unavailable == "refuse":
@@ -221,8 +221,9 @@ def checkout_problems(preset: Preset, state_dir: Path) -> tuple[list[str], list[
                     ref = preset.env_of("grader.on_unavailable")
                     how = (f"{ref.name}=record (grader.on_unavailable)" if ref else
                            'grader.on_unavailable = "record"')
-                    notes.update({m: f"the grader needs it; {how} runs the task and "
-                                  "records it INVALID(grader_unavailable)" for m in missing})
+                    notes.update({missing_path: f"the grader needs it; {how} runs the task and "
+                                  "records it INVALID(grader_unavailable)"
+                                  for missing_path in missing})
                 else:
                     warnings.append(msg + ": its cells will be INVALID(grader_unavailable)")
         misses = list(dict.fromkeys(misses))
@@ -231,9 +232,10 @@ def checkout_problems(preset: Preset, state_dir: Path) -> tuple[list[str], list[
     problems = []
     for task_id, misses in per_task.items():
         described = []
-        for m in misses:
-            why = "; ".join(x for x in (notes.get(m, ""), preset.env_source(m)) if x)
-            described.append(f"{m} not found" + (f" ({why})" if why else ""))
+        for missing_path in misses:
+            why = "; ".join(part for part in (notes.get(missing_path, ""),
+                                              preset.env_source(missing_path)) if part)
+            described.append(f"{missing_path} not found" + (f" ({why})" if why else ""))
         problems.append(f"{task_id}: " + "; ".join(described))
     return problems, list(dict.fromkeys(warnings))
 
@@ -281,7 +283,8 @@ async def run_preflight(
     names = list(preset.preflight.env)
     if preset.endpoint.key_env():
         names.append(preset.endpoint.key_env())
-    names += [a.route.api_key_env for a in preset.arms if a.route and a.route.api_key_env]
+    names += [arm_spec.route.api_key_env for arm_spec in preset.arms
+              if arm_spec.route and arm_spec.route.api_key_env]
     missing = resolve_env(names, Path.cwd() / ".env")
     if missing:
         problems.append(f"env var(s) not set (nor in ./.env): {', '.join(missing)}")
@@ -326,16 +329,16 @@ async def run_preflight(
     from autopilot.endpoints import ENGINES
 
     if not offline and ENGINES[preset.endpoint.engine].checked_live:
-        ep = ENGINES[preset.endpoint.engine](preset, state_dir)
+        engine = ENGINES[preset.endpoint.engine](preset, state_dir)
         try:
-            ok, why = await ep.probe(check_model=True)
+            ok, why = await engine.probe(check_model=True)
         except EndpointError as e:
             raise PreflightError(f"preflight: {e}") from None
         finally:
-            await ep.aclose()
+            await engine.aclose()
         if not ok:
-            raise PreflightError(f"preflight: provider {ep.api_base} not answering ({why})")
-    if not offline and any(a.route for a in preset.arms):
+            raise PreflightError(f"preflight: provider {engine.api_base} not answering ({why})")
+    if not offline and any(arm_spec.route for arm_spec in preset.arms):
         from autopilot.run.routes import route_problems
 
         bad = await route_problems(preset)

@@ -103,10 +103,10 @@ def replay(state_dir: Path, ledger: Ledger) -> set[str]:
     """Fold the journal into ``ledger``; the arms whose completion was announced."""
     result = read_events(state_dir / "journal.jsonl")
     announced: set[str] = set()
-    for ev in result:  # streamed: one pass, one line held at a time
-        ledger.apply(ev)
-        if ev.get("event") == "milestone" and ev.get("kind") == "arm_complete":
-            announced.add(str(ev.get("arm")))
+    for record in result:  # streamed: one pass, one line held at a time
+        ledger.apply(record)
+        if record.get("event") == "milestone" and record.get("kind") == "arm_complete":
+            announced.add(str(record.get("arm")))
     if result.torn_lines:  # what the pass found
         log.warning("journal_torn_lines_skipped", lines=result.torn_lines)
     return announced
@@ -139,8 +139,8 @@ def record_plan(state_dir: Path, preset: Preset, plan: Plan, emit: Emit, *,
         "preset": preset.name, "resolved_sha256": digest, "preset_path": preset_path,
         "config_path": config_path,
         "target_n": plan.target_n, "identity": plan.identity,
-        "tasks": [t.id for t in preset.tasks],
-        "arms": [a.label for a in preset.arms], "recorded_at": iso(),
+        "tasks": [task.id for task in preset.tasks],
+        "arms": [arm.label for arm in preset.arms], "recorded_at": iso(),
         "benchmark_files": pins,
     })
     if identity:
@@ -174,10 +174,10 @@ async def reattach_datapaths(preset: Preset, plan: Plan, state_dir: Path, ledger
     from autopilot.datapath.messages import read_record
 
     lost: set[str] = set()
-    for cell in [c for c in ledger.cells.values() if c.status == "running"]:
-        d = wire.attempt_dir(state_dir, cell.id, cell.attempts)
-        if cell.pid is None and not any((d / f).exists() for f in (wire.RECORD, wire.LEGACY_RECORD,
-                                                                        wire.EXIT)):
+    for cell in [state for state in ledger.cells.values() if state.status == "running"]:
+        attempt_dir = wire.attempt_dir(state_dir, cell.id, cell.attempts)
+        if cell.pid is None and not any((attempt_dir / f).exists()
+                                        for f in (wire.RECORD, wire.LEGACY_RECORD, wire.EXIT)):
             # The intent is journaled but no data path ever spawned its harness (killed
             # while the fork server started, say): abandoned as never started, and its
             # attempt number used again: the harness never touched it.
@@ -186,25 +186,25 @@ async def reattach_datapaths(preset: Preset, plan: Plan, state_dir: Path, ledger
                                why="its harness was never spawned (the supervisor was "
                                    "killed first): nothing to charge or re-attach"))
             continue
-        if not d.is_dir():
+        if not attempt_dir.is_dir():
             continue  # spawned before data paths (an older state dir)
-        dp = await DataPath.attach(d)
-        if dp is not None:
+        datapath = await DataPath.attach(attempt_dir)
+        if datapath is not None:
             # Killed between the intent and the start's record: the start is journaled
             # on re-attach, so every attempt that ran has its cell_started.
-            dp.unjournaled = cell.pid is None
-            found.reattached.append((cell.id, cell.attempts, dp))
-            if dp.drain is not None:
+            datapath.unjournaled = cell.pid is None
+            found.reattached.append((cell.id, cell.attempts, datapath))
+            if datapath.drain is not None:
                 emit(DatapathVersionMismatch(cell=cell.id, attempt=cell.attempts,
-                     version=dp.drain, ours=wire.VERSION,
+                     version=datapath.drain, ours=wire.VERSION,
                      why="watched by its files until it ends; no new attempt uses it"))
             continue
-        rec = finished_record(d)
+        rec = finished_record(attempt_dir)
         if rec is None:
             lost.add(cell.id)
             continue
         code, meter = rec.code, meter_from(rec.meter)
-        record = read_record(d)
+        record = read_record(attempt_dir)
         meta = record.meta if record is not None else {}
         launched = meta.get("launched") if isinstance(meta, dict) else None
         outcome = ended_outcome(preset, plan.by_id[cell.id], state_dir, cell, code,
@@ -253,20 +253,20 @@ def live_endpoints(journal: Path, token: str) -> dict[int, dict[str, Any]]:
     from autopilot.cell.procs import journaled_identity, run_marked, verify
 
     last: dict[int, dict[str, Any]] = {}
-    for ev in read_events(journal):
-        if ev.get("event") in ("endpoint_spawned", "endpoint_started") \
-                and not ev.get("attached"):
-            replica = ev.get("replica", 0)
+    for record in read_events(journal):
+        if record.get("event") in ("endpoint_spawned", "endpoint_started") \
+                and not record.get("attached"):
+            replica = record.get("replica", 0)
             # spawned and never started: killed while it loaded (a successor waits for
             # the load to end rather than start it again: a 397B model loads for minutes)
             last[replica if type(replica) is int else 0] = {
-                **ev, "loading": ev.get("event") == "endpoint_spawned"}
+                **record, "loading": record.get("event") == "endpoint_spawned"}
     out = {}
-    for replica, ev in last.items():
-        ident = journaled_identity(ev)
-        p = verify(ident) if ident is not None else None
-        if p is not None and run_marked(p, token):
-            out[replica] = ev
+    for replica, record in last.items():
+        ident = journaled_identity(record)
+        proc = verify(ident) if ident is not None else None
+        if proc is not None and run_marked(proc, token):
+            out[replica] = record
     return out
 
 
@@ -286,16 +286,19 @@ async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Led
     if reattach:
         lost = await reattach_datapaths(preset, plan, state_dir, ledger, emit, found)
         found.endpoints = await anyio.to_thread.run_sync(live_endpoints, journal, run_token)
-    handled = {cid for cid, _, _ in found.reattached} | {a[0] for a in found.adopted} | \
-        found.never_started | {cid for cid, _, _ in (spare.attempts if spare else ())}
-    cells = [c for c in ledger.cells.values() if c.id not in handled]
-    keep_tokens = frozenset(str(dp.meta.get("token")) for _, _, dp in found.reattached)
-    keep_groups = frozenset(str(dp.meta.get("group")) for _, _, dp in found.reattached) | {
-        f"endpoint-{r}" for r in found.endpoints} | (spare.groups if spare else frozenset())
+    handled = {cid for cid, _, _ in found.reattached} | {
+        adoption[0] for adoption in found.adopted} | found.never_started | {
+        cid for cid, _, _ in (spare.attempts if spare else ())}
+    cells = [state for state in ledger.cells.values() if state.id not in handled]
+    reattached = [datapath for _, _, datapath in found.reattached]
+    keep_tokens = frozenset(str(datapath.meta.get("token")) for datapath in reattached)
+    keep_groups = frozenset(str(datapath.meta.get("group")) for datapath in reattached) | {
+        f"endpoint-{replica}" for replica in found.endpoints} | (
+        spare.groups if spare else frozenset())
     # A forked data path carries its fork server's environment, not its attempt's token:
     # kept by its pid (its harness tree, by the token it carries).
-    keep_pids = frozenset(ev["pid"] for ev in found.endpoints.values()) | {
-        dp.pid for _, _, dp in found.reattached} | (spare.pids if spare else frozenset())
+    keep_pids = frozenset(record["pid"] for record in found.endpoints.values()) | {
+        datapath.pid for datapath in reattached} | (spare.pids if spare else frozenset())
     keep_leases = spare.leases if spare else frozenset()
     # The fork server a predecessor left serving is re-attached, not swept (alone: the
     # data paths it forked are kept or swept as their attempts are).
@@ -326,8 +329,8 @@ async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Led
         emit(CellAbandoned(cell=cell.id, attempt=cell.attempts, why=why, killed_pids=pids))
     endpoint = await anyio.to_thread.run_sync(sweep.orphan_endpoint, journal, run_token,
                                               refused, keep_pids)
-    for r in refused:
-        emit(JournalPidRefused(**r, why="named by the journal, but the process "
+    for refusal in refused:
+        emit(JournalPidRefused(**refusal, why="named by the journal, but the process "
              "carries neither this run's marker nor is our descendant: not signalled"))
     if endpoint:
         found.cleaned.append({"endpoint": endpoint.engine, "pids": endpoint.pids})
@@ -356,7 +359,7 @@ async def sweep_orphans(preset: Preset, plan: Plan, state_dir: Path, ledger: Led
     # And with a user per cell, every process of a past cell's uid (one that wrote its
     # pid out of its group, say): a cell's uid is no one else's.
     if preset.harness.user != "same":  # the journal says which uids were cells'
-        keep_uids = {dp.meta.get("uid") for _, _, dp in found.reattached}
+        keep_uids = {datapath.meta.get("uid") for _, _, datapath in found.reattached}
         for uid, pids in await anyio.to_thread.run_sync(
                 lambda: sweep.orphan_uids(journal, preset.harness.uids, keep_uids, grace)):
             found.cleaned.append({"uid": uid, "pids": pids})
@@ -388,7 +391,7 @@ async def stop_leftovers(preset: Preset, plan: Plan, state_dir: Path, ledger: Le
 
         docker = Docker()
         try:
-            elsewhere += [f"container {n}" for n in
+            elsewhere += [f"container {name}" for name in
                           await docker.remove_labelled(str(state_dir), role="endpoint")]
         finally:
             await docker.close()
@@ -413,7 +416,7 @@ def _trees(pids: frozenset[int]) -> frozenset[int]:
     out: set[int] = set()
     for pid in pids:
         with contextlib.suppress(psutil.Error):
-            out.update(c.pid for c in descendants(psutil.Process(pid)))
+            out.update(child.pid for child in descendants(psutil.Process(pid)))
     return frozenset(out)
 
 
@@ -443,8 +446,8 @@ def sandbox_names(preset: Preset, plan: Plan, state_dir: Path,
                   keep: frozenset[str] = frozenset()) -> tuple[str, ...]:
     """Every cell's sandbox container name (``harness.sandbox_container``), but ``keep``'s."""
     template = preset.harness.sandbox_container
-    return tuple(render(template, cell_context(preset, c, 1, state_dir))
-                 for c in plan.cells if c.id not in keep) if template else ()
+    return tuple(render(template, cell_context(preset, cell, 1, state_dir))
+                 for cell in plan.cells if cell.id not in keep) if template else ()
 
 
 def sandbox_owner(preset: Preset, state_dir: Path) -> Any:
@@ -488,7 +491,7 @@ async def docker_setup(preset: Preset, plan: Plan, state_dir: Path,
                     "finish, or give one run other cell ids")
     if preset.harness.compose_projects:
         # what a killed predecessor's harnesses listed
-        cleaned += [{"compose": x} for x in
+        cleaned += [{"compose": project} for project in
                     await sweep_listed_projects(docker, preset, plan, state_dir, keep)]
     for name in await docker.remove_labelled(str(state_dir)):
         cleaned.append({"container": name})
