@@ -72,7 +72,8 @@ def meter_from(doc: Any) -> Meter | None:
         if k in ("errors", "models"):
             if not isinstance(v, dict) or len(v) > 64:
                 return None
-            v = {str(a)[:200]: b for a, b in v.items() if type(b) is int and b >= 0}
+            v = {str(name)[:200]: count for name, count in v.items()
+                 if type(count) is int and count >= 0}
         elif k in ("first_error", "last_error"):
             v = None if v is None else str(v)[:300]
         elif v is None and k in _ABSENT_OK:
@@ -86,7 +87,7 @@ def meter_from(doc: Any) -> Meter | None:
 class Forks(Protocol):
     """Where a data path can be forked rather than spawned (forks.ForkServer)."""
 
-    async def fork(self, d: Path, spec: AttemptSpec, listen: Any | None
+    async def fork(self, attempt_dir: Path, spec: AttemptSpec, listen: Any | None
                    ) -> Attempt | None: ...
 
 
@@ -142,24 +143,24 @@ class DataPath:
         own) and wait until its harness is spawned. ``listen``: the gateway's listening
         socket (handed over, closed here)."""
         cell = spec.cell
-        d = wire.attempt_dir(state_dir, cell, spec.attempt)
-        ensure_private_dir(d.parent.parent)
-        ensure_private_dir(d.parent)
-        ensure_private_dir(d)
+        attempt_dir = wire.attempt_dir(state_dir, cell, spec.attempt)
+        ensure_private_dir(attempt_dir.parent.parent)
+        ensure_private_dir(attempt_dir.parent)
+        ensure_private_dir(attempt_dir)
         # an earlier launch's
         for stale in (wire.RECORD, wire.LEGACY_RECORD, wire.EXIT, wire.SECRET):
             with contextlib.suppress(FileNotFoundError):
-                (d / stale).unlink()
+                (attempt_dir / stale).unlink()
         secret = secrets.token_hex(16)
-        wire.write_private_json(d / wire.SECRET, {"secret": secret})
-        spec = replace(spec, dir=str(d), secret=secret)
+        wire.write_private_json(attempt_dir / wire.SECRET, {"secret": secret})
+        spec = replace(spec, dir=str(attempt_dir), secret=secret)
         fds: tuple[int, ...] = ()
         if listen is not None:  # (a spawned data path has it under the same number)
             spec = spec.with_listener(listen.fileno())
             fds = (listen.fileno(),)
         if forks is not None:
             try:
-                info = await forks.fork(d, spec, listen)
+                info = await forks.fork(attempt_dir, spec, listen)
             except BaseException:
                 if listen is not None:
                     listen.close()
@@ -167,12 +168,12 @@ class DataPath:
             if info is not None:
                 if listen is not None:
                     listen.close()
-                return await cls._ready(d, secret, info, None)
+                return await cls._ready(attempt_dir, secret, info, None)
         # Its own marker too: a sweep that finds it with no successor ends it (cleanup).
         env = datapath_env(run_token, token)
         env["AUTOPILOT_CELL_ID"] = cell
         try:
-            with open_append(d / wire.LOG) as log:
+            with open_append(attempt_dir / wire.LOG) as log:
                 proc = await spawn([sys.executable, "-m", "autopilot.datapath.process"],
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                    env=env, start_new_session=True, pass_fds=fds)
@@ -198,51 +199,51 @@ class DataPath:
                 await proc.wait()
             OWNED.discard(proc.pid)
             raise DataPathError(f"the attempt's data path did not start: "
-                                f"{log_tail(d / wire.LOG, 3) or 'no output'}")
+                                f"{log_tail(attempt_dir / wire.LOG, 3) or 'no output'}")
         with contextlib.suppress(Exception):
             if proc.stdout is not None:
                 await proc.stdout.aclose()
-        return await cls._ready(d, secret, info, proc)
+        return await cls._ready(attempt_dir, secret, info, proc)
 
     @classmethod
-    async def _ready(cls, d: Path, secret: str, info: Attempt,
+    async def _ready(cls, attempt_dir: Path, secret: str, info: Attempt,
                      proc: Process | None) -> DataPath:
-        dp = cls._from(d, secret, info, proc)
-        dp.spawn_error = info.spawn_error
-        if dp.spawn_error is None:
+        datapath = cls._from(attempt_dir, secret, info, proc)
+        datapath.spawn_error = info.spawn_error
+        if datapath.spawn_error is None:
             try:
-                await dp._connect()
+                await datapath._connect()
             except CHANNEL_ERRORS:
                 # Gone already (a harness that ended while this loop was frozen between
                 # the ready line and the connect): its end is in its files.
-                await dp.close()
-                dp._by_files()
-        return dp
+                await datapath.close()
+                datapath._by_files()
+        return datapath
 
     @classmethod
-    def _from(cls, d: Path, secret: str, info: Attempt,
+    def _from(cls, attempt_dir: Path, secret: str, info: Attempt,
               proc: Process | None) -> DataPath:
-        return cls(d, secret, info.pid or 0, info.ticks or start_ticks(info.pid or 0),
+        return cls(attempt_dir, secret, info.pid or 0, info.ticks or start_ticks(info.pid or 0),
                    info.harness_pid, info.harness_ticks, info.port, meta=info.meta,
                    proc=proc)
 
     @classmethod
-    async def attach(cls, d: Path) -> DataPath | None:
+    async def attach(cls, attempt_dir: Path) -> DataPath | None:
         """Re-attach to the data path a predecessor started in ``d``; None when there is
         none alive to talk to (see ``finished`` for one that has ended)."""
-        saved = wire.read_private_json(d / wire.SECRET)
-        record = read_record(d)
+        saved = wire.read_private_json(attempt_dir / wire.SECRET)
+        record = read_record(attempt_dir)
         if saved is None or record is None or not isinstance(saved.get("secret"), str):
             return None
-        dp = cls._from(d, saved["secret"], record, None)
-        if dp.pid <= 1 or verify(ProcIdentity(dp.pid, 0.0, dp.ticks)) is None:
+        datapath = cls._from(attempt_dir, saved["secret"], record, None)
+        if datapath.pid <= 1 or verify(ProcIdentity(datapath.pid, 0.0, datapath.ticks)) is None:
             return None
         try:
-            await dp._connect()
+            await datapath._connect()
         except CHANNEL_ERRORS:
-            await dp.close()
+            await datapath.close()
             return None
-        return dp
+        return datapath
 
     # ------------------------------------------------------------------ the channel
 
@@ -287,7 +288,7 @@ class DataPath:
             return
         changed = None
         if upstream is not None and tuple(map(tuple, upstream)) != self._sent_upstream:
-            changed = self._sent_upstream = tuple((r, o) for r, o in upstream)
+            changed = self._sent_upstream = tuple((replica, origin) for replica, origin in upstream)
         try:
             reply = Status.of(await self._ask(Poll(timeout, changed).to_wire(),
                                               timeout + ANSWER_SECS))
@@ -301,17 +302,17 @@ class DataPath:
             return
         self._apply(reply)
 
-    def _apply(self, st: Status) -> None:
-        m = meter_from(st.meter)
-        if m is not None:
-            self.meter = m
-        if st.throttled is not None:
-            self.throttled = st.throttled
-        self.failovers.extend(st.failovers)
-        if st.spawn_error is not None:
-            self.spawn_error = st.spawn_error
-        if st.exited:
-            self.phase, self.code, self.ended = "exited", st.code, st.ended
+    def _apply(self, status: Status) -> None:
+        meter = meter_from(status.meter)
+        if meter is not None:
+            self.meter = meter
+        if status.throttled is not None:
+            self.throttled = status.throttled
+        self.failovers.extend(status.failovers)
+        if status.spawn_error is not None:
+            self.spawn_error = status.spawn_error
+        if status.exited:
+            self.phase, self.code, self.ended = "exited", status.code, status.ended
 
     def _by_files(self) -> None:
         """The data path's channel is closed: its end is in exit.json, or it was lost."""
@@ -349,10 +350,10 @@ class DataPath:
             return
         with anyio.move_on_after(wait):
             await until_gone(self.identity)
-        p = verify(self.identity)
-        if p is not None:
+        proc = verify(self.identity)
+        if proc is not None:
             with contextlib.suppress(psutil.Error):
-                p.kill()
+                proc.kill()
 
     @property
     def harness(self) -> ProcIdentity | None:
@@ -385,11 +386,11 @@ def datapath_env(run_token: str, token: str) -> dict[str, str]:
     return env
 
 
-def finished_record(d: Path) -> Status | None:
+def finished_record(attempt_dir: Path) -> Status | None:
     """The end an attempt's data path recorded in ``d`` (exit.json: its harness's exit,
     the gateway's final meter), else None. Read by start-up for an attempt that ended
     while no loop watched it, and by a loop whose channel to it closed."""
-    return Status.of(wire.read_private_json(d / wire.EXIT), exited=True)
+    return Status.of(wire.read_private_json(attempt_dir / wire.EXIT), exited=True)
 
 
 __all__ = ["DATAPATH_ENV", "DataPath", "DataPathError", "finished_record",

@@ -167,7 +167,7 @@ class ForkServer:
             raise OSError(f"the fork server did not answer as {ident.pid}")
         self.sock, self.ident = sock, ident
 
-    async def fork(self, d: Path, spec: AttemptSpec, listen: Any | None
+    async def fork(self, attempt_dir: Path, spec: AttemptSpec, listen: Any | None
                    ) -> Attempt | None:
         """The data path's ready line, forked from the server; None: spawn instead."""
         if self.broken:
@@ -178,7 +178,7 @@ class ForkServer:
         r, w = os.pipe()
         os.set_blocking(r, False)
         try:
-            with open_append(d / wire.LOG) as log:
+            with open_append(attempt_dir / wire.LOG) as log:
                 fds = [w, log.fileno()] + ([listen.fileno()] if listen is not None else [])
                 async with self._lock:
                     pid = await self._send(data, fds)
@@ -200,7 +200,7 @@ class ForkServer:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                 raise DataPathError(f"the attempt's data path did not start: "
-                                    f"{log_tail(d / wire.LOG, 3) or 'no output'}")
+                                    f"{log_tail(attempt_dir / wire.LOG, 3) or 'no output'}")
             return info
         finally:
             if w >= 0:

@@ -125,9 +125,10 @@ class Gateway(GatewaySettings):
     @classmethod
     def like(cls, settings: GatewaySettings) -> Gateway:
         """A serving gateway with ``settings``' limits, keys and listeners."""
-        gw = cls(settings.redact, settings.limits, settings.on_throttled, settings.on_failover)
-        gw.key, gw.dialects, gw.secrets = settings.key, settings.dialects, settings.secrets
-        return gw
+        gateway = cls(settings.redact, settings.limits, settings.on_throttled, settings.on_failover)
+        gateway.key, gateway.dialects = settings.key, settings.dialects
+        gateway.secrets = settings.secrets
+        return gateway
 
     def _client(self) -> ClientSession:
         if self._session is None or self._session.closed:
@@ -208,28 +209,28 @@ class Gateway(GatewaySettings):
             yield att
 
     async def _handle(self, att: Attempt, req: web.Request) -> web.StreamResponse:
-        m = att.meter
+        meter = att.meter
         if not att.admits(req):
             # Before a byte of the body: not this attempt's harness. Nothing of it counts
             # (not progress, not spend, not a record); its connection is closed.
-            m.unauthorized += 1
+            meter.unauthorized += 1
             resp = web.json_response({"error": {
                 "message": "the autopilot gateway serves one attempt's harness: send its "
                            f"key ({KEY_ENV}) as the API key", "type": "unauthorized"}},
                 status=401)
             resp.force_close()
             return resp
-        m.requests += 1
-        first = m.requests == 1
-        m.in_flight += 1
-        m.progress += 1
+        meter.requests += 1
+        first = meter.requests == 1
+        meter.in_flight += 1
+        meter.progress += 1
         t0 = time.perf_counter()
         rec = Record(round(time.time(), 3), req.method, req.path[:200])
-        x = Exchange(att, req, rec, t0)
+        exchange = Exchange(att, req, rec, t0)
         try:
-            return await self._forward(x)
+            return await self._forward(exchange)
         except asyncio.CancelledError:
-            accounted = x.accounted  # an endpoint's error, already counted
+            accounted = exchange.accounted  # an endpoint's error, already counted
             if att.closing:
                 # The attempt ended (its harness gone, its data path closing) with this
                 # request still open: written as cut, never lost.
@@ -237,7 +238,7 @@ class Gateway(GatewaySettings):
             elif accounted:
                 rec.client_closed, rec.ended_by = True, "harness"
             else:  # the harness hung up: its request (and the upstream's work) ends
-                m.error("client_closed", "the harness closed its connection")
+                meter.error("client_closed", "the harness closed its connection")
                 rec.error, rec.ended_by = "client_closed", "harness"
                 route = route_of(req.method, req.path)
                 # Unmetered only if it reached an upstream (which may have spent on it): a
@@ -246,12 +247,12 @@ class Gateway(GatewaySettings):
                     rec.unmetered = "the harness hung up before the response ended"
             raise
         finally:
-            m.in_flight -= 1
-            m.progress += 1
+            meter.in_flight -= 1
+            meter.progress += 1
             if first:
-                m.first_error = rec.error or ""
+                meter.first_error = rec.error or ""
             if rec.unmetered:
-                m.unmetered += 1
+                meter.unmetered += 1
             rec.latency_ms = round((time.perf_counter() - t0) * 1000, 2)
             with contextlib.suppress(OSError):
                 att.write(rec)
@@ -265,11 +266,11 @@ class Gateway(GatewaySettings):
         return web.json_response({"error": {"message": f"autopilot gateway: {why}"}},
                                  status=status)
 
-    async def _forward(self, x: Exchange) -> web.StreamResponse:
+    async def _forward(self, exchange: Exchange) -> web.StreamResponse:
         """One request through, in stages: its body read, the request as it goes
         upstream, the upstream's head (an error's words counted before the harness hears
         them), the body relayed, what the response counts for."""
-        att, req, rec, lim = x.att, x.req, x.rec, self.limits
+        att, req, rec, lim = exchange.att, exchange.req, exchange.rec, self.limits
         try:
             async with asyncio.timeout(lim.body_secs or None):  # no task of its own
                 body = await req.read()
@@ -283,99 +284,101 @@ class Gateway(GatewaySettings):
         if isinstance(out, web.Response):
             return out
         out.headers["Accept-Encoding"] = "identity"
-        x.dialect, x.metered, x.stream = out.dialect, out.metered, out.stream
+        exchange.dialect, exchange.metered, exchange.stream = out.dialect, out.metered, out.stream
         try:
             up = await self._send_held(att, req.method, out.target, out.body, out.headers, rec)
             async with up:
-                await self._head(x, up)
-                if not await self._answer_head(x):
-                    return x.answer()
+                await self._head(exchange, up)
+                if not await self._answer_head(exchange):
+                    return exchange.answer()
                 try:
-                    gone = await self._relay(x, up)
+                    gone = await self._relay(exchange, up)
                 except asyncio.CancelledError:
-                    if x.scan is not None and x.scan.state.done:
+                    if exchange.scan is not None and exchange.scan.state.done:
                         # hung up after the dialect's last event: counted in full
                         att.meter.answered += 1
-                        self._account(x, 0)
+                        self._account(exchange, 0)
                     raise
                 if not gone:
-                    await x.answer().write_eof()
-                self._settle(x, gone)
-                return x.answer()
+                    await exchange.answer().write_eof()
+                self._settle(exchange, gone)
+                return exchange.answer()
         except (ClientError, TimeoutError, OSError) as e:
-            return self._endpoint_failed(x, f"{type(e).__name__}: {e}"[:300])
+            return self._endpoint_failed(exchange, f"{type(e).__name__}: {e}"[:300])
 
-    async def _head(self, x: Exchange, up: Any) -> None:
+    async def _head(self, exchange: Exchange, up: Any) -> None:
         """The upstream's status and headers; an error's body read and counted now: a
         client that hangs up on a 4xx (urllib raises on the status) must not take the
         endpoint's evidence with it."""
-        x.resp = _response_head(up, x.rec)
-        x.status = up.status
+        exchange.resp = _response_head(up, exchange.rec)
+        exchange.status = up.status
         sse = "text/event-stream" in up.headers.get("Content-Type", "").lower()
-        x.encoding = up.headers.get("Content-Encoding", "identity").strip().lower()
-        x.scan = StreamScan(x.dialect) if (x.stream or sse) and up.status < 400 else None
+        exchange.encoding = up.headers.get("Content-Encoding", "identity").strip().lower()
+        exchange.scan = (StreamScan(exchange.dialect)
+                         if (exchange.stream or sse) and up.status < 400 else None)
         if up.status >= 400:
-            held_n = await _read_error(up, x.held)
-            x.rec.ttfb_ms = round((time.perf_counter() - x.t0) * 1000, 2)
-            x.first_byte = True
-            x.att.meter.bytes_in += held_n
-            x.att.meter.answered += 1
-            self._account(x, held_n)
+            held_n = await _read_error(up, exchange.held)
+            exchange.rec.ttfb_ms = round((time.perf_counter() - exchange.t0) * 1000, 2)
+            exchange.first_byte = True
+            exchange.att.meter.bytes_in += held_n
+            exchange.att.meter.answered += 1
+            self._account(exchange, held_n)
 
-    async def _answer_head(self, x: Exchange) -> bool:
+    async def _answer_head(self, exchange: Exchange) -> bool:
         """The head (and a held error) to the harness; False when it hung up already."""
-        resp = x.answer()
+        resp = exchange.answer()
         try:
-            await resp.prepare(x.req)
-            for chunk in x.held if x.status >= 400 else ():
+            await resp.prepare(exchange.req)
+            for chunk in exchange.held if exchange.status >= 400 else ():
                 await resp.write(chunk)
         except (ConnectionError, RuntimeError):
-            if not x.accounted:
-                x.att.meter.error("client_closed", "the harness closed its connection")
-                x.rec.error = "client_closed"
-            x.rec.client_closed, x.rec.ended_by = True, "harness"
+            if not exchange.accounted:
+                exchange.att.meter.error("client_closed", "the harness closed its connection")
+                exchange.rec.error = "client_closed"
+            exchange.rec.client_closed, exchange.rec.ended_by = True, "harness"
             return False
         return True
 
-    def _settle(self, x: Exchange, gone: bool) -> None:
+    def _settle(self, exchange: Exchange, gone: bool) -> None:
         """What the whole response counts for (an error was counted at its head)."""
-        x.rec.ended_by = "harness" if gone else "complete"
+        exchange.rec.ended_by = "harness" if gone else "complete"
         if gone:
-            x.rec.client_closed = True
-        if x.accounted:
+            exchange.rec.client_closed = True
+        if exchange.accounted:
             return
-        x.att.meter.answered += 1
-        if gone and x.status < 400:
+        exchange.att.meter.answered += 1
+        if gone and exchange.status < 400:
             # The harness stopped reading mid-response: what it got is not the whole.
-            x.att.meter.error("client_closed", "the harness closed its connection "
-                              "mid-response")
-            x.rec.error = "client_closed"
-            if x.metered:
-                x.rec.unmetered = "the harness hung up before the response ended"
+            exchange.att.meter.error("client_closed", "the harness closed its connection "
+                                     "mid-response")
+            exchange.rec.error = "client_closed"
+            if exchange.metered:
+                exchange.rec.unmetered = "the harness hung up before the response ended"
             return
         # (a harness that stopped reading an error's body: what the endpoint said counts)
-        self._account(x, sum(map(len, x.held)))
+        self._account(exchange, sum(map(len, exchange.held)))
 
-    def _account(self, x: Exchange, held_n: int) -> None:
-        account(x.att, x.rec, x.status, x.dialect, x.scan, x.held, held_n, x.metered,
-                x.encoding, self.limits, self.redact)
-        x.accounted = True
+    def _account(self, exchange: Exchange, held_n: int) -> None:
+        account(exchange.att, exchange.rec, exchange.status, exchange.dialect, exchange.scan,
+                exchange.held, held_n, exchange.metered, exchange.encoding, self.limits,
+                self.redact)
+        exchange.accounted = True
 
-    def _endpoint_failed(self, x: Exchange, why: str) -> web.StreamResponse:
+    def _endpoint_failed(self, exchange: Exchange, why: str) -> web.StreamResponse:
         """The endpoint refused the connection, went silent or cut the body."""
-        x.att.meter.error("endpoint_error", why)
-        if x.resp is not None and x.resp.prepared:
+        exchange.att.meter.error("endpoint_error", why)
+        if exchange.resp is not None and exchange.resp.prepared:
             # Cut mid-body: the harness must see a cut, not a clean end, so its
             # connection is dropped, not finished.
-            x.rec.error, x.rec.detail = "endpoint_error", self.redact(why)
-            x.rec.cut, x.rec.ended_by = "endpoint", "endpoint"
-            if x.metered:
-                x.rec.unmetered = "the response was cut before it ended"
-            if x.req.transport is not None:
-                x.req.transport.abort()
-            return x.resp
-        x.rec.error, x.rec.detail = "endpoint_error", self.redact(why)
-        x.rec.ended_by = "endpoint"
+            exchange.rec.error, exchange.rec.detail = "endpoint_error", self.redact(why)
+            exchange.rec.cut, exchange.rec.ended_by = "endpoint", "endpoint"
+            if exchange.metered:
+                exchange.rec.unmetered = "the response was cut before it ended"
+            if exchange.req.transport is not None:
+                exchange.req.transport.abort()
+            return exchange.resp
+        exchange.rec.error, exchange.rec.detail = "endpoint_error", self.redact(why)
+        exchange.rec.ended_by = "endpoint"
         return web.json_response({"error": {"message": "the model endpoint did not "
                                             "answer (autopilot gateway): " + why}},
                                  status=502)
@@ -464,26 +467,27 @@ class Gateway(GatewaySettings):
             up.release()
             await asyncio.sleep(wait)
 
-    async def _relay(self, x: Exchange, up: Any) -> bool:
+    async def _relay(self, exchange: Exchange, up: Any) -> bool:
         """The response body, chunk by chunk, to the harness first and read by us after
         (our reading is never in its time to first byte): into the stream scan, or held
         (up to the parse cap) for reading whole. True when the harness stopped reading."""
-        m, cap, resp, held = x.att.meter, self.limits.parse_cap, x.answer(), x.held
+        meter, cap = exchange.att.meter, self.limits.parse_cap
+        resp, held = exchange.answer(), exchange.held
         held_n = sum(map(len, held))
         async for chunk in up.content.iter_any():
-            if not x.first_byte:
-                x.rec.ttfb_ms = round((time.perf_counter() - x.t0) * 1000, 2)
-                x.first_byte = True
-            m.bytes_in += len(chunk)
-            m.progress += 1
+            if not exchange.first_byte:
+                exchange.rec.ttfb_ms = round((time.perf_counter() - exchange.t0) * 1000, 2)
+                exchange.first_byte = True
+            meter.bytes_in += len(chunk)
+            meter.progress += 1
             try:
                 await resp.write(chunk)
             except (ConnectionError, RuntimeError):
                 return True
             finally:
-                if x.scan is not None:
-                    x.scan.feed(chunk)
-                elif held_n <= cap and not x.accounted:
+                if exchange.scan is not None:
+                    exchange.scan.feed(chunk)
+                elif held_n <= cap and not exchange.accounted:
                     held.append(chunk)
                     held_n += len(chunk)
         return False
@@ -495,7 +499,7 @@ class Gateway(GatewaySettings):
         elsewhere, not the cell its conversation. Never once the response has begun."""
         candidates = att.upstream()
         home = candidates[0][0] if candidates else "?"
-        live = [(r, o) for r, o in candidates if o]
+        live = [(name, address) for name, address in candidates if address]
         if not live:
             raise ClientConnectionError("no replica of this cell's model is up")
         for i, (replica, origin) in enumerate(live):
@@ -514,13 +518,13 @@ class Gateway(GatewaySettings):
             return up
         raise AssertionError("unreachable")
 
-    def _failover(self, att: Attempt, rec: Record, frm: str, to: str,
+    def _failover(self, att: Attempt, rec: Record, source: str, dest: str,
                   why: str) -> None:
         why = self.redact(why[:200])
-        rec.failover.append(Failover(frm, to, why))
+        rec.failover.append(Failover(source, dest, why))
         att.meter.failovers += 1
         if self.on_failover is not None:
-            self.on_failover(att.cell, att.attempt, frm, to, why)
+            self.on_failover(att.cell, att.attempt, source, dest, why)
 
 def _response_head(up: Any, rec: Record) -> web.StreamResponse:
     """The harness's response as the upstream began it: its status and end-to-end
