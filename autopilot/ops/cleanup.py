@@ -25,7 +25,7 @@ from autopilot.cell.sweep import orphan_marked
 from autopilot.config import Preset
 from autopilot.plan import Plan, cell_context
 from autopilot.run.preflight import needs_docker
-from autopilot.run.recovery import sandbox_names, sandbox_owner
+from autopilot.run.sandboxes import sandbox_names, sandbox_owner
 from autopilot.state.claims import mark_released, outside_roots, release_owned
 from autopilot.state.fsguard import remove_or_clear, run_roots
 from autopilot.state.journal import began

@@ -48,7 +48,7 @@ from autopilot.escape import term
 from autopilot.logsetup import get_logger
 from autopilot.plan import Plan, output_dirs
 from autopilot.privacy import dumpable, make_undumpable
-from autopilot.run import background, drift, power, recovery, runbook
+from autopilot.run import background, drift, power, recovery, runbook, sandboxes
 from autopilot.run.clock import RunClock
 from autopilot.run.options import RunOptions
 from autopilot.run.recorder import Recorder
@@ -214,7 +214,7 @@ class Supervisor(Recorder):
 
     async def _drive(self) -> int:
         if backend_class(self.preset.backend.kind).endpoint_here:  # (else on each node)
-            self._docker = await recovery.docker_setup(
+            self._docker = await sandboxes.docker_setup(
                 self.preset, self.plan, self.state_dir, self.swept.cleaned,
                 self.swept.kept_cells)
         self._make_backend()
