@@ -57,9 +57,9 @@ def _extract(archive: Path, into: Path, roots: tuple[Path, ...], state_dir: Path
     remove_tree(into, roots, state_dir)  # through the guard: UnsafePath outside the run
     into.mkdir(parents=True)
     # The archive is the harness's: a regular file, never through a symlink, or none.
-    with os.fdopen(open_fd(archive), "rb") as raw, tarfile.open(fileobj=raw) as tf:
+    with os.fdopen(open_fd(archive), "rb") as raw, tarfile.open(fileobj=raw) as archive_tar:
         # 'data' refuses absolute paths, '..', devices and links out of the tree.
-        tf.extractall(into, filter="data")
+        archive_tar.extractall(into, filter="data")
 
 
 async def run_grader(
@@ -140,10 +140,10 @@ async def run_grader(
                 remove_tree(scratch, roots, guard_dir)
 
 
-def read_checks(p: Preset, ctx: Mapping[str, str]) -> Checks:
+def read_checks(preset: Preset, ctx: Mapping[str, str]) -> Checks:
     """Token accounting, the harness's finish reason and executed-vs-requested
     configuration, from the harness's own files."""
-    t = p.trust
+    trust = preset.trust
     tokens: float | None = None
     malformed: list[str] = []
     refused: list[str] = []
@@ -154,42 +154,42 @@ def read_checks(p: Preset, ctx: Mapping[str, str]) -> Checks:
             refused.append(why)
         return value
 
-    if t.tokens:
-        value = lookup(harness_json(t.tokens.file), t.tokens.field)
+    if trust.tokens:
+        value = lookup(harness_json(trust.tokens.file), trust.tokens.field)
         tokens = count_or_none(value)
         if value is not None and tokens is None:
-            malformed.append(f"{t.tokens.field} is {clean(value, 60)}, not a finite count")
+            malformed.append(f"{trust.tokens.field} is {clean(value, 60)}, not a finite count")
     finish_error = rate_limited = None
-    if t.finish:
-        why = lookup(harness_json(t.finish.file), t.finish.field)
+    if trust.finish:
+        why = lookup(harness_json(trust.finish.file), trust.finish.field)
         if why is not None and not isinstance(why, str):
-            malformed.append(f"{t.finish.field} is a {type(why).__name__}, not a string")
-        elif isinstance(why, str) and why.startswith(tuple(t.finish.rate_limited_prefixes)):
+            malformed.append(f"{trust.finish.field} is a {type(why).__name__}, not a string")
+        elif isinstance(why, str) and why.startswith(tuple(trust.finish.rate_limited_prefixes)):
             rate_limited = why
-        elif isinstance(why, str) and why.startswith(tuple(t.finish.invalid_prefixes)):
+        elif isinstance(why, str) and why.startswith(tuple(trust.finish.invalid_prefixes)):
             finish_error = why
     mismatches = []
-    for chk in t.arm_checks:
+    for chk in trust.arm_checks:
         got = lookup(harness_json(chk.file), chk.field)
         want = render(chk.expect, ctx)
         if got is None or str(got) != want:
             mismatches.append(f"{chk.field}: requested {want!r}, executed {got!r}")
     malformed += [f"refused {clean(why, 200)}" for why in dict.fromkeys(refused)]
-    return Checks(tokens=tokens, tokens_checked=t.tokens is not None,
+    return Checks(tokens=tokens, tokens_checked=trust.tokens is not None,
                   mismatches=tuple(mismatches), finish_error=finish_error,
                   rate_limited=rate_limited,
                   malformed="; ".join(malformed) or None)
 
 
-def _grader_cwd(p: Preset, ctx: Mapping[str, str]) -> str | None:
-    return render(p.grader.cwd, ctx) if p.grader.cwd else None
+def _grader_cwd(preset: Preset, ctx: Mapping[str, str]) -> str | None:
+    return render(preset.grader.cwd, ctx) if preset.grader.cwd else None
 
 
-def missing_requirements(p: Preset, task_id: str, ctx: Mapping[str, str]) -> list[str]:
+def missing_requirements(preset: Preset, task_id: str, ctx: Mapping[str, str]) -> list[str]:
     """The task's ``grader_requires`` that are not there (relative to the grader's cwd)."""
-    base = Path(_grader_cwd(p, ctx) or Path.cwd())
+    base = Path(_grader_cwd(preset, ctx) or Path.cwd())
     missing = []
-    for tmpl in p.task(task_id).grader_requires:
+    for tmpl in preset.task(task_id).grader_requires:
         path = Path(render(tmpl, ctx))
         if not (path if path.is_absolute() else base / path).exists():
             missing.append(str(path))
@@ -200,7 +200,7 @@ OnGradeRetry = Callable[[int, Classification], None]
 
 
 async def grade_outputs(
-    p: Preset, ctx: Mapping[str, str], outcome: RunOutcome, grade_log: Path,
+    preset: Preset, ctx: Mapping[str, str], outcome: RunOutcome, grade_log: Path,
     checks: Checks, base_env: Mapping[str, str] | None = None,
     on_retry: OnGradeRetry | None = None, contain: Containment | None = None,
     extra_env: Mapping[str, str] | None = None, user: int | None = None,
@@ -208,17 +208,18 @@ async def grade_outputs(
     """Run the task's grader on a finished attempt's outputs and classify. A failure of
     grading alone (crash, timeout, malformed grade, GRADER_FAILED) re-runs the grader on
     the same outputs up to ``grader.retries`` times: never the harness."""
-    g = p.grader
-    missing = missing_requirements(p, ctx["task"], ctx)
+    grader = preset.grader
+    missing = missing_requirements(preset, ctx["task"], ctx)
     if missing:
         return grader_unavailable(missing, outcome.killed == "teardown")
     extract = None
-    if g.extract:
-        extract = (Path(render(g.extract.archive, ctx)), Path(render(g.extract.into, ctx)))
+    if grader.extract:
+        extract = (Path(render(grader.extract.archive, ctx)),
+                   Path(render(grader.extract.into, ctx)))
     # The grader's own inheritance (its pass_env, not the harness's), plus a marker a
     # sweep recognises: not the run token itself, nor any gateway key (a grader is not
     # the harness, and must not be able to spend through a cell's gateway).
-    env = child_env(p, "grader")
+    env = child_env(preset, "grader")
     if base_env is not None and RUN_TOKEN_ENV in base_env:
         env[RUN_TOKEN_ENV] = grade_marker(base_env[RUN_TOKEN_ENV])
     if base_env is not None and LEASE_ENV in base_env:
@@ -228,49 +229,49 @@ async def grade_outputs(
     env.update(extra_env or {})  # model-graded scoring: the grading listener's own key
     env["AUTOPILOT_CELL_ID"] = ctx["cell"]
     env["AUTOPILOT_CELL_ATTEMPT"] = ctx["attempt"]
-    argv = render_argv(grader_argv(p, ctx["task"]), ctx)
+    argv = render_argv(grader_argv(preset, ctx["task"]), ctx)
     state_dir = Path(ctx["state_dir"])
-    roots = run_roots(p, state_dir)
-    tries = g.retries + 1
-    for n in range(1, tries + 1):
-        env["AUTOPILOT_GRADE_TRY"] = str(n)
+    roots = run_roots(preset, state_dir)
+    tries = grader.retries + 1
+    for grade_try in range(1, tries + 1):
+        env["AUTOPILOT_GRADE_TRY"] = str(grade_try)
         launched = time.time()  # wall: comparable across nodes
         grade = await run_grader(
-            argv, cwd=_grader_cwd(p, ctx), env=env, timeout=g.timeout_secs,
+            argv, cwd=_grader_cwd(preset, ctx), env=env, timeout=grader.timeout_secs,
             grade_file=Path(ctx["grade_file"]), log_path=grade_log, extract=extract,
             roots=roots, state_dir=state_dir,
             contain=(contain, group_name("grade", ctx["cell"], int(ctx["attempt"]), user))
             if contain is not None else None, user=user,
         )
-        c = replace(classify(outcome, grade, g.verdicts, checks, g.verdict_field),
-                    launched=launched)
+        judged = replace(classify(outcome, grade, grader.verdicts, checks, grader.verdict_field),
+                         launched=launched)
         # "unscored" is the grader's reading of a score that is not there (Inspect's
         # NaN): a second reading of the same outputs says the same
-        if not c.grade_side or c.reason == "unscored" or n == tries:
-            return c
+        if not judged.grade_side or judged.reason == "unscored" or grade_try == tries:
+            return judged
         if on_retry is not None:
-            on_retry(n, c)
+            on_retry(grade_try, judged)
     raise AssertionError("unreachable")
 
 
 async def judge_cell(
-    p: Preset, ctx: Mapping[str, str], outcome: RunOutcome, grade_log: Path,
+    preset: Preset, ctx: Mapping[str, str], outcome: RunOutcome, grade_log: Path,
     base_env: Mapping[str, str] | None = None, on_retry: OnGradeRetry | None = None,
     contain: Containment | None = None, extra_env: Mapping[str, str] | None = None,
     user: int | None = None,
 ) -> Classification:
     """Gather evidence for a finished attempt, run the grader when it can count, classify."""
-    checks = read_checks(p, ctx) if outcome.completion else Checks()
+    checks = read_checks(preset, ctx) if outcome.completion else Checks()
     untrusted = checks.mismatches or checks.finish_error or (
         checks.tokens_checked and not (checks.tokens and checks.tokens > 0))
     if outcome.completion and not untrusted:
-        return await grade_outputs(p, ctx, outcome, grade_log, checks, base_env, on_retry,
+        return await grade_outputs(preset, ctx, outcome, grade_log, checks, base_env, on_retry,
                                    contain, extra_env, user)
-    return classify(outcome, None, p.grader.verdicts, checks, p.grader.verdict_field)
+    return classify(outcome, None, preset.grader.verdicts, checks, preset.grader.verdict_field)
 
 
 @contextlib.asynccontextmanager
-async def model_access(cx: Any, cell: str, attempt: int, ctx: dict[str, str],
+async def model_access(context: Any, cell: str, attempt: int, ctx: dict[str, str],
                        upstreams: Callable[[], list[tuple[str, str]]]
                        ) -> AsyncIterator[tuple[dict[str, str], dict[str, str]]]:
     """The grader's context and extra environment. With ``[grader] model_access``
@@ -279,19 +280,19 @@ async def model_access(cx: Any, cell: str, attempt: int, ctx: dict[str, str],
     cell_grade_metered; else the endpoint's own address and no key."""
     from urllib.parse import urlsplit
 
-    gw = cx.gateway
-    if not (cx.preset.grader.model_access and gw is not None
+    gateway = context.gateway
+    if not (context.preset.grader.model_access and gateway is not None
             and ctx.get("endpoint_base_url")):
         yield ctx, {}
         return
-    log_path = cx.state_dir / "gateway" / cell / f"grade-{attempt}.jsonl"
-    async with gw.grading(cell, attempt, upstreams, log_path, model=ctx["model"]) as g:
-        path = urlsplit(cx.keeper.ep.api_base).path
-        own = {**ctx, "port": str(g.port), "host": "127.0.0.1",
-               "base_url": f"http://127.0.0.1:{g.port}{path}"}
+    log_path = context.state_dir / "gateway" / cell / f"grade-{attempt}.jsonl"
+    async with gateway.grading(cell, attempt, upstreams, log_path, model=ctx["model"]) as listener:
+        path = urlsplit(context.keeper.ep.api_base).path
+        own = {**ctx, "port": str(listener.port), "host": "127.0.0.1",
+               "base_url": f"http://127.0.0.1:{listener.port}{path}"}
         try:
-            yield own, dict.fromkeys(cx.key_env, g.key)
+            yield own, dict.fromkeys(context.key_env, listener.key)
         finally:
-            if g.meter.requests or g.meter.unauthorized:
-                cx.emit(CellGradeMetered(cell=cell, attempt=attempt,
-                        **g.meter.summary()))
+            if listener.meter.requests or listener.meter.unauthorized:
+                context.emit(CellGradeMetered(cell=cell, attempt=attempt,
+                        **listener.meter.summary()))

@@ -134,10 +134,10 @@ def _claims_dir(claims: Path | None) -> Path | None:
         return None
     try:
         claims.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = claims.lstat()
+        info = claims.lstat()
     except OSError:
         return None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
         return None  # not ours alone: a claim there proves nothing
     return claims
 
@@ -170,10 +170,10 @@ def _let_go(fd: int, uid: int) -> None:
 def _running_uids(first: int, last: int) -> set[int]:
     """The uids in ``first``-``last`` some process runs as (one read of the host)."""
     out: set[int] = set()
-    for p in psutil.process_iter(["uids"]):
-        u = p.info.get("uids")
-        if u is not None and first <= u.real <= last:
-            out.add(u.real)
+    for proc in psutil.process_iter(["uids"]):
+        uids = proc.info.get("uids")
+        if uids is not None and first <= uids.real <= last:
+            out.add(uids.real)
     return out
 
 
@@ -196,10 +196,10 @@ def as_user(argv: list[str], uid: int, groups: tuple[int, ...] = ()) -> list[str
 def processes_of(uid: int) -> list[psutil.Process]:
     """Every live process of ``uid`` (exact: a cell's uid is no one else's)."""
     out = []
-    for p in psutil.process_iter(["uids"]):
-        u = p.info.get("uids")
-        if u is not None and u.real == uid:
-            out.append(p)
+    for proc in psutil.process_iter(["uids"]):
+        uids = proc.info.get("uids")
+        if uids is not None and uids.real == uid:
+            out.append(proc)
     return out
 
 
@@ -227,8 +227,8 @@ class Resolved:
 
 def harness_needs_docker(preset: Preset) -> bool:
     """Whether the harness itself drives Docker (a sandbox container, Compose projects)."""
-    h = preset.harness
-    return bool(h.sandbox_container or h.compose_projects or preset.preflight.docker)
+    harness = preset.harness
+    return bool(harness.sandbox_container or harness.compose_projects or preset.preflight.docker)
 
 
 def programs(preset: Preset) -> list[Path]:
@@ -243,7 +243,7 @@ def programs(preset: Preset) -> list[Path]:
             continue
         if first == "{python}":
             out += [Path(sys.executable), Path(sys.prefix), Path(os.__file__).parent]
-            if any(isinstance(a, str) and a.startswith("autopilot.") for a in argv):
+            if any(isinstance(arg, str) and arg.startswith("autopilot.") for arg in argv):
                 out.append(Path(__file__).resolve().parent.parent)
         elif "{" not in first:
             found = shutil.which(first)
@@ -276,45 +276,46 @@ def resolve(preset: Preset, state_dir: Path) -> Resolved:
     """What ``[harness] user`` comes to on this machine for this state dir. "auto" is a
     user per cell where nothing here stops one, else the supervisor's user, saying
     why; "cell" that cannot be had is refused (exit 2), never run as root instead."""
-    h = preset.harness
-    if h.user == "same":
+    harness = preset.harness
+    if harness.user == "same":
         return Resolved("same", 'harness.user = "same"')
-    gids, why = [], why_not(h.user)
-    for name in h.groups:
+    gids, why = [], why_not(harness.user)
+    for name in harness.groups:
         try:
             gids.append(grp.getgrnam(name).gr_gid)
         except KeyError:
             why = why or f"harness.groups: no group {name!r} on this machine"
     why = why or unreachable(state_dir) or next(
-        (w for w in map(unreachable_program, programs(preset)) if w), None)
-    if why is None and h.user == "auto" and harness_needs_docker(preset) and not h.groups:
+        (problem for problem in map(unreachable_program, programs(preset)) if problem), None)
+    if why is None and harness.user == "auto" and harness_needs_docker(preset) \
+            and not harness.groups:
         why = ("the harness drives Docker, and a uid of its own could not reach the "
                'socket (harness.user = "cell" with harness.groups = ["docker"]: '
                "root-equivalent through it)")
     if why is not None:
-        if h.user == "cell":
+        if harness.user == "cell":
             return Resolved("same", why, refused=True)
         return Resolved("same", f"auto: {why}")
-    return Resolved("cell", "auto" if h.user == "auto" else 'harness.user = "cell"',
-                    groups=tuple(gids), group_names=h.groups)
+    return Resolved("cell", "auto" if harness.user == "auto" else 'harness.user = "cell"',
+                    groups=tuple(gids), group_names=harness.groups)
 
 
-def mode_line(r: Resolved, uids: tuple[int, int]) -> str:
+def mode_line(resolved: Resolved, uids: tuple[int, int]) -> str:
     """What --dry-run says of who harnesses run as."""
-    me = pwd.getpwuid(os.geteuid()).pw_name if _has_account(os.geteuid()) else str(os.geteuid())
-    if r.refused:
-        return f"harness user: REFUSED: {r.why}"
-    if r.mode == "cell":
+    user = pwd.getpwuid(os.geteuid()).pw_name if _has_account(os.geteuid()) else str(os.geteuid())
+    if resolved.refused:
+        return f"harness user: REFUSED: {resolved.why}"
+    if resolved.mode == "cell":
         line = (f"harness user: a uid of its own per live cell ({uids[0]}-{uids[1]}; "
-                f"{r.why}): it reaches only its output dir; the state dir, journal, run "
+                f"{resolved.why}): it reaches only its output dir; the state dir, journal, run "
                 "token and secrets are root's")
-        if "docker" in r.group_names:
+        if "docker" in resolved.group_names:
             line += ("; in group docker it reaches the Docker socket, root-equivalent: "
                      "the run's files stay out of its direct reach, no more")
-        elif r.group_names:
-            line += f"; in groups {', '.join(r.group_names)}"
+        elif resolved.group_names:
+            line += f"; in groups {', '.join(resolved.group_names)}"
         return line
-    return (f"harness user: the supervisor's ({me}; {r.why}): a harness can read the "
+    return (f"harness user: the supervisor's ({user}; {resolved.why}): a harness can read the "
             "run's token and files and rewrite its journal")
 
 
@@ -339,19 +340,19 @@ def own_dirs(output_dir: Path, state_dir: Path, uid: int) -> None:
     secret stay 0600 root's."""
     os.chown(output_dir, uid, uid)
     os.chmod(output_dir, 0o700)
-    sd = state_dir.resolve()
+    root = state_dir.resolve()
     try:
-        rel = output_dir.resolve().relative_to(sd)
+        rel = output_dir.resolve().relative_to(root)
     except ValueError:
         return  # outside the state dir: the preset's own dirs, as it made them
-    d = sd
+    path = root
     for part in ("", *rel.parts[:-1]):
-        d = d / part if part else d
-        mode = stat.S_IMODE(d.stat().st_mode)
+        path = path / part if part else path
+        mode = stat.S_IMODE(path.stat().st_mode)
         want = (mode & ~0o066) | 0o011
         if mode != want:
             # search only (x): to pass through to its own dir; never list or write
-            os.chmod(d, want)
+            os.chmod(path, want)
 
 
 def disown(output_dir: Path) -> None:
@@ -359,10 +360,10 @@ def disown(output_dir: Path) -> None:
     to another cell later, whose harness must not read or rewrite this one's files
     (they stay its, unreachable behind a dir it cannot search). Never through a link."""
     try:
-        st = os.lstat(output_dir)
+        info = os.lstat(output_dir)
     except FileNotFoundError:
         return
-    if stat.S_ISDIR(st.st_mode):
+    if stat.S_ISDIR(info.st_mode):
         os.chown(output_dir, os.geteuid(), os.getegid(), follow_symlinks=False)
         os.chmod(output_dir, 0o700)
 

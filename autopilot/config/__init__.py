@@ -126,16 +126,16 @@ class Preset(_Frozen):
     def rate_for(self, arm: str | None = None) -> Rate | None:
         """The rate card's price of what an arm's cells are billed for: its route's model
         where it has one, else its own or the preset's model."""
-        a = self.arm(arm) if arm is not None else None
-        model = (a.route.model if a and a.route else (a.model if a and a.model else None)
-                 ) or self.model
+        spec = self.arm(arm) if arm is not None else None
+        model = (spec.route.model if spec and spec.route
+                 else (spec.model if spec and spec.model else None)) or self.model
         return self.rate_card.get(model)
 
     @property
     def uses_gateway(self) -> bool:
         """Some arm's requests can go through the gateway: the endpoint is one it serves,
         or an arm has a route of its own."""
-        return self.endpoint.through_gateway or any(a.route for a in self.arms)
+        return self.endpoint.through_gateway or any(spec.route for spec in self.arms)
 
     @property
     def samples_power(self) -> bool:
@@ -163,53 +163,53 @@ class Preset(_Frozen):
     @model_validator(mode="after")
     def _cross_checks(self) -> Preset:
         seen: dict[str, str] = {}
-        for t in self.tasks:
-            if t.id.lower() in seen:
-                raise ValueError(f"task id {t.id!r} appears twice")
-            seen[t.id.lower()] = t.id
+        for task in self.tasks:
+            if task.id.lower() in seen:
+                raise ValueError(f"task id {task.id!r} appears twice")
+            seen[task.id.lower()] = task.id
         labels: dict[str, Arm] = {}
-        for a in self.arms:
-            key = a.label.lower()
+        for arm in self.arms:
+            key = arm.label.lower()
             # With the mode token required in every label (Arm._mode_in_label), unique
             # labels mean two arms of different modes can never share a run name.
             if key in labels:
                 raise ValueError(
-                    f"arms {labels[key].label!r} and {a.label!r} collide: "
+                    f"arms {labels[key].label!r} and {arm.label!r} collide: "
                     "labels key the run and must differ (e.g. in their mode)"
                 )
-            labels[key] = a
+            labels[key] = arm
         # A cell's id is "{task}_{arm}_v{n}", and ids and labels may hold "_": two
         # (task, arm) pairs joined the same way would be one cell (one pair never run,
         # the other counted twice). The "_v{n}" suffix cannot collide (digits follow the
         # last "_v"), so refusing equal joins makes ids injective, and every existing
         # state dir keeps its ids.
         joined: dict[str, tuple[str, str]] = {}
-        for t in self.tasks:
-            for a in self.arms:
-                key = f"{t.id}_{a.label}".lower()
+        for task in self.tasks:
+            for arm in self.arms:
+                key = f"{task.id}_{arm.label}".lower()
                 if key in joined:
-                    ot, oa = joined[key]
+                    other_task, other_arm = joined[key]
                     raise ValueError(
-                        f"task {ot!r} with arm {oa!r} and task {t.id!r} with arm "
-                        f"{a.label!r} make the same cell ids ({t.id}_{a.label}_v1): rename "
+                        f"task {other_task!r} with arm {other_arm!r} and task {task.id!r} with arm "
+                        f"{arm.label!r} make the same cell ids ({task.id}_{arm.label}_v1): rename "
                         "a task or an arm")
-                joined[key] = (t.id, a.label)
-        if self.baseline and self.baseline.arm not in {a.label for a in self.arms}:
+                joined[key] = (task.id, arm.label)
+        if self.baseline and self.baseline.arm not in {arm.label for arm in self.arms}:
             raise ValueError(f"baseline.arm {self.baseline.arm!r} is not an arm of this preset")
-        r = self.endpoint.replicas
-        if len(self.endpoint.replica_env) > r:
+        replicas = self.endpoint.replicas
+        if len(self.endpoint.replica_env) > replicas:
             raise ValueError(f"endpoint.replica_env has {len(self.endpoint.replica_env)} "
-                             f"entries for {r} replica(s)")
-        for a in self.arms:
-            bad = [i for i in a.replicas or [] if not 0 <= i < r]
+                             f"entries for {replicas} replica(s)")
+        for arm in self.arms:
+            bad = [i for i in arm.replicas or [] if not 0 <= i < replicas]
             if bad:
-                raise ValueError(f"arm {a.label!r}: replicas {bad} outside 0..{r - 1}")
-        if r > 1 and not self._arms_share_endpoint():
+                raise ValueError(f"arm {arm.label!r}: replicas {bad} outside 0..{replicas - 1}")
+        if replicas > 1 and not self._arms_share_endpoint():
             raise ValueError("endpoint.replicas > 1 needs every arm on the same endpoint "
                              "settings (arms that restart the endpoint run one group at a "
                              "time); pin arms to replicas instead")
-        requested = [a.label for a in self.arms if a.requests_settings]
-        routed = [a.label for a in self.arms if a.route]
+        requested = [arm.label for arm in self.arms if arm.requests_settings]
+        routed = [arm.label for arm in self.arms if arm.route]
         if routed and not self.gateway.enabled:
             raise ValueError(f"arm(s) {', '.join(routed)}: a route of their own needs the "
                              "gateway (gateway = true): it holds the route's key")
@@ -224,18 +224,18 @@ class Preset(_Frozen):
 
     def _arms_share_endpoint(self) -> bool:
         """Every arm runs against the same endpoint settings (no restart between arms)."""
-        return len({json.dumps(a.endpoint.model_dump(mode="json"), sort_keys=True)
-                    for a in self.arms}) <= 1
+        return len({json.dumps(arm.endpoint.model_dump(mode="json"), sort_keys=True)
+                    for arm in self.arms}) <= 1
 
     def _check_backend(self) -> None:
-        b, r = self.backend, self.endpoint.replicas
-        if b.kind != "ray":
-            if b.resources:
+        backend, replicas = self.backend, self.endpoint.replicas
+        if backend.kind != "ray":
+            if backend.resources:
                 raise ValueError("backend.resources is for backend.kind = 'ray'")
             return
-        if len(b.resources) not in (0, 1, r):
-            raise ValueError(f"backend.resources has {len(b.resources)} entries for {r} "
-                             "replica(s): give one per replica, or one for all")
+        if len(backend.resources) not in (0, 1, replicas):
+            raise ValueError(f"backend.resources has {len(backend.resources)} entries for "
+                             f"{replicas} replica(s): give one per replica, or one for all")
         if not self._arms_share_endpoint():
             raise ValueError("backend.kind = 'ray' needs every arm on the same endpoint "
                              "settings; pin arms to replicas instead")
@@ -258,19 +258,19 @@ class Preset(_Frozen):
     def defaulted_env(self) -> list[str]:
         """The ``${VAR:-default}`` expansions whose VAR was unset, in words (a resume from
         a shell without the run's variables computes another plan: say which)."""
-        return list(dict.fromkeys(r.describe() for r in self._env_refs if r.defaulted))
+        return list(dict.fromkeys(ref.describe() for ref in self._env_refs if ref.defaulted))
 
     def env_source(self, value: str) -> str:
         """Which ``${VAR}`` put (part of) ``value`` here, in words; "" when none did."""
-        found = [r for r in self._env_refs if r.value and r.value in value]
-        return "; ".join(dict.fromkeys(r.describe() for r in found))
+        found = [ref for ref in self._env_refs if ref.value and ref.value in value]
+        return "; ".join(dict.fromkeys(ref.describe() for ref in found))
 
     def env_of(self, key: str) -> EnvRef | None:
         """The ``${VAR}`` a key's value was expanded from, if one was."""
-        return next((r for r in self._env_refs if r.key == key), None)
+        return next((ref for ref in self._env_refs if ref.key == key), None)
 
     def arm(self, label: str) -> Arm:
-        return next(a for a in self.arms if a.label == label)
+        return next(spec for spec in self.arms if spec.label == label)
 
     def task(self, task_id: str) -> Task:
-        return next(t for t in self.tasks if t.id == task_id)
+        return next(spec for spec in self.tasks if spec.id == task_id)

@@ -61,10 +61,10 @@ def run_roots(preset: Preset, state_dir: Path) -> tuple[Path, ...]:
     values = {**preset.vars, "state_dir": str(state_dir)}
     for task in preset.tasks:  # a var set by every task alike is static too
         values.update({k: v for k, v in task.vars.items()
-                       if all(t.vars.get(k) == v for t in preset.tasks)})
+                       if all(template.vars.get(k) == v for template in preset.tasks)})
     roots = [state_dir]
-    for _key, t in _destructive_templates(preset):
-        prefix = _static_prefix(t, values)
+    for _key, template in _destructive_templates(preset):
+        prefix = _static_prefix(template, values)
         if prefix:
             roots.append(Path(prefix))
     return tuple(_forbidden_filtered(dict.fromkeys(roots), state_dir))
@@ -74,7 +74,8 @@ def _destructive_templates(preset: Preset) -> list[tuple[str, str]]:
     """(config key, template) of every path the autopilot deletes, moves or extracts into."""
     out = [("harness.output_dir", preset.harness.output_dir),
            ("grader.grade_file", preset.grader.grade_file)]
-    out += [(f"harness.scratch_dirs[{i}]", t) for i, t in enumerate(preset.harness.scratch_dirs)]
+    out += [(f"harness.scratch_dirs[{i}]", template)
+            for i, template in enumerate(preset.harness.scratch_dirs)]
     if preset.grader.extract:
         out.append(("grader.extract.into", preset.grader.extract.into))
     return out
@@ -113,12 +114,12 @@ def _forbidden_filtered(roots: Iterable[Path], state_dir: Path) -> list[Path]:
     """Roots must themselves be absolute, clean and not an ancestor of something we
     protect (a root of ``/`` or of the home dir would allow anything)."""
     out = []
-    for r in roots:
-        if not r.is_absolute() or any(p in (".", "..") for p in r.parts):
+    for root in roots:
+        if not root.is_absolute() or any(part in (".", "..") for part in root.parts):
             continue
-        if r != state_dir and any(_within(p, r) for p in _protected(state_dir)):
+        if root != state_dir and any(_within(part, root) for part in _protected(state_dir)):
             continue
-        out.append(r)
+        out.append(root)
     return out
 
 
@@ -130,24 +131,25 @@ def _within(path: Path, root: Path) -> bool:
 def check(path: Path | str, roots: Iterable[Path], state_dir: Path) -> Path:
     """The path, if the run may delete or move it; else UnsafePath naming why."""
     raw = str(path)
-    p = Path(raw)
-    if not raw or not p.is_absolute():
+    target = Path(raw)
+    if not raw or not target.is_absolute():
         raise UnsafePath(f"refused {raw!r}: not an absolute path")
     if any(part in (".", "..") for part in raw.split("/")):
         raise UnsafePath(f"refused {raw}: '.' or '..' in the path")
     for guarded in _protected(state_dir):
-        if _within(guarded, p):
-            raise UnsafePath(f"refused {p}: it is or contains {guarded}")
+        if _within(guarded, target):
+            raise UnsafePath(f"refused {target}: it is or contains {guarded}")
     roots = tuple(roots)
-    root = next((r for r in roots if p != r and r in p.parents), None)
+    root = next((candidate for candidate in roots
+                 if target != candidate and candidate in target.parents), None)
     if root is None:
-        raise UnsafePath(f"refused {p}: outside the run's roots "
+        raise UnsafePath(f"refused {target}: outside the run's roots "
                          f"({', '.join(map(str, roots)) or 'none'})")
     # A symlinked component may lead anywhere: the real path must stay inside too.
-    real_parent, real_root = p.parent.resolve(), root.resolve()
+    real_parent, real_root = target.parent.resolve(), root.resolve()
     if not _within(real_parent, real_root):
-        raise UnsafePath(f"refused {p}: resolves outside {root} (through a symlink)")
-    return p
+        raise UnsafePath(f"refused {target}: resolves outside {root} (through a symlink)")
+    return target
 
 
 class NotRemoved(UnsafePath):
@@ -163,19 +165,20 @@ def remove_tree(path: Path | str, roots: Iterable[Path], state_dir: Path) -> boo
     """Remove a directory (or a file) inside the run's roots; False if it was not there.
     A symlink is removed itself, never followed. What is left (permissions) raises
     NotRemoved: a caller never goes on believing the path is gone."""
-    p = check(path, roots, state_dir)
+    target = check(path, roots, state_dir)
     try:
-        mode = p.lstat().st_mode
+        mode = target.lstat().st_mode
     except FileNotFoundError:
         return False
     if not stat.S_ISDIR(mode):
         # A file, a symlink, and also a FIFO or a socket a harness left: unlinked, never
         # opened (rmtree opens its argument, and opening a FIFO blocks for good).
-        p.unlink(missing_ok=True)
+        target.unlink(missing_ok=True)
         return True
-    failed = _remove_dir(p)
-    if failed or os.path.lexists(p):
-        raise NotRemoved(p, f"{len(failed)} entries left, first {failed[0] if failed else p}")
+    failed = _remove_dir(target)
+    if failed or os.path.lexists(target):
+        raise NotRemoved(target, f"{len(failed)} entries left, first "
+                                 f"{failed[0] if failed else target}")
     return True
 
 
@@ -199,16 +202,16 @@ def _remove_dir(top: Path) -> list[str]:
     try:
         while True:
             sub = None
-            with os.scandir(cur) as it:
-                entries = list(it)
+            with os.scandir(cur) as listing:
+                entries = list(listing)
             for ent in entries:
                 try:
-                    st = ent.stat(follow_symlinks=False)
+                    info = ent.stat(follow_symlinks=False)
                 except OSError:
                     continue
-                if (st.st_dev, st.st_ino) in skip:
+                if (info.st_dev, info.st_ino) in skip:
                     continue
-                if stat.S_ISDIR(st.st_mode):
+                if stat.S_ISDIR(info.st_mode):
                     sub = sub or ent.name
                     continue
                 try:
@@ -216,15 +219,15 @@ def _remove_dir(top: Path) -> list[str]:
                 except FileNotFoundError:
                     pass
                 except OSError as err:
-                    skip.add((st.st_dev, st.st_ino))
-                    failed.append(f"{'/'.join([str(top), *(n for *_, n in path), ent.name])}: "
-                                  f"{err.strerror}")
+                    skip.add((info.st_dev, info.st_ino))
+                    where = "/".join([str(top), *(part_name for *_, part_name in path), ent.name])
+                    failed.append(f"{where}: {err.strerror}")
             if sub is not None:
                 try:
                     down = os.open(sub, _DIR_FLAGS, dir_fd=cur)
                 except OSError as err:
-                    st = os.stat(sub, dir_fd=cur, follow_symlinks=False)
-                    skip.add((st.st_dev, st.st_ino))
+                    info = os.stat(sub, dir_fd=cur, follow_symlinks=False)
+                    skip.add((info.st_dev, info.st_ino))
                     failed.append(f"{sub}: {err.strerror}")
                     continue
                 here = os.fstat(cur)
@@ -236,11 +239,11 @@ def _remove_dir(top: Path) -> list[str]:
                 break
             dev, ino, name = path.pop()
             up = os.open("..", _DIR_FLAGS, dir_fd=cur)
-            st = os.fstat(up)
+            info = os.fstat(up)
             mine = os.fstat(cur)
             os.close(cur)
             cur = up
-            if (st.st_dev, st.st_ino) != (dev, ino):
+            if (info.st_dev, info.st_ino) != (dev, ino):
                 failed.append(f"{name}: its parent was moved during the removal")
                 break
             try:
@@ -282,11 +285,11 @@ def remove_owned_by(uid: int, dirs: Iterable[str] = SHARED_DIRS) -> list[str]:
         except OSError:
             continue
         try:
-            st = os.fstat(fd)
-            if st.st_uid != 0 or not st.st_mode & stat.S_ISVTX or not st.st_mode & 0o002:
+            info = os.fstat(fd)
+            if info.st_uid != 0 or not info.st_mode & stat.S_ISVTX or not info.st_mode & 0o002:
                 continue
-            with os.scandir(fd) as it:
-                mine = [e.name for e in it if _owner(e) == uid]
+            with os.scandir(fd) as listing:
+                mine = [e.name for e in listing if _owner(e) == uid]
             for name in mine:
                 where = f"{top}/{name}"
                 if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
@@ -348,7 +351,7 @@ def remove_stale_temps(state_dir: Path) -> list[Path]:
     at start, with the lock held, no writer of ours can still be using one."""
     from autopilot.state.fsutil import stale_temps
 
-    gone = [p for p in stale_temps(state_dir) if remove_tree(p, (state_dir,), state_dir)]
+    gone = [temp for temp in stale_temps(state_dir) if remove_tree(temp, (state_dir,), state_dir)]
     return gone
 
 

@@ -47,18 +47,18 @@ class DashData:
     ledger: Ledger | None = None  # the replay behind ``cells`` (metrics read its counters)
     doc: Status = field(default_factory=Status)  # ``status`` read through its schema
 
-    def cell(self, task: str, arm: str, n: int) -> CellState | None:
-        return self.cells.get(f"{task}_{arm}_v{n}")
+    def cell(self, task: str, arm: str, replicate: int) -> CellState | None:
+        return self.cells.get(f"{task}_{arm}_v{replicate}")
 
     def matrix(self, arm: str) -> dict[str, dict[int, CellState]]:
         out: dict[str, dict[int, CellState]] = {}
-        for t in self.tasks:
+        for task in self.tasks:
             row = {}
-            for n in range(1, self.target_n + 1):
-                c = self.cell(t, arm, n)
-                if c is not None:
-                    row[n] = c
-            out[t] = row
+            for replicate in range(1, self.target_n + 1):
+                state = self.cell(task, arm, replicate)
+                if state is not None:
+                    row[replicate] = state
+            out[task] = row
         return out
 
 
@@ -99,26 +99,27 @@ def load(state_dir: Path, recent: int = 8) -> DashData | None:
     # plan.json first: every launch records its N there before its first snapshot, and
     # validate and the report read it (a kill in between must not split the views).
     target_n = _count(plan.get("target_n")) or _count(status.get("target_n"))
-    cells = [Cell(t, a, n) for a in arms for n in range(1, target_n + 1) for t in tasks]
+    cells = [Cell(task, arm, replicate) for arm in arms
+             for replicate in range(1, target_n + 1) for task in tasks]
     ledger = Ledger(cells)
     events: deque[dict[str, Any]] = deque(maxlen=max(recent, 0))  # the last few only
     completions: list[float] = []
     for raw in state_events(state_dir):
         # the ledger keeps words; views escape what they show of them
-        ev = ledger.apply(raw)  # typed, for the kinds it folds
+        event = ledger.apply(raw)  # typed, for the kinds it folds
         if raw["event"] in NOTABLE:
             events.append(sane(raw))  # shown as written (cleaned here, once)
-        if isinstance(ev, CellVerdict) and ev.verdict in ("PASS", "FAIL"):
-            t = _epoch(ev.ts)
-            if t is not None:
-                completions.append(t)
+        if isinstance(event, CellVerdict) and event.verdict in ("PASS", "FAIL"):
+            when = _epoch(event.ts)
+            if when is not None:
+                completions.append(when)
     _clean_cells(ledger)
     doc = read_status(status)  # every field its type or its default
     for run in doc.running:
-        c = ledger.cells.get(run.cell)
-        if c is not None and c.status == "running":
-            c.frozen_secs = _float(run.frozen_secs)
-            c.tier = run.tier or "OK"
+        state = ledger.cells.get(run.cell)
+        if state is not None and state.status == "running":
+            state.frozen_secs = _float(run.frozen_secs)
+            state.tier = run.tier or "OK"
     return DashData(
         state_dir=state_dir, status=status, tasks=tasks, arms=arms, target_n=target_n,
         cells=ledger.cells, trust=ledger.trust(), events=list(events),
@@ -132,28 +133,28 @@ def _clean_cells(ledger: Ledger) -> None:
     details, caveats) cleaned once, per cell, after the replay: every view of the
     dashboard — the trust line, the grid's titles, --trend, --flips, the served page —
     then shows no escape sequence and no bidi override of theirs."""
-    for c in ledger.cells.values():
-        c.reasons = [clean(r, 80) for r in c.reasons]
-        c.reason = clean(c.reason, 80) if c.reason is not None else None
-        c.word = clean(c.word, 200) if c.word is not None else None
-        c.caveat = clean(c.caveat, 200) if c.caveat is not None else None
-        c.detail = clean(c.detail, 600)
+    for state in ledger.cells.values():
+        state.reasons = [clean(reason, 80) for reason in state.reasons]
+        state.reason = clean(state.reason, 80) if state.reason is not None else None
+        state.word = clean(state.word, 200) if state.word is not None else None
+        state.caveat = clean(state.caveat, 200) if state.caveat is not None else None
+        state.detail = clean(state.detail, 600)
 
 
 def counts(cells: Iterable[CellState]) -> dict[str, Any]:
     """The ledger's counts in the dashboard's terms (awaiting a grade shows as running;
     ``samples``: what many-item cells scored, where there are such)."""
-    c = Ledger([]).counts(list(cells))
+    tally = Ledger([]).counts(list(cells))
     out: dict[str, Any] = {
-        "pass": c.pass_, "fail": c.fail, "invalid": c.invalid, "quarantined": c.quarantined,
-        "ungraded": c.ungraded, "running": c.running + c.grading, "pending": c.pending,
-        "valid": c.done}
-    if c.items:
-        out["samples"] = c.items
+        "pass": tally.pass_, "fail": tally.fail, "invalid": tally.invalid,
+        "quarantined": tally.quarantined, "ungraded": tally.ungraded,
+        "running": tally.running + tally.grading, "pending": tally.pending, "valid": tally.done}
+    if tally.items:
+        out["samples"] = tally.items
     return out
 
 
-def samples_text(c: dict[str, Any]) -> str:
+def samples_text(tally: dict[str, Any]) -> str:
     """`` · 17/24 samples`` where a group's cells grade many items, else ""."""
-    s = c.get("samples")
-    return f" · {s['passed']}/{s['scored']} samples" if s else ""
+    scored = tally.get("samples")
+    return f" · {scored['passed']}/{scored['scored']} samples" if scored else ""
