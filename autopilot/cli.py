@@ -67,7 +67,7 @@ def _state_dir(args: argparse.Namespace) -> Path:
 
 def cmd_presets() -> int:
     rows = list_presets()
-    width = max((len(n) for n, _ in rows), default=0)
+    width = max((len(preset_name) for preset_name, _ in rows), default=0)
     for name, desc in rows:
         print(f"{name:<{width}}  {desc}")
     return 0
@@ -101,19 +101,19 @@ def dry_run_text(preset: Preset, plan: Plan, state_dir: Path, warnings: list[str
 
     led = Ledger(plan)
 
-    for ev in state_events(state_dir):
-        led.apply(ev)
-    c = led.counts()
+    for record in state_events(state_dir):
+        led.apply(record)
+    tally = led.counts()
     lines = [
         f"plan: preset {preset.name} (identity {plan.identity}), model {preset.model}, "
         f"engine {preset.endpoint.engine}",
-        f"arms ({len(preset.arms)}): " + ", ".join(a.label for a in preset.arms),
-        f"tasks ({len(preset.tasks)}): " + ", ".join(t.id for t in preset.tasks),
+        f"arms ({len(preset.arms)}): " + ", ".join(arm.label for arm in preset.arms),
+        f"tasks ({len(preset.tasks)}): " + ", ".join(task.id for task in preset.tasks),
         f"N: {plan.target_n}",
         f"state dir: {state_dir}",
-        f"cells: {c.total} total | {c.done} valid | "
-        f"{c.pending + c.running + c.grading} pending | {c.invalid} invalid | "
-        f"{c.quarantined} quarantined | {c.ungraded} ungraded",
+        f"cells: {tally.total} total | {tally.done} valid | "
+        f"{tally.pending + tally.running + tally.grading} pending | {tally.invalid} invalid | "
+        f"{tally.quarantined} quarantined | {tally.ungraded} ungraded",
     ]
     from autopilot.backends.base import backend_class  # imports no Ray
 
@@ -132,7 +132,7 @@ def dry_run_text(preset: Preset, plan: Plan, state_dir: Path, warnings: list[str
 
     lines.append(counting_line(preset.trust.count))
     lines += env_lines(preset)
-    lines += [f"warning: {w}" for w in warnings]
+    lines += [f"warning: {warning}" for warning in warnings]
     lines.append("dry run: nothing launched")
     return "\n".join(lines)
 
@@ -203,9 +203,9 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
     state_dir = _state_dir(args)
     preset, plan = load_recorded(state_dir)
-    if args.arm not in [a.label for a in preset.arms]:
+    if args.arm not in [arm.label for arm in preset.arms]:
         raise ConfigError(f"summarize: unknown arm {args.arm!r} "
-                          f"(arms: {', '.join(a.label for a in preset.arms)})")
+                          f"(arms: {', '.join(arm.label for arm in preset.arms)})")
     facts = report.collect(preset, plan.target_n, state_dir)
     sys.stdout.write(report.arm_summary(preset, facts, args.arm))
     return 0
@@ -241,9 +241,9 @@ def cmd_stop(args: argparse.Namespace) -> int:
     state_dir = _state_dir(args)
     preset, plan = load_trusted(state_dir, args)
     last = None  # the last launch's last word: a run that ended itself left nothing
-    for ev in state_events(state_dir):
-        if ev.get("event") in ("run_started", "run_finished", "run_handed_over"):
-            last = ev
+    for record in state_events(state_dir):
+        if record.get("event") in ("run_started", "run_finished", "run_handed_over"):
+            last = record
     if last is not None and last.get("event") == "run_finished":
         from autopilot.datapath.forks import end_forkserver
 
@@ -263,12 +263,12 @@ def cmd_regrade(args: argparse.Namespace) -> int:
 
     state_dir = _state_dir(args)
     preset, plan = load_trusted(state_dir, args)
-    if args.task and args.task not in [t.id for t in preset.tasks]:
+    if args.task and args.task not in [task.id for task in preset.tasks]:
         raise ConfigError(f"regrade: --task {args.task!r} is not a task of this run "
-                          f"(tasks: {', '.join(t.id for t in preset.tasks)})")
-    if args.arm and args.arm not in [a.label for a in preset.arms]:
+                          f"(tasks: {', '.join(task.id for task in preset.tasks)})")
+    if args.arm and args.arm not in [arm.label for arm in preset.arms]:
         raise ConfigError(f"regrade: --arm {args.arm!r} is not an arm of this run "
-                          f"(arms: {', '.join(a.label for a in preset.arms)})")
+                          f"(arms: {', '.join(arm.label for arm in preset.arms)})")
     done = anyio.run(partial(regrade, preset, plan, state_dir, task=args.task, arm=args.arm))
     snap = refresh_status(preset, plan, state_dir)
     print(f"regraded {len(done)} cell(s); {oneline(read_status(snap))}")
@@ -281,8 +281,8 @@ def recorded_target_n(state_dir: Path) -> int | None:
 
 
     rec = state_json(state_dir, "plan.json")
-    n = rec.get("target_n") if isinstance(rec, dict) else None
-    return n if type(n) is int and n > 0 else None
+    target_n = rec.get("target_n") if isinstance(rec, dict) else None
+    return target_n if type(target_n) is int and target_n > 0 else None
 
 
 def metrics_path(value: str | None) -> Path | None:
@@ -303,7 +303,7 @@ def cmd_board(args: argparse.Namespace) -> int:
     from autopilot.run import publish
     from autopilot.views import board
 
-    dirs = [Path(d) for d in args.dirs]
+    dirs = [Path(given) for given in args.dirs]
     result = board.build(dirs, allow_mixed=args.allow_mixed)
     if args.out:
         out = Path(args.out).absolute()
@@ -343,16 +343,18 @@ def cmd_campaign(args: argparse.Namespace) -> int:
     roster_path = Path(args.roster).absolute()
     roster, planned = load_roster(roster_path, args.target_n, None)
     cdir = campaign_dir_for(roster.campaign.name, args.state_dir)
-    planned = [replace(p, state_dir=cdir / p.entry.name) for p in planned]
+    planned = [replace(entry_plan, state_dir=cdir / entry_plan.entry.name)
+               for entry_plan in planned]
     if args.dry_run:
         print(f"campaign {roster.campaign.name}: {len(planned)} entries in {cdir}")
         print(order_text(planned, roster.providers))
-        for p in planned:
-            print(f"--- entry {p.entry.name} ({p.state_dir})", flush=True)
-            r = subprocess.run(entry_argv(p, "--dry-run"), capture_output=True, text=True)
-            sys.stdout.write(r.stdout)
-            if r.returncode != 0:
-                raise ConfigError(f"entry {p.entry.name}: {r.stderr.strip()}")
+        for entry_plan in planned:
+            print(f"--- entry {entry_plan.entry.name} ({entry_plan.state_dir})", flush=True)
+            dry = subprocess.run(entry_argv(entry_plan, "--dry-run"), capture_output=True,
+                                 text=True)
+            sys.stdout.write(dry.stdout)
+            if dry.returncode != 0:
+                raise ConfigError(f"entry {entry_plan.entry.name}: {dry.stderr.strip()}")
         print("dry run: nothing launched")
         return 0
     why = check_writable_dir(cdir)

@@ -59,7 +59,7 @@ def builtin_presets_dir() -> Path:
 def preset_dirs() -> list[Path]:
     dirs = []
     if os.environ.get(PRESETS_ENV):
-        dirs += [Path(d) for d in os.environ[PRESETS_ENV].split(os.pathsep) if d]
+        dirs += [Path(entry) for entry in os.environ[PRESETS_ENV].split(os.pathsep) if entry]
     dirs.append(builtin_presets_dir())
     return dirs
 
@@ -73,21 +73,21 @@ def find_preset(name: str) -> Path:
         return path
     if not NAME_RE.fullmatch(name.removeprefix("_")) or ".." in name:  # "_base": see below
         raise ConfigError(f"--preset {name!r}: not a preset name or a .toml path")
-    for d in preset_dirs():
-        candidate = d / f"{name}.toml"
+    for folder in preset_dirs():
+        candidate = folder / f"{name}.toml"
         if candidate.is_file():
             return candidate
-    available = ", ".join(sorted(p for p, _ in list_presets())) or "none"
+    available = ", ".join(sorted(known for known, _ in list_presets())) or "none"
     raise ConfigError(f"--preset {name!r}: unknown preset (available: {available})")
 
 
 def list_presets() -> list[tuple[str, str]]:
     """(name, one-line description) of every preset found, first dir wins."""
     found: dict[str, str] = {}
-    for d in preset_dirs():
-        if not d.is_dir():
+    for folder in preset_dirs():
+        if not folder.is_dir():
             continue
-        for path in sorted(d.glob("*.toml")):
+        for path in sorted(folder.glob("*.toml")):
             if path.stem in found or path.stem.startswith("_"):
                 continue  # "_name": a base for `extends`, not runnable by itself
             try:
@@ -140,8 +140,8 @@ def expand_env(value: Any, where: str = "", refs: list[EnvRef] | None = None) ->
     error naming it (a silently empty path would fail much later). Each expansion is
     recorded in ``refs``, so preflight can say which variable set a missing path."""
     if isinstance(value, str):
-        def repl(m: re.Match[str]) -> str:
-            name, default = m.group(1), m.group(2)
+        def repl(match: re.Match[str]) -> str:
+            name, default = match.group(1), match.group(2)
             # Shell semantics: `:-` also replaces a variable that is set but empty (an
             # exported BENCH_DIR= must not turn every path into /tooling/...).
             if os.environ.get(name):
@@ -176,10 +176,10 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
 def _leaf_paths(doc: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
     paths = set()
     for k, v in doc.items():
-        p = (*prefix, str(k))
-        paths.add(p)
+        path = (*prefix, str(k))
+        paths.add(path)
         if isinstance(v, Mapping):
-            paths |= _leaf_paths(v, p)
+            paths |= _leaf_paths(v, path)
     return paths
 
 
@@ -208,8 +208,8 @@ def _inner_model(annotation: Any) -> Any:
     several models (the endpoint: the tag in the loc picks one)."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
-    found = [_inner_model(a) for a in typing.get_args(annotation)]
-    found = [m for m in found if m is not None]
+    found = [_inner_model(arg) for arg in typing.get_args(annotation)]
+    found = [model for model in found if model is not None]
     return found[0] if len(found) == 1 else None
 
 
@@ -284,7 +284,7 @@ def load_preset(
         doc["run"] = run
 
     def origin(loc: tuple[Any, ...]) -> str:
-        keys = tuple(str(p) for p in loc if not isinstance(p, int))
+        keys = tuple(str(part) for part in loc if not isinstance(part, int))
         for i in range(len(keys), 0, -1):
             if keys[:i] in flag_keys:
                 return "--" + keys[-1].replace("_", "-")

@@ -90,19 +90,19 @@ class Passes:
     @property
     def per_replica(self) -> int:
         """Cells at once per replica: ``[endpoint] slots``, else concurrency split evenly."""
-        n = self.preset.endpoint.replicas
-        return self.preset.endpoint.slots or -(-self.preset.run.concurrency // n)
+        replicas = self.preset.endpoint.replicas
+        return self.preset.endpoint.slots or -(-self.preset.run.concurrency // replicas)
 
-    def make_slots(self, n: int) -> None:
+    def make_slots(self, count: int) -> None:
         # One replica: the pass's own semaphore bounds it (sized to the concurrency).
-        size = self.per_replica if n > 1 else self.preset.run.concurrency
-        self.replica_slots = [anyio.Semaphore(size) for _ in range(n)]
+        size = self.per_replica if count > 1 else self.preset.run.concurrency
+        self.replica_slots = [anyio.Semaphore(size) for _ in range(count)]
 
     def pending_group(self) -> tuple[ArmEndpoint, tuple[str, ...]]:
         """The first arm group (by endpoint settings) with cells to run."""
         groups = arm_groups(self.preset)
-        pending = {c.arm for c in self.loop.ledger.pending()}
-        return next((g for g in groups if pending & set(g[1])), groups[0])
+        pending = {cell.arm for cell in self.loop.ledger.pending()}
+        return next((group for group in groups if pending & set(group[1])), groups[0])
 
     @property
     def _backend(self) -> Backend:
@@ -122,8 +122,8 @@ class Passes:
             await self.grade_ready_arms(force=True)  # ran before a restart, not graded
         self.slots = anyio.Semaphore(self.preset.run.concurrency)
         async with anyio.create_task_group() as tg:
-            for cid, attempt, dp in reattached or ():
-                replica = dp.meta.get("replica") if isinstance(dp.meta, dict) else 0
+            for cid, attempt, datapath in reattached or ():
+                replica = datapath.meta.get("replica") if isinstance(datapath.meta, dict) else 0
                 replica = replica if type(replica) is int and 0 <= replica < len(
                     loop.keepers) else 0
                 # Its slot is taken here (it is running); more of them than slots (a
@@ -140,7 +140,7 @@ class Passes:
                     slots, replica = anyio.Semaphore(0), -1
                 self._resumed += 1
                 tg.start_soon(self._run_cell, loop.plan.by_id[cid], attempt, slots,
-                              replica, dp)
+                              replica, datapath)
             await self._all_groups()
 
     async def _all_groups(self) -> None:
@@ -150,7 +150,7 @@ class Passes:
         for setting, arms in groups:
             if loop.stop_signal or loop.paused:
                 return
-            if not any(c.arm in arms for c in loop.ledger.pending()):
+            if not any(cell.arm in arms for cell in loop.ledger.pending()):
                 continue
             if len(groups) > 1 and keeper.ep.arm_group != arms:
                 await self._resumed_done()  # no cell may run while the endpoint restarts
@@ -174,12 +174,12 @@ class Passes:
         for pass_no in range(1, self.preset.run.max_passes + 1):
             if loop.stop_signal or loop.paused or loop.ledger.complete():
                 return
-            pending = [c for c in loop.ledger.pending() if c.arm in arms]
+            pending = [cell for cell in loop.ledger.pending() if cell.arm in arms]
             if not pending and self._resumed:
                 # Attempts re-attached at start-up still run: a retry they need goes in
                 # a pass of this group.
                 await self._resumed_done()
-                pending = [c for c in loop.ledger.pending() if c.arm in arms]
+                pending = [cell for cell in loop.ledger.pending() if cell.arm in arms]
             if not pending:
                 return
             self.pass_no = pass_no
@@ -268,8 +268,8 @@ class Passes:
             if in_flight < loop.throttle.limit or loop.stop_signal:
                 return
             # Until a cell ends, or the limit may next grow back (a calm CALM_SECS long).
-            t = loop.throttle
-            calm = max(t.last_signal, t.last_change) + CALM_SECS - loop.clock()
+            throttle = loop.throttle
+            calm = max(throttle.last_signal, throttle.last_change) + CALM_SECS - loop.clock()
             with loop.interruptible():
                 await self._until_freed(max(calm, 0.01))
 
@@ -339,16 +339,16 @@ class Passes:
         loop = self.loop
         async with self._grading:
             for arm in self.preset.arms:
-                cells = [c for c in loop.ledger.cells.values() if c.arm == arm.label]
-                ran = [c for c in cells if c.status == "ran"]
+                cells = [cell for cell in loop.ledger.cells.values() if cell.arm == arm.label]
+                ran = [cell for cell in cells if cell.status == "ran"]
                 if not ran:
                     continue
-                busy = any(c.status in ("running", "pending", "invalid") for c in cells)
+                busy = any(cell.status in ("running", "pending", "invalid") for cell in cells)
                 if busy and not force:
                     continue
                 loop.emit(ArmGrading(arm=arm.label, cells=len(ran)))
-                for c in ran:
-                    outcome = RunOutcome(**(c.ran_outcome or {}))
-                    loop.record_verdict(c.id, c.attempts, await self._backend.grade(
-                        loop.plan.by_id[c.id], c.attempts, outcome))
+                for cell in ran:
+                    outcome = RunOutcome(**(cell.ran_outcome or {}))
+                    loop.record_verdict(cell.id, cell.attempts, await self._backend.grade(
+                        loop.plan.by_id[cell.id], cell.attempts, outcome))
 

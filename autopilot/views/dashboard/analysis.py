@@ -28,25 +28,25 @@ LEGEND = ("P pass  F fail  I<r> invalid (s stall, d deadline, c crash, m missing
           "~ awaiting grade  . pending  * teardown-masked")
 
 
-def code(c: CellState | None, frozen_warn: float = 0) -> str:
+def code(cell: CellState | None, frozen_warn: float = 0) -> str:
     """A short, colour-independent code for one cell."""
-    if c is None:
+    if cell is None:
         return "."
-    if c.status in ("PASS", "FAIL"):
-        mark = CAVEAT_LETTER.get(c.caveat, "+") if c.status == "FAIL" and c.caveat else ""
-        return c.status[0] + mark + ("*" if c.teardown_masked else "")
-    if c.status == "invalid":
-        return "I" + REASON_LETTER.get(c.reason or "", "?")
-    if c.status == "quarantined":
+    if cell.status in ("PASS", "FAIL"):
+        mark = CAVEAT_LETTER.get(cell.caveat, "+") if cell.status == "FAIL" and cell.caveat else ""
+        return cell.status[0] + mark + ("*" if cell.teardown_masked else "")
+    if cell.status == "invalid":
+        return "I" + REASON_LETTER.get(cell.reason or "", "?")
+    if cell.status == "quarantined":
         return "Q"
-    if c.status == "ungraded":
-        return "U" + REASON_LETTER.get(c.reason or "", "?")
-    if c.status == "running":
-        if frozen_warn and c.frozen_secs >= frozen_warn:
-            return f"R{int(c.frozen_secs // 60)}m" if c.frozen_secs >= 60 else \
-                f"R{int(c.frozen_secs)}s"
+    if cell.status == "ungraded":
+        return "U" + REASON_LETTER.get(cell.reason or "", "?")
+    if cell.status == "running":
+        if frozen_warn and cell.frozen_secs >= frozen_warn:
+            return f"R{int(cell.frozen_secs // 60)}m" if cell.frozen_secs >= 60 else \
+                f"R{int(cell.frozen_secs)}s"
         return "R"
-    if c.status == "ran":
+    if cell.status == "ran":
         return "~"
     return "."
 
@@ -57,10 +57,10 @@ COMPACT_LEGEND = ("one letter per replicate, in groups of 5: P pass  F fail  p/f
                   "R running  ! running, frozen past warn  ~ awaiting grade  . pending")
 
 
-def compact_code(c: CellState | None, frozen_warn: float = 0) -> str:
+def compact_code(cell: CellState | None, frozen_warn: float = 0) -> str:
     """``code`` squeezed into one character, for grids too wide for the terminal: an
     invalid cell is its reason letter, a teardown-masked verdict is lower case."""
-    full = code(c, frozen_warn)
+    full = code(cell, frozen_warn)
     if full[0] in "PF":
         return full[0].lower() if full.endswith("*") else full[0]
     if full[0] in "IU":
@@ -70,28 +70,28 @@ def compact_code(c: CellState | None, frozen_warn: float = 0) -> str:
     return full
 
 
-def kind(c: CellState | None) -> str:
+def kind(cell: CellState | None) -> str:
     """The style class of a cell (shared by the terminal and HTML views)."""
-    if c is None:
+    if cell is None:
         return "pending"
     style = {"PASS": "pass", "FAIL": "fail", "invalid": "invalid", "quarantined": "quarantined",
              "ungraded": "invalid", "running": "running", "ran": "running"}
-    return style.get(c.status, "pending") + (
-        " masked" if c.teardown_masked and c.status in ("PASS", "FAIL") else "")
+    return style.get(cell.status, "pending") + (
+        " masked" if cell.teardown_masked and cell.status in ("PASS", "FAIL") else "")
 
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 
 
-def bins(times: Sequence[float], n: int = 40) -> list[int]:
+def bins(times: Sequence[float], buckets: int = 40) -> list[int]:
     """Completions per time bucket, ``n`` buckets spanning first..last completion."""
     if not times:
         return []
-    lo, hi = min(times), max(times)
-    width = (hi - lo) / n or 1.0
-    out = [0] * n
-    for t in times:
-        out[min(n - 1, int((t - lo) / width))] += 1
+    first, last = min(times), max(times)
+    width = (last - first) / buckets or 1.0
+    out = [0] * buckets
+    for when in times:
+        out[min(buckets - 1, int((when - first) / width))] += 1
     return out
 
 
@@ -99,9 +99,10 @@ def sparkline(counts: Sequence[int]) -> str:
     if not counts:
         return ""
     top = max(counts) or 1
-    return "".join(BLOCKS[min(len(BLOCKS) - 1, round(c / top * (len(BLOCKS) - 1)))]
-                   if c else " " for c in counts)
+    return "".join(BLOCKS[min(len(BLOCKS) - 1, round(count / top * (len(BLOCKS) - 1)))]
+                   if count else " " for count in counts)
 
 
 def statuses(matrix: Mapping[str, Mapping[int, CellState]]) -> dict[str, dict[int, str]]:
-    return {t: {n: c.status for n, c in row.items()} for t, row in matrix.items()}
+    return {task: {replicate: cell.status for replicate, cell in row.items()}
+            for task, row in matrix.items()}
