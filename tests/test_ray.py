@@ -278,15 +278,24 @@ def test_docker_endpoints_and_sandboxes_live_on_their_own_nodes_daemon(
     assert f"{name}-1" in created[1] and f"{name}-1" not in created[0]
     evs = events(tmp_path / "docker")
     ran: dict[str, set[int]] = {}
+    started: dict[tuple[str, int], int] = {}
     for e in evs:
         if e["event"] == "cell_started":
             ran.setdefault(e["cell"], set()).add(e["replica"])
+            started[(e["cell"], e["attempt"])] = e["replica"]
         elif e["event"] == "cell_verdict" and e["reason"] == "node_lost":
             # ran on the lost node 1, whose report of the start may have died with it
             ran.setdefault(e["cell"], set()).add(1)
     assert len(ran) == 12 and set().union(*ran.values()) == {0, 1}
-    for cell, replicas in ran.items():  # a cell's sandbox where its harness ran
-        assert {k for k in (0, 1) if f"bench-sandbox-{cell}" in created[k]} == replicas
+    finished = {e["cell"]: started[(e["cell"], e["attempt"])] for e in evs
+                if e["event"] == "cell_verdict" and e["verdict"] in ("PASS", "FAIL")}
+    assert set(finished) == set(ran)
+    for cell, replicas in ran.items():
+        # A cell's sandbox only on a node where its harness ran, and there on the node
+        # whose attempt finished it; a harness lost with node 1 may have gone before
+        # it made one (launched as the node went).
+        boxes = {k for k in (0, 1) if f"bench-sandbox-{cell}" in created[k]}
+        assert finished[cell] in boxes and boxes <= replicas, (cell, boxes, replicas)
     # The lost node's cells ran again on replica 0, once; what it left on its daemon
     # (its endpoint container, the sandboxes of the cells it ran) went with its lease's
     # sweep, from the live node of the same machine, on the lost actor's own daemon.
