@@ -141,15 +141,14 @@ def test_a_uid_handed_on_reaches_nothing_of_the_cell_that_held_it(reachable: Pat
 
 def test_the_uid_pool_never_gives_a_uid_twice_nor_one_in_use(tmp_path: Path) -> None:
     pool = UidPool(61200, 61203)
+    # It says "ready" once setpriv has switched to 61201 (a handshake: a loaded CI box
+    # could outlast any count of polls before the switch).
     busy = subprocess.Popen(["setpriv", "--reuid=61201", "--regid=61201", "--clear-groups",
-                             "/bin/sleep", "60"])
+                             "/bin/sh", "-c", "echo ready; exec /bin/sleep 60"],
+                            stdout=subprocess.PIPE)
     try:
-        for _ in range(100):  # until the switch is done: its uid is 61201
-            try:
-                if psutil.Process(busy.pid).uids().real == 61201:
-                    break
-            except psutil.NoSuchProcess:
-                break
+        assert busy.stdout is not None and busy.stdout.readline() == b"ready\n"
+        assert psutil.Process(busy.pid).uids().real == 61201
         got = [pool.take("a"), pool.take("b"), pool.take("c")]
         assert 61201 not in got and len(set(got)) == 3
         with pytest.raises(LookupError):
