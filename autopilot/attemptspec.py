@@ -112,10 +112,11 @@ class GatewaySpec:
     def of(cls, doc: Any) -> GatewaySpec | None:
         if not isinstance(doc, dict):
             return None
-        up, limits = doc.get("upstream"), doc.get("limits")
-        if not (isinstance(up, list) and all(
-                isinstance(u, list) and len(u) == 2 and all(isinstance(x, str) for x in u)
-                for u in up)):
+        upstream_doc, limits = doc.get("upstream"), doc.get("limits")
+        if not (isinstance(upstream_doc, list) and all(
+                isinstance(pair, list) and len(pair) == 2
+                and all(isinstance(part, str) for part in pair)
+                for pair in upstream_doc)):
             return None
         lim = GatewayLimits.of(limits)
         if lim is None:
@@ -128,7 +129,7 @@ class GatewaySpec:
             return None
         dialects, secrets = _strs(doc.get("dialects")), _strs(doc.get("secrets"))
         fd = doc.get("fd")
-        return cls(tuple((u[0], u[1]) for u in up), log_path, lim,
+        return cls(tuple((pair[0], pair[1]) for pair in upstream_doc), log_path, lim,
                    dict(settings), {str(k): dict(v) for k, v in by_dialect.items()},
                    key=_opt_str(doc.get("key")) or "", model=_opt_str(doc.get("model")),
                    upstream_key=_opt_str(doc.get("upstream_key")),
@@ -166,16 +167,17 @@ class AttemptSpec:
     def of(cls, doc: Any) -> AttemptSpec | None:
         if not isinstance(doc, dict):
             return None
-        cell, attempt, d, secret = (doc.get("cell"), doc.get("attempt"), doc.get("dir"),
-                                    doc.get("secret"))
+        cell, attempt, directory, secret = (doc.get("cell"), doc.get("attempt"), doc.get("dir"),
+                                            doc.get("secret"))
         harness, meta = HarnessSpec.of(doc.get("harness")), doc.get("meta")
-        gw = doc.get("gateway")
-        gateway = GatewaySpec.of(gw) if gw is not None else None
-        if not (isinstance(cell, str) and type(attempt) is int and isinstance(d, str) and d
+        gateway_doc = doc.get("gateway")
+        gateway = GatewaySpec.of(gateway_doc) if gateway_doc is not None else None
+        if not (isinstance(cell, str) and type(attempt) is int
+                and isinstance(directory, str) and directory
                 and isinstance(secret, str) and secret and harness is not None
-                and isinstance(meta, dict) and (gw is None or gateway is not None)):
+                and isinstance(meta, dict) and (gateway_doc is None or gateway is not None)):
             return None
-        return cls(cell, attempt, harness, dict(meta), gateway, d, secret)
+        return cls(cell, attempt, harness, dict(meta), gateway, directory, secret)
 
 
 __all__ = ["AttemptSpec", "GatewaySpec", "HarnessSpec"]

@@ -59,7 +59,7 @@ def default_state_dir(preset: str | None = None) -> str:
     if preset:
         return str(base / preset_key(preset))
     try:
-        runs = [d for d in base.iterdir() if (d / "plan.json").is_file()]
+        runs = [run for run in base.iterdir() if (run / "plan.json").is_file()]
     except OSError:
         runs = []
     if not runs:
@@ -91,8 +91,8 @@ def run_and_exit(main: Callable[[], int]) -> NoReturn:
         sys.stdout.flush()
     except BrokenPipeError:
         _quiet_broken_pipe()
-    if any(t.is_alive() and not t.daemon for t in threading.enumerate()
-           if t is not threading.main_thread()):
+    if any(thread.is_alive() and not thread.daemon for thread in threading.enumerate()
+           if thread is not threading.main_thread()):
         sys.exit(code)  # a thread that must finish: the interpreter waits for it
     atexit._run_exitfuncs()
     try:

@@ -16,15 +16,15 @@ from types import ModuleType
 
 
 def import_hiding(name: str, hidden: tuple[str, ...]) -> ModuleType:
-    if name in sys.modules or any(h in sys.modules for h in hidden):
+    if name in sys.modules or any(hidden_name in sys.modules for hidden_name in hidden):
         return importlib.import_module(name)
-    for h in hidden:
-        sys.modules[h] = None  # type: ignore[assignment]  # `import h` -> ImportError
+    for hidden_name in hidden:
+        sys.modules[hidden_name] = None  # type: ignore[assignment]  # `import h` -> ImportError
     try:
         return importlib.import_module(name)
     finally:
-        for h in hidden:
-            del sys.modules[h]
+        for hidden_name in hidden:
+            del sys.modules[hidden_name]
 
 
 def httpx() -> ModuleType:

@@ -56,15 +56,15 @@ _URLSAFE = str.maketrans("+/", "-_")
 
 class Redactor:
     def __init__(self, secrets: Iterable[str] = ()) -> None:
-        plain = {s for s in secrets if s and len(s) >= 4}
+        plain = {secret for secret in secrets if secret and len(secret) >= 4}
         # Longest first: a form that contains another is replaced whole.
-        self.secrets = sorted({f for s in plain for f in encoded_forms(s)}, key=len,
+        self.secrets = sorted({f for secret in plain for f in encoded_forms(secret)}, key=len,
                               reverse=True)
 
     def scrub(self, value: Any) -> Any:
         if isinstance(value, str):
-            for s in self.secrets:
-                value = value.replace(s, REDACTED)
+            for secret in self.secrets:
+                value = value.replace(secret, REDACTED)
             return _ATTEMPT_KEY.sub(REDACTED, _BEARER.sub(r"\1" + REDACTED, value))
         if isinstance(value, dict):
             return {k: (REDACTED if str(k).lower() == "authorization" else self.scrub(v))
@@ -105,7 +105,7 @@ class Redactor:
         if cut:
             assert cap is not None
             head, tail_from = cap // 2, size - cap // 2
-        keep = max((len(s) for s in self.secrets), default=1) - 1
+        keep = max((len(secret) for secret in self.secrets), default=1) - 1
         keep = max(keep, _KEY_LEN - 1)
         changed = cut
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

@@ -44,15 +44,15 @@ class Plan:
     @cached_property
     def cells(self) -> tuple[Cell, ...]:
         return tuple(
-            Cell(t.id, a.label, n)
-            for a in self.preset.arms
-            for n in range(1, self.target_n + 1)
-            for t in self.preset.tasks
+            Cell(task.id, arm.label, replicate)
+            for arm in self.preset.arms
+            for replicate in range(1, self.target_n + 1)
+            for task in self.preset.tasks
         )
 
     @cached_property
     def by_id(self) -> dict[str, Cell]:
-        return {c.id: c for c in self.cells}
+        return {cell.id: cell for cell in self.cells}
 
     @cached_property
     def identity(self) -> str:
@@ -80,15 +80,15 @@ def _dump(obj: Any) -> dict[str, Any]:
     return doc
 
 
-def plan_identity(p: Preset) -> str:
+def plan_identity(preset: Preset) -> str:
     defining = {
-        "model": p.model,
-        "vars": p.vars,
-        "tasks": [_dump(t) for t in p.tasks],
-        "arms": [_dump(a) for a in p.arms],
-        "harness_argv": p.harness.argv,
-        "grader_argv": p.grader.argv,
-        "verdicts": {k: _dump(v) for k, v in p.grader.verdicts.items()},
+        "model": preset.model,
+        "vars": preset.vars,
+        "tasks": [_dump(task) for task in preset.tasks],
+        "arms": [_dump(arm) for arm in preset.arms],
+        "harness_argv": preset.harness.argv,
+        "grader_argv": preset.grader.argv,
+        "verdicts": {k: _dump(v) for k, v in preset.grader.verdicts.items()},
     }
     blob = json.dumps(defining, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
@@ -126,7 +126,7 @@ def cell_context(
 def output_dirs(preset: Preset, plan: Plan, state_dir: Path) -> list[Path]:
     """Every cell's output dir (its first attempt's: what a run owns, autopilot.state.
     claims)."""
-    return [Path(cell_context(preset, c, 1, state_dir)["output_dir"]) for c in plan.cells]
+    return [Path(cell_context(preset, cell, 1, state_dir)["output_dir"]) for cell in plan.cells]
 
 
 def arm_groups(preset: Preset) -> list[tuple[ArmEndpoint, tuple[str, ...]]]:
@@ -134,7 +134,7 @@ def arm_groups(preset: Preset) -> list[tuple[ArmEndpoint, tuple[str, ...]]]:
     case: the harness carries the mode) means one endpoint for the whole run; several
     mean the endpoint is restarted with each group's settings in turn."""
     groups: dict[str, tuple[ArmEndpoint, list[str]]] = {}
-    for a in preset.arms:
-        key = json.dumps(a.endpoint.model_dump(mode="json"), sort_keys=True)
-        groups.setdefault(key, (a.endpoint, []))[1].append(a.label)
+    for arm in preset.arms:
+        key = json.dumps(arm.endpoint.model_dump(mode="json"), sort_keys=True)
+        groups.setdefault(key, (arm.endpoint, []))[1].append(arm.label)
     return [(setting, tuple(labels)) for setting, labels in groups.values()]

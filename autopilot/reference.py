@@ -103,7 +103,7 @@ class Table:
 
 def _container(annotation: Any) -> Any:
     """list or dict for a field that holds several tables, else None."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    args = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
     if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
         return _container(args[0])
     return typing.get_origin(annotation) if typing.get_origin(annotation) in (list, dict) \
@@ -114,14 +114,14 @@ def type_name(annotation: Any) -> str:
     """A field's type in a TOML user's words."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin is Literal:
-        return " | ".join(json.dumps(a) for a in args)
+        return " | ".join(json.dumps(arg) for arg in args)
     if origin in (typing.Union, types.UnionType):
-        names = [type_name(a) for a in args if a is not type(None)]
+        names = [type_name(arg) for arg in args if arg is not type(None)]
         return " | ".join(names) + (" or none" if type(None) in args else "")
     if origin is list or (origin is tuple and len(args) == 2 and args[1] is Ellipsis):
         return f"list of {type_name(args[0])}"
     if origin is tuple:
-        return "[" + ", ".join(type_name(a) for a in args) + "]"
+        return "[" + ", ".join(type_name(arg) for arg in args) + "]"
     if origin is dict:
         return f"table of {type_name(args[1])}"
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
@@ -211,8 +211,9 @@ def reference_markdown() -> str:
         if table.doc:
             lines += [table.doc, ""]
         lines += ["| key | type | default | description |", "| --- | --- | --- | --- |"]
-        for o in table.options:
-            default = f"`{_cell(o.default)}`" if o.default else "required"
-            lines.append(f"| `{o.key}` | {_cell(o.type)} | {default} | {_cell(o.description)} |")
+        for option in table.options:
+            default = f"`{_cell(option.default)}`" if option.default else "required"
+            lines.append(f"| `{option.key}` | {_cell(option.type)} | {default} "
+                         f"| {_cell(option.description)} |")
         lines.append("")
     return "\n".join(lines)

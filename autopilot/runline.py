@@ -13,7 +13,7 @@ from pathlib import Path
 def recorded_overlays(given: list[str] | None) -> str | list[str] | None:
     """How plan.json keeps the --config files: absolute, one as a string (as before),
     several as a list in their order."""
-    paths = [str(Path(c).absolute()) for c in given or []]
+    paths = [str(Path(overlay).absolute()) for overlay in given or []]
     return None if not paths else paths[0] if len(paths) == 1 else paths
 
 

@@ -28,9 +28,9 @@ def notify(message: str) -> bool:
     if addr is None:
         return False
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
-            s.connect(addr)
-            s.sendall(message.encode("utf-8", "replace"))
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            sock.connect(addr)
+            sock.sendall(message.encode("utf-8", "replace"))
         return True
     except OSError:
         return False

@@ -69,7 +69,7 @@ def asked() -> str | None:
     hand-over while only SIGUSR2 came, a stop once any other did, or nothing."""
     if not _pending:
         return None
-    return "handover" if all(s == signal.SIGUSR2 for s in _pending) else "stop"
+    return "handover" if all(sig == signal.SIGUSR2 for sig in _pending) else "stop"
 
 
 def detach() -> None:

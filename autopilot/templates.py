@@ -38,13 +38,13 @@ def render_argv(argv: Argv, ctx: Mapping[str, str]) -> list[str]:
         if isinstance(item, str):
             out.append(render(item, ctx))
             continue
-        names = [n for part in item for n in placeholders(part)]
-        if all(ctx.get(n) for n in names):
+        names = [name for part in item for name in placeholders(part)]
+        if all(ctx.get(name) for name in names):
             out.extend(render(part, ctx) for part in item)
     return out
 
 
-def _template_sites(p: Preset, task: Task) -> Iterable[tuple[str, str, bool]]:
+def _template_sites(preset: Preset, task: Task) -> Iterable[tuple[str, str, bool]]:
     """(key path, template, optional) for every template in the preset, for one task."""
 
     def argv_sites(prefix: str, argv: Argv) -> Iterable[tuple[str, str, bool]]:
@@ -55,50 +55,50 @@ def _template_sites(p: Preset, task: Task) -> Iterable[tuple[str, str, bool]]:
                 for j, part in enumerate(item):
                     yield f"{prefix}[{i}][{j}]", part, True
 
-    yield from argv_sites("harness.argv", p.harness.argv)
-    i = next(k for k, t in enumerate(p.tasks) if t.id == task.id)
+    yield from argv_sites("harness.argv", preset.harness.argv)
+    i = next(k for k, each in enumerate(preset.tasks) if each.id == task.id)
     if task.grader_argv is not None:
         yield from argv_sites(f"tasks[{i}].grader_argv", task.grader_argv)
     else:
-        yield from argv_sites("grader.argv", p.grader.argv)
-    for j, r in enumerate(task.grader_requires):
-        yield f"tasks[{i}].grader_requires[{j}]", r, False
-    yield from argv_sites("preflight.benchmark_files", p.preflight.benchmark_files)
+        yield from argv_sites("grader.argv", preset.grader.argv)
+    for j, required in enumerate(task.grader_requires):
+        yield f"tasks[{i}].grader_requires[{j}]", required, False
+    yield from argv_sites("preflight.benchmark_files", preset.preflight.benchmark_files)
     for key in ("output_dir", "transcript", "summary", "sandbox_container"):
-        yield f"harness.{key}", getattr(p.harness, key), False
-    if p.harness.cwd:
-        yield "harness.cwd", p.harness.cwd, False
-    for k, v in p.harness.env.items():
+        yield f"harness.{key}", getattr(preset.harness, key), False
+    if preset.harness.cwd:
+        yield "harness.cwd", preset.harness.cwd, False
+    for k, v in preset.harness.env.items():
         yield f"harness.env.{k}", v, False
-    for i, c in enumerate(p.harness.completion):
-        yield f"harness.completion[{i}]", c, False
-    for i, c in enumerate(p.harness.scratch_dirs):
-        yield f"harness.scratch_dirs[{i}]", c, False
-    yield "grader.grade_file", p.grader.grade_file, False
-    if p.grader.cwd:
-        yield "grader.cwd", p.grader.cwd, False
-    if p.grader.extract:
-        yield "grader.extract.archive", p.grader.extract.archive, False
-        yield "grader.extract.into", p.grader.extract.into, False
-    if p.trust.tokens:
-        yield "trust.tokens.file", p.trust.tokens.file, False
-    if p.trust.finish:
-        yield "trust.finish.file", p.trust.finish.file, False
-    for i, f in enumerate(p.preflight.files):
+    for i, completion in enumerate(preset.harness.completion):
+        yield f"harness.completion[{i}]", completion, False
+    for i, completion in enumerate(preset.harness.scratch_dirs):
+        yield f"harness.scratch_dirs[{i}]", completion, False
+    yield "grader.grade_file", preset.grader.grade_file, False
+    if preset.grader.cwd:
+        yield "grader.cwd", preset.grader.cwd, False
+    if preset.grader.extract:
+        yield "grader.extract.archive", preset.grader.extract.archive, False
+        yield "grader.extract.into", preset.grader.extract.into, False
+    if preset.trust.tokens:
+        yield "trust.tokens.file", preset.trust.tokens.file, False
+    if preset.trust.finish:
+        yield "trust.finish.file", preset.trust.finish.file, False
+    for i, f in enumerate(preset.preflight.files):
         yield f"preflight.files[{i}]", f, False
-    for f in p.preflight.pins:
+    for f in preset.preflight.pins:
         yield f"preflight.pins.{f}", f, False
-    for i, chk in enumerate(p.trust.arm_checks):
+    for i, chk in enumerate(preset.trust.arm_checks):
         yield f"trust.arm_checks[{i}].file", chk.file, False
         yield f"trust.arm_checks[{i}].expect", chk.expect, False
 
 
-def check_templates(p: Preset) -> None:
+def check_templates(preset: Preset) -> None:
     """Every placeholder of every template must be known for every task x arm."""
-    for task in p.tasks:
-        for arm in p.arms:
-            known = BUILTIN_PLACEHOLDERS | set(p.vars) | set(task.vars) | set(arm.vars)
-            for path, template, optional in _template_sites(p, task):
+    for task in preset.tasks:
+        for arm in preset.arms:
+            known = BUILTIN_PLACEHOLDERS | set(preset.vars) | set(task.vars) | set(arm.vars)
+            for path, template, optional in _template_sites(preset, task):
                 try:
                     names = placeholders(template)
                 except ValueError as e:
@@ -108,7 +108,7 @@ def check_templates(p: Preset) -> None:
                     # the harness's environment is not.
                     raise TemplateError(path, "{api_key} (the attempt's gateway key) may "
                                         "only be used in [harness] env, not here")
-                unknown = [n for n in names if n not in known]
+                unknown = [name for name in names if name not in known]
                 if unknown and not optional:
                     raise TemplateError(
                         path,
@@ -126,7 +126,7 @@ class TemplateError(Exception):
         self.msg = msg
 
 
-def grader_argv(p: Preset, task_id: str) -> Argv:
+def grader_argv(preset: Preset, task_id: str) -> Argv:
     """The grader command line of a task: its own, else the preset's."""
-    own = p.task(task_id).grader_argv
-    return own if own is not None else p.grader.argv
+    own = preset.task(task_id).grader_argv
+    return own if own is not None else preset.grader.argv

@@ -190,7 +190,7 @@ def test_functions_stay_small() -> None:
 # index, a dict's key and value, an exception, a file and its descriptor, a task group).
 SHORT_IDIOMS = frozenset({"i", "j", "k", "v", "e", "f", "fd", "ok", "ts", "t0", "id", "tg",
                           "_", "__"})
-SHORT_NAME_SHARE = 0.095  # may only shrink (lower it as names are given)
+SHORT_NAME_SHARE = 0.025  # may only shrink (lower it as names are given)
 
 
 def short_names() -> tuple[list[str], int]:

@@ -121,6 +121,61 @@ t0 = time.monotonic(); asyncio.run(main()); print(time.monotonic() - t0)
 '''
 
 
+# The same bare loop, each harness and grader isolated as autopilot isolates them where it
+# runs as root (its own cgroup, entered by the same one-line shell, and its own uid via
+# setpriv; the output dir its uid's): what the isolation alone costs, with no supervision.
+BASELINE_ISOLATED = r'''
+import asyncio, os, shutil, sys, time
+from autopilot.cell.cgroups import PLACE, where
+k, conc, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+H = ["/bin/sh", "-c", "sleep 0.2; mkdir -p \"$1\"; echo '{\"total_completion_tokens\": 1}' > \"$1/summary.json\"", "cell"]
+G = ["/bin/sh", "-c", "echo '{\"verdict\": \"PASS\"}' > \"$1\"", "grade"]
+SETPRIV = shutil.which("setpriv")
+parent, _ = where()
+base = parent / f"bench-isolated-{os.getpid()}"
+base.mkdir()
+async def isolated(name, uid, argv):
+    group = base / name
+    group.mkdir()
+    wrapped = ["/bin/sh", "-c", PLACE, str(group), SETPRIV, f"--reuid={uid}", f"--regid={uid}",
+               "--clear-groups", "--no-new-privs", "--", *argv]
+    p = await asyncio.create_subprocess_exec(*wrapped); await p.wait()
+    group.rmdir()
+async def cell(i, sem, uids):
+    async with sem:
+        uid = uids.pop()
+        d = f"{out}/c{i}"
+        os.makedirs(d); os.chown(d, uid, uid)
+        await isolated(f"cell-{i}", uid, [*H, d])
+        await isolated(f"grade-{i}", uid, [*G, f"{d}/grade.json"])
+        os.chown(d, 0, 0)
+        uids.append(uid)
+async def main():
+    sem = asyncio.Semaphore(conc)
+    uids = list(range(61900, 61900 + conc))
+    await asyncio.gather(*(cell(i, sem, uids) for i in range(k)))
+t0 = time.monotonic(); asyncio.run(main()); print(time.monotonic() - t0)
+base.rmdir()
+'''
+
+
+def _isolated_wall(tmp: Path, k: int, conc: int, reps: int) -> float | None:
+    """Best wall of the isolated bare loop; None where it cannot run (not root, no
+    cgroup v2, no setpriv)."""
+    from autopilot.cell.cgroups import where
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None or where()[0] is None:
+        return None
+    walls = []
+    for rep in range(reps):
+        out = tmp / f"iso{k}-{rep}"
+        t0 = time.monotonic()
+        subprocess.run([PY, "-c", BASELINE_ISOLATED, str(k), str(conc), str(out)], check=True,
+                       capture_output=True, cwd=ROOT)
+        walls.append(time.monotonic() - t0)
+    return min(walls)
+
+
 def _walls(tmp: Path, k: int, conc: int, reps: int) -> tuple[float, float]:
     walls_a, walls_b = [], []
     for rep in range(reps):
@@ -142,7 +197,7 @@ def bench_overhead(tmp: Path, k: int, conc: int) -> list[Row]:
     a, b = _walls(tmp, k, conc, 5)
     a1, b1 = _walls(tmp, 1, conc, 5)  # one cell: what start-up and shutdown cost
     steady = (a - a1) / (b - b1)
-    return [
+    rows = [
         Row(f"overhead: {k} trivial cells at concurrency {conc}, wall(autopilot)/wall(bare)",
             f"{a / b:.3f} ({a:.2f}s / {b:.2f}s)", "<= 1.10",
             "bare asyncio loop running the same argv, same concurrency (best of 5, interleaved)",
@@ -153,6 +208,17 @@ def bench_overhead(tmp: Path, k: int, conc: int) -> list[Row]:
         Row("  per-cell steady state, (wall(200) - wall(1)) ratio", f"{steady:.3f}",
             "(no target)", "the same runs, fixed costs removed", None),
     ]
+    iso = _isolated_wall(tmp, k, conc, 5)
+    if iso is not None:
+        rows += [
+            Row("  the bare loop with each harness and grader isolated as autopilot does "
+                "(cgroup + uid), wall(isolated)/wall(bare)", f"{iso / b:.3f} ({iso:.2f}s)",
+                "(no target)", "what the isolation alone costs, no supervision", None),
+            Row("  autopilot against that isolated loop, wall(autopilot)/wall(isolated)",
+                f"{a / iso:.3f}", "(no target)",
+                "what supervision (data path, gateway, journal, watchdog) adds", None),
+        ]
+    return rows
 
 
 # ------------------------------------------------------------------ detection latency

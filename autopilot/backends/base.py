@@ -151,7 +151,7 @@ class RunGateway:
             await self._serving.close()
 
 
-def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
+def cell_context(wiring: Wiring, keeper: Any, *, replica: int = 0,
                  extra_env: dict[str, str] | None = None, forks: bool = False,
                  forks_outlive: bool = True, forks_name: str = "forkserver") -> CellContext:
     """The one builder of what a cell run needs (here, and in a Ray node's actor, whose
@@ -167,43 +167,46 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
     from autopilot.state.diskspace import DiskWatch, floor_bytes
     from autopilot.state.fsguard import run_roots
 
-    port, clock = w.port, w.clock
-    who = users.resolve(w.preset, w.state_dir)  # on this machine: a Ray node decides its own
-    roots = run_roots(w.preset, w.state_dir)
-    settings = gateway_for(w.preset, w.redactor.scrub, port.throttled, port.emit,
+    port, clock = wiring.port, wiring.clock
+    # on this machine: a Ray node decides its own
+    who = users.resolve(wiring.preset, wiring.state_dir)
+    roots = run_roots(wiring.preset, wiring.state_dir)
+    settings = gateway_for(wiring.preset, wiring.redactor.scrub, port.throttled, port.emit,
                            key=getattr(keeper.ep, "api_key", None),
-                           secrets=tuple(secret_values(w.preset)))
+                           secrets=tuple(secret_values(wiring.preset)))
     gateway = RunGateway(settings) if settings is not None else None
-    ep = w.preset.endpoint
+    endpoint = wiring.preset.endpoint
     # Through the gateway a provider's key stays here: the harness gets its attempt's
     # key instead (as OPENAI_API_KEY, and under the provider's and each arm route's
     # api_key_env), and the gateway puts the real one on an allowed request upstream.
-    names = [ep.key_env(), *(a.route.api_key_env for a in w.preset.arms if a.route)]
-    key_env: tuple[str, ...] = (KEY_ENV, *sorted({n for n in names if n and n != KEY_ENV}))
-    disk = w.disk or DiskWatch(roots, floor_bytes(w.preset.run.disk_floor_mb,
-                                               w.preset.preflight.min_free_gb), clock)
+    names = [endpoint.key_env(),
+             *(arm.route.api_key_env for arm in wiring.preset.arms if arm.route)]
+    key_env: tuple[str, ...] = (KEY_ENV,
+                                *sorted({name for name in names if name and name != KEY_ENV}))
+    disk = wiring.disk or DiskWatch(roots, floor_bytes(wiring.preset.run.disk_floor_mb,
+                                                       wiring.preset.preflight.min_free_gb), clock)
     return CellContext(
-        preset=w.preset, state_dir=w.state_dir, keeper=keeper, emit=port.emit,
+        preset=wiring.preset, state_dir=wiring.state_dir, keeper=keeper, emit=port.emit,
         stopping=port.stopping, forced=port.forced, clock=clock,
         on_tick=lambda cid, s, tier: port.tick(cid, clock() - s.last_transcript, tier,
                                                 s.last_signal),
         # A spooled log is redacted and capped when its attempt ends (logsetup.SPOOL_CAP).
-        redact=w.redactor.scrub, scrub_file=partial(w.redactor.scrub_file, cap=SPOOL_CAP),
-        sandboxes=w.sandboxes,
+        redact=wiring.redactor.scrub, scrub_file=partial(wiring.redactor.scrub_file, cap=SPOOL_CAP),
+        sandboxes=wiring.sandboxes,
         on_grade_failure=port.grade_failure,
         roots=roots, disk=disk if disk.floor > 0 else None,
-        base_env={**{k: v for k, v in child_env(w.preset, "harness").items()
+        base_env={**{k: v for k, v in child_env(wiring.preset, "harness").items()
                      if gateway is None or k not in key_env},
-                  RUN_TOKEN_ENV: w.run_token, **(extra_env or {})},
+                  RUN_TOKEN_ENV: wiring.run_token, **(extra_env or {})},
         new_key=attempt_key, key_env=key_env if gateway is not None else (),
-        users=users.pool_for(*w.preset.harness.uids, who.groups) if who.mode == "cell"
+        users=users.pool_for(*wiring.preset.harness.uids, who.groups) if who.mode == "cell"
         else None,
-        replica=replica, contain=cgroups.for_run(w.run_token)[0], gateway=gateway,
+        replica=replica, contain=cgroups.for_run(wiring.run_token)[0], gateway=gateway,
         # Data paths forked from one server per loop (its imports paid once), where the
         # backend asks for it; else each is a process of its own.
-        launch=Launcher(ForkServer(w.state_dir, w.run_token, outlives=forks_outlive,
+        launch=Launcher(ForkServer(wiring.state_dir, wiring.run_token, outlives=forks_outlive,
                                    name=forks_name) if forks else None),
-        run_token=w.run_token,
+        run_token=wiring.run_token,
         handing_over=port.handing_over,
         on_throttled=port.throttled,
     )
@@ -211,13 +214,13 @@ def cell_context(w: Wiring, keeper: Any, *, replica: int = 0,
 
 def replica_lines(preset: Preset, where: str) -> list[str]:
     """What --dry-run says of each replica: where it runs, its port, slots, env, pins."""
-    ep = preset.endpoint
-    per = ep.slots or -(-preset.run.concurrency // ep.replicas)
+    endpoint = preset.endpoint
+    per = endpoint.slots or -(-preset.run.concurrency // endpoint.replicas)
     lines = []
-    for i in range(ep.replicas):
-        env = ep.replica_env[i] if i < len(ep.replica_env) else {}
-        port = ep.port + i if ep.port else "free port"
-        pinned = [a.label for a in preset.arms if a.replicas and i in a.replicas]
+    for i in range(endpoint.replicas):
+        env = endpoint.replica_env[i] if i < len(endpoint.replica_env) else {}
+        port = endpoint.port + i if endpoint.port else "free port"
+        pinned = [arm.label for arm in preset.arms if arm.replicas and i in arm.replicas]
         lines.append(f"replica {i}: {where}, port {port}, {per} slot(s), env "
                      f"{', '.join(f'{k}={v}' for k, v in env.items()) or '(shared)'}"
                      + (f", pinned arms {', '.join(pinned)}" if pinned else ""))
@@ -230,9 +233,9 @@ class Backend(abc.ABC):
 
     kind: ClassVar[str]
 
-    def __init__(self, w: Wiring, setting: ArmEndpoint, group: tuple[str, ...]) -> None:
+    def __init__(self, wiring: Wiring, setting: ArmEndpoint, group: tuple[str, ...]) -> None:
         """``setting``, ``group``: the endpoint settings and arms replica 0 starts with."""
-        self.w = w
+        self.w = wiring
         self.keepers: Sequence[Keeper] = []
         self._cx: dict[int, CellContext] = {}
 

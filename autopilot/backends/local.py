@@ -24,22 +24,23 @@ if TYPE_CHECKING:  # loaded on use: the loader asks this class its (no) load che
 class LocalBackend(Backend):
     kind = "local"
 
-    def __init__(self, w: Wiring, setting: ArmEndpoint, group: tuple[str, ...]) -> None:
+    def __init__(self, wiring: Wiring, setting: ArmEndpoint, group: tuple[str, ...]) -> None:
         from autopilot.endpoints import make_endpoint
         from autopilot.endpoints.keeper import Keeper
 
-        super().__init__(w, setting, group)
-        n = w.preset.endpoint.replicas
+        super().__init__(wiring, setting, group)
+        replicas = wiring.preset.endpoint.replicas
         keepers: list[Keeper] = []
-        for i in range(n):
-            ep = make_endpoint(w.preset, w.state_dir, i)
-            ep.arm_setting, ep.arm_group = setting, group
+        for i in range(replicas):
+            endpoint = make_endpoint(wiring.preset, wiring.state_dir, i)
+            endpoint.arm_setting, endpoint.arm_group = setting, group
             # With several replicas, every event a keeper journals names its replica.
-            emit = w.port.emit if n == 1 else partial(w.port.emit, replica=i)
-            milestone = w.port.milestone if n == 1 else partial(w.port.milestone, replica=i)
-            k = Keeper(ep, emit, milestone, w.clock)
-            k.on_throttled = w.port.throttled
-            k.readopt_record = (w.readopt or {}).get(i)
+            emit = wiring.port.emit if replicas == 1 else partial(wiring.port.emit, replica=i)
+            milestone = (wiring.port.milestone if replicas == 1
+                         else partial(wiring.port.milestone, replica=i))
+            k = Keeper(endpoint, emit, milestone, wiring.clock)
+            k.on_throttled = wiring.port.throttled
+            k.readopt_record = (wiring.readopt or {}).get(i)
             keepers.append(k)
         self.keepers = keepers
         self.local = keepers

@@ -214,7 +214,7 @@ class Containment:
         endpoints' only with ``endpoint``; never the groups named in ``keep``: attempts
         re-attached to, a re-adopted endpoint)."""
         found: list[Swept] = []
-        for group in sorted(p for p in self.base.iterdir() if p.is_dir()):
+        for group in sorted(path for path in self.base.iterdir() if path.is_dir()):
             if not endpoint and group.name.startswith("endpoint-"):
                 continue
             if group.name in keep or group.name.rpartition("-u")[0] in keep:
@@ -256,10 +256,10 @@ def _wait_frozen(group: Path, timeout: float) -> None:
 def _group_cell(group: Path) -> tuple[str | None, int | None]:
     """The cell a group is for (``cell-<cell>-a<k>[-u<uid>]``, ``grade-…``) and the uid
     its processes run as; (None, None) for an endpoint's."""
-    m = _GROUP.fullmatch(group.name)
-    if m is None:
+    match = _GROUP.fullmatch(group.name)
+    if match is None:
         return None, None
-    return m.group(1), int(m.group(2)) if m.group(2) else None
+    return match.group(1), int(match.group(2)) if match.group(2) else None
 
 
 def _ancestors() -> set[int]:
@@ -299,9 +299,9 @@ def foreign(pid: int, group: Path) -> str | None:
     if pid in _ancestors():
         return "the supervisor (or an ancestor of it)"
     try:
-        p = psutil.Process(pid)
-        uid = p.uids().real
-        started = p.create_time()
+        proc = psutil.Process(pid)
+        uid = proc.uids().real
+        started = proc.create_time()
     except psutil.Error:
         return None  # gone
     cell, cell_uid = _group_cell(group)
@@ -328,7 +328,7 @@ def foreign(pid: int, group: Path) -> str | None:
     if cell_uid is not None and uid == cell_uid:
         return None  # the cell's own uid is no one else's (autopilot.cell.users)
     try:
-        env = p.environ()
+        env = proc.environ()
     except psutil.Error:
         return "a process whose environment cannot be read"
     mine = env.get("AUTOPILOT_CELL_ID")

@@ -99,7 +99,7 @@ def secret_values(preset: Preset) -> list[str]:
     names = list(preset.preflight.secrets)
     if preset.endpoint.key_env():
         names.append(preset.endpoint.key_env())
-    names += [a.route.api_key_env for a in preset.arms if a.route and a.route.api_key_env]
+    names += [arm.route.api_key_env for arm in preset.arms if arm.route and arm.route.api_key_env]
     # A notification URL is a credential too (an ntfy topic, a webhook path).
-    return [os.environ[n] for n in names if os.environ.get(n)] + [
+    return [os.environ[name] for name in names if os.environ.get(name)] + [
         *preset.notify.urls, *urls_from_env()]

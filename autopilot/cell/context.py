@@ -196,9 +196,10 @@ class CellContext:
 def template_context(
     preset: Preset, cell: Cell, attempt: int, state_dir: Path, keeper: Served
 ) -> dict[str, str]:
-    ep = keeper.ep
-    ctx = cell_context(preset, cell, attempt, state_dir, ep.port, ep.host, ep.api_base)
-    ctx["served_model"] = ep.served_model
+    endpoint = keeper.ep
+    ctx = cell_context(preset, cell, attempt, state_dir, endpoint.port, endpoint.host,
+                       endpoint.api_base)
+    ctx["served_model"] = endpoint.served_model
     return ctx
 
 
@@ -238,32 +239,32 @@ def whole_wall(launched: float | None, ended: float | None, watched: float) -> f
     return round(watched, 3)
 
 
-def gateway_news(cx: CellContext, cell: str, attempt: int, dp: DataPathView,
+def gateway_news(context: CellContext, cell: str, attempt: int, datapath: DataPathView,
                  told: int) -> int:
     """Journal what an attempt's gateway saw since the last look: throttling (the loop
     launches fewer cells) and requests that failed over to another replica. Returns the
     429 count the loop has now been told of (``told``: the count before)."""
-    for _ in range(dp.throttled - told):
-        cx.on_throttled()
-    for fo in dp.failovers:
-        cx.emit(RequestFailover(cell=cell, attempt=attempt,
-                                replica=_replica(fo.get("replica")),
-                                to=_replica(fo.get("to")),
-                                why=cx.redact(str(fo.get("why"))[:200])))
-    dp.failovers.clear()
-    return dp.throttled
+    for _ in range(datapath.throttled - told):
+        context.on_throttled()
+    for failover in datapath.failovers:
+        context.emit(RequestFailover(cell=cell, attempt=attempt,
+                                     replica=_replica(failover.get("replica")),
+                                     to=_replica(failover.get("to")),
+                                     why=context.redact(str(failover.get("why"))[:200])))
+    datapath.failovers.clear()
+    return datapath.throttled
 
 
-def gateway_spec(gw: Gatekeeper, arm: Arm, upstream: list[tuple[str, str]], key: str,
+def gateway_spec(gatekeeper: Gatekeeper, arm: Arm, upstream: list[tuple[str, str]], key: str,
                  model: str, log_path: Path) -> GatewaySpec:
     """What an attempt's data path needs for its gateway listener. An arm's route: its
     key is read here, at launch, and travels to the data path on its stdin only (never
     to the harness)."""
     route_key = (os.environ.get(arm.route.api_key_env, "")
                  if arm.route and arm.route.api_key_env else "")
-    return gw.datapath_spec(arm.request, upstream, log_path, key=key, model=model,
-                            route=arm.route, route_key=route_key,
-                            dialect_settings=arm.request_by_dialect)
+    return gatekeeper.datapath_spec(arm.request, upstream, log_path, key=key, model=model,
+                                    route=arm.route, route_key=route_key,
+                                    dialect_settings=arm.request_by_dialect)
 
 
 def _replica(said: Any) -> int | None:
@@ -274,7 +275,7 @@ def _replica(said: Any) -> int | None:
     return int(said) if isinstance(said, str) and said.isdigit() and len(said) < 6 else None
 
 
-def upstreams(cx: CellContext, arm: Arm) -> list[tuple[str, str]]:
+def upstreams(context: CellContext, arm: Arm) -> list[tuple[str, str]]:
     """Where the gateway sends a cell's next request: an arm's own route (no replica of
     the run's to fail over to); else its own replica (an empty origin while it is known
     to be down), then every other replica that is up and may serve the cell's arm (its
@@ -284,27 +285,27 @@ def upstreams(cx: CellContext, arm: Arm) -> list[tuple[str, str]]:
     def origin(k: Served) -> str:  # scheme://host:port; the harness sends the path
         if not getattr(k, "is_up", True):
             return ""
-        u = urlsplit(str(k.ep.api_base))
-        return f"{u.scheme}://{u.netloc}"
+        parts = urlsplit(str(k.ep.api_base))
+        return f"{parts.scheme}://{parts.netloc}"
 
     if arm.route is not None:
         return [("route", arm.route.origin())]
     allowed = arm.replicas
-    out = [(str(cx.replica), origin(cx.keeper))]
-    for i, k in enumerate(cx.peers()):
-        if i != cx.replica and (allowed is None or i in allowed) and origin(k):
+    out = [(str(context.replica), origin(context.keeper))]
+    for i, k in enumerate(context.peers()):
+        if i != context.replica and (allowed is None or i in allowed) and origin(k):
             out.append((str(i), origin(k)))
     return out
 
 
-def harness_identity(dp: DataPathView) -> ProcIdentity | None:
+def harness_identity(datapath: DataPathView) -> ProcIdentity | None:
     """The harness's identity as its data path recorded it (pid + start ticks, read
     before the data path could reap it), with psutil's create_time while it lives."""
-    if dp.harness_pid is None:
+    if datapath.harness_pid is None:
         return None
     from autopilot.cell.procs import identify
 
-    live = identify(dp.harness_pid)
-    if live is not None and live.ticks == dp.harness_ticks:
+    live = identify(datapath.harness_pid)
+    if live is not None and live.ticks == datapath.harness_ticks:
         return live
-    return dp.harness  # gone already: an identity that matches nothing alive
+    return datapath.harness  # gone already: an identity that matches nothing alive

@@ -68,10 +68,10 @@ class ItemsWatch:
         if self.path is None:
             return False
         try:
-            st = os.stat(self.path, follow_symlinks=False)
+            info = os.stat(self.path, follow_symlinks=False)
         except OSError:
             return False
-        key = (st.st_mtime_ns, st.st_size)
+        key = (info.st_mtime_ns, info.st_size)
         if key == self._seen:
             return False
         self._seen = key

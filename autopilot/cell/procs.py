@@ -372,23 +372,23 @@ class Tracker:
         # never another cell's orphans: only adoptees are looked at.
         scope = self._adoptees() if self.token or self.uid is not None else None
         if self.token:
-            for p, _ in _env_holders(TOKEN_ENV, self.token, self.root.create_time, scope):
-                add(p)
+            for proc, _ in _env_holders(TOKEN_ENV, self.token, self.root.create_time, scope):
+                add(proc)
         if self.uid is not None and scope is not None:
             # A process of the cell's uid is in the root's tree or an orphan of it, and
             # an orphan is re-parented to a subreaper (the data path, then us): it is
             # among the adoptees, with its own tree. (No process can take the uid on.)
             for pid in scope:
                 with contextlib.suppress(psutil.Error):
-                    p = psutil.Process(pid)
-                    if p.uids().real == self.uid:
-                        add(p)
+                    proc = psutil.Process(pid)
+                    if proc.uids().real == self.uid:
+                        add(proc)
         elif self.uid is not None:
             from autopilot.cell.users import processes_of
 
-            for p in processes_of(self.uid):
-                if _alive(p):
-                    found[p.pid] = p
+            for proc in processes_of(self.uid):
+                if _alive(proc):
+                    found[proc.pid] = proc
         found.pop(os.getpid(), None)
         return found
 

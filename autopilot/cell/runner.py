@@ -72,8 +72,6 @@ from autopilot.state.statedir import open_append
 from autopilot.templates import render, render_argv
 
 log = get_logger(__name__)
-# Engines whose responses name the model exactly as we serve it (llama-server: its
-# --alias, whatever the request said; vLLM: --served-model-name; the demo simulator).
 
 REMEMBER_SECS = 5.0  # how often the descendants of a running cell are recorded
 
@@ -294,11 +292,11 @@ class CellRun:
             return self._refused(f"{dp.spawn_error}", 127)
         return dp
 
-    def _reattach(self, dp: DataPathView) -> tuple[float, Limits]:
+    def _reattach(self, datapath: DataPathView) -> tuple[float, Limits]:
         """The watch of an attempt a predecessor started: its marker, group and deadline
         from what it recorded; its clocks from now (time the loop did not run is never
         charged to the cell)."""
-        meta = dp.meta
+        meta = datapath.meta
         self.token = str(meta.get("token") or self.token)
         if isinstance(meta.get("group"), str) and self.cx.contain is not None:
             self.group = self.cx.contain.base / meta["group"]
@@ -316,7 +314,8 @@ class CellRun:
             limits = replace(limits, deadline=start_mono + (float(deadline) - time.time()))
             self._origin = limits.deadline - self.limits.deadline_secs
         self.cx.emit(CellReattached(cell=self.cell.id, attempt=self.attempt,
-                                    datapath_pid=dp.pid, pid=dp.harness_pid, exited=dp.exited))
+                                    datapath_pid=datapath.pid, pid=datapath.harness_pid,
+                                    exited=datapath.exited))
         return start_mono, limits
 
     async def _execute(self, attached: DataPathView | None) -> RunOutcome | None:
@@ -355,21 +354,22 @@ class CellRun:
         self.dp = launched
         return launched, start_mono, limits
 
-    def _track(self, dp: DataPathView, attached: DataPathView | None) -> None:
+    def _track(self, datapath: DataPathView, attached: DataPathView | None) -> None:
         """Know the harness by identity, and journal that it started."""
-        cx, ident = self.cx, harness_identity(dp)
+        cx, ident = self.cx, harness_identity(datapath)
         # The harness is the data path's child: its orphans re-parent there (a subreaper)
         # while it lives, here once it is gone; a re-attached one's went to init before
         # this loop was its ancestor, so its marker is looked for among every process.
         # (in a cgroup, the uid's processes are all in groups killed whole: no host walk)
-        self.tracker = Tracker(ident, self.token, full_scan=attached is not None, reaper=dp.pid,
+        self.tracker = Tracker(ident, self.token, full_scan=attached is not None,
+                               reaper=datapath.pid,
                                uid=None if cx.contain else self.uid) if ident else None
         if attached is None or attached.unjournaled:
-            cx.emit(CellStarted(cell=self.cell.id, attempt=self.attempt, pid=dp.harness_pid,
+            cx.emit(CellStarted(cell=self.cell.id, attempt=self.attempt, pid=datapath.harness_pid,
                                 create_time=ident.create_time if ident else None,
                                 start_ticks=ident.ticks if ident else None, token=self.token,
                                 endpoint_arms=list(cx.keeper.ep.arm_group),
-                                replica=cx.replica, datapath_pid=dp.pid))
+                                replica=cx.replica, datapath_pid=datapath.pid))
 
     async def _supervise(self, dp: DataPathView, start_mono: float, limits: Limits
                          ) -> tuple[Killed | None, str | None] | None:
@@ -526,16 +526,16 @@ class CellRun:
                                    kind=step.kind, reason=step.reason or "", pids=pids))
                 return _KILLED.get(step.kind or "stall", "stall"), step.reason
 
-    async def _settle(self, dp: DataPathView) -> None:
+    async def _settle(self, datapath: DataPathView) -> None:
         """After the watch: the harness's end as its data path records it (a killed
         tree ends within the kill's grace), whatever it left behind killed, its group
         ended, the data path reaped. A data path that is gone without a record leaves
         a harness nobody reaps: it is killed by identity."""
         for _ in range(30):
-            if dp.exited or dp.lost:
+            if datapath.exited or datapath.lost:
                 break
-            await dp.wait(1.0)
-        if not dp.exited:
+            await datapath.wait(1.0)
+        if not datapath.exited:
             await self._kill(0.5)
         # Whatever the root left behind (daemonised helpers) dies with the cell.
         if self.tracker is not None and bool(await anyio.to_thread.run_sync(
@@ -543,8 +543,8 @@ class CellRun:
             leftover = await self._kill(1.0)
             log.info("cell_leftovers_killed", pids=leftover)
         await self._end_group()
-        await dp.close()
-        await dp.reap()
+        await datapath.close()
+        await datapath.reap()
 
     async def judge(self, outcome: RunOutcome) -> Classification:
         """Checks, grader and classification of a finished attempt."""

@@ -11,7 +11,7 @@ from autopilot.state.fsguard import remove_or_clear
 from autopilot.templates import render
 
 
-async def clean_scratch(cx: CellContext, preset: Preset, ctx: Mapping[str, str], cell: str,
+async def clean_scratch(context: CellContext, preset: Preset, ctx: Mapping[str, str], cell: str,
                         attempt: int) -> str | None:
     """Remove the harness's scratch dirs (through Docker where a root-owned sandbox's
     files stay: fsguard.remove_or_clear); what is left is journaled, and returned as
@@ -19,17 +19,17 @@ async def clean_scratch(cx: CellContext, preset: Preset, ctx: Mapping[str, str],
     left = None
     for tmpl in preset.harness.scratch_dirs:
         path = render(tmpl, ctx)  # exact path, never a glob
-        boxes = cx.sandboxes
+        boxes = context.sandboxes
         clear = boxes.clear_dir if boxes is not None and boxes.clears else None
-        why, how = await remove_or_clear(path, cx.roots, cx.state_dir, clear)
+        why, how = await remove_or_clear(path, context.roots, context.state_dir, clear)
         if how == "cleared":
-            cx.emit(ScratchRemovedViaDocker(cell=cell, attempt=attempt, path=path))
+            context.emit(ScratchRemovedViaDocker(cell=cell, attempt=attempt, path=path))
         if why is None:
             continue
         if how == "not_removed":
-            cx.emit(ScratchNotRemoved(cell=cell, attempt=attempt, path=path, why=why))
+            context.emit(ScratchNotRemoved(cell=cell, attempt=attempt, path=path, why=why))
         else:
-            cx.emit(UnsafePathRefused(cell=cell, attempt=attempt,
+            context.emit(UnsafePathRefused(cell=cell, attempt=attempt,
                     action="remove scratch dir", why=why))
         left = left or why
     return left

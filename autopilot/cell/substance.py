@@ -59,12 +59,12 @@ def step_of(row: Mapping[str, object], cfg: Watchdog) -> Step:
 
 def tail_streak(items: Sequence[object]) -> int:
     """How many items at the end equal the last one."""
-    n = 0
+    streak = 0
     for item in reversed(items):
         if item != items[-1]:
             break
-        n += 1
-    return n
+        streak += 1
+    return streak
 
 
 def substance_decision(
@@ -76,12 +76,12 @@ def substance_decision(
     if cfg.transcript_schema == "mmbt":
         # The MMBT shape: the streak runs over tool rows only (model rows between them
         # neither break nor make it).
-        tools = [s.call for s in steps if s.call is not None]
+        tools = [step.call for step in steps if step.call is not None]
         streak = tail_streak(tools) if len(tools) >= 2 else 0
         if streak >= cfg.scroll_loop_streak:
             return act, f"scroll loop: {streak} identical tool commands in a row"
     elif steps[-1].call is not None:
-        streak = tail_streak([s.call for s in steps])
+        streak = tail_streak([step.call for step in steps])
         if streak >= cfg.scroll_loop_streak:
             return act, f"scroll loop: {streak} identical tool calls in a row"
     last = steps[-1]

@@ -44,10 +44,10 @@ def _marked_root(ident: ProcIdentity | None, token: str, what: str,
     """``ident`` if its live process is this run's (see procs.run_marked), else None."""
     if ident is None:
         return None
-    p = verify(ident)
-    if p is None:
+    proc = verify(ident)
+    if proc is None:
         return None
-    if not run_marked(p, token):
+    if not run_marked(proc, token):
         refused.append({"what": what, "pid": ident.pid})
         log.warning("journal_pid_refused", what=what, pid=ident.pid)
         return None
@@ -58,14 +58,14 @@ def orphan_cells(cells: list[CellState], journal: Path, grace: float, token: str
                  refused: Refusals) -> list[tuple[CellState, list[int]]]:
     """(cell, killed pids) for every cell the journal shows as still running. The
     journal is untrusted: a recorded process is killed only if it is this run's."""
-    running = [c for c in cells if c.status == "running"]
+    running = [state for state in cells if state.status == "running"]
     if not running:
         return []
     tokens: dict[str, str | None] = {}
-    for ev in read_events(journal):
-        if ev.get("event") in ("cell_spawning", "cell_started") and \
-                isinstance(ev.get("cell"), str):
-            tokens[ev["cell"]] = ev.get("token")
+    for event in read_events(journal):
+        if event.get("event") in ("cell_spawning", "cell_started") and \
+                isinstance(event.get("cell"), str):
+            tokens[event["cell"]] = event.get("token")
     out = []
     for cell in running:
         pids: list[int] = []
@@ -102,10 +102,10 @@ def orphan_marked(run_token: str, grace: float, endpoint: bool = True,
     carry them), ``keep_pids``: a re-adopted endpoint's tree, ``keep_leases``: the Ray
     actors a successor re-attaches to (what they run carries their lease)."""
     out: list[Killed] = []
-    for p, env in marked_processes(run_token):
+    for proc, env in marked_processes(run_token):
         if keep and (env.get(TOKEN_ENV) in keep or env.get(DATAPATH_ENV) in keep):
             continue
-        if p.pid in keep_pids or (keep_leases and env.get(LEASE_ENV) in keep_leases):
+        if proc.pid in keep_pids or (keep_leases and env.get(LEASE_ENV) in keep_leases):
             continue
         if not endpoint and "AUTOPILOT_CELL_ID" not in env:
             continue
@@ -113,7 +113,7 @@ def orphan_marked(run_token: str, grace: float, endpoint: bool = True,
             continue  # another actor's (autopilot.backends.ray.node): not what was lost
         # create_time() is cached by psutil: this is the identity seen by the scan, so a
         # process that died meanwhile (killed with an earlier one's tree) is left alone.
-        ident = ProcIdentity(p.pid, p.create_time(), start_ticks(p.pid))
+        ident = ProcIdentity(proc.pid, proc.create_time(), start_ticks(proc.pid))
         pids = kill_tree(Tracker(ident, env.get(TOKEN_ENV), full_scan=True), grace)
         if pids:
             out.append(Killed(pids, env.get("AUTOPILOT_CELL_ID")))
@@ -131,16 +131,17 @@ def orphan_endpoint(journal: Path, token: str, refused: Refusals,
     killed: list[int] = []
     engine = None
     seen: set[ProcIdentity] = set()
-    for ev in read_events(journal):
-        if ev.get("event") not in ("endpoint_spawned", "endpoint_started") or ev.get("attached"):
+    for event in read_events(journal):
+        if event.get("event") not in ("endpoint_spawned", "endpoint_started") \
+                or event.get("attached"):
             continue
-        ident = journaled_identity(ev)
+        ident = journaled_identity(event)
         if ident is None or ident in seen or ident.pid in keep:
             continue
         seen.add(ident)
         if _marked_root(ident, token, "endpoint", refused) is None:
             continue
-        engine = ev.get("engine")
+        engine = event.get("engine")
         killed += kill_tree(Tracker(ident), 5.0)
     if not killed:
         return None
@@ -161,23 +162,23 @@ def orphan_uids(journal: Path, uids: tuple[int, int], keep: set[Any], grace: flo
     from autopilot.cell.users import processes_of
 
     seen: set[int] = set()
-    for ev in read_events(journal):
-        u = ev.get("uid")
-        if ev.get("event") == "cell_spawning" and type(u) is int \
-                and uids[0] <= u <= uids[1] and u not in keep:
-            seen.add(u)
+    for event in read_events(journal):
+        given = event.get("uid")
+        if event.get("event") == "cell_spawning" and type(given) is int \
+                and uids[0] <= given <= uids[1] and given not in keep:
+            seen.add(given)
     out = []
     for uid in sorted(seen):
         procs = processes_of(uid)
         if not procs:
             continue
-        for p in procs:
+        for proc in procs:
             try:
-                p.send_signal(signal.SIGKILL)  # psutil checks the identity first
+                proc.send_signal(signal.SIGKILL)  # psutil checks the identity first
             except psutil.Error:
                 continue
         _wait_gone(procs, grace)  # without reaping: a child of ours is asyncio's
-        out.append((uid, sorted(p.pid for p in procs)))
+        out.append((uid, sorted(proc.pid for proc in procs)))
     if out:
         log.info("orphan_uids_killed", found=out)
     return out

@@ -58,7 +58,7 @@ class EndpointCommon(_Frozen):
         if devices is None and box is not None and box.gpus != "all":
             devices = "" if box.gpus == "none" else box.gpus
         return None if devices is None else frozenset(
-            d.strip() for d in devices.split(",") if d.strip())
+            device.strip() for device in devices.split(",") if device.strip())
 
     host: str = "127.0.0.1"
     """The host the endpoint listens on."""

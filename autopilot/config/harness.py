@@ -93,8 +93,8 @@ class Harness(_Frozen):
     @field_validator("uids")
     @classmethod
     def _uids(cls, v: tuple[int, int]) -> tuple[int, int]:
-        lo, hi = v
-        if not 1000 <= lo <= hi < 2**31 - 1:
+        first, last = v
+        if not 1000 <= first <= last < 2**31 - 1:
             raise ValueError("expected [first, last] with 1000 <= first <= last")
         return v
 

@@ -37,15 +37,15 @@ class TaskLimits:
 
 
 def limits_for(preset: Preset, task_id: str) -> TaskLimits:
-    w = preset.watchdog
+    watchdog = preset.watchdog
     task = preset.task(task_id)
     budget = task.wall_budget_secs or preset.harness.wall_budget_secs
     return TaskLimits(
-        warn_secs=w.warn_secs, probe_secs=w.probe_secs, kill_secs=w.kill_secs,
-        stuck_secs=task.stuck_secs or w.stuck_secs,
-        teardown_grace_secs=w.teardown_grace_secs, kill_grace_secs=w.kill_grace_secs,
+        warn_secs=watchdog.warn_secs, probe_secs=watchdog.probe_secs, kill_secs=watchdog.kill_secs,
+        stuck_secs=task.stuck_secs or watchdog.stuck_secs,
+        teardown_grace_secs=watchdog.teardown_grace_secs, kill_grace_secs=watchdog.kill_grace_secs,
         wall_budget_secs=budget,
-        deadline_secs=min(budget + w.deadline_overhead_secs, w.deadline_cap_secs),
-        deadline_cap_secs=w.deadline_cap_secs,
+        deadline_secs=min(budget + watchdog.deadline_overhead_secs, watchdog.deadline_cap_secs),
+        deadline_cap_secs=watchdog.deadline_cap_secs,
         per_item_secs=0.0 if task.wall_budget_secs else preset.harness.item_budget_secs,
     )

@@ -83,8 +83,9 @@ class Route(_Frozen):
     @field_validator("base_url")
     @classmethod
     def _url(cls, v: str) -> str:
-        u = urlsplit(v)
-        if u.scheme not in ("http", "https") or not u.hostname or u.query or u.fragment:
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query \
+                or parts.fragment:
             raise ValueError(f"{v!r} is not an http(s) base URL without query")
         return v.rstrip("/")
 
@@ -99,8 +100,8 @@ class Route(_Frozen):
 
     def origin(self) -> str:
         """scheme://host:port: the harness sends the path."""
-        u = urlsplit(self.base_url)
-        return f"{u.scheme}://{u.netloc}"
+        parts = urlsplit(self.base_url)
+        return f"{parts.scheme}://{parts.netloc}"
 
     def path(self) -> str:
         return urlsplit(self.base_url).path
@@ -157,4 +158,4 @@ class Arm(_Frozen):
 
 
 def label_tokens(label: str) -> list[str]:
-    return [t for t in re.split(r"[-_.]", label) if t]
+    return [token for token in re.split(r"[-_.]", label) if token]

@@ -107,10 +107,10 @@ class ForkServer:
     def _end_stranger(self, ident: ProcIdentity) -> None:
         """A recorded server that does not answer as ours (another version, wedged):
         ended by its exact identity, so a new one can take its socket."""
-        p = verify(ident)
-        if p is not None:
+        proc = verify(ident)
+        if proc is not None:
             with contextlib.suppress(psutil.Error):
-                p.kill()
+                proc.kill()
 
     async def _spawn(self) -> None:
         secret = secrets.token_hex(16)
@@ -254,12 +254,12 @@ def end_forkserver(state_dir: Path) -> int | None:
     pid = live_forkserver(state_dir)
     if pid is not None:
         with contextlib.suppress(psutil.Error):
-            p = psutil.Process(pid)
-            p.terminate()
+            proc = psutil.Process(pid)
+            proc.terminate()
             try:
-                p.wait(5.0)
+                proc.wait(5.0)
             except psutil.TimeoutExpired:
-                p.kill()
+                proc.kill()
     for name in (FORKSERVER_RECORD, FORKSERVER_SECRET, FORKSERVER_SOCK):
         with contextlib.suppress(OSError):
             (state_dir / "datapath" / name).unlink()

@@ -79,14 +79,16 @@ class Poll:
             return None
         wait = None
         if doc.get("op") == "wait":
-            t = doc.get("timeout")
+            timeout = doc.get("timeout")
             wait = 0.0
-            if isinstance(t, int | float) and not isinstance(t, bool) and not math.isnan(t):
-                wait = min(max(float(t), 0.0), WAIT_CAP_SECS)
-        up = doc.get("upstream")
+            if isinstance(timeout, int | float) and not isinstance(timeout, bool) \
+                    and not math.isnan(timeout):
+                wait = min(max(float(timeout), 0.0), WAIT_CAP_SECS)
+        upstream_doc = doc.get("upstream")
         upstream = None
-        if isinstance(up, list) and all(isinstance(x, list) and len(x) == 2 for x in up):
-            upstream = tuple((str(r), str(o)) for r, o in up)
+        if isinstance(upstream_doc, list) and all(isinstance(pair, list) and len(pair) == 2
+                                                  for pair in upstream_doc):
+            upstream = tuple((str(replica), str(origin)) for replica, origin in upstream_doc)
         return cls(wait, upstream)
 
 
@@ -182,18 +184,19 @@ class Status:
         if doc is None:
             return None
         done = doc.get("exited") is True if exited is None else exited
-        code, ended, t = doc.get("code"), doc.get("ended"), doc.get("throttled")
-        fo = doc.get("failovers")
+        code, ended, throttled = doc.get("code"), doc.get("ended"), doc.get("throttled")
+        failover_docs = doc.get("failovers")
         meter = doc.get("meter")
         return cls(
             exited=done, code=code if type(code) is int else None,
             ended=float(ended) if isinstance(ended, int | float)
             and not isinstance(ended, bool) else None,
             spawn_error=_text(doc.get("spawn_error")),
-            throttled=t if type(t) is int and t >= 0 else None,
+            throttled=throttled if type(throttled) is int and throttled >= 0 else None,
             meter=meter if isinstance(meter, dict) else None,
-            failovers=tuple(x for x in fo[:FAILOVERS_CAP] if isinstance(x, dict))
-            if isinstance(fo, list) else ())
+            failovers=tuple(failover for failover in failover_docs[:FAILOVERS_CAP]
+                            if isinstance(failover, dict))
+            if isinstance(failover_docs, list) else ())
 
 
 @dataclass(frozen=True)
@@ -215,7 +218,8 @@ class Forked:
         return cls(None, _text(doc.get("why")) or "refused")
 
 
-def read_record(d: Path) -> Attempt | None:
+def read_record(directory: Path) -> Attempt | None:
     """The data path's record in its attempt dir (``datapath.json``, or the name a data
     path of an earlier version wrote it under)."""
-    return Attempt.of(read_private_json(d / RECORD) or read_private_json(d / LEGACY_RECORD))
+    return Attempt.of(read_private_json(directory / RECORD)
+                      or read_private_json(directory / LEGACY_RECORD))

@@ -86,17 +86,17 @@ class DataPathProcess:
                 self.exited.set()
 
     def _spawn(self) -> None:
-        h = self.spec.harness
-        out = os.open(h.spool, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+        harness = self.spec.harness
+        out = os.open(harness.spool, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
                       | os.O_CLOEXEC, 0o600)
         try:
             # restore_signals (Popen's default) gives the harness SIGPIPE's default back.
             self.proc = subprocess.Popen(
-                h.argv, cwd=h.cwd, env=h.env,
+                harness.argv, cwd=harness.cwd, env=harness.env,
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True, close_fds=True)
         except OSError as e:
-            self.spawn_error = f"spawn failed: {e.strerror}: {h.argv[0]}"
+            self.spawn_error = f"spawn failed: {e.strerror}: {harness.argv[0]}"
             self.code, self.ended = None, time.time()
             self.exited.set()
         finally:
@@ -105,8 +105,8 @@ class DataPathProcess:
     # ------------------------------------------------------------------ the channel
 
     def _attempt(self) -> Attempt:
-        p = self.proc
-        return Attempt(pid=os.getpid(), harness_pid=p.pid if p else None,
+        proc = self.proc
+        return Attempt(pid=os.getpid(), harness_pid=proc.pid if proc else None,
                        harness_ticks=self.harness_ticks,
                        port=self.att.port if self.att is not None else None,
                        meta=self.spec.meta, ticks=wire.proc_ticks(os.getpid()),
@@ -182,10 +182,10 @@ class DataPathProcess:
         path = wire.fd_path(dirfd, wire.SOCK)
         server.setblocking(False)
         accepting = asyncio.ensure_future(self._accept(server))
-        gw = self.spec.gateway
+        gateway = self.spec.gateway
         async with contextlib.AsyncExitStack() as stack:
-            if gw is not None:
-                self.att = await stack.enter_async_context(self._gateway(gw))
+            if gateway is not None:
+                self.att = await stack.enter_async_context(self._gateway(gateway))
             self._spawn()
             self._reap()  # a harness that ended before the handler was looking
             self.harness_ticks = wire.proc_ticks(self.proc.pid) if self.proc else None
@@ -221,11 +221,11 @@ class DataPathProcess:
         os.close(dirfd)
         return 0
 
-    def _gateway(self, gw: GatewaySpec) -> contextlib.AbstractAsyncContextManager[Any]:
+    def _gateway(self, spec: GatewaySpec) -> contextlib.AbstractAsyncContextManager[Any]:
         from autopilot.gateway.proxy import Gateway
         from autopilot.logsetup import Redactor
 
-        redactor = Redactor(gw.secrets)
+        redactor = Redactor(spec.secrets)
 
         def failover(cell: str, attempt: int, frm: str, to: str, why: str) -> None:
             if len(self.failovers) < 1000:
@@ -234,25 +234,26 @@ class DataPathProcess:
         def throttled() -> None:
             self.throttled += 1
 
-        g = Gateway(redactor.scrub, gw.limits, on_throttled=throttled,
-                    on_failover=failover)
-        upstream_key = gw.upstream_key
+        gateway = Gateway(redactor.scrub, spec.limits, on_throttled=throttled,
+                          on_failover=failover)
+        upstream_key = spec.upstream_key
         if upstream_key is not None:
-            g.key = lambda: upstream_key
-        sock = socket.socket(fileno=gw.fd)
+            gateway.key = lambda: upstream_key
+        sock = socket.socket(fileno=spec.fd)
         sock.setblocking(False)
         local = sock.getsockname()[:2]
-        me = os.getpid()
+        own_pid = os.getpid()
 
         def caller(peer: tuple[str, int]) -> bool:
             # A keyless request: admitted only from a connection our own tree opened.
-            return callers.opened_by_tree(peer, local, me)
+            return callers.opened_by_tree(peer, local, own_pid)
 
-        return _closing(g, g.attempt(self.spec.cell, self.spec.attempt, gw.settings,
-                                     lambda: self.upstream, Path(gw.log_path), sock=sock,
-                                     key=gw.key or None, caller=caller, model=gw.model,
-                                     rewrite=gw.rewrite, dialects=frozenset(gw.dialects),
-                                     dialect_settings=gw.dialect_settings))
+        attempt = gateway.attempt(self.spec.cell, self.spec.attempt, spec.settings,
+                                  lambda: self.upstream, Path(spec.log_path), sock=sock,
+                                  key=spec.key or None, caller=caller, model=spec.model,
+                                  rewrite=spec.rewrite, dialects=frozenset(spec.dialects),
+                                  dialect_settings=spec.dialect_settings)
+        return _closing(gateway, attempt)
 
     def _tell(self, msg: dict[str, Any]) -> None:
         """One line to the loop that started us, if it is still there."""
@@ -263,12 +264,12 @@ class DataPathProcess:
 
 
 @contextlib.asynccontextmanager
-async def _closing(g: Any, cm: Any) -> Any:
+async def _closing(gateway: Any, attempt: Any) -> Any:
     try:
-        async with cm as att:
+        async with attempt as att:
             yield att
     finally:
-        await g.close()
+        await gateway.close()
 
 
 def _subreaper() -> None:

@@ -114,8 +114,8 @@ def read_private_json(path: Path, cap: int = LINE_CAP) -> dict[str, Any] | None:
     except OSError:
         return None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
             return None
         data = os.read(fd, cap + 1)
     except OSError:

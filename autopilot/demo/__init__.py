@@ -13,8 +13,8 @@ import hashlib
 
 def unit(*parts: object) -> float:
     """A deterministic number in [0, 1) from the parts (seeded, stable across runs)."""
-    h = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(h[:8], "big") / 2**64
+    digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
 
 
 # Per-task chance that the simulated model gets the answer right, so the scorecard is

@@ -124,7 +124,8 @@ class Sim:
         messages = req.get("messages") or []
         text = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
         m = MARKER.search(text)
-        turn = sum(1 for x in messages if isinstance(x, dict) and x.get("role") == "user")
+        turn = sum(1 for message in messages
+                   if isinstance(message, dict) and message.get("role") == "user")
         final = req.get("final", False) or "Give your FINAL answer" in text
         if final and m:
             content = f"FINAL: {answer_for(self.args.seed, *m.groups())}"
@@ -252,39 +253,40 @@ def make_handler(args: argparse.Namespace) -> type[BaseHTTPRequestHandler]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="SIMULATED OpenAI-compatible endpoint (demo)")
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--model", default="demo-sim-1")
-    ap.add_argument("--seed", default=os.environ.get("AUTOPILOT_DEMO_SEED", "7"))
-    ap.add_argument("--latency", type=float, default=0.0)
-    ap.add_argument("--startup-delay", type=float, default=0.0)
+    parser = argparse.ArgumentParser(description="SIMULATED OpenAI-compatible endpoint (demo)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--model", default="demo-sim-1")
+    parser.add_argument("--seed", default=os.environ.get("AUTOPILOT_DEMO_SEED", "7"))
+    parser.add_argument("--latency", type=float, default=0.0)
+    parser.add_argument("--startup-delay", type=float, default=0.0)
     # Also from the env, so one replica of several can be the faulty one (replica_env).
-    ap.add_argument("--crash-after", type=int,
-                    default=int(os.environ.get("AUTOPILOT_DEMO_CRASH_AFTER") or 0))
-    ap.add_argument("--never-ready", action="store_true")
+    parser.add_argument("--crash-after", type=int,
+                        default=int(os.environ.get("AUTOPILOT_DEMO_CRASH_AFTER") or 0))
+    parser.add_argument("--never-ready", action="store_true")
     # fault knob: list --model but answer as another (a router serving the wrong model)
-    ap.add_argument("--answer-as", default=os.environ.get("AUTOPILOT_DEMO_ANSWER_AS", ""))
-    ap.add_argument("--gzip", action="store_true",
-                    default=bool(os.environ.get("AUTOPILOT_DEMO_GZIP")),
-                    help="fault knob: gzip every completion, whatever Accept-Encoding said")
-    ap.add_argument("--parallel", type=int, default=4, help="slots shown by /slots")
-    ap.add_argument("--max-model-len", type=int, default=0,
-                    help="refuse prompt + max_tokens above this, as vLLM does (0: never)")
-    ap.add_argument("--ctx-size", type=int, default=0,
-                    help="llama-server's -c: split over --parallel; a prompt over a slot's "
+    parser.add_argument("--answer-as", default=os.environ.get("AUTOPILOT_DEMO_ANSWER_AS", ""))
+    parser.add_argument("--gzip", action="store_true",
+                        default=bool(os.environ.get("AUTOPILOT_DEMO_GZIP")),
+                        help="fault knob: gzip every completion, whatever Accept-Encoding said")
+    parser.add_argument("--parallel", type=int, default=4, help="slots shown by /slots")
+    parser.add_argument("--max-model-len", type=int, default=0,
+                        help="refuse prompt + max_tokens above this, as vLLM does (0: never)")
+    parser.add_argument("--ctx-size", type=int, default=0,
+                        help="llama-server's -c: split over --parallel; a prompt over a slot's "
                          "share is refused with HTTP 400 (0: never)")
-    ap.add_argument("--chat-template-kwargs", default="",
-                    help='JSON, e.g. {"enable_thinking": true}: reasoning in-band')
-    ap.add_argument("--require-key-env", default="")
-    ap.add_argument("--extra-models", default="", help="more ids for /v1/models, comma separated")
-    ap.add_argument("--throttle-every", type=int, default=0,
-                    help="fault knob: after every K-th chat request, answer 429 for a while")
-    ap.add_argument("--throttle-secs", type=float, default=2.0,
-                    help="how long each 429 burst lasts")
-    ap.add_argument("--no-retry-after", action="store_true",
-                    help="send 429s without a Retry-After header")
-    args = ap.parse_args(argv)
+    parser.add_argument("--chat-template-kwargs", default="",
+                        help='JSON, e.g. {"enable_thinking": true}: reasoning in-band')
+    parser.add_argument("--require-key-env", default="")
+    parser.add_argument("--extra-models", default="",
+                        help="more ids for /v1/models, comma separated")
+    parser.add_argument("--throttle-every", type=int, default=0,
+                        help="fault knob: after every K-th chat request, answer 429 for a while")
+    parser.add_argument("--throttle-secs", type=float, default=2.0,
+                        help="how long each 429 burst lasts")
+    parser.add_argument("--no-retry-after", action="store_true",
+                        help="send 429s without a Retry-After header")
+    args = parser.parse_args(argv)
     ThreadingHTTPServer.allow_reuse_address = True
     ThreadingHTTPServer.daemon_threads = True
     server = ThreadingHTTPServer((args.host, args.port), make_handler(args))

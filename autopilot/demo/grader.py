@@ -27,55 +27,56 @@ def _invocation(counter: Path) -> int:
     with counter.open("a+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         f.seek(0)
-        n = int(f.read().strip() or 0) + 1
+        count = int(f.read().strip() or 0) + 1
         f.seek(0)
         f.truncate()
-        f.write(str(n))
-        return n
+        f.write(str(count))
+        return count
 
 
 def _in_ranges(n: int, spec: str) -> bool:
     for part in filter(None, spec.split(",")):
-        lo, _, hi = part.partition("-")
-        if int(lo) <= n <= int(hi or lo):
+        first, _, last = part.partition("-")
+        if int(first) <= n <= int(last or first):
             return True
     return False
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="bench-autopilot demo grader")
-    ap.add_argument("outputs")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--fail-first", type=int, default=0)
-    ap.add_argument("--counter", default="")
-    ap.add_argument("--fail-invocations", default="")
-    ap.add_argument("--fail-cells", default="")
-    ap.add_argument("--fail-until-attempt", type=int, default=0)
-    ap.add_argument("--fail-until-try", type=int, default=0)
-    ap.add_argument("--expect-regex", default="", help="PASS when the answer matches this "
-                    "regular expression (a real model's answer), instead of 'correct'")
-    a = ap.parse_args(argv)
-    spec = a.fail_invocations or (f"1-{a.fail_first}" if a.fail_first else "")
-    if spec and a.counter and _in_ranges(_invocation(Path(a.counter)), spec):
+    parser = argparse.ArgumentParser(description="bench-autopilot demo grader")
+    parser.add_argument("outputs")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--fail-first", type=int, default=0)
+    parser.add_argument("--counter", default="")
+    parser.add_argument("--fail-invocations", default="")
+    parser.add_argument("--fail-cells", default="")
+    parser.add_argument("--fail-until-attempt", type=int, default=0)
+    parser.add_argument("--fail-until-try", type=int, default=0)
+    parser.add_argument("--expect-regex", default="", help="PASS when the answer matches this "
+                        "regular expression (a real model's answer), instead of 'correct'")
+    args = parser.parse_args(argv)
+    spec = args.fail_invocations or (f"1-{args.fail_first}" if args.fail_first else "")
+    if spec and args.counter and _in_ranges(_invocation(Path(args.counter)), spec):
         print("fault knob: grader crash", file=sys.stderr)
         return 1
     cell = os.environ.get("AUTOPILOT_CELL_ID", "")
     attempt = int(os.environ.get("AUTOPILOT_CELL_ATTEMPT", "1"))
-    if cell and cell in a.fail_cells.split(",") and attempt < a.fail_until_attempt:
+    if cell and cell in args.fail_cells.split(",") and attempt < args.fail_until_attempt:
         print(f"fault knob: grader crash for {cell} attempt {attempt}", file=sys.stderr)
         return 1
     grade_try = int(os.environ.get("AUTOPILOT_GRADE_TRY", "1"))
-    if cell and cell in a.fail_cells.split(",") and grade_try < a.fail_until_try:
+    if cell and cell in args.fail_cells.split(",") and grade_try < args.fail_until_try:
         print(f"fault knob: grader crash for {cell} try {grade_try}", file=sys.stderr)
         return 1
-    answer_file = Path(a.outputs) / "answer.txt"
+    answer_file = Path(args.outputs) / "answer.txt"
     if not answer_file.is_file():
         grade = {"verdict": "MISSING_OUTPUT", "details": "no answer.txt"}
     else:
         answer = answer_file.read_text().strip()
-        ok = bool(re.search(a.expect_regex, answer)) if a.expect_regex else answer == "correct"
+        ok = (bool(re.search(args.expect_regex, answer)) if args.expect_regex
+              else answer == "correct")
         grade = {"verdict": "PASS" if ok else "FAIL", "answer": answer[:500]}
-    Path(a.out).write_text(json.dumps(grade) + "\n")
+    Path(args.out).write_text(json.dumps(grade) + "\n")
     return 0
 
 

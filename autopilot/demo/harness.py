@@ -55,18 +55,18 @@ def _chat(client: httpx.Client, url: str, body: dict[str, Any], retry_secs: floa
     while True:
         wait = 0.2
         try:
-            r = client.post(url, json=body)
-            if r.status_code == 200:
-                return r.json()
-            err = f"HTTP {r.status_code}"
-            if r.status_code == 429:
+            resp = client.post(url, json=body)
+            if resp.status_code == 200:
+                return resp.json()
+            err = f"HTTP {resp.status_code}"
+            if resp.status_code == 429:
                 # A well-behaved client: wait as told (Retry-After), up to its patience.
                 now = time.monotonic()
                 limited_since = limited_since or now
                 if now - limited_since >= rate_limit_secs:
                     raise RateLimited(f"HTTP 429 for {now - limited_since:.0f}s")
                 try:
-                    wait = min(30.0, float(r.headers.get("Retry-After") or 1.0))
+                    wait = min(30.0, float(resp.headers.get("Retry-After") or 1.0))
                 except ValueError:
                     wait = 1.0
                 print(f"rate limited (429), retrying in {wait:g}s", flush=True)
@@ -80,68 +80,68 @@ def _chat(client: httpx.Client, url: str, body: dict[str, Any], retry_secs: floa
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="bench-autopilot demo harness")
-    ap.add_argument("cell")
-    ap.add_argument("--task", required=True)
-    ap.add_argument("--arm", required=True)
-    ap.add_argument("--n", required=True)
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--seed", default="7")
-    ap.add_argument("--attempt", type=int, default=1)
-    ap.add_argument("--think-secs", type=float, default=0.05)
-    ap.add_argument("--hang-share", type=float, default=0.0)
-    ap.add_argument("--retry-secs", type=float, default=8.0)
-    ap.add_argument("--rate-limit-secs", type=float, default=20.0,
-                    help="give up (finish_reason 'rate_limited: ...') after 429s this long")
-    ap.add_argument("--temperature", type=float, default=0.3)
-    ap.add_argument("--timeout", type=float, default=30.0, help="per request, seconds")
-    ap.add_argument("--base-url", default="", help="OpenAI-compatible base URL (…/v1); "
-                    "overrides --host/--port")
-    ap.add_argument("--api-key-env", default="", help="NAME of the env var with the API key")
-    ap.add_argument("--prompt", default="", help="a real single-turn prompt (for a real "
-                    "model) instead of the simulator's scripted conversation")
-    ap.add_argument("--max-tokens", type=int, default=0)
-    a = ap.parse_args(argv)
+    parser = argparse.ArgumentParser(description="bench-autopilot demo harness")
+    parser.add_argument("cell")
+    parser.add_argument("--task", required=True)
+    parser.add_argument("--arm", required=True)
+    parser.add_argument("--n", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--seed", default="7")
+    parser.add_argument("--attempt", type=int, default=1)
+    parser.add_argument("--think-secs", type=float, default=0.05)
+    parser.add_argument("--hang-share", type=float, default=0.0)
+    parser.add_argument("--retry-secs", type=float, default=8.0)
+    parser.add_argument("--rate-limit-secs", type=float, default=20.0,
+                        help="give up (finish_reason 'rate_limited: ...') after 429s this long")
+    parser.add_argument("--temperature", type=float, default=0.3)
+    parser.add_argument("--timeout", type=float, default=30.0, help="per request, seconds")
+    parser.add_argument("--base-url", default="", help="OpenAI-compatible base URL (…/v1); "
+                        "overrides --host/--port")
+    parser.add_argument("--api-key-env", default="", help="NAME of the env var with the API key")
+    parser.add_argument("--prompt", default="", help="a real single-turn prompt (for a real "
+                        "model) instead of the simulator's scripted conversation")
+    parser.add_argument("--max-tokens", type=int, default=0)
+    args = parser.parse_args(argv)
 
-    out = Path(a.out)
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    base = a.base_url.rstrip("/") or f"http://{a.host}:{a.port}/v1"
+    base = args.base_url.rstrip("/") or f"http://{args.host}:{args.port}/v1"
     url = f"{base}/chat/completions"
     # Like the OpenAI clients: the key from $OPENAI_API_KEY (the autopilot puts the
     # attempt's gateway key there), or from the variable --api-key-env names.
-    key = (os.environ.get(a.api_key_env, "") if a.api_key_env else "") \
+    key = (os.environ.get(args.api_key_env, "") if args.api_key_env else "") \
         or os.environ.get("OPENAI_API_KEY", "")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     _write(out / "receipt.json", {
-        "cell": a.cell, "model": a.model, "api_url": url, "temperature": a.temperature,
+        "cell": args.cell, "model": args.model, "api_url": url, "temperature": args.temperature,
         "stuck_threshold": None,
         "harness_sha256": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
     })
     transcript = out / "transcript.jsonl"
-    print(f"cell {a.cell} attempt {a.attempt} starting", flush=True)
-    turns = 1 if a.prompt else 2 + int(unit(a.seed, "turns", a.cell) * 3)
-    hang = a.attempt == 1 and unit(a.seed, "hang", a.cell) < a.hang_share
-    system = f"You are a demo agent. task={a.task} arm={a.arm} n={a.n}"
-    messages: list[dict[str, Any]] = [] if a.prompt else [{"role": "system", "content": system}]
+    print(f"cell {args.cell} attempt {args.attempt} starting", flush=True)
+    turns = 1 if args.prompt else 2 + int(unit(args.seed, "turns", args.cell) * 3)
+    hang = args.attempt == 1 and unit(args.seed, "hang", args.cell) < args.hang_share
+    system = f"You are a demo agent. task={args.task} arm={args.arm} n={args.n}"
+    messages: list[dict[str, Any]] = [] if args.prompt else [{"role": "system", "content": system}]
     tot_p = tot_c = 0
-    served = a.model
+    served = args.model
     content = ""
     finish_reason = "stop"
-    with httpx.Client(timeout=a.timeout, trust_env=False, headers=headers) as client:
+    with httpx.Client(timeout=args.timeout, trust_env=False, headers=headers) as client:
         for turn in range(1, turns + 1):
             final = turn == turns
             user = "Give your FINAL answer." if final else f"Continue with step {turn}."
-            messages.append({"role": "user", "content": a.prompt or user})
-            body: dict[str, Any] = {"model": a.model, "messages": messages,
-                                    "temperature": a.temperature}
-            if a.max_tokens:
-                body["max_tokens"] = a.max_tokens
+            messages.append({"role": "user", "content": args.prompt or user})
+            body: dict[str, Any] = {"model": args.model, "messages": messages,
+                                    "temperature": args.temperature}
+            if args.max_tokens:
+                body["max_tokens"] = args.max_tokens
             try:
-                resp = _chat(client, url, body, a.retry_secs, a.rate_limit_secs)
+                resp = _chat(client, url, body, args.retry_secs, args.rate_limit_secs)
             except RateLimited as e:
                 # Said in its own summary, as a real harness reports an endpoint error:
                 # the autopilot classifies it INVALID(rate_limited) and retries the cell.
@@ -164,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                 print("fault knob: hanging (frozen transcript)", flush=True)
                 while True:
                     time.sleep(3600)
-            time.sleep(a.think_secs)
-    answer = content.strip() if a.prompt else content.removeprefix("FINAL:").strip()
+            time.sleep(args.think_secs)
+    answer = content.strip() if args.prompt else content.removeprefix("FINAL:").strip()
     (out / "answer.txt").write_text(answer + "\n")
     _write(out / "summary.json", {
         "finish_reason": finish_reason, "iterations": turns, "total_prompt_tokens": tot_p,
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": served,
     })
     _write(out / "timing.json", {"start": t0, "stop": time.time(), "pid": os.getpid()})
-    print(f"cell {a.cell} done: {answer}", flush=True)
+    print(f"cell {args.cell} done: {answer}", flush=True)
     return 0
 
 

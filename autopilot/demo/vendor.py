@@ -51,10 +51,10 @@ class Vendor:
     # ------------------------------------------------------------ shared
 
     def key_of(self, req: web.Request) -> str | None:
-        d = self.a.dialect
-        if d == "messages":
+        dialect = self.a.dialect
+        if dialect == "messages":
             return req.headers.get("x-api-key")
-        if d == "gemini":
+        if dialect == "gemini":
             return req.headers.get("x-goog-api-key") or req.query.get("key")
         auth = req.headers.get("Authorization", "")
         return auth[7:] if auth.startswith("Bearer ") else None
@@ -76,11 +76,11 @@ class Vendor:
             "headers": sorted(k.lower() for k in req.headers)}) + "\n")
 
     def unauthorized(self) -> web.Response:
-        d = self.a.dialect
-        if d == "messages":
+        dialect = self.a.dialect
+        if dialect == "messages":
             doc: Any = {"type": "error", "error": {"type": "authentication_error",
                                                    "message": "invalid x-api-key"}}
-        elif d == "gemini":
+        elif dialect == "gemini":
             doc = {"error": {"code": 400, "message": "API key not valid. Please pass a valid "
                              "API key.", "status": "INVALID_ARGUMENT"}}
             return web.json_response(doc, status=400)
@@ -90,11 +90,11 @@ class Vendor:
         return web.json_response(doc, status=401)
 
     def refusal(self) -> web.Response:
-        d, status = self.a.dialect, self.a.refuse_status
-        if d == "messages":
+        dialect, status = self.a.dialect, self.a.refuse_status
+        if dialect == "messages":
             kind = "overloaded_error" if status == 529 else "rate_limit_error"
             doc: Any = {"type": "error", "error": {"type": kind, "message": "Overloaded"}}
-        elif d == "gemini":
+        elif dialect == "gemini":
             doc = {"error": {"code": 429, "message": "Resource has been exhausted (e.g. "
                              "check quota).", "status": "RESOURCE_EXHAUSTED"}}
             status = 429
@@ -292,16 +292,16 @@ class Vendor:
 
     def app(self) -> web.Application:
         app = web.Application()
-        d = self.a.dialect
-        if d == "gemini":
+        dialect = self.a.dialect
+        if dialect == "gemini":
             app.router.add_get("/v1beta/models", self.models_list)
             app.router.add_post("/v1beta/models/{tail}", self.gemini_route)
             return app
         app.router.add_get("/v1/models", self.models_list)
-        if d == "messages":
+        if dialect == "messages":
             app.router.add_post("/v1/messages", lambda r: self.model_request(r, None))
             app.router.add_post("/v1/messages/count_tokens", self.count_tokens)
-        elif d == "responses":
+        elif dialect == "responses":
             app.router.add_post("/v1/responses", lambda r: self.model_request(r, None))
         else:
             app.router.add_post("/v1/chat/completions", lambda r: self.model_request(r, None))
@@ -309,20 +309,20 @@ class Vendor:
 
 
 async def main() -> None:
-    ap = argparse.ArgumentParser(description="FAKE vendor API (tests only)")
-    ap.add_argument("--dialect", choices=["messages", "responses", "chat", "gemini"],
-                    required=True)
-    ap.add_argument("--key", required=True)
-    ap.add_argument("--models", default="fake-model")
-    ap.add_argument("--record", default="")
-    ap.add_argument("--answer", default="banana")
-    ap.add_argument("--refuse", type=int, default=0)
-    ap.add_argument("--refuse-status", type=int, default=529)
-    ap.add_argument("--port", type=int, default=0)
-    a = ap.parse_args()
-    runner = web.AppRunner(Vendor(a).app(), access_log=None)
+    parser = argparse.ArgumentParser(description="FAKE vendor API (tests only)")
+    parser.add_argument("--dialect", choices=["messages", "responses", "chat", "gemini"],
+                        required=True)
+    parser.add_argument("--key", required=True)
+    parser.add_argument("--models", default="fake-model")
+    parser.add_argument("--record", default="")
+    parser.add_argument("--answer", default="banana")
+    parser.add_argument("--refuse", type=int, default=0)
+    parser.add_argument("--refuse-status", type=int, default=529)
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args()
+    runner = web.AppRunner(Vendor(args).app(), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", a.port)
+    site = web.TCPSite(runner, "127.0.0.1", args.port)
     await site.start()
     print("ready", runner.addresses[0][1], flush=True)
     await asyncio.Event().wait()

@@ -172,8 +172,8 @@ class Endpoint:
         return self.full_argv()[1:]
 
     def container_name(self) -> str:
-        d = getattr(self.cfg, "docker", None)
-        name = d.container_name if d and d.container_name else self.default_container
+        docker = getattr(self.cfg, "docker", None)
+        name = docker.container_name if docker and docker.container_name else self.default_container
         return name if self.replica == 0 else f"{name}-{self.replica}"
 
     def container_config(self) -> dict[str, Any]:
@@ -181,24 +181,25 @@ class Endpoint:
         # start a tenth of a second faster.
         from autopilot.cell.sandbox import LABEL_ROLE, LABEL_STATE, gpu_requests
 
-        d = self.cfg.docker  # type: ignore[attr-defined]
+        docker = self.cfg.docker  # type: ignore[attr-defined]
         mine = dict(self.cfg.replica_env[self.replica]) \
             if self.replica < len(self.cfg.replica_env) else {}
         # A replica's CUDA_VISIBLE_DEVICES picks the GPUs handed to its container (Docker
         # DeviceRequests by id); inside, they are renumbered from 0, so the variable itself
         # stays outside.
         devices = mine.pop("CUDA_VISIBLE_DEVICES", None)
-        gpus = devices if devices is not None and d.gpus != "none" else d.gpus
+        gpus = devices if devices is not None and docker.gpus != "none" else docker.gpus
         env = {**getattr(self.cfg, "env", {}), **mine, **self.arm_setting.env}
-        binds = [*(f"{d.model_dir}:{d.model_dir}:ro" for _ in [0] if d.model_dir), *d.binds]
+        binds = [*(f"{docker.model_dir}:{docker.model_dir}:ro" for _ in [0] if docker.model_dir),
+                 *docker.binds]
         host: dict[str, Any] = {"Binds": binds, "DeviceRequests": gpu_requests(gpus)}
-        if d.network == "host":
+        if docker.network == "host":
             host["NetworkMode"] = "host"
         else:
             host["PortBindings"] = {f"{self.port}/tcp": [
                 {"HostIp": "127.0.0.1", "HostPort": str(self.port)}]}
         return {
-            "Image": d.image or self.default_image,
+            "Image": docker.image or self.default_image,
             "Cmd": self.container_cmd(),
             "Env": [f"{k}={v}" for k, v in env.items()],
             "Labels": {LABEL_STATE: str(self.state_dir), LABEL_ROLE: "endpoint",
@@ -380,8 +381,8 @@ class Endpoint:
         elif list(rec.get("arm_args") or []) != list(self.arm_setting.args):
             why = "it runs with other arm settings"
         else:
-            u = urlsplit(str(rec.get("url") or ""))
-            if u.hostname != self.host or u.port is None:
+            parts = urlsplit(str(rec.get("url") or ""))
+            if parts.hostname != self.host or parts.port is None:
                 why = f"it listens elsewhere ({str(rec.get('url'))[:80]})"
         if why is None and ident is not None:
             before, self.port = self.port, int(urlsplit(str(rec["url"])).port or 0)
@@ -464,9 +465,9 @@ class Endpoint:
         httpx = lazyimport.httpx()  # already loaded by client(); see there
 
         try:
-            r = await self.client().get(f"{self.url}/health")
-            if r.status_code != 200:
-                return False, f"/health answered {r.status_code}"
+            resp = await self.client().get(f"{self.url}/health")
+            if resp.status_code != 200:
+                return False, f"/health answered {resp.status_code}"
             if check_model:
                 return await self._check_models()
             return True, "ok"
@@ -486,20 +487,20 @@ class Endpoint:
         if not self.progress_api:
             return None
         try:
-            r = await self.client().get(f"{self.url}/{self.progress_api}")
-            if r.status_code != 200:
+            resp = await self.client().get(f"{self.url}/{self.progress_api}")
+            if resp.status_code != 200:
                 return None
             if self.progress_api == "slots":
-                return slots_generation(r.json())
-            return metrics_generation(r.text)
+                return slots_generation(resp.json())
+            return metrics_generation(resp.text)
         except Exception:  # an answer we cannot read is "cannot tell", never an error
             return None
 
     async def _check_models(self) -> tuple[bool, str]:
-        r = await self.client().get(f"{self.api_base}/models")
-        if r.status_code != 200:
-            return False, f"/v1/models answered {r.status_code}"
-        ids = [m.get("id") for m in r.json().get("data", []) if isinstance(m, dict)]
+        resp = await self.client().get(f"{self.api_base}/models")
+        if resp.status_code != 200:
+            return False, f"/v1/models answered {resp.status_code}"
+        ids = [model.get("id") for model in resp.json().get("data", []) if isinstance(model, dict)]
         if self.served_model not in ids:
             raise EndpointError(
                 f"served model {self.served_model!r} not in {self.api_base}/models "
@@ -561,12 +562,12 @@ def slots_generation(slots: Any) -> int | None:
         busy = busy or slot.get("is_processing") is True
         nxt = slot.get("next_token")
         first = nxt[0] if isinstance(nxt, list) and nxt else nxt
-        n = first.get("n_decoded") if isinstance(first, dict) else None
-        if isinstance(n, int) and not isinstance(n, bool):
-            total += n
-        p = slot.get("n_prompt_tokens_processed")
-        if isinstance(p, int) and not isinstance(p, bool):
-            total += p  # a long prompt being processed is work too
+        decoded = first.get("n_decoded") if isinstance(first, dict) else None
+        if isinstance(decoded, int) and not isinstance(decoded, bool):
+            total += decoded
+        processed = slot.get("n_prompt_tokens_processed")
+        if isinstance(processed, int) and not isinstance(processed, bool):
+            total += processed  # a long prompt being processed is work too
     return total if busy else None
 
 

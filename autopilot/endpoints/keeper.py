@@ -101,7 +101,7 @@ class Keeper(KeeperBase):
         }
 
     def outage_overlaps(self, start: float, end: float) -> bool:
-        return any(down <= end and (up is None or up >= start) for down, up in self.outages)
+        return any(down <= end and (back is None or back >= start) for down, back in self.outages)
 
     async def wait_up(self) -> None:
         while not self.is_up:
@@ -174,8 +174,8 @@ class Keeper(KeeperBase):
         """The endpoint's decoded-token counter while busy (see Endpoint.decoding), asked
         at most once per ``max_age`` seconds however many cells want it."""
         async with self._decoding_lock:
-            at, value = self._decoding
-            if self.clock() - at >= max_age:
+            when, value = self._decoding
+            if self.clock() - when >= max_age:
                 value = await self.ep.decoding() if self.is_up else None
                 self._decoding = (self.clock(), value)
             return value

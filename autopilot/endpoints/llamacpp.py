@@ -65,9 +65,9 @@ ASSEMBLED = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") \
 
 def _pin(package: str, path: str) -> list[object] | None:
     try:
-        st = os.stat(path)
-        return [importlib.metadata.version(package.replace("_", "-")), st.st_size,
-                st.st_mtime_ns]
+        info = os.stat(path)
+        return [importlib.metadata.version(package.replace("_", "-")), info.st_size,
+                info.st_mtime_ns]
     except (OSError, importlib.metadata.PackageNotFoundError):
         return None
 
@@ -106,34 +106,34 @@ class LlamaCppEndpoint(Endpoint):
 
     @classmethod
     def preflight_problems(cls, preset: Preset) -> list[str]:
-        c = preset.endpoint
-        assert isinstance(c, LlamaCppConfig)
-        if c.attach:
+        spec = preset.endpoint
+        assert isinstance(spec, LlamaCppConfig)
+        if spec.attach:
             return []
         problems = []
-        if c.mode == "process":
-            hint = " (install it with tools/install-llamacpp)" if c.binary == "auto" else ""
-            problems.append(program_problem(preset, resolve_binary(c.binary), hint))
-            if not c.model_path and c.model_package:
+        if spec.mode == "process":
+            hint = " (install it with tools/install-llamacpp)" if spec.binary == "auto" else ""
+            problems.append(program_problem(preset, resolve_binary(spec.binary), hint))
+            if not spec.model_path and spec.model_package:
                 try:
-                    found = importlib.util.find_spec(c.model_package)
+                    found = importlib.util.find_spec(spec.model_package)
                 except (ImportError, ValueError):
                     found = None
                 if found is None:
-                    problems.append(f"endpoint model package {c.model_package!r} is not "
+                    problems.append(f"endpoint model package {spec.model_package!r} is not "
                                     "installed (install it with tools/install-llamacpp)")
         # a process's model path is this host's, relative or not
-        problems.append(model_problem(preset, c.model_path, c.mode == "process"
-                                      or mounted(preset, c.model_path)))
-        return [x for x in problems if x]
+        problems.append(model_problem(preset, spec.model_path, spec.mode == "process"
+                                      or mounted(preset, spec.model_path)))
+        return [problem for problem in problems if problem]
 
     @classmethod
     def capacity_problems(cls, preset: Preset) -> list[str]:
         """llama-server splits ``-c`` over its ``--parallel`` slots: more cells at once
         than slots queue; a per-slot context below a harness's first turn fails it."""
-        c, need = preset.endpoint, preset.harness.max_context
-        assert isinstance(c, LlamaCppConfig)
-        args = list(c.args)
+        spec, need = preset.endpoint, preset.harness.max_context
+        assert isinstance(spec, LlamaCppConfig)
+        args = list(spec.args)
         slots = 0  # not given: the server picks (its default varies by version)
         for flag in ("--parallel", "-np"):
             if flag in args and args.index(flag) + 1 < len(args):
@@ -144,31 +144,31 @@ class LlamaCppEndpoint(Endpoint):
             problems.append(f"concurrency {preset.run.concurrency} exceeds llama-server's "
                             f"--parallel {slots} slots: cells would queue inside the server "
                             "and time out; raise --parallel or lower concurrency")
-        per_slot = c.ctx_size // max(1, slots)
+        per_slot = spec.ctx_size // max(1, slots)
         if need and per_slot < need:
             # llama-server does not refuse max_tokens past the slot (it stops there), but
             # a conversation that grows past the slot is refused with HTTP 400: long tasks
             # would end "context exceeded" at a size the harness was written not to reach.
             problems.append(f"the harness asks for up to {need} tokens a request (harness."
                             f"max_context) but llama-server gives each slot {per_slot} (-c "
-                            f"{c.ctx_size} / {slots or 1} slots); raise endpoint.ctx_size to "
+                            f"{spec.ctx_size} / {slots or 1} slots); raise endpoint.ctx_size to "
                             f"at least {need * (slots or 1)}, or lower harness.max_context "
                             "to accept long tasks ending 'context exceeded'")
         if per_slot < preset.preflight.min_slot_ctx:
             problems.append(f"llama-server context per slot is {per_slot} tokens (-c "
-                            f"{c.ctx_size} / {slots} slots), below preflight.min_slot_ctx "
+                            f"{spec.ctx_size} / {slots} slots), below preflight.min_slot_ctx "
                             f"{preset.preflight.min_slot_ctx}: the harness's first turn "
                             "does not fit")
         return problems
 
     @classmethod
     def pins(cls, preset: Preset) -> Pins:
-        c = preset.endpoint
-        assert isinstance(c, LlamaCppConfig)
-        box = c.container()
-        return Pins(binary="" if box else resolve_binary(c.binary),
-                    image=box.image if box else "", model_path=c.model_path,
-                    model_package=c.model_package)
+        spec = preset.endpoint
+        assert isinstance(spec, LlamaCppConfig)
+        box = spec.container()
+        return Pins(binary="" if box else resolve_binary(spec.binary),
+                    image=box.image if box else "", model_path=spec.model_path,
+                    model_package=spec.model_package)
 
     @property
     def c(self) -> LlamaCppConfig:
@@ -176,15 +176,15 @@ class LlamaCppEndpoint(Endpoint):
         return self.cfg
 
     def argv(self) -> list[str]:
-        c = self.c
-        binary = resolve_binary(c.binary)
+        spec = self.c
+        binary = resolve_binary(spec.binary)
         argv = [
-            binary, "-m", resolve_model(c), "--host", self.host, "--port", str(self.port),
-            "-c", str(c.ctx_size), "--alias", self.served_model,
+            binary, "-m", resolve_model(spec), "--host", self.host, "--port", str(self.port),
+            "-c", str(spec.ctx_size), "--alias", self.served_model,
         ]
-        if "--reasoning-format" not in c.args:
-            argv += ["--reasoning-format", c.reasoning_format]
-        return argv + list(c.args)
+        if "--reasoning-format" not in spec.args:
+            argv += ["--reasoning-format", spec.reasoning_format]
+        return argv + list(spec.args)
 
     default_image = "ghcr.io/ggml-org/llama.cpp:server-cuda"
     default_container = "llama-autopilot"
@@ -204,5 +204,5 @@ def server_env(binary: str, extra: dict[str, str],
     bindir = Path(binary).parent
     if any(bindir.glob("libllama*.so*")) or any(bindir.glob("libggml*.so*")):
         env["LD_LIBRARY_PATH"] = os.pathsep.join(
-            x for x in (str(bindir), env.get("LD_LIBRARY_PATH", "")) if x)
+            part for part in (str(bindir), env.get("LD_LIBRARY_PATH", "")) if part)
     return env

@@ -28,7 +28,7 @@ def restart_action(
         return "ok"
     if now - down_since < cfg.down_restart_secs:
         return "wait"
-    recent = [t for t in restarts if now - t < cfg.restart_window_secs]
+    recent = [when for when in restarts if now - when < cfg.restart_window_secs]
     if len(recent) >= cfg.max_restarts:
         return "give_up"
     wait = backoff_secs(len(recent), cfg.restart_backoff_secs, cfg.restart_backoff_max_secs)

@@ -7,9 +7,9 @@ import socket
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 # How an engine says its port was taken: Python's and uvicorn's strerror, llama-server's
@@ -21,10 +21,10 @@ PORT_TRIES = 3
 
 def port_taken(host: str, port: int) -> bool:
     """Whether something else holds ``host:port`` now (a bind like a server's fails)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is not "taken"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is not "taken"
         try:
-            s.bind((host, port))
+            sock.bind((host, port))
         except OSError:
             return True
     return False

@@ -52,26 +52,27 @@ class ProviderEndpoint(Endpoint):
         httpx = lazyimport.httpx()  # loaded lazily, see Endpoint.client
 
         try:
-            r = await self.client().get(f"{self.base_url}/models")
+            resp = await self.client().get(f"{self.base_url}/models")
         except httpx.HTTPError as e:
             return False, type(e).__name__
-        if r.status_code == 429:
+        if resp.status_code == 429:
             # Rate limited: the provider is up, only asking us to slow down. Not an outage
             # (no cell is INVALID(endpoint_down) for it); the keeper backs the launch off.
             try:
-                after = max(1.0, float(r.headers.get("Retry-After") or 1.0))
+                after = max(1.0, float(resp.headers.get("Retry-After") or 1.0))
             except ValueError:
                 after = 1.0
             return True, f"throttled: HTTP 429, Retry-After {after:g}s"
-        if r.status_code in (401, 403):
+        if resp.status_code in (401, 403):
             raise EndpointError(
                 f"provider {self.base_url} rejected the key in ${self.key_env} "
-                f"(HTTP {r.status_code})"
+                f"(HTTP {resp.status_code})"
             )
-        if r.status_code != 200:
-            return False, f"/models answered {r.status_code}"
+        if resp.status_code != 200:
+            return False, f"/models answered {resp.status_code}"
         if check_model:
-            ids = [str(m.get("id")) for m in r.json().get("data", []) if isinstance(m, dict)]
+            ids = [str(model.get("id")) for model in resp.json().get("data", [])
+                   if isinstance(model, dict)]
             if self.served_model not in ids:
                 close = difflib.get_close_matches(self.served_model, ids, n=3, cutoff=0.3)
                 raise EndpointError(

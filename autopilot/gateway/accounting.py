@@ -21,7 +21,7 @@ def account(att: Attempt, rec: Record, status: int, dialect: Dialect,
             encoding: str, lim: GatewayLimits, redact: Callable[[str], str]) -> None:
     """Count one finished response: its usage by bucket, finish, who answered, or the
     kind of error it is; unmetered where its spend cannot be read (never 0 tokens)."""
-    m = att.meter
+    meter = att.meter
     unmetered: str | None = None
     doc: Any = None
     if encoding not in ("", "identity"):
@@ -55,22 +55,22 @@ def account(att: Attempt, rec: Record, status: int, dialect: Dialect,
         why = scan.state.error
         kind = "throttled" if "overloaded" in why or "rate_limit" in why else \
             "endpoint_error"
-        m.error(kind, f"in-stream error: {why}"[:300])
+        meter.error(kind, f"in-stream error: {why}"[:300])
         rec.error, rec.body = kind, redact(why)[:ERROR_BODY]
         if usage is not None:
-            m.count(usage, 0)
+            meter.count(usage, 0)
         return
     if kind is not None:
-        m.error(kind, f"HTTP {status}")
+        meter.error(kind, f"HTTP {status}")
         rec.error, rec.body = kind, redact(error_text(doc, held))[:ERROR_BODY]
         return
     if usage is not None and usage.malformed and unmetered is None:
         unmetered = "usage of the wrong shape"
     if metered and unmetered is not None:
         rec.unmetered = unmetered
-    m.throttled_tail = 0  # answered: the provider took the cell's requests again
-    m.count(usage, estimate)
-    m.answered_as(model)
+    meter.throttled_tail = 0  # answered: the provider took the cell's requests again
+    meter.count(usage, estimate)
+    meter.answered_as(model)
     if model is not None:
         rec.model = model
     rec.usage, rec.estimate = usage, estimate

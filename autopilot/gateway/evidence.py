@@ -170,13 +170,13 @@ class Meter:
             self.completion_tokens += estimate
             self.estimated += 1
         if usage is not None:
-            t = usage.tokens
-            self.prompt_tokens += t.prompt or 0
-            self.reasoning_tokens += t.reasoning or 0
-            if t.cache_read is not None:
-                self.cache_read_tokens = (self.cache_read_tokens or 0) + t.cache_read
-            if t.cache_write is not None:
-                self.cache_write_tokens = (self.cache_write_tokens or 0) + t.cache_write
+            tokens = usage.tokens
+            self.prompt_tokens += tokens.prompt or 0
+            self.reasoning_tokens += tokens.reasoning or 0
+            if tokens.cache_read is not None:
+                self.cache_read_tokens = (self.cache_read_tokens or 0) + tokens.cache_read
+            if tokens.cache_write is not None:
+                self.cache_write_tokens = (self.cache_write_tokens or 0) + tokens.cache_write
 
     def tokens(self) -> Tokens:
         """The attempt's tokens by bucket (fresh input is the input no cache bucket
@@ -208,15 +208,15 @@ class Meter:
 
 def mode_line(preset: Preset) -> str:
     """What --dry-run says of the gateway."""
-    g, ep = preset.gateway, preset.endpoint
-    if not g.enabled:
+    gateway, endpoint = preset.gateway, preset.endpoint
+    if not gateway.enabled:
         return "gateway: off (gateway = false): harnesses talk to the endpoint directly"
-    routed = [f"{a.label} -> {a.route.dialect} {a.route.origin()} ({a.route.model})"
-              for a in preset.arms if a.route]
+    routed = [f"{arm.label} -> {arm.route.dialect} {arm.route.origin()} ({arm.route.model})"
+              for arm in preset.arms if arm.route]
     if not preset.uses_gateway:
-        return f"gateway: not used for a {ep.engine!r} endpoint: harnesses reach it directly"
-    arms = [a.label for a in preset.arms if a.requests_settings]
-    key, name = "", ep.key_env()
+        return f"gateway: not used for a {endpoint.engine!r} endpoint: harnesses reach it directly"
+    arms = [arm.label for arm in preset.arms if arm.requests_settings]
+    key, name = "", endpoint.key_env()
     if name:
         key = f"; ${name} stays here, the harness gets its attempt's key"
     return ("gateway: a 127.0.0.1 listener per attempt; {port}/{host}/{base_url} name it, "

@@ -121,12 +121,12 @@ def inflate(body: bytes, encoding: str, cap: int) -> bytes | None:
         return body
     if encoding not in ("gzip", "deflate", "x-gzip"):
         return None
-    d = zlib.decompressobj(wbits=47)  # gzip or zlib, told by its header
+    decompressor = zlib.decompressobj(wbits=47)  # gzip or zlib, told by its header
     try:
-        out = d.decompress(body, cap + 1)
+        out = decompressor.decompress(body, cap + 1)
     except zlib.error:
         return None
-    return None if len(out) > cap or d.unconsumed_tail else out
+    return None if len(out) > cap or decompressor.unconsumed_tail else out
 
 
 

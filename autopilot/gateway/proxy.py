@@ -286,13 +286,14 @@ class Gateway(GatewaySettings):
         out.headers["Accept-Encoding"] = "identity"
         exchange.dialect, exchange.metered, exchange.stream = out.dialect, out.metered, out.stream
         try:
-            up = await self._send_held(att, req.method, out.target, out.body, out.headers, rec)
-            async with up:
-                await self._head(exchange, up)
+            upstream = await self._send_held(att, req.method, out.target, out.body, out.headers,
+                                             rec)
+            async with upstream:
+                await self._head(exchange, upstream)
                 if not await self._answer_head(exchange):
                     return exchange.answer()
                 try:
-                    gone = await self._relay(exchange, up)
+                    gone = await self._relay(exchange, upstream)
                 except asyncio.CancelledError:
                     if exchange.scan is not None and exchange.scan.state.done:
                         # hung up after the dialect's last event: counted in full
@@ -455,16 +456,16 @@ class Gateway(GatewaySettings):
         lim = self.limits
         held_until = time.monotonic() + lim.hold_429
         while True:
-            up = await self._send(att, method, target, body, headers, rec)
-            if up.status != 429:
-                return up
+            upstream = await self._send(att, method, target, body, headers, rec)
+            if upstream.status != 429:
+                return upstream
             self.on_throttled()
-            wait = retry_after(up.headers.get("Retry-After"))
+            wait = retry_after(upstream.headers.get("Retry-After"))
             if lim.hold_429 <= 0 or wait is None or time.monotonic() + wait > held_until:
-                return up
+                return upstream
             att.meter.error("throttled", "HTTP 429 (held and retried by the gateway)")
             rec.held_429 += 1
-            up.release()
+            upstream.release()
             await asyncio.sleep(wait)
 
     async def _relay(self, exchange: Exchange, up: Any) -> bool:
@@ -504,7 +505,7 @@ class Gateway(GatewaySettings):
             raise ClientConnectionError("no replica of this cell's model is up")
         for i, (replica, origin) in enumerate(live):
             try:
-                up = await self._client().request(
+                upstream = await self._client().request(
                     method, origin.rstrip("/") + target, data=body, headers=headers,
                     allow_redirects=False, skip_auto_headers=("User-Agent",))
             except (ClientConnectionError, OSError) as e:
@@ -515,7 +516,7 @@ class Gateway(GatewaySettings):
             if i == 0 and replica != home:  # its own replica was known to be down
                 self._failover(att, rec, home, replica, "replica down")
             rec.replica = replica
-            return up
+            return upstream
         raise AssertionError("unreachable")
 
     def _failover(self, att: Attempt, rec: Record, source: str, dest: str,

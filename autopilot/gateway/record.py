@@ -72,11 +72,11 @@ class Record:
             value = getattr(self, name)
             if value is not None:
                 out[name] = value
-        u = self.usage
-        if u is not None:
-            out.update(prompt_tokens=u.prompt, completion_tokens=u.completion,
-                       reasoning_tokens=u.reasoning, tokens=u.tokens.as_dict())
-            if u.malformed:
+        usage = self.usage
+        if usage is not None:
+            out.update(prompt_tokens=usage.prompt, completion_tokens=usage.completion,
+                       reasoning_tokens=usage.reasoning, tokens=usage.tokens.as_dict())
+            if usage.malformed:
                 out["malformed_usage"] = True
         elif self.estimate:
             out.update(completion_tokens=self.estimate, estimated=True)

@@ -69,24 +69,24 @@ def gateway_for(preset: Preset, redact: Callable[[str], str], on_throttled: Call
                 secrets: tuple[str, ...] = ()) -> GatewaySettings | None:
     """The gateway a preset asks for (None: harnesses talk to the endpoint directly).
     ``key``: the hosted endpoint's key, read when an attempt starts."""
-    g = preset.gateway
-    if not g.enabled or not preset.uses_gateway:
+    spec = preset.gateway
+    if not spec.enabled or not preset.uses_gateway:
         return None
     # here, not at the top: the data path serves this module and never loads pydantic
     from autopilot.state.cellevents import RequestFailover
 
-    gw = GatewaySettings(redact, GatewayLimits(max_request=int(g.max_request_mb * 2**20),
-                                max_records=g.max_records, hold_429=g.hold_429_secs,
-                                body_secs=g.body_timeout_secs,
-                                upstream_read_secs=g.upstream_read_secs),
+    settings = GatewaySettings(redact, GatewayLimits(max_request=int(spec.max_request_mb * 2**20),
+                                max_records=spec.max_records, hold_429=spec.hold_429_secs,
+                                body_secs=spec.body_timeout_secs,
+                                upstream_read_secs=spec.upstream_read_secs),
                  on_throttled=on_throttled,
                  on_failover=lambda cell, attempt, frm, to, why: emit(RequestFailover(
                      cell=cell, attempt=attempt, replica=_number(frm), to=_number(to),
                      why=why)))
     if preset.endpoint.hosted:  # the key stays here; the harness has its attempt's
-        gw.key = key
-        gw.dialects = preset.endpoint.dialects
-    gw.secrets = secrets
-    return gw
+        settings.key = key
+        settings.dialects = preset.endpoint.dialects
+    settings.secrets = secrets
+    return settings
 
 

@@ -35,24 +35,24 @@ OUTPUT_CAP = 64 << 20  # bytes of the agent's output kept for reading its claim
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description="run an agent CLI as a cell's harness")
-    ap.add_argument("--agent", required=True, choices=sorted(AGENTS))
-    ap.add_argument("--out", required=True, help="the cell's output dir")
-    ap.add_argument("--workdir", default="", help="where it works (default OUT/work)")
-    ap.add_argument("--base-url", required=True, help="the cell's gateway ({base_url})")
-    ap.add_argument("--model", required=True, help="the model id the agent asks for")
-    ap.add_argument("--prompt", default="")
-    ap.add_argument("--prompt-file", default="")
-    ap.add_argument("--key-env", default="OPENAI_API_KEY",
-                    help="the variable holding the attempt's key")
-    ap.add_argument("--max-output-tokens", type=int, default=0)
-    ap.add_argument("--dialect", default="", help="the wire, for an agent that speaks several")
-    ap.add_argument("--bin-dir", default="", help="where the CLI's executable is "
-                    "(default: PATH)")
-    ap.add_argument("--args", default="", help="more arguments for the CLI, split as a "
-                    "shell would (never run by one)")
-    ap.add_argument("extra", nargs="*", help="after --: the preset's own CLI arguments")
-    return ap.parse_args(argv)
+    parser = argparse.ArgumentParser(description="run an agent CLI as a cell's harness")
+    parser.add_argument("--agent", required=True, choices=sorted(AGENTS))
+    parser.add_argument("--out", required=True, help="the cell's output dir")
+    parser.add_argument("--workdir", default="", help="where it works (default OUT/work)")
+    parser.add_argument("--base-url", required=True, help="the cell's gateway ({base_url})")
+    parser.add_argument("--model", required=True, help="the model id the agent asks for")
+    parser.add_argument("--prompt", default="")
+    parser.add_argument("--prompt-file", default="")
+    parser.add_argument("--key-env", default="OPENAI_API_KEY",
+                        help="the variable holding the attempt's key")
+    parser.add_argument("--max-output-tokens", type=int, default=0)
+    parser.add_argument("--dialect", default="", help="the wire, for an agent that speaks several")
+    parser.add_argument("--bin-dir", default="", help="where the CLI's executable is "
+                        "(default: PATH)")
+    parser.add_argument("--args", default="", help="more arguments for the CLI, split as a "
+                        "shell would (never run by one)")
+    parser.add_argument("extra", nargs="*", help="after --: the preset's own CLI arguments")
+    return parser.parse_args(argv)
 
 
 def _private(path: Path) -> Path:
@@ -69,40 +69,40 @@ def _write_json(path: Path, doc: dict[str, Any]) -> None:
 
 def summary(agent: str, model: str, claim: Claim, code: int | None,
             elapsed: float) -> dict[str, Any]:
-    t = claim.tokens
+    tokens = claim.tokens
     finish = claim.finish
     if code != 0 and finish == "completed":
         finish = f"stopped: {agent} exited with status {code}"
     doc: dict[str, Any] = {"agent": agent, "model": model, "finish_reason": finish,
                            "exit_code": code, "elapsed_s": round(elapsed, 3),
-                           "self_reported": dict(t), "agent_cost_usd": claim.cost_usd,
+                           "self_reported": dict(tokens), "agent_cost_usd": claim.cost_usd,
                            "agent_model": claim.model, "turns": claim.turns,
                            "answer": claim.answer[:2000]}
     # Only what it said: a count it did not give is not a claim of zero.
-    if any(b in t for b in ("input", "cache_write", "cache_read")):
-        doc["total_prompt_tokens"] = sum(t.get(b, 0) for b in ("input", "cache_write",
-                                                               "cache_read"))
-    if "output" in t:
-        doc["total_completion_tokens"] = t["output"]
+    if any(bucket in tokens for bucket in ("input", "cache_write", "cache_read")):
+        doc["total_prompt_tokens"] = sum(tokens.get(bucket, 0)
+                                         for bucket in ("input", "cache_write", "cache_read"))
+    if "output" in tokens:
+        doc["total_completion_tokens"] = tokens["output"]
     return doc
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = _args(argv)
-    agent = AGENTS[a.agent]
-    out = Path(a.out)
+    args = _args(argv)
+    agent = AGENTS[args.agent]
+    out = Path(args.out)
     home = _private(out / "home")
-    work = _private(Path(a.workdir) if a.workdir else out / "work")
-    prompt = Path(a.prompt_file).read_text() if a.prompt_file else a.prompt
+    work = _private(Path(args.workdir) if args.workdir else out / "work")
+    prompt = Path(args.prompt_file).read_text() if args.prompt_file else args.prompt
     if not prompt.strip():
         print("agent_run: no prompt (--prompt or --prompt-file)", file=sys.stderr)
         return 2
-    binary = (str(Path(a.bin_dir) / agent.binary) if a.bin_dir
+    binary = (str(Path(args.bin_dir) / agent.binary) if args.bin_dir
               else shutil.which(agent.binary) or agent.binary)
-    setup = Setup(home=home, workdir=work, base_url=a.base_url.rstrip("/"),
-                  key=os.environ.get(a.key_env, ""), model=a.model, prompt=prompt,
-                  max_output_tokens=a.max_output_tokens or None, dialect=a.dialect or None,
-                  extra=(*shlex.split(a.args), *a.extra))
+    setup = Setup(home=home, workdir=work, base_url=args.base_url.rstrip("/"),
+                  key=os.environ.get(args.key_env, ""), model=args.model, prompt=prompt,
+                  max_output_tokens=args.max_output_tokens or None, dialect=args.dialect or None,
+                  extra=(*shlex.split(args.args), *args.extra))
     launch = agent.launch(setup, binary)
     env = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
            "XDG_DATA_HOME": str(home / ".local/share"),
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                                 stdout=subprocess.PIPE)
     except OSError as e:
         print(f"agent_run: cannot start {binary}: {e.strerror}", file=sys.stderr)
-        _write_json(out / "summary.json", summary(a.agent, a.model, Claim(
+        _write_json(out / "summary.json", summary(args.agent, args.model, Claim(
             error=f"cannot start {agent.binary}: {e.strerror}"), None, 0.0))
         return 127
     # A stop of this process is the agent's stop: pass it on, then let it end.
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     text = b"".join(kept).decode("utf-8", "replace")
     claim = agent.claim(text)
     (out / "answer.txt").write_text(claim.answer)
-    _write_json(out / "summary.json", summary(a.agent, a.model, claim, code,
+    _write_json(out / "summary.json", summary(args.agent, args.model, claim, code,
                                               time.monotonic() - t0))
     return code if code >= 0 else 128 - code
 

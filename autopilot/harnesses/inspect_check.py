@@ -75,8 +75,8 @@ def problems(tasks: list[dict[str, Any]], preset_args: list[str] | None = None) 
     modules: dict[Path, Any] = {}
     samples: dict[tuple[str, str, str], list[Any]] = {}
     reducers: dict[tuple[str, str, str], list[str]] = {}
-    for t in tasks:
-        v = t.get("vars") or {}
+    for task in tasks:
+        v = task.get("vars") or {}
         name, sid = v.get("inspect_task", ""), v.get("sample", "")
         given = split_args(v["inspect_args"]) if "inspect_args" in v else list(preset_args)
         args = task_args(given)
@@ -97,30 +97,30 @@ def problems(tasks: list[dict[str, Any]], preset_args: list[str] | None = None) 
                             out.append(f"{path}: does not load ({type(e).__name__}: {e})")
                     if modules[path] is None:
                         continue
-                    fn = getattr(modules[path], name, None)
-                    if not callable(fn):
-                        out.append(f"task {t.get('id')}: {path} has no @task {name!r}")
+                    factory = getattr(modules[path], name, None)
+                    if not callable(factory):
+                        out.append(f"task {task.get('id')}: {path} has no @task {name!r}")
                         continue
-                    loaded = fn(**args)
+                    loaded = factory(**args)
                 samples[key] = dataset_ids(loaded.dataset)
                 reducers[key] = reducer_names(loaded)
             except Exception as e:
                 samples[key] = []
-                out.append(f"task {t.get('id')}: {name}() fails ({type(e).__name__}: {e})")
+                out.append(f"task {task.get('id')}: {name}() fails ({type(e).__name__}: {e})")
                 continue
         ways, chosen = reducers.get(key, []), v.get("reducer", "")
         if len(ways) > 1 and chosen not in ways:
-            out.append(f"task {t.get('id')}: {name} reduces its epochs {len(ways)} ways "
+            out.append(f"task {task.get('id')}: {name} reduces its epochs {len(ways)} ways "
                        f"({', '.join(ways)}): set vars.reducer to the one that decides"
-                       if not chosen else f"task {t.get('id')}: {name} has no reducer "
+                       if not chosen else f"task {task.get('id')}: {name} has no reducer "
                        f"{chosen!r} (it has {', '.join(ways)})")
         have = samples[key]
-        wanted = [w.strip() for w in sid.split(",") if w.strip()]
-        lost = [w for w in wanted if not any(matches(i, w) for i in have)]
+        wanted = [wanted_id.strip() for wanted_id in sid.split(",") if wanted_id.strip()]
+        lost = [wanted_id for wanted_id in wanted if not any(matches(i, wanted_id) for i in have)]
         if lost:
             ids = [str(i) for i in have]
             shown = ", ".join(ids[:20]) + (f" ... ({len(ids)})" if len(ids) > 20 else "")
-            out.append(f"task {t.get('id')}: sample {lost[0]!r} is not in {name} "
+            out.append(f"task {task.get('id')}: sample {lost[0]!r} is not in {name} "
                        f"(it has {shown or 'none'})")
     return out
 
@@ -165,16 +165,16 @@ def plan_key(tasks: list[dict[str, Any]], preset_args: list[str]) -> str | None:
                            tasks, preset_args]
     except importlib.metadata.PackageNotFoundError:
         return None
-    for t in tasks:
-        v = t.get("vars") or {}
+    for task in tasks:
+        v = task.get("vars") or {}
         name = str(v.get("inspect_task", ""))
         try:
             if registered(name):
                 pins.append(importlib.metadata.version(name.split("/")[0]))
             else:
-                st = task_file(str(v.get("inspect_file", ""))).resolve().stat()
+                info = task_file(str(v.get("inspect_file", ""))).resolve().stat()
                 pins.append([str(task_file(str(v.get("inspect_file", ""))).resolve()),
-                             st.st_size, st.st_mtime_ns])
+                             info.st_size, info.st_mtime_ns])
         except (OSError, importlib.metadata.PackageNotFoundError):
             return None
     blob = json.dumps(pins, sort_keys=True, default=str).encode()
@@ -187,10 +187,10 @@ def _cache_dir() -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="inspect_check", description=__doc__.splitlines()[0])
-    ap.add_argument("--inspect-args", action="append", default=[],
-                    help="the preset's inspect_args (the first cell's values)")
-    args = ap.parse_args(argv)
+    parser = argparse.ArgumentParser(prog="inspect_check", description=__doc__.splitlines()[0])
+    parser.add_argument("--inspect-args", action="append", default=[],
+                        help="the preset's inspect_args (the first cell's values)")
+    args = parser.parse_args(argv)
     tasks = json.loads(os.environ.get("AUTOPILOT_PLAN_TASKS") or "[]")
     preset_args = [x for a in args.inspect_args for x in split_args(a)]
     # A plan that passed as it stands now passes again: its tasks are not loaded a

@@ -46,29 +46,31 @@ def judge(log_path: Path, sample_id: str, scorer: str, threshold: float,
     out: dict[str, Any] = {"log": log_path.name, "sample_id": sample_id or None,
                            "status": log.status}
     samples = log.samples or []
-    if (log.status == "error" and many_samples(sample_id) and any(s.error for s in samples)
-            and any(s.error is None and s.scores for s in samples)):
+    if (log.status == "error" and many_samples(sample_id)
+            and any(sample.error for sample in samples)
+            and any(sample.error is None and sample.scores for sample in samples)):
         # the eval ran on (--continue-on-fail) past samples that errored: not the
         # model's FAIL, and not yet counted as errored (the last try does that); the
         # next attempt re-runs only the samples without a score
         got = _many(log, sample_id, scorer, threshold, score_key, scored_by, attempt,
                     reducer)
-        n = got.get("items", {}).get("errored", 0)
+        errored = got.get("items", {}).get("errored", 0)
         return {**out, **{k: v for k, v in got.items() if k != "score"},
                 "verdict": "SAMPLE_ERRORS",
-                "detail": f"{n} sample(s) errored in Inspect: {got.get('detail') or ''}"[:1000]}
+                "detail": f"{errored} sample(s) errored in Inspect: "
+                          f"{got.get('detail') or ''}"[:1000]}
     if log.status == "error":
         why = log.error.message if log.error else "eval error"
         return {**out, "verdict": "ERROR", "detail": why[:1000]}
     if log.status != "success":
         # a log a killed or cancelled eval left (``started``, ``cancelled``): not a
         # finished eval, whatever samples it holds; its next attempt resumes it
-        done = sum(1 for s in samples if s.error is None and s.scores)
+        done = sum(1 for sample in samples if sample.error is None and sample.scores)
         return {**out, "verdict": "INTERRUPTED",
                 "detail": f"the eval did not finish (its log says {log.status!r}; "
                           f"{done} sample(s) scored)"}
     if not many_samples(sample_id):
-        samples = [s for s in log.samples or [] if matches(s.id, sample_id)]
+        samples = [sample for sample in log.samples or [] if matches(sample.id, sample_id)]
         if not samples:
             return {**out, "verdict": "NO_SAMPLE",
                     "detail": f"sample {sample_id!r} is not in the log"}
@@ -85,11 +87,11 @@ def _many(log: Any, sample_id: str, scorer: str, threshold: float, score_key: st
     """A cell of many samples (the whole task, a list, a glob): each sample judged as
     one is, the cell's grade their counts (``items``: autopilot.state.items), its verdict
     PASS when the share of scored samples that passed is at or above ``threshold``."""
-    wanted = [w.strip() for w in sample_id.split(",") if w.strip()]
+    wanted = [wanted_id.strip() for wanted_id in sample_id.split(",") if wanted_id.strip()]
     groups: dict[str, list[Any]] = {}
-    for s in log.samples or []:
-        if not wanted or any(matches(s.id, w) for w in wanted):
-            groups.setdefault(str(s.id), []).append(s)  # one per epoch
+    for sample in log.samples or []:
+        if not wanted or any(matches(sample.id, wanted_id) for wanted_id in wanted):
+            groups.setdefault(str(sample.id), []).append(sample)  # one per epoch
     if not groups:
         return {"verdict": "NO_SAMPLE", "detail": f"no sample of {sample_id!r} in the log"}
     items = {"passed": 0, "scored": 0, "unscored": 0, "errored": 0, "reused": 0}
@@ -99,7 +101,7 @@ def _many(log: Any, sample_id: str, scorer: str, threshold: float, score_key: st
         got = _sample(log, samples, sid, scorer, threshold, score_key, reducer)
         if scored_by and got["verdict"] != "ERROR":
             # the attempt that scored it (its last epoch's): inspect-reuse.json
-            k = max(scored_by.get(f"{s.id}#{s.epoch}", attempt) for s in samples)
+            k = max(scored_by.get(f"{sample.id}#{sample.epoch}", attempt) for sample in samples)
             by_attempt[str(k)] = by_attempt.get(str(k), 0) + 1
             items["reused"] += 0 < k < attempt
         if got["verdict"] in ("PASS", "FAIL"):
@@ -131,7 +133,7 @@ def _many(log: Any, sample_id: str, scorer: str, threshold: float, score_key: st
 def _sample(log: Any, samples: list[Any], sample_id: str, scorer: str, threshold: float,
             score_key: str, reducer: str = "") -> dict[str, Any]:
     """One sample's verdict from its entries in the log (one per epoch)."""
-    errors = [s.error for s in samples if s.error is not None]
+    errors = [sample.error for sample in samples if sample.error is not None]
     if errors:
         return {"verdict": "ERROR", "detail": errors[0].message[:1000]}
     scores = samples[0].scores or {}
@@ -142,8 +144,8 @@ def _sample(log: Any, samples: list[Any], sample_id: str, scorer: str, threshold
     epochs = len(samples)
     value, used = scores[name].value, None
     if epochs > 1:  # the task's own epochs: its reducer's score is the sample's
-        reductions = [r for r in log.reductions or [] if r.scorer == name]
-        names = [str(r.reducer or "mean") for r in reductions]
+        reductions = [reduction for reduction in log.reductions or [] if reduction.scorer == name]
+        names = [str(reduction.reducer or "mean") for reduction in reductions]
         if len(reductions) > 1 and reducer not in names:
             # Inspect reports each reducer's score side by side; which one is the
             # verdict is the preset's choice, never the first by accident
@@ -155,7 +157,8 @@ def _sample(log: Any, samples: list[Any], sample_id: str, scorer: str, threshold
                               f"{', '.join(names)})"}
         for red in reductions:
             if len(reductions) == 1 or str(red.reducer or "mean") == reducer:
-                got = next((x for x in red.samples if matches(x.sample_id, sample_id)), None)
+                got = next((scored for scored in red.samples
+                            if matches(scored.sample_id, sample_id)), None)
                 if got is not None:
                     value, used = got.value, red.reducer
                 break
@@ -194,21 +197,21 @@ def _decide(value: Any, threshold: float) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="inspect_grade", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, type=Path, help="the cell's output dir")
-    ap.add_argument("--grade-file", required=True, type=Path)
-    ap.add_argument("--sample-id", default="")
-    ap.add_argument("--scorer", default="", help="which score (default: the first)")
-    ap.add_argument("--score-key", default="",
-                    help="a score whose value is a dict: the part that decides")
-    ap.add_argument("--threshold", type=float, default=1.0,
-                    help="a score at or above it passes (C = 1, I = 0)")
-    ap.add_argument("--attempt", type=int, default=0,
-                    help="the attempt graded: samples an earlier one scored are `reused`")
-    ap.add_argument("--reducer", default="",
-                    help="a task whose epochs are reduced several ways: the reducer whose "
+    parser = argparse.ArgumentParser(prog="inspect_grade", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, type=Path, help="the cell's output dir")
+    parser.add_argument("--grade-file", required=True, type=Path)
+    parser.add_argument("--sample-id", default="")
+    parser.add_argument("--scorer", default="", help="which score (default: the first)")
+    parser.add_argument("--score-key", default="",
+                        help="a score whose value is a dict: the part that decides")
+    parser.add_argument("--threshold", type=float, default=1.0,
+                        help="a score at or above it passes (C = 1, I = 0)")
+    parser.add_argument("--attempt", type=int, default=0,
+                        help="the attempt graded: samples an earlier one scored are `reused`")
+    parser.add_argument("--reducer", default="",
+                        help="a task whose epochs are reduced several ways: the reducer whose "
                          "score decides (preflight refuses such a task without one)")
-    args = ap.parse_args(argv)
+    args = parser.parse_args(argv)
     log = newest_log(args.out / "logs")
     if log is None:
         grade: dict[str, Any] = {"verdict": "NO_LOG", "detail": "inspect wrote no log"}

@@ -79,10 +79,10 @@ def cpu_seconds(pid: int) -> float:
         procs = [root, *descendants(root)]
     except psutil.Error:
         return total
-    for p in procs:
+    for proc in procs:
         try:
-            t = p.cpu_times()
-            total += t.user + t.system
+            times = proc.cpu_times()
+            total += times.user + times.system
         except psutil.Error:
             continue
     return total
@@ -147,22 +147,22 @@ class EvalWatch:
             got: Any = buf.get_samples()
             if got is None or got == "NotModified":
                 continue
-            for s in got.samples:
-                if s.completed_at:
+            for sample in got.samples:
+                if sample.completed_at:
                     continue
-                key = f"{s.id}#{s.epoch}"
-                data = buf.get_sample_data(s.id, s.epoch,
+                key = f"{sample.id}#{sample.epoch}"
+                data = buf.get_sample_data(sample.id, sample.epoch,
                                            after_event_id=self.seen_event.get(key))
                 open_spans = self.spans.setdefault(key, {})
                 for e in data.events if data is not None else []:
                     self.seen_event[key] = max(self.seen_event.get(key, 0), e.id)
-                    ev = e.event if isinstance(e.event, dict) else {}
-                    if ev.get("event") == "span_begin":
-                        open_spans[str(ev.get("id"))] = str(ev.get("type"))
-                    elif ev.get("event") == "span_end":
-                        open_spans.pop(str(ev.get("id")), None)
+                    event = e.event if isinstance(e.event, dict) else {}
+                    if event.get("event") == "span_begin":
+                        open_spans[str(event.get("id"))] = str(event.get("type"))
+                    elif event.get("event") == "span_end":
+                        open_spans.pop(str(event.get("id")), None)
                 if "scorer" in open_spans.values():
-                    return str(s.id)
+                    return str(sample.id)
         return None
 
 

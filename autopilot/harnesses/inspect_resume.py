@@ -44,7 +44,7 @@ class Prior:
 
 
 def newest_log(logs: Path) -> Path | None:
-    found = sorted((p for p in logs.glob("*.eval") if p.is_file()),
+    found = sorted((path for path in logs.glob("*.eval") if path.is_file()),
                    key=lambda p: p.stat().st_mtime)
     return found[-1] if found else None
 
@@ -83,18 +83,18 @@ def prior_attempt(previous: Path | None, attempt: int, cmd: list[str]) -> Prior 
     if previous is None or attempt < 2 or not previous.is_dir():
         return None
     found: list[tuple[int, int, Path]] = []
-    for d in previous.iterdir():
-        m = ATTEMPT_DIR.match(d.name)
-        if m and 1 <= int(m[1]) < attempt and d.is_dir() and not d.is_symlink():
-            found.append((int(m[1]), int(m[2] or 0), d))
-    for k, _, d in sorted(found, reverse=True):
-        said = read_json(d / CMD_FILE)
+    for entry in previous.iterdir():
+        match = ATTEMPT_DIR.match(entry.name)
+        if match and 1 <= int(match[1]) < attempt and entry.is_dir() and not entry.is_symlink():
+            found.append((int(match[1]), int(match[2] or 0), entry))
+    for k, _, entry in sorted(found, reverse=True):
+        said = read_json(entry / CMD_FILE)
         if not isinstance(said, dict) or said.get("argv") != cmd:
             continue  # another eval (the preset changed), or nothing on record
-        log = newest_log(d / "logs")
+        log = newest_log(entry / "logs")
         if log is None or log.is_symlink():
             continue
-        return Prior(k, d, log, read_scored_by(d))
+        return Prior(k, entry, log, read_scored_by(entry))
     return None
 
 
@@ -166,12 +166,12 @@ def unpin(copy: Path) -> list[Path]:
     import psutil
 
     renamed: list[Path] = []
-    for n, db in enumerate(sorted(p for p in copy.rglob("*.db")
-                                  if p.is_file() and not p.is_symlink())):
-        m = _BUFFER_DB.match(db.name)
-        if m is None or not psutil.pid_exists(int(m[2])):
+    for index, db in enumerate(sorted(path for path in copy.rglob("*.db")
+                                      if path.is_file() and not path.is_symlink())):
+        match = _BUFFER_DB.match(db.name)
+        if match is None or not psutil.pid_exists(int(match[2])):
             continue
-        new = db.with_name(f"{m[1]}.{NO_PID + n}.db")
+        new = db.with_name(f"{match[1]}.{NO_PID + index}.db")
         for side in ("-wal", "-shm"):  # SQLite finds a database's log by its name
             old_side = db.with_name(db.name + side)
             if old_side.is_file() and not old_side.is_symlink():
@@ -209,8 +209,8 @@ def final_samples(log_path: Path) -> dict[str, str]:
     from inspect_ai.log import read_eval_log
 
     log = read_eval_log(str(log_path))
-    return {sample_key(s.id, s.epoch): str(s.uuid) for s in log.samples or []
-            if s.error is None and s.scores}
+    return {sample_key(sample.id, sample.epoch): str(sample.uuid) for sample in log.samples or []
+            if sample.error is None and sample.scores}
 
 
 def scored_by(final: Any, resumed: Resumed | None, attempt: int) -> dict[str, int]:
@@ -218,9 +218,9 @@ def scored_by(final: Any, resumed: Resumed | None, attempt: int) -> dict[str, in
     earlier log's uuid was carried over (its attempt as recorded), any other is this
     attempt's."""
     out: dict[str, int] = {}
-    for s in final.samples or []:
-        key = sample_key(s.id, s.epoch)
-        if resumed is not None and resumed.before.get(key) == str(s.uuid):
+    for sample in final.samples or []:
+        key = sample_key(sample.id, sample.epoch)
+        if resumed is not None and resumed.before.get(key) == str(sample.uuid):
             out[key] = resumed.carried[key]
         else:
             out[key] = attempt

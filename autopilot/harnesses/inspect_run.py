@@ -40,47 +40,47 @@ from autopilot.harnesses.inspect_resume import newest_log
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     extra: list[str] = []
     if "--" in argv:
-        at = argv.index("--")
-        argv, extra = argv[:at], argv[at + 1:]
-    ap = argparse.ArgumentParser(prog="inspect_run", description=__doc__.splitlines()[0])
-    ap.add_argument("--task-file", default="",
-                    help="the file defining the @task (empty: the shipped examples)")
-    ap.add_argument("--task", required=True,
-                    help="the @task's name in that file, or a published task by its "
+        split_at = argv.index("--")
+        argv, extra = argv[:split_at], argv[split_at + 1:]
+    parser = argparse.ArgumentParser(prog="inspect_run", description=__doc__.splitlines()[0])
+    parser.add_argument("--task-file", default="",
+                        help="the file defining the @task (empty: the shipped examples)")
+    parser.add_argument("--task", required=True,
+                        help="the @task's name in that file, or a published task by its "
                          "registered name (inspect_evals/gsm8k), run unchanged")
-    ap.add_argument("--inspect-args", action="append", default=[],
-                    help="more `inspect eval` flags as one string (-T name=value, --limit, "
+    parser.add_argument("--inspect-args", action="append", default=[],
+                        help="more `inspect eval` flags as one string (-T name=value, --limit, "
                          "--model-role ...), split as a shell would; may repeat")
-    ap.add_argument("--sample-id", default="", help="one sample (empty: the whole task)")
-    ap.add_argument("--model", required=True, help="the served model name")
-    ap.add_argument("--base-url", required=True, help="the cell's gateway, .../v1")
-    ap.add_argument("--out", required=True, type=Path, help="the cell's output dir")
-    ap.add_argument("--compose-projects", type=Path, default=None,
-                    help="list here, as they appear, the Docker Compose projects Inspect's "
+    parser.add_argument("--sample-id", default="", help="one sample (empty: the whole task)")
+    parser.add_argument("--model", required=True, help="the served model name")
+    parser.add_argument("--base-url", required=True, help="the cell's gateway, .../v1")
+    parser.add_argument("--out", required=True, type=Path, help="the cell's output dir")
+    parser.add_argument("--compose-projects", type=Path, default=None,
+                        help="list here, as they appear, the Docker Compose projects Inspect's "
                          "sandboxes start (harness.compose_projects: the autopilot removes "
                          "what a killed cell left)")
-    ap.add_argument("--sample-retries", type=int, default=0,
-                    help="a sample that errors is re-run this many times inside the eval "
+    parser.add_argument("--sample-retries", type=int, default=0,
+                        help="a sample that errors is re-run this many times inside the eval "
                          "(Inspect's --retry-on-error) before the cell gives up on it")
-    ap.add_argument("--model-roles", default="",
-                    help="Inspect model roles, NAME=MODEL separated by spaces or commas: "
+    parser.add_argument("--model-roles", default="",
+                        help="Inspect model roles, NAME=MODEL separated by spaces or commas: "
                          "MODEL `served` is the cell's own model through its gateway "
                          "(metered); any other Inspect model spec is an external role, "
                          "named in the summary (its calls show as progress)")
-    ap.add_argument("--previous", type=Path, default=None,
-                    help="the cell's earlier attempts (<state dir>/attempts/<cell>): the "
+    parser.add_argument("--previous", type=Path, default=None,
+                        help="the cell's earlier attempts (<state dir>/attempts/<cell>): the "
                          "samples one finished are reused (inspect eval-retry)")
-    ap.add_argument("--attempt", type=int, default=1, help="this attempt's number")
-    ap.add_argument("--last-try", default="0",
-                    help="1: the cell's last try (its next INVALID quarantines it): a "
+    parser.add_argument("--attempt", type=int, default=1, help="this attempt's number")
+    parser.add_argument("--last-try", default="0",
+                        help="1: the cell's last try (its next INVALID quarantines it): a "
                          "sample that still errors is counted as errored, the others' "
                          "scores stand (Inspect's --no-fail-on-error)")
-    ap.add_argument("--items", type=Path, default=None,
-                    help="a cell of many samples: keep {total, done, reused} current here "
+    parser.add_argument("--items", type=Path, default=None,
+                        help="a cell of many samples: keep {total, done, reused} current here "
                          "(harness.items: a cut cell is resumed, never the model's FAIL)")
-    ap.add_argument("--api-key-env", default="",
-                    help="env var holding the key to send (a provider run's placeholder)")
-    return ap.parse_args(argv), extra
+    parser.add_argument("--api-key-env", default="",
+                        help="env var holding the key to send (a provider run's placeholder)")
+    return parser.parse_args(argv), extra
 
 
 INTERRUPTED = 4  # the eval did not finish: its log says neither success nor error
@@ -173,14 +173,16 @@ def summary_of(log_path: Path, model: str, resumed: Any = None,
 
     write_table(log_path.parent.parent, log_path, log)
     samples = log.samples or []
-    by = reuse.scored_by(log, resumed, attempt)
+    scorers = reuse.scored_by(log, resumed, attempt)
     if resumed is None:
         prompt, completion = _tokens((log.stats.model_usage or {}).values())
     else:
-        own = [s for s in samples if by.get(reuse.sample_key(s.id, s.epoch)) == attempt]
-        prompt, completion = _tokens(u for s in own for u in (s.model_usage or {}).values())
-    errored = [s.error for s in samples if s.error is not None]
-    scored = [s for s in samples if s.error is None and s.scores]
+        own = [sample for sample in samples
+               if scorers.get(reuse.sample_key(sample.id, sample.epoch)) == attempt]
+        prompt, completion = _tokens(usage for sample in own
+                                     for usage in (sample.model_usage or {}).values())
+    errored = [sample.error for sample in samples if sample.error is not None]
+    scored = [sample for sample in samples if sample.error is None and sample.scores]
     err = log.error.message if log.error else next((e.message for e in errored), None)
     # samples errored while others were scored: the grader's to count (SAMPLE_ERRORS
     # or, on the last try, errored samples), not an eval that could not run
@@ -188,10 +190,10 @@ def summary_of(log_path: Path, model: str, resumed: Any = None,
     return {"model": model, "inspect_model": log.eval.model, "status": log.status,
             "error": err[:2000] if err else None, "log": log_path.name,
             "samples": len(samples), "samples_errored": len(errored),
-            "samples_reused": sum(1 for k in by.values() if k != attempt),
+            "samples_reused": sum(1 for k in scorers.values() if k != attempt),
             "total_prompt_tokens": prompt, "total_completion_tokens": completion,
             "finish_reason": "sample_errors" if per_sample else "error" if err else log.status,
-            "scored_by": by}
+            "scored_by": scorers}
 
 
 @dataclass
@@ -254,8 +256,8 @@ def plan(args: argparse.Namespace, extra: list[str], logs: Path) -> Plan:
         print(f"inspect_run: reusing {len(resumed.before)} finished sample(s) of attempt "
               f"{prior.attempt if prior else '?'}", flush=True)
     else:
-        at = cmd.index("--log-dir")
-        run = [*cmd[:at], *policy, *cmd[at:]]
+        index = cmd.index("--log-dir")
+        run = [*cmd[:index], *policy, *cmd[index:]]
     return Plan(cmd, run, env, routes, many, resumed)
 
 
@@ -301,20 +303,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logs = args.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    p = plan(args, extra, logs)
-    code = execute(args, p, logs)
-    resumed = p.resumed
+    planned = plan(args, extra, logs)
+    code = execute(args, planned, logs)
+    resumed = planned.resumed
     log = newest_log(logs)
     if resumed is not None and log is not None and log != resumed.log:
         resumed.log.unlink(missing_ok=True)  # one log for the cell (its copy is evidence)
     if log is None or (resumed is not None and log == resumed.log):
         print(f"inspect_run: inspect exited {code} and wrote no log", file=sys.stderr)
         return code or 1
-    summary = {**summary_of(log, args.model, resumed, args.attempt), "roles": p.routes}
+    summary = {**summary_of(log, args.model, resumed, args.attempt), "roles": planned.routes}
     if summary["status"] not in ("success", "error"):
         # A killed or cancelled eval: no result, however many samples it holds. Its
         # log stays for the next attempt, which recovers it and resumes the rest.
-        if p.many and args.items:
+        if planned.many and args.items:
             from autopilot.harnesses.inspect_progress import final_items
 
             final_items(logs, args.items, frozenset(resumed.before) if resumed else frozenset())

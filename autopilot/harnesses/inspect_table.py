@@ -65,38 +65,40 @@ def read_value(value: Any) -> Reading:
 def _enc(value: Any) -> dict[str, Any]:
     if isinstance(value, dict):
         return {"parts": {str(k): _enc(v) for k, v in value.items()}}
-    r = read_value(value)
-    n = r.number
-    return {"raw": r.raw, "n": n if math.isfinite(n) else repr(n), "u": r.unreadable}
+    read = read_value(value)
+    number = read.number
+    return {"raw": read.raw, "n": number if math.isfinite(number) else repr(number),
+            "u": read.unreadable}
 
 
 def _dec(obj: Any) -> Any:
     if "parts" in obj:
         return {k: _dec(v) for k, v in obj["parts"].items()}
-    n = obj["n"]
-    number = float(n) if isinstance(n, str) and n in ("inf", "-inf", "nan") else n
+    stored = obj["n"]
+    number = (float(stored) if isinstance(stored, str) and stored in ("inf", "-inf", "nan")
+              else stored)
     if type(number) not in (int, float) or not isinstance(obj["raw"], str):
         raise TypeError("not a reading")
     return Reading(obj["raw"], float(number), obj["u"] is True)
 
 
 def _stamp(log_path: Path) -> dict[str, Any]:
-    st = log_path.stat()
-    return {"log": log_path.name, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    info = log_path.stat()
+    return {"log": log_path.name, "size": info.st_size, "mtime_ns": info.st_mtime_ns}
 
 
 def write_table(out: Path, log_path: Path, log: Any) -> None:
     """The table of ``log`` (read from ``log_path``) in ``out``, replaced whole."""
     doc = {**_stamp(log_path), "status": log.status,
            "error": log.error.message if log.error else None,
-           "samples": [{"id": s.id, "epoch": s.epoch,
-                        "error": s.error.message if s.error else None,
-                        "scores": {k: _enc(v.value) for k, v in (s.scores or {}).items()}}
-                       for s in log.samples or []],
-           "reductions": [{"scorer": r.scorer, "reducer": r.reducer,
-                           "samples": [{"sample_id": x.sample_id, "value": _enc(x.value)}
-                                       for x in r.samples]}
-                          for r in log.reductions or []]}
+           "samples": [{"id": sample.id, "epoch": sample.epoch,
+                        "error": sample.error.message if sample.error else None,
+                        "scores": {k: _enc(v.value) for k, v in (sample.scores or {}).items()}}
+                       for sample in log.samples or []],
+           "reductions": [{"scorer": reduction.scorer, "reducer": reduction.reducer,
+                           "samples": [{"sample_id": scored.sample_id, "value": _enc(scored.value)}
+                                       for scored in reduction.samples]}
+                          for reduction in log.reductions or []]}
     tmp = out / f".{TABLE}.tmp"
     tmp.write_text(json.dumps(doc, allow_nan=False))
     tmp.replace(out / TABLE)
@@ -117,14 +119,16 @@ def read_table(out: Path, log_path: Path) -> Any | None:
             return None
         return SimpleNamespace(
             status=str(doc["status"]), error=_err(doc["error"]),
-            samples=[SimpleNamespace(id=s["id"], epoch=int(s["epoch"]), error=_err(s["error"]),
+            samples=[SimpleNamespace(id=sample["id"], epoch=int(sample["epoch"]),
+                                     error=_err(sample["error"]),
                                      scores={str(k): SimpleNamespace(value=_dec(v))
-                                             for k, v in s["scores"].items()})
-                     for s in doc["samples"]],
-            reductions=[SimpleNamespace(scorer=str(r["scorer"]), reducer=r["reducer"],
-                                        samples=[SimpleNamespace(sample_id=x["sample_id"],
-                                                                 value=_dec(x["value"]))
-                                                 for x in r["samples"]])
-                        for r in doc["reductions"]])
+                                             for k, v in sample["scores"].items()})
+                     for sample in doc["samples"]],
+            reductions=[SimpleNamespace(scorer=str(reduction["scorer"]),
+                                        reducer=reduction["reducer"],
+                                        samples=[SimpleNamespace(sample_id=scored["sample_id"],
+                                                                 value=_dec(scored["value"]))
+                                                 for scored in reduction["samples"]])
+                        for reduction in doc["reductions"]])
     except (KeyError, TypeError, ValueError, AttributeError, OSError):
         return None

@@ -37,10 +37,10 @@ def scratch_paths(preset: Preset, plan: Plan, state_dir: Path) -> list[Path]:
     for cell in plan.cells:
         ctx = cell_context(preset, cell, 1, state_dir)
         paths.append(Path(ctx["scratch_dir"]))
-        paths += [Path(render(t, ctx)) for t in preset.harness.scratch_dirs]
+        paths += [Path(render(template, ctx)) for template in preset.harness.scratch_dirs]
         if preset.grader.extract:
             paths.append(Path(render(preset.grader.extract.into, ctx)))
-    return [p for p in dict.fromkeys(paths) if p.exists()]
+    return [path for path in dict.fromkeys(paths) if path.exists()]
 
 
 async def cleanup(preset: Preset, plan: Plan, state_dir: Path, *, endpoint: bool,
@@ -48,10 +48,10 @@ async def cleanup(preset: Preset, plan: Plan, state_dir: Path, *, endpoint: bool
     # The run's output dirs are its own until now (autopilot.state.claims): from here
     # another run may write, move and grade there.
     let_go = release_owned(outside_roots(run_roots(preset, state_dir), state_dir), state_dir)
-    removed = [f"ownership of output root {r} (released: a next run over it may move this "
+    removed = [f"ownership of output root {root} (released: a next run over it may move this "
                "run's cell output dirs it shares into its own attempts, or rewrite them; "
                "this run's verdicts stand in its journal and its views say released)"
-               for r in let_go]
+               for root in let_go]
     if let_go:
         mark_released(state_dir, let_go)
     if release_only:
@@ -91,18 +91,18 @@ async def cleanup(preset: Preset, plan: Plan, state_dir: Path, *, endpoint: bool
         try:
             template = preset.harness.sandbox_container
             if template:
-                names = [render(template, cell_context(preset, c, 1, state_dir))
-                         for c in plan.cells]
-                removed += [f"container {n}" for n in await docker.remove_exact(
+                names = [render(template, cell_context(preset, cell, 1, state_dir))
+                         for cell in plan.cells]
+                removed += [f"container {name}" for name in await docker.remove_exact(
                     names, sandbox_owner(preset, state_dir))]
-                removed += [f"nothing: spared container {x['container']} ({x['why']})"
-                            for x in docker.spared]
+                removed += [f"nothing: spared container {spared['container']} ({spared['why']})"
+                            for spared in docker.spared]
             if preset.harness.compose_projects:
                 from autopilot.cell.sandbox import sweep_listed_projects
 
                 removed += await sweep_listed_projects(docker, preset, plan, state_dir)
             if endpoint:
-                removed += [f"container {n}" for n in
+                removed += [f"container {name}" for name in
                             await docker.remove_labelled(str(state_dir), role="endpoint")]
         finally:
             await docker.close()

@@ -45,10 +45,10 @@ def attempt_ends(events: list[dict[str, Any]]) -> dict[tuple[str, int], float]:
     """When each attempt's harness was last heard of: its latest event before any
     regrade (its exit, its first verdict)."""
     out: dict[tuple[str, int], float] = {}
-    for ev in events:
-        cid, k, ts = ev.get("cell"), ev.get("attempt"), parse_iso(ev.get("ts"))
+    for event in events:
+        cid, k, ts = event.get("cell"), event.get("attempt"), parse_iso(event.get("ts"))
         if isinstance(cid, str) and type(k) is int and ts is not None \
-                and not ev.get("regrade"):
+                and not event.get("regrade"):
             out[(cid, k)] = max(out.get((cid, k), ts), ts)
     return out
 
@@ -57,10 +57,10 @@ def written_after(paths: list[Path], end: float | None) -> str | None:
     """The first of ``paths`` modified after ``end`` (None: all are from before it)."""
     if end is None:
         return None
-    for p in paths:
+    for path in paths:
         try:
-            if p.stat().st_mtime > end + SLACK_SECS:
-                return str(p)
+            if path.stat().st_mtime > end + SLACK_SECS:
+                return str(path)
         except OSError:
             continue
     return None
@@ -80,38 +80,39 @@ async def regrade(
     try:
         events = state_events(state_dir).events
         ledger = Ledger(plan)
-        for ev in events:
-            ledger.apply(ev)
+        for event in events:
+            ledger.apply(event)
         outcomes = attempt_outcomes(events)
         ended = attempt_ends(events)
         done: list[Regraded] = []
-        for c in list(ledger.cells.values()):
-            if c.status not in REGRADABLE or (task and c.task != task) or (arm and c.arm != arm):
+        for state in list(ledger.cells.values()):
+            if state.status not in REGRADABLE or (task and state.task != task) \
+                    or (arm and state.arm != arm):
                 continue
-            cell = plan.by_id[c.id]
-            ctx = cell_context(preset, cell, c.attempts, state_dir)
-            outcome = outcomes.get((c.id, c.attempts), RunOutcome(0, completion=True))
-            completion = [Path(render(t, ctx)) for t in preset.harness.completion]
-            if not all(p.exists() for p in completion):
-                say(f"{c.id}: skipped, its outputs are gone ({completion[0].parent})")
+            cell = plan.by_id[state.id]
+            ctx = cell_context(preset, cell, state.attempts, state_dir)
+            outcome = outcomes.get((state.id, state.attempts), RunOutcome(0, completion=True))
+            completion = [Path(render(template, ctx)) for template in preset.harness.completion]
+            if not all(path.exists() for path in completion):
+                say(f"{state.id}: skipped, its outputs are gone ({completion[0].parent})")
                 continue
-            later = written_after(completion, ended.get((c.id, c.attempts)))
+            later = written_after(completion, ended.get((state.id, state.attempts)))
             if later:
                 # Not this attempt's outputs: another run's, written once this one let
                 # its output dirs go (autopilot.state.claims). Never graded as ours.
-                why = f"{later} was written after attempt {c.attempts} ended"
-                journal.append("regrade_skipped", cell=c.id, attempt=c.attempts, why=why)
-                say(f"{c.id}: skipped, {why} (not this run's output)")
+                why = f"{later} was written after attempt {state.attempts} ended"
+                journal.append("regrade_skipped", cell=state.id, attempt=state.attempts, why=why)
+                say(f"{state.id}: skipped, {why} (not this run's output)")
                 continue
-            before = _label(c.status, c.reason)
+            before = _label(state.status, state.reason)
             result = await judge_cell(preset, ctx, outcome,
-                                      state_dir / "logs" / f"{c.id}.grade.log")
-            kind, fields = record_of(result.as_event(c.id, c.attempts, regrade=True), {})
+                                      state_dir / "logs" / f"{state.id}.grade.log")
+            kind, fields = record_of(result.as_event(state.id, state.attempts, regrade=True), {})
             record = journal.append(kind, **fields)
             ledger.apply(record)
-            after = _label(ledger.cells[c.id].status, ledger.cells[c.id].reason)
-            done.append(Regraded(c.id, c.attempts, before, after))
-            say(f"{c.id} (attempt {c.attempts}): {before} -> {after}"
+            after = _label(ledger.cells[state.id].status, ledger.cells[state.id].reason)
+            done.append(Regraded(state.id, state.attempts, before, after))
+            say(f"{state.id} (attempt {state.attempts}): {before} -> {after}"
                 + (f" [{result.detail}]" if result.detail else ""))
         return done
     finally:

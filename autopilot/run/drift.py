@@ -26,11 +26,11 @@ CHUNK = 1 << 20
 
 
 def _file_sha(path: Path) -> str:
-    h = hashlib.sha256()
+    sha = hashlib.sha256()
     with path.open("rb") as f:
         while block := f.read(CHUNK):
-            h.update(block)
-    return h.hexdigest()
+            sha.update(block)
+    return sha.hexdigest()
 
 
 def digest(path: Path) -> str | None:
@@ -42,14 +42,15 @@ def digest(path: Path) -> str | None:
             return _file_sha(path)
         if not path.is_dir():
             return None
-        h = hashlib.sha256()
+        sha = hashlib.sha256()
         for root, dirs, files in os.walk(path, followlinks=False):
             dirs.sort()
-            for name in sorted(files + [d for d in dirs if Path(root, d).is_symlink()]):
+            linked = [subdir for subdir in dirs if Path(root, subdir).is_symlink()]
+            for name in sorted(files + linked):
                 entry = Path(root, name)
                 rel = entry.relative_to(path).as_posix()
-                h.update(rel.encode() + b"\0" + (digest(entry) or "-").encode() + b"\n")
-        return "tree:" + h.hexdigest()
+                sha.update(rel.encode() + b"\0" + (digest(entry) or "-").encode() + b"\n")
+        return "tree:" + sha.hexdigest()
     except OSError:
         return None
 
@@ -74,7 +75,7 @@ def changed(recorded: Any, now: dict[str, str | None]) -> list[str]:
     if not isinstance(recorded, dict) or not recorded:
         return []
     names = sorted(set(recorded) | set(now), key=str)
-    return [str(n) for n in names if recorded.get(n) != now.get(n)]
+    return [str(name) for name in names if recorded.get(name) != now.get(name)]
 
 
 SAMPLE = 4 << 20  # bytes hashed at each end of a model file (a 200 GB GGUF in seconds)
@@ -90,13 +91,13 @@ def model_identity(path: Path) -> dict[str, Any]:
             return {"path": str(path), "files": len(files),
                     "size": sum(f.stat().st_size for f in files)}
         size = path.stat().st_size
-        h = hashlib.sha256(str(size).encode())
+        sha = hashlib.sha256(str(size).encode())
         with path.open("rb") as f:
-            h.update(f.read(SAMPLE))
+            sha.update(f.read(SAMPLE))
             if size > 2 * SAMPLE:
                 f.seek(size - SAMPLE)
-                h.update(f.read(SAMPLE))
-        return {"path": str(path), "size": size, "sample_sha256": h.hexdigest()}
+                sha.update(f.read(SAMPLE))
+        return {"path": str(path), "size": size, "sample_sha256": sha.hexdigest()}
     except OSError as e:
         return {"path": str(path), "unreadable": e.strerror or type(e).__name__}
 
@@ -120,15 +121,15 @@ def linked_libraries(binary: Path, limit: int = 32) -> dict[str, str]:
     while todo and len(out) < limit:
         try:
             with todo.pop().open("rb") as f:
-                names = {m.decode() for m in _SONAME.findall(f.read(SCAN_CAP))}
+                names = {soname.decode() for soname in _SONAME.findall(f.read(SCAN_CAP))}
         except OSError:
             continue
         for name in sorted(names):
             if name in out:
                 continue
-            for d in dirs:
+            for directory in dirs:
                 try:
-                    lib = (d / name).resolve()
+                    lib = (directory / name).resolve()
                     if lib.is_file() and lib != real:
                         out[name] = _file_sha(lib)
                         todo.append(lib)
@@ -148,10 +149,10 @@ def endpoint_identity(preset: Preset) -> dict[str, Any]:
     from autopilot.endpoints import ENGINES
     from autopilot.endpoints.served import Pins
 
-    ep = preset.endpoint
-    out: dict[str, Any] = {"engine": ep.engine}
-    pins = ENGINES[ep.engine].pins(preset)
-    if ep.attach or pins == Pins():
+    endpoint = preset.endpoint
+    out: dict[str, Any] = {"engine": endpoint.engine}
+    pins = ENGINES[endpoint.engine].pins(preset)
+    if endpoint.attach or pins == Pins():
         return out
     if pins.image:
         out["image"] = pins.image

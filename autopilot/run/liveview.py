@@ -28,45 +28,45 @@ MAX_RUNNING_ROWS = 12
 
 
 def render(snap: dict[str, Any]) -> RenderableType:
-    t = snap.get("totals") or {}
-    total, done = int(t.get("total") or 0), int(t.get("done") or 0)
+    totals = snap.get("totals") or {}
+    total, done = int(totals.get("total") or 0), int(totals.get("done") or 0)
     head = Text.assemble(
         (f"{clean(snap.get('phase'), 40)} ", "bold"),
         f"{clean(snap.get('preset'), 60)} · {clean(snap.get('model'), 60)} · ",
-        f"{done}/{total} valid · P{t.get('pass', 0)} F{t.get('fail', 0)} "
-        f"I{t.get('invalid', 0)} Q{t.get('quarantined', 0)} · "
+        f"{done}/{total} valid · P{totals.get('pass', 0)} F{totals.get('fail', 0)} "
+        f"I{totals.get('invalid', 0)} Q{totals.get('quarantined', 0)} · "
         f"eta {fmt_secs(snap.get('eta_secs'))} · elapsed {fmt_secs(snap.get('elapsed_secs'))}")
-    ep = snap.get("endpoint") or {}
+    endpoint = snap.get("endpoint") or {}
     bar = Table.grid(padding=(0, 1))
     bar.add_row(ProgressBar(total=max(total, 1), completed=done, width=50),
                 Text(f"{100 * done // max(total, 1)}%"))
     parts: list[RenderableType] = [
         head, bar,
-        Text(f"endpoint {clean(ep.get('state'), 30)} · {clean(ep.get('engine'), 30)}"
-             + (f" · restarts {ep['restarts']}" if ep.get("restarts") else "")),
+        Text(f"endpoint {clean(endpoint.get('state'), 30)} · {clean(endpoint.get('engine'), 30)}"
+             + (f" · restarts {endpoint['restarts']}" if endpoint.get("restarts") else "")),
     ]
     arms = snap.get("arms") or {}
     if arms:
         tbl = Table(box=None, pad_edge=False, show_header=True, header_style="dim")
         for col in ("arm", "pass", "fail", "invalid", "quar.", "running", "pending"):
             tbl.add_column(col, justify="left" if col == "arm" else "right")
-        for arm, c in arms.items():
-            tbl.add_row(Text(clean(arm, 60)), *(str(c.get(k, 0)) for k in (
+        for arm, tally in arms.items():
+            tbl.add_row(Text(clean(arm, 60)), *(str(tally.get(k, 0)) for k in (
                 "pass", "fail", "invalid", "quarantined", "running", "pending")))
         parts.append(tbl)
     running = snap.get("running") or []
     if running:
-        rt = Table(box=None, pad_edge=False, show_header=True, header_style="dim")
+        table = Table(box=None, pad_edge=False, show_header=True, header_style="dim")
         for col in ("running cell", "attempt", "tier", "frozen"):
-            rt.add_column(col, justify="left" if col == "running cell" else "right")
-        for r in running[:MAX_RUNNING_ROWS]:
-            tier = clean(r.get("tier") or "OK", 10)
-            rt.add_row(Text(clean(r.get("cell"), 80)), str(r.get("attempt", "")),
-                       Text(tier, style="" if tier == "OK" else "bold yellow"),
-                       f"{finite(r.get('frozen_secs')):.0f}s")
+            table.add_column(col, justify="left" if col == "running cell" else "right")
+        for row in running[:MAX_RUNNING_ROWS]:
+            tier = clean(row.get("tier") or "OK", 10)
+            table.add_row(Text(clean(row.get("cell"), 80)), str(row.get("attempt", "")),
+                          Text(tier, style="" if tier == "OK" else "bold yellow"),
+                          f"{finite(row.get('frozen_secs')):.0f}s")
         if len(running) > MAX_RUNNING_ROWS:
-            rt.add_row(Text(f"… and {len(running) - MAX_RUNNING_ROWS} more"), "", "", "")
-        parts.append(rt)
+            table.add_row(Text(f"… and {len(running) - MAX_RUNNING_ROWS} more"), "", "", "")
+        parts.append(table)
     return Group(*parts)
 
 

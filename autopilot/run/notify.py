@@ -151,27 +151,28 @@ class Lane:
         self._q: queue.SimpleQueue[Delivery] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
-    def put(self, d: Delivery) -> None:
-        self._q.put(d)
+    def put(self, delivery: Delivery) -> None:
+        self._q.put(delivery)
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, daemon=True,
-                                            name=f"notify-{d.target}")
+                                            name=f"notify-{delivery.target}")
             self._thread.start()
 
     def _work(self) -> None:
         while True:
-            d = self._q.get()
-            if not d.abandoned and time.monotonic() < d.deadline:
+            delivery = self._q.get()
+            if not delivery.abandoned and time.monotonic() < delivery.deadline:
                 try:
-                    svc = d.make()
+                    svc = delivery.make()
                     if svc is None:
-                        d.why = "not a notification URL apprise knows"
+                        delivery.why = "not a notification URL apprise knows"
                     else:
-                        d.ok = bool(svc.notify(body=d.msg.body, title=d.msg.title,
-                                               notify_type=d.msg.notify_type))
+                        delivery.ok = bool(svc.notify(body=delivery.msg.body,
+                                                      title=delivery.msg.title,
+                                                      notify_type=delivery.msg.notify_type))
                 except Exception as e:
-                    d.why = f"{type(e).__name__} while sending"
-            d.done.set()
+                    delivery.why = f"{type(e).__name__} while sending"
+            delivery.done.set()
 
 
 class Notifier:
@@ -243,9 +244,9 @@ class Notifier:
             if self.config_file:
                 cfg = apprise.AppriseConfig()
                 cfg.add(self.config_file)
-                a = apprise.Apprise()
-                a.add(cfg)
-                self._config_services = list(a.find(tag="all"))
+                sender = apprise.Apprise()
+                sender.add(cfg)
+                self._config_services = list(sender.find(tag="all"))
         return self._config_services
 
     # ------------------------------------------------------------------ sending
@@ -280,31 +281,33 @@ class Notifier:
             return []
         out = []
         for key, target, make in targets:
-            d = Delivery(msg, target, make, msg.at + self.timeout)
-            self._lanes.setdefault(key, Lane()).put(d)
-            out.append(d)
+            delivery = Delivery(msg, target, make, msg.at + self.timeout)
+            self._lanes.setdefault(key, Lane()).put(delivery)
+            out.append(delivery)
         return out
 
-    def _settle(self, d: Delivery, why: str) -> None:
-        self.sent.append((d.msg.kind, d.ok))
-        if d.ok:
-            log.info("notify_sent", kind=d.msg.kind, url=d.target, priority=d.msg.priority)
+    def _settle(self, delivery: Delivery, why: str) -> None:
+        self.sent.append((delivery.msg.kind, delivery.ok))
+        if delivery.ok:
+            log.info("notify_sent", kind=delivery.msg.kind, url=delivery.target,
+                     priority=delivery.msg.priority)
         else:
-            self._failed(d.msg.kind, d.target, why)
+            self._failed(delivery.msg.kind, delivery.target, why)
 
     async def send(self, msg: Message) -> list[tuple[str, bool]]:
         """Deliver ``msg`` to every service and wait (``notify-test``): each lane has
         ``timeout`` seconds; (target, delivered) per service."""
         msg.at = time.monotonic()
         deliveries = await self._dispatch(msg)
-        while any(not d.done.is_set() for d in deliveries) and time.monotonic() < msg.at \
-                + self.timeout:
+        while any(not delivery.done.is_set() for delivery in deliveries) \
+                and time.monotonic() < msg.at + self.timeout:
             await anyio.sleep(0.02)
-        for d in deliveries:
-            late = not d.done.is_set()
-            d.abandoned = d.abandoned or late
-            self._settle(d, f"timed out after {self.timeout:.0f}s" if late else d.why)
-        return [(d.target, d.ok and d.done.is_set()) for d in deliveries]
+        for delivery in deliveries:
+            late = not delivery.done.is_set()
+            delivery.abandoned = delivery.abandoned or late
+            self._settle(delivery, f"timed out after {self.timeout:.0f}s" if late else delivery.why)
+        return [(delivery.target, delivery.ok and delivery.done.is_set())
+                for delivery in deliveries]
 
     async def run(self) -> None:
         async with anyio.create_task_group() as tg:
@@ -331,14 +334,14 @@ class Notifier:
             # while one is open, never while none is.
             await anyio.sleep(0.05)
             now, still = time.monotonic(), []
-            for d in self._open:
-                if d.done.is_set():
-                    self._settle(d, d.why)
-                elif now >= d.deadline:
-                    d.abandoned = True
-                    self._settle(d, f"not delivered within {self.timeout:.0f}s")
+            for delivery in self._open:
+                if delivery.done.is_set():
+                    self._settle(delivery, delivery.why)
+                elif now >= delivery.deadline:
+                    delivery.abandoned = True
+                    self._settle(delivery, f"not delivered within {self.timeout:.0f}s")
                 else:
-                    still.append(d)
+                    still.append(delivery)
             self._open = still
 
     async def drain(self, timeout: float) -> None:
@@ -347,9 +350,9 @@ class Notifier:
         with anyio.move_on_after(timeout):
             while self.pending > 0:
                 await anyio.sleep(0.02)
-        for d in self._open:
-            d.abandoned = True
-            self._settle(d, "not delivered before the run exited")
+        for delivery in self._open:
+            delivery.abandoned = True
+            self._settle(delivery, "not delivered before the run exited")
         self._open = []
         while True:
             try:

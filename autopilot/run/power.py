@@ -41,8 +41,8 @@ def rows(text: str, fields: int) -> list[list[str]]:
     """nvidia-smi's CSV rows with exactly ``fields`` cells (at most MAX_GPUS rows)."""
     out = []
     for line in text.splitlines()[:MAX_GPUS]:
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) == fields and all(len(c) <= 200 for c in cells):
+        cells = [cell.strip() for cell in line.split(",")]
+        if len(cells) == fields and all(len(cell) <= 200 for cell in cells):
             out.append(cells)
     return out
 
@@ -52,11 +52,11 @@ def watts(text: str) -> dict[str, tuple[str, float]]:
     out: dict[str, tuple[str, float]] = {}
     for index, uuid, draw in rows(text, 3):
         try:
-            w = float(draw)
+            value = float(draw)
         except ValueError:
             continue  # "[N/A]", "[Not Supported]"
-        if _INDEX.fullmatch(index) and _UUID.fullmatch(uuid) and 0 <= w < MAX_WATTS:
-            out[index] = (uuid, w)
+        if _INDEX.fullmatch(index) and _UUID.fullmatch(uuid) and 0 <= value < MAX_WATTS:
+            out[index] = (uuid, value)
     return out
 
 

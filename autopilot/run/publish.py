@@ -46,13 +46,13 @@ SAFE_GIT = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false")
 
 def _git(repo: Path, *args: str, env: dict[str, str] | None = None, input: bytes | None = None
          ) -> str:
-    r = subprocess.run(["git", *SAFE_GIT, "-C", str(repo), *args], capture_output=True,
-                       input=input, timeout=60,
-                       env={**os.environ, "GIT_CONFIG_NOSYSTEM": "1", **(env or {})})
-    if r.returncode != 0:
-        msg = r.stderr.decode(errors="replace").strip().splitlines()
-        raise _GitError(f"git {args[0]}: {msg[-1] if msg else f'exit {r.returncode}'}")
-    return r.stdout.decode().strip()
+    done = subprocess.run(["git", *SAFE_GIT, "-C", str(repo), *args], capture_output=True,
+                          input=input, timeout=60,
+                          env={**os.environ, "GIT_CONFIG_NOSYSTEM": "1", **(env or {})})
+    if done.returncode != 0:
+        msg = done.stderr.decode(errors="replace").strip().splitlines()
+        raise _GitError(f"git {args[0]}: {msg[-1] if msg else f'exit {done.returncode}'}")
+    return done.stdout.decode().strip()
 
 
 def publish(repo: Path, files: dict[str, str], message: str, *, date: str | None = None

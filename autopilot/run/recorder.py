@@ -230,15 +230,15 @@ class Recorder:
         """The disk fell below the run's floor, or came back: say so (and on the phone).
         Launching waits meanwhile (Passes._disk_gate); the attempts it overlapped are
         INVALID(disk_full), which spends no retry."""
-        mb = round(reading.free / 1e6, 1)
+        free_mb = round(reading.free / 1e6, 1)
         floor_mb = round(self.disk.floor / 1e6, 1)
         if change == "low":
-            self.milestone("disk_low", where=reading.where, free_mb=mb, floor_mb=floor_mb,
-                           why=f"{mb} MB free under {reading.where}, below the run's floor "
+            self.milestone("disk_low", where=reading.where, free_mb=free_mb, floor_mb=floor_mb,
+                           why=f"{free_mb} MB free under {reading.where}, below the run's floor "
                                f"of {floor_mb} MB: launching paused")
         else:
-            self.milestone("disk_ok", where=reading.where, free_mb=mb, floor_mb=floor_mb,
-                           why=f"{mb} MB free under {reading.where}: launching resumed")
+            self.milestone("disk_ok", where=reading.where, free_mb=free_mb, floor_mb=floor_mb,
+                           why=f"{free_mb} MB free under {reading.where}: launching resumed")
 
     def _notify_failed(self, kind: str, url: str, why: str) -> None:
         if self.journal is not None:
@@ -257,21 +257,21 @@ class Recorder:
         if not regrade:  # a regrade spends nothing
             summary = self._attempt_summary(cid)
             reported = budget.of_summary(summary)
-            m = self.ledger.cells[cid].metered
-            metered = budget.of_metered(m) if m and m.get("attempt") == attempt else None
-            u = m.get("unmetered") if m and m.get("attempt") == attempt else None
-            unread = u if type(u) is int and u > 0 else 0
+            rec = self.ledger.cells[cid].metered
+            metered = budget.of_metered(rec) if rec and rec.get("attempt") == attempt else None
+            unread_count = rec.get("unmetered") if rec and rec.get("attempt") == attempt else None
+            unread = unread_count if type(unread_count) is int and unread_count > 0 else 0
             spent, basis = budget.cost_basis(metered, reported, self.preset.gateway.tolerance,
                                              budget.reported_fields(summary), unread)
             extra["spend"] = [spent.prompt, spent.completion]
             extra["cost_basis"] = basis
-            by_bucket = tokens_of(m.get("tokens")) if metered is not None and m else None
+            by_bucket = tokens_of(rec.get("tokens")) if metered is not None and rec else None
             if spent == metered and by_bucket is not None and not by_bucket.empty:
                 extra["tokens"] = by_bucket.as_dict()
             if metered is not None and basis != "metered":
                 extra["self_reported"] = [reported.prompt, reported.completion]
-            if m and m.get("attempt") == attempt:  # what the gateway saw, with the verdict
-                extra["gateway"] = {"requests": m.get("requests"), "errors": m.get("errors")}
+            if rec and rec.get("attempt") == attempt:  # what the gateway saw, with the verdict
+                extra["gateway"] = {"requests": rec.get("requests"), "errors": rec.get("errors")}
                 if unread:  # spend of unknown size: the budget's concern
                     extra["unmetered"] = unread
         self.emit(c.as_event(cid, attempt, regrade=regrade).model_copy(update=extra))
@@ -284,17 +284,17 @@ class Recorder:
     def _decide(self, decision: runbook.Decision) -> None:
         """Apply what the run policy decided, in order."""
         self.policy, effects = decision
-        for fx in effects:
-            if isinstance(fx, runbook.Emit):
-                self.emit(fx.event)
-            elif isinstance(fx, runbook.HarnessAnomaly | runbook.BudgetReached
+        for effect in effects:
+            if isinstance(effect, runbook.Emit):
+                self.emit(effect.event)
+            elif isinstance(effect, runbook.HarnessAnomaly | runbook.BudgetReached
                             | runbook.ArmComplete):
-                self.milestone(fx.kind, **asdict(fx))
-            elif isinstance(fx, runbook.Throttled):
+                self.milestone(effect.kind, **asdict(effect))
+            elif isinstance(effect, runbook.Throttled):
                 self.throttled()  # the harness saw the provider throttle: launch fewer
-            elif isinstance(fx, runbook.WriteArmSummary):
-                self._write_arm_summary(fx.arm)
-            elif isinstance(fx, runbook.CountValid):
+            elif isinstance(effect, runbook.WriteArmSummary):
+                self._write_arm_summary(effect.arm)
+            elif isinstance(effect, runbook.CountValid):
                 self.done_this_session += 1
 
     def _attempt_summary(self, cid: str) -> Any:
@@ -313,7 +313,7 @@ class Recorder:
             # From the ledger (the journal's verdicts), not by re-reading every artifact:
             # the run knows its verdicts; `autopilot summarize` re-derives them from disk.
             facts = report.facts_from_cells(
-                [c for c in self.ledger.cells.values() if c.arm == arm])
+                [cell for cell in self.ledger.cells.values() if cell.arm == arm])
             atomic_write_text(self.state_dir / f"summary-{arm}.txt",
                               report.arm_summary(self.preset, facts, arm))
         except OSError as e:

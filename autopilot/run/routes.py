@@ -25,15 +25,15 @@ async def route_problems(preset: Preset) -> list[str]:
     problems: list[str] = []
     async with httpx.AsyncClient(timeout=PROBE_SECS, trust_env=False) as client:
         for arm in preset.arms:
-            r = arm.route
-            if r is None:
+            route = arm.route
+            if route is None:
                 continue
-            if r in seen:
-                if seen[r]:
-                    problems.append(f"arm {arm.label!r}: {seen[r]}")
+            if route in seen:
+                if seen[route]:
+                    problems.append(f"arm {arm.label!r}: {seen[route]}")
                 continue
-            why = await _probe(client, r)
-            seen[r] = why or ""
+            why = await _probe(client, route)
+            seen[route] = why or ""
             if why:
                 problems.append(f"arm {arm.label!r}: {why}")
     return problems
@@ -41,12 +41,12 @@ async def route_problems(preset: Preset) -> list[str]:
 
 async def _probe(client: object, r: Route) -> str | None:
     httpx = lazyimport.httpx()
-    d = DIALECTS[r.dialect]
+    dialect = DIALECTS[r.dialect]
     key = os.environ.get(r.api_key_env, "") if r.api_key_env else ""
     where = f"route {r.origin()} ({r.dialect})"
     try:
-        resp = await client.get(r.base_url + d.models_path,  # type: ignore[attr-defined]
-                                headers=d.probe_headers(key) if key else {})
+        resp = await client.get(r.base_url + dialect.models_path,  # type: ignore[attr-defined]
+                                headers=dialect.probe_headers(key) if key else {})
     except httpx.HTTPError as e:
         return f"{where} not reachable ({type(e).__name__})"
     status = resp.status_code
@@ -56,7 +56,7 @@ async def _probe(client: object, r: Route) -> str | None:
     if status != 200:
         return f"{where}: its models list answered HTTP {status}"
     try:
-        ids = d.model_ids(resp.json())
+        ids = dialect.model_ids(resp.json())
     except ValueError:
         return f"{where}: its models list is not JSON"
     if r.model not in ids:

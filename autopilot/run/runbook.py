@@ -52,12 +52,12 @@ class StreakState:
     @property
     def count(self) -> int:
         """Breaks at the end of the launch order: the streak as it stands."""
-        n = 0
+        total = 0
         for _, brk in reversed(self.seen):
             if not brk:
                 break
-            n += 1
-        return n
+            total += 1
+        return total
 
 
 def streak_step(state: StreakState, kind: StreakKind, launched: float,
@@ -209,12 +209,12 @@ def on_verdict(policy: Policy, rules: Rules, ledger: Ledger, cid: str, c: Classi
         effects.append(Emit(CellQuarantined(cell=cid, attempts=state.attempts,
                                             reasons=list(state.reasons))))
     if not regrade:  # the streak is about fresh runs and fresh grades
-        policy, fx = on_grade_failure(policy, rules, cid, c, now=now)
-        effects += fx
-        policy, fx = budget_tick(policy, rules, ledger)
-        effects += fx
-    policy, fx = arm_done(policy, ledger, state.arm)
-    return policy, effects + fx
+        policy, more = on_grade_failure(policy, rules, cid, c, now=now)
+        effects += more
+        policy, more = budget_tick(policy, rules, ledger)
+        effects += more
+    policy, more = arm_done(policy, ledger, state.arm)
+    return policy, effects + more
 
 
 def on_grade_failure(policy: Policy, rules: Rules, cid: str, c: Classification, *,
@@ -260,8 +260,8 @@ def arm_done(policy: Policy, ledger: Ledger, arm: str) -> Decision:
     """An arm whose every cell has a valid verdict is complete: announced once a run."""
     if arm in policy.announced:
         return policy, []
-    cells = [x for x in ledger.cells.values() if x.arm == arm]
-    if not all(x.valid for x in cells):
+    cells = [cell for cell in ledger.cells.values() if cell.arm == arm]
+    if not all(cell.valid for cell in cells):
         return policy, []
     counts = ledger.counts(cells)
     return replace(policy, announced=policy.announced | {arm}), [
@@ -294,8 +294,8 @@ def outcome(ledger: Ledger, rules: Rules, *, stopped_by: str | None, paused: str
     if ledger.complete():
         # Nothing is left to run. COMPLETE (exit 0) means every cell has a valid verdict:
         # cells recorded ungradable here (grader_unavailable) are not, and say so.
-        ungradable = [c.id for c in ledger.cells.values()
-                      if not c.valid and c.reason != "unscored"]  # unscored: done, said
+        ungradable = [cell.id for cell in ledger.cells.values()
+                      if not cell.valid and cell.reason != "unscored"]  # unscored: done, said
         if not ungradable:
             return Outcome("COMPLETE", "")
         return Outcome("INCOMPLETE", (
@@ -305,11 +305,11 @@ def outcome(ledger: Ledger, rules: Rules, *, stopped_by: str | None, paused: str
     if paused and not reason:
         reason = paused
     if not reason:
-        q = [e.cell for e in ledger.trust().excluded if e.status == "quarantined"]
-        ungraded = [c.id for c in ledger.cells.values()
-                    if c.status == "ungraded" and not ledger.settled(c)]
-        if q:
-            reason = f"{len(q)} quarantined: {', '.join(q[:5])}"
+        quarantined = [e.cell for e in ledger.trust().excluded if e.status == "quarantined"]
+        ungraded = [cell.id for cell in ledger.cells.values()
+                    if cell.status == "ungraded" and not ledger.settled(cell)]
+        if quarantined:
+            reason = f"{len(quarantined)} quarantined: {', '.join(quarantined[:5])}"
         elif ungraded and not ledger.pending():
             reason = (f"{len(ungraded)} ungraded (grading failed; their runs stand): "
                       f"{', '.join(ungraded[:5])}; fix the grader, then `autopilot regrade`")

@@ -105,16 +105,16 @@ def build(v: RunView, light: bool = False) -> dict[str, Any]:
     if light:
         return snap
     cells = list(led.cells.values())
-    arms, tasks = [a.label for a in preset.arms], [t.id for t in preset.tasks]
+    arms, tasks = [arm.label for arm in preset.arms], [task.id for task in preset.tasks]
     empty = led.counts([])
-    snap["arms"] = {a: summary.arms.get(a, empty).as_json() for a in arms}
-    snap["tasks"] = {a: {t: summary.tasks.get((a, t), empty).as_json() for t in tasks}
-                     for a in arms}
+    snap["arms"] = {arm: summary.arms.get(arm, empty).as_json() for arm in arms}
+    snap["tasks"] = {arm: {task: summary.tasks.get((arm, task), empty).as_json() for task in tasks}
+                     for arm in arms}
     snap["running"] = [
-        {"cell": c.id, "attempt": c.attempts, "pid": c.pid,
-         "frozen_secs": round(c.frozen_secs, 1), "tier": c.tier,
-         "last_signal": c.last_signal, "started_at": c.started_ts}
-        for c in cells if c.status == "running"
+        {"cell": cell.id, "attempt": cell.attempts, "pid": cell.pid,
+         "frozen_secs": round(cell.frozen_secs, 1), "tier": cell.tier,
+         "last_signal": cell.last_signal, "started_at": cell.started_ts}
+        for cell in cells if cell.status == "running"
     ]
     snap["recent_cells"] = led.recent[-10:]
     snap["fails"] = led.fails[-20:]
@@ -128,14 +128,14 @@ def build(v: RunView, light: bool = False) -> dict[str, Any]:
 def thresholds(preset: Preset) -> dict[str, Any]:
     """The watchdog limits in force (the environment's overrides included: they are a
     loader layer), and each task whose own differ (``limits_for``)."""
-    w = preset.watchdog
-    out: dict[str, Any] = {"warn_secs": w.warn_secs, "probe_secs": w.probe_secs,
-                           "kill_secs": w.kill_secs, "stuck_secs": w.stuck_secs}
+    watchdog = preset.watchdog
+    out: dict[str, Any] = {"warn_secs": watchdog.warn_secs, "probe_secs": watchdog.probe_secs,
+                           "kill_secs": watchdog.kill_secs, "stuck_secs": watchdog.stuck_secs}
     by_task = {}
     for task in preset.tasks:
-        tl = limits_for(preset, task.id)
-        own = {**({"stuck_secs": tl.stuck_secs} if task.stuck_secs else {}),
-               **({"wall_budget_secs": tl.wall_budget_secs} if task.wall_budget_secs else {})}
+        limits = limits_for(preset, task.id)
+        own = {**({"stuck_secs": limits.stuck_secs} if task.stuck_secs else {}),
+               **({"wall_budget_secs": limits.wall_budget_secs} if task.wall_budget_secs else {})}
         if own:
             by_task[task.id] = own
     if by_task:

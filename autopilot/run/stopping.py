@@ -71,8 +71,8 @@ class Stop:
             return False
         if self.signal is None:
             self.signal = sig
-            for s in list(self._scopes):
-                s.cancel()
+            for scope in list(self._scopes):
+                scope.cancel()
             log.warning("stop_requested", signal=signal.Signals(sig).name,
                         note="handing over: running attempts go on under their data paths"
                         if self.handover else

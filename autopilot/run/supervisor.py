@@ -145,8 +145,8 @@ class Supervisor(Recorder):
                                  preset_path=self.opts.preset_path,
                                  config_path=self.opts.config_path,
                                  identity=self.opts.identity, pins=pins)
-            for w in self.opts.warnings:
-                log.warning("preflight_warning", warning=w)
+            for warning in self.opts.warnings:
+                log.warning("preflight_warning", warning=warning)
             enable_subreaper()
             self.lock.beat(self.phase)
             remove_stale_temps(self.state_dir)
@@ -178,7 +178,7 @@ class Supervisor(Recorder):
             return self._handed_over()
         self.swept = await recovery.stop_leftovers(self.preset, self.plan, self.state_dir,
                                                    self.ledger, self.run_token, self.emit)
-        ended = sum(len(c.get("pids") or ()) for c in self.swept.cleaned)
+        ended = sum(len(cleaned.get("pids") or ()) for cleaned in self.swept.cleaned)
         print(f"autopilot: stopped before any launch: {ended} process(es) the run had left "
               "running were ended", file=sys.stderr, flush=True)
         return await self._finish()
@@ -204,12 +204,12 @@ class Supervisor(Recorder):
     def _make_backend(self) -> None:
         """The backend named by the preset, with one keeper per endpoint replica."""
         setting, group = self.passes.pending_group()
-        d = self._docker
-        w = Wiring(preset=self.preset, state_dir=self.state_dir, run_token=self.run_token,
-                   port=self, redactor=self.redactor, clock=self.clock,
-                   sandboxes=d, disk=self.disk,
-                   readopt=self.swept.endpoints, survivors=self.survivors.replicas)
-        self.backend = backend_class(self.preset.backend.kind)(w, setting, group)
+        docker = self._docker
+        wiring = Wiring(preset=self.preset, state_dir=self.state_dir, run_token=self.run_token,
+                        port=self, redactor=self.redactor, clock=self.clock,
+                        sandboxes=docker, disk=self.disk,
+                        readopt=self.swept.endpoints, survivors=self.survivors.replicas)
+        self.backend = backend_class(self.preset.backend.kind)(wiring, setting, group)
         self.passes.make_slots(len(self.backend.keepers))
 
     async def _drive(self) -> int:
@@ -332,7 +332,7 @@ class Supervisor(Recorder):
     def _handed_over(self, cause: str = "") -> int:
         """SIGUSR2 (``systemctl restart``), or ``cause`` (a full disk): the loop goes,
         its attempts and endpoint stay; the successor re-attaches to both."""
-        running = [c.id for c in self.ledger.cells.values() if c.status == "running"]
+        running = [cell.id for cell in self.ledger.cells.values() if cell.status == "running"]
         self.phase, self.outcome_reason = "handed_over", (
             (f"{cause}; " if cause else "")
             + f"{len(running)} attempt(s) left running under their data paths")

@@ -28,13 +28,14 @@ class Throttle:
         return self.limit < self.ceiling
 
 
-def on_throttled(t: Throttle, now: float) -> Throttle:
-    if now - t.last_change < HALVE_SECS:
-        return replace(t, last_signal=now)
-    return replace(t, limit=max(1, t.limit // 2), last_signal=now, last_change=now)
+def on_throttled(throttle: Throttle, now: float) -> Throttle:
+    if now - throttle.last_change < HALVE_SECS:
+        return replace(throttle, last_signal=now)
+    return replace(throttle, limit=max(1, throttle.limit // 2), last_signal=now, last_change=now)
 
 
-def on_tick(t: Throttle, now: float) -> Throttle:
-    if t.limit >= t.ceiling or now - max(t.last_signal, t.last_change) < CALM_SECS:
-        return t
-    return replace(t, limit=t.limit + 1, last_change=now)
+def on_tick(throttle: Throttle, now: float) -> Throttle:
+    calm_since = max(throttle.last_signal, throttle.last_change)
+    if throttle.limit >= throttle.ceiling or now - calm_since < CALM_SECS:
+        return throttle
+    return replace(throttle, limit=throttle.limit + 1, last_change=now)

@@ -63,9 +63,9 @@ def of_summary(summary: Any) -> Spend:
     """An attempt's spend from its summary (values of the wrong shape count as 0)."""
     if not isinstance(summary, dict):
         return Spend()
-    p = count_or_none(summary.get("total_prompt_tokens")) or 0
-    c = count_or_none(summary.get("total_completion_tokens")) or 0
-    return Spend(int(p), int(c))
+    prompt = count_or_none(summary.get("total_prompt_tokens")) or 0
+    completion = count_or_none(summary.get("total_completion_tokens")) or 0
+    return Spend(int(prompt), int(completion))
 
 
 # Whose word an attempt's tokens rest on; METERED: the gateway's count is used.
@@ -92,8 +92,8 @@ def cost_basis(metered: Spend | None, reported: Spend, tolerance: float,
     if unmetered:
         return metered, "metered_partial"
     for f in fields:
-        m, r = getattr(metered, f), getattr(reported, f)
-        if abs(m - r) > tolerance * max(m, r, 1):
+        by_meter, by_harness = getattr(metered, f), getattr(reported, f)
+        if abs(by_meter - by_harness) > tolerance * max(by_meter, by_harness, 1):
             return metered, "self_reported_mismatch"
     return metered, "metered"
 
@@ -106,25 +106,27 @@ def reported_fields(summary: Any) -> tuple[str, ...]:
                                   ("completion", "total_completion_tokens")) if key in summary)
 
 
-def of_metered(ev: Any) -> Spend | None:
+def of_metered(event: Any) -> Spend | None:
     """An attempt's spend from its journaled ``cell_metered`` (None: no request went
     through the gateway, or a record of the wrong shape)."""
-    if not isinstance(ev, dict) or type(ev.get("requests")) is not int or ev["requests"] < 1:
+    if not isinstance(event, dict) or type(event.get("requests")) is not int \
+            or event["requests"] < 1:
         return None
-    p, c = count_or_none(ev.get("prompt_tokens")), count_or_none(ev.get("completion_tokens"))
-    if p is None or c is None:
+    prompt = count_or_none(event.get("prompt_tokens"))
+    completion = count_or_none(event.get("completion_tokens"))
+    if prompt is None or completion is None:
         return None
-    return Spend(int(p), int(c))
+    return Spend(int(prompt), int(completion))
 
 
-def of_verdict(ev: CellVerdict) -> Spend:
+def of_verdict(event: CellVerdict) -> Spend:
     """The spend a verdict journaled (a regrade re-judges: it spends nothing); its
     ``spend`` is as read (untrusted), so only two counts in range are a spend."""
-    s = ev.spend
-    if ev.regrade or not isinstance(s, list) or len(s) != 2 \
-            or not all(type(x) is int and 0 <= x <= MAX_COUNT for x in s):
+    spend = event.spend
+    if event.regrade or not isinstance(spend, list) or len(spend) != 2 \
+            or not all(type(count) is int and 0 <= count <= MAX_COUNT for count in spend):
         return Spend()
-    return Spend(s[0], s[1])
+    return Spend(spend[0], spend[1])
 
 
 def of_events(events: Iterable[EventBase]) -> Spend:
@@ -133,9 +135,9 @@ def of_events(events: Iterable[EventBase]) -> Spend:
     from autopilot.state.cellevents import CellVerdict
 
     total = Spend()
-    for ev in events:
-        if isinstance(ev, CellVerdict):
-            total = total + of_verdict(ev)
+    for event in events:
+        if isinstance(event, CellVerdict):
+            total = total + of_verdict(event)
     return total
 
 

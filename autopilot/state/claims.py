@@ -52,7 +52,7 @@ def owners_path(root: Path) -> Path:
 def outside_roots(roots: tuple[Path, ...], state_dir: Path) -> list[Path]:
     """The roots a run writes into that are not its own state dir (nor inside it)."""
     mine = state_dir.absolute()
-    return [r for r in roots if r != mine and mine not in r.parents]
+    return [root for root in roots if root != mine and mine not in root.parents]
 
 
 def _same_dir(a: str, b: Path) -> bool:
@@ -76,7 +76,7 @@ class Holder:
             return None
         state_dir, outputs = raw.get("state_dir"), raw.get("outputs")
         if not isinstance(state_dir, str) or not isinstance(outputs, list) \
-                or not all(isinstance(o, str) for o in outputs):
+                or not all(isinstance(output, str) for output in outputs):
             return None
         return cls(state_dir, tuple(outputs), raw)
 
@@ -99,19 +99,19 @@ def _owners(root: Path) -> Iterator[tuple[list[Holder], Save]]:
         fcntl.flock(fd, fcntl.LOCK_EX)
         raw = read_json(path)
         listed = raw.get("holders") if isinstance(raw, dict) else None
-        holders = [Holder.of(h) for h in listed] if isinstance(listed, list) else None
+        holders = [Holder.of(holder) for holder in listed] if isinstance(listed, list) else None
         if os.fstat(fd).st_size and (holders is None or None in holders):
             raise LockHeld(f"{path}: not an owners record this autopilot wrote (malformed); "
                            "remove it once no run writes under "
                            f"{root}") from None
 
         def save(new: list[Holder]) -> None:
-            blob = (json.dumps({"holders": [h.record for h in new]}) + "\n").encode()
+            blob = (json.dumps({"holders": [holder.record for holder in new]}) + "\n").encode()
             os.ftruncate(fd, 0)
             os.pwrite(fd, blob, 0)
             os.fsync(fd)
 
-        yield [h for h in holders or () if h is not None], save
+        yield [holder for holder in holders or () if holder is not None], save
     finally:
         os.close(fd)
 
@@ -127,11 +127,12 @@ class Claims:
         each root's owners with ``outputs`` (its cells' output dirs); raise LockHeld
         naming the holder when a live run holds a root, or a finished, unreleased one
         owns one of ``outputs``. Nothing is kept when one is refused."""
-        mine = sorted({str(p) for p in outputs})
+        mine = sorted({str(path) for path in outputs})
         try:
             for root in roots:
                 self._lock(root, state_dir)
-                self._own(root, state_dir, [o for o in mine if Path(o).is_relative_to(root)])
+                self._own(root, state_dir,
+                          [output for output in mine if Path(output).is_relative_to(root)])
         except BaseException:
             self.release()
             raise
@@ -161,20 +162,20 @@ class Claims:
     def _own(self, root: Path, state_dir: Path, mine: list[str]) -> None:
         with _owners(root) as (holders, save):
             kept: list[Holder] = []
-            for h in holders:
-                if _same_dir(h.state_dir, state_dir):
+            for holder in holders:
+                if _same_dir(holder.state_dir, state_dir):
                     continue  # ours, from an earlier launch: replaced below
-                if not os.path.isdir(h.state_dir):
-                    self.dropped.append({"root": str(root), "state_dir": h.state_dir})
+                if not os.path.isdir(holder.state_dir):
+                    self.dropped.append({"root": str(root), "state_dir": holder.state_dir})
                     continue
-                both = sorted(set(h.outputs) & set(mine))
+                both = sorted(set(holder.outputs) & set(mine))
                 if both:
                     raise OutputsOwned(
                         f"{both[0]}{f' (and {len(both) - 1} more)' if len(both) > 1 else ''}"
-                        f" belongs to the run in {h.state_dir} (finished, not released): "
-                        f"`autopilot release --state-dir {h.state_dir}` (or `autopilot "
+                        f" belongs to the run in {holder.state_dir} (finished, not released): "
+                        f"`autopilot release --state-dir {holder.state_dir}` (or `autopilot "
                         "cleanup` on it) lets it go, or give this run its own output dirs")
-                kept.append(h)
+                kept.append(holder)
             save([*kept, Holder.new(state_dir, mine)])
 
     def release(self) -> None:
@@ -193,7 +194,7 @@ def release_owned(roots: Iterable[Path], state_dir: Path) -> list[Path]:
         if not owners_path(root).is_file():
             continue
         with _owners(root) as (holders, save):
-            rest = [h for h in holders if not _same_dir(h.state_dir, state_dir)]
+            rest = [holder for holder in holders if not _same_dir(holder.state_dir, state_dir)]
             if len(rest) != len(holders):
                 save(rest)
                 released.append(root)
@@ -206,7 +207,7 @@ def mark_released(state_dir: Path, roots: list[Path]) -> None:
     moved or rewritten. A run that takes the roots again removes it (``Claims.take``)."""
     from autopilot.state.fsutil import atomic_write_json
 
-    atomic_write_json(state_dir / RELEASED, {"ts": iso(), "roots": [str(r) for r in roots]})
+    atomic_write_json(state_dir / RELEASED, {"ts": iso(), "roots": [str(root) for root in roots]})
 
 
 def released_at(state_dir: Path) -> str | None:

@@ -64,10 +64,10 @@ def measure(roots: Iterable[Path]) -> Reading | None:
             if dev in seen:
                 continue
             seen.add(dev)
-            st = os.statvfs(path)
+            info = os.statvfs(path)
         except OSError:
             continue
-        free = st.f_bavail * st.f_frsize
+        free = info.f_bavail * info.f_frsize
         if best is None or free < best.free:
             best = Reading(free, str(root))
     return best
@@ -151,7 +151,7 @@ class DiskWatch:
         harness that just hit ENOSPC ends before the next periodic check.)"""
         if self.low_since is not None and self.low_since <= end:
             return True
-        return any(s <= end and e >= start for s, e in self.periods)
+        return any(began <= end and e >= start for began, e in self.periods)
 
 
 __all__ = ["RESUME_FACTOR", "DiskWatch", "Reading", "decide", "floor_bytes", "measure"]

@@ -238,11 +238,11 @@ def _remove_dir(top: Path) -> list[str]:
             if not path:  # the top is empty (or holds only what would not go)
                 break
             dev, ino, name = path.pop()
-            up = os.open("..", _DIR_FLAGS, dir_fd=cur)
-            info = os.fstat(up)
+            parent_fd = os.open("..", _DIR_FLAGS, dir_fd=cur)
+            info = os.fstat(parent_fd)
             mine = os.fstat(cur)
             os.close(cur)
-            cur = up
+            cur = parent_fd
             if (info.st_dev, info.st_ino) != (dev, ino):
                 failed.append(f"{name}: its parent was moved during the removal")
                 break

@@ -76,7 +76,7 @@ def storage_error(exc: BaseException) -> OSError | None:
 
 def stale_temps(state_dir: Path) -> list[Path]:
     """Temp files atomic writes leave when killed between create and rename."""
-    return [p for p in state_dir.glob(".*.tmp") if p.is_file() and not p.is_symlink()]
+    return [path for path in state_dir.glob(".*.tmp") if path.is_file() and not path.is_symlink()]
 
 
 def log_tail(path: Path, lines: int = 8) -> str:
@@ -93,7 +93,7 @@ def log_tail(path: Path, lines: int = 8) -> str:
     if size > len(data) and rows:
         rows = rows[1:]  # the first line of a cut tail is a fragment
     tail = rows[-lines:]
-    return clean(" | ".join(b.decode("utf-8", "replace").rstrip() for b in tail), 600)
+    return clean(" | ".join(line.decode("utf-8", "replace").rstrip() for line in tail), 600)
 
 
 def utcnow() -> datetime:
@@ -101,8 +101,8 @@ def utcnow() -> datetime:
 
 
 def iso(ts: float | None = None) -> str:
-    dt = datetime.fromtimestamp(ts, UTC) if ts is not None else utcnow()
-    return dt.isoformat(timespec="milliseconds")
+    when = datetime.fromtimestamp(ts, UTC) if ts is not None else utcnow()
+    return when.isoformat(timespec="milliseconds")
 
 
 def parse_iso(ts: object) -> float | None:
@@ -120,18 +120,18 @@ def check_writable_dir(path: Path) -> str | None:
     not enough: it says yes to root on an immutable or read-only-bound directory, so
     the nearest existing ancestor is probed with an anonymous temp file.
     """
-    p = path
-    while not p.exists():
-        if p.parent == p:
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
             return f"{path}: no existing parent directory"
-        p = p.parent
-    if not p.is_dir():
-        return f"{path}: {p} is not a directory"
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{path}: {probe} is not a directory"
     try:
-        with tempfile.TemporaryFile(dir=p):
+        with tempfile.TemporaryFile(dir=probe):
             pass
     except OSError as e:
-        return f"{path}: {p} is not writable ({e.strerror})"
+        return f"{path}: {probe} is not writable ({e.strerror})"
     return None
 
 
@@ -150,17 +150,17 @@ def cap_in_place(path: Path, cap: int) -> bool:
     from autopilot.privacy import libc as process_libc
 
     try:
-        st = os.stat(path, follow_symlinks=False)
+        info = os.stat(path, follow_symlinks=False)
     except OSError:
         return False
-    if st.st_blocks * 512 <= 2 * cap or st.st_size <= cap:
+    if info.st_blocks * 512 <= 2 * cap or info.st_size <= cap:
         return False
     libc = process_libc()
     if libc is None:
         return False
-    block = max(st.st_blksize, 4096)
+    block = max(info.st_blksize, 4096)
     start = -(-(cap // 2) // block) * block  # whole blocks only: a partial one stays
-    end = (st.st_size - cap // 2) // block * block
+    end = (info.st_size - cap // 2) // block * block
     if end <= start:
         return False
     libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]

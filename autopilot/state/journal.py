@@ -54,12 +54,12 @@ class ReplayResult:
             if not raw.strip():
                 continue
             try:
-                ev = json.loads(raw)
+                event = json.loads(raw)
             except ValueError:
                 torn.append(lineno)
                 continue
-            if isinstance(ev, dict) and "event" in ev:
-                yield ev
+            if isinstance(event, dict) and "event" in event:
+                yield event
             else:
                 torn.append(lineno)
         self._torn = torn
@@ -80,7 +80,7 @@ class ReplayResult:
     def typed(self) -> Iterator[EventBase]:
         """The events as their types (autopilot.state.events), streamed: what a view
         reads; a record that fits no type is left out, as a torn line is."""
-        return (ev for ev in map(parse, self) if ev is not None)
+        return (event for event in map(parse, self) if event is not None)
 
 
 def read_events(path: Path, owner: int | None = None) -> ReplayResult:
@@ -101,10 +101,10 @@ def began(path: Path) -> float | None:
     try:
         for raw in lines(path):
             try:
-                ev = json.loads(raw)
+                event = json.loads(raw)
             except ValueError:
                 return None
-            return parse_iso(ev.get("ts")) if isinstance(ev, dict) else None
+            return parse_iso(event.get("ts")) if isinstance(event, dict) else None
     except OSError:
         return None
     return None
@@ -151,10 +151,10 @@ class Journal:
         view = memoryview(data)
         try:
             while view:
-                n = os.write(self._fd, view)
-                if n <= 0:
+                written = os.write(self._fd, view)
+                if written <= 0:
                     raise OSError(errno.EIO, "journal write made no progress", str(self.path))
-                view = view[n:]
+                view = view[written:]
             if self._fsync:
                 os.fsync(self._fd)
         except OSError:

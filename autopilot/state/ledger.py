@@ -165,17 +165,17 @@ class Ledger:
         if isinstance(record, dict):
             if record.get("event") not in FOLDED:
                 return None
-            ev, raw = parse(record), record
+            event, raw = parse(record), record
         else:
-            ev, raw = record, None
-        if ev is None:
+            event, raw = record, None
+        if event is None:
             return None
-        fold = _FOLDS.get(type(ev))
+        fold = _FOLDS.get(type(event))
         if fold is not None:
             # ``raw``: the record as written, for the budget's shape checks (a typed
             # event is dumped only where one is needed: a verdict's spend, a meter).
-            fold(self, ev, raw)
-        return ev
+            fold(self, event, raw)
+        return event
 
     # -- what each type changes (the table _FOLDS, below the class, maps type -> fold)
 

@@ -56,13 +56,13 @@ def judge(phase: object, heartbeat: Any, holder_alive: bool | None, now: float) 
     heartbeat's process is alive with its exact start time (None: another host, cannot
     tell)."""
     phase = phase if isinstance(phase, str) else None  # (a list is not even hashable)
-    hb = heartbeat if isinstance(heartbeat, dict) else None
-    epoch = hb.get("epoch") if hb else None
+    beat = heartbeat if isinstance(heartbeat, dict) else None
+    epoch = beat.get("epoch") if beat else None
     age = now - epoch if isinstance(epoch, int | float) and not isinstance(epoch, bool) \
         else None
     if phase in FINAL_PHASES:
         return Liveness("finished", age, "")
-    if hb is None or age is None:
+    if beat is None or age is None:
         return Liveness("unknown", None, "no heartbeat (supervisor not running?)")
     if holder_alive is False:
         # SIGUSR2 (`systemctl restart`): the gap until the successor beats is a hand-over,
@@ -70,7 +70,7 @@ def judge(phase: object, heartbeat: Any, holder_alive: bool | None, now: float) 
         if phase == "handed_over":
             return Liveness("handover", age, HANDOVER_LABEL)
         return Liveness("gone", age, "stopped (supervisor gone)")
-    every = hb.get("interval_secs")
+    every = beat.get("interval_secs")
     every = every if isinstance(every, int | float) and not isinstance(every, bool) \
         and every > 0 else HEARTBEAT_SECS
     if age > STALE_BEATS * every:
@@ -94,17 +94,17 @@ def holder_alive(hb: Any) -> bool | None:
     import psutil
 
     try:
-        p = psutil.Process(int(hb["pid"]))
-        return bool(p.create_time() == float(hb["create_time"])
-                    and p.status() != psutil.STATUS_ZOMBIE)
+        proc = psutil.Process(int(hb["pid"]))
+        return bool(proc.create_time() == float(hb["create_time"])
+                    and proc.status() != psutil.STATUS_ZOMBIE)
     except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError, ValueError, TypeError):
         return False
 
 
 def look(state_dir: Path, phase: object, now: float | None = None) -> Liveness:
     """``phase``: status.json's, as read (untrusted: ``judge`` compares it only)."""
-    hb = state_json(state_dir, "heartbeat.json")
-    return judge(phase, hb, holder_alive(hb), time.time() if now is None else now)
+    beat = state_json(state_dir, "heartbeat.json")
+    return judge(phase, beat, holder_alive(beat), time.time() if now is None else now)
 
 
 def annotate(status: Mapping[str, object], live: Liveness) -> dict[str, object]:

@@ -82,22 +82,22 @@ class Holder:
 
 def heartbeat_holder(state_dir: Path, now: float | None = None) -> Holder | None:
     """Who the heartbeat names, if it is fresh and names a live process on this host."""
-    hb = read_json(state_dir / HEARTBEAT_NAME)
-    if not isinstance(hb, dict):
+    beat = read_json(state_dir / HEARTBEAT_NAME)
+    if not isinstance(beat, dict):
         return None
-    if hb.get("released"):  # the holder let the run go (it may still be exiting)
+    if beat.get("released"):  # the holder let the run go (it may still be exiting)
         return None
     now = time.time() if now is None else now
-    epoch = hb.get("epoch")
+    epoch = beat.get("epoch")
     if not isinstance(epoch, int | float) or isinstance(epoch, bool) or now - epoch > FRESH_SECS:
         return None
     # Another host's process cannot be checked (flock covers local runs); a zombie is
     # dead, only not yet reaped; the start time is compared exactly (no decoy window).
-    if holder_alive(hb) is not True:
+    if holder_alive(beat) is not True:
         return None
-    if int(hb["pid"]) == os.getpid():
+    if int(beat["pid"]) == os.getpid():
         return None
-    return Holder.of(hb)
+    return Holder.of(beat)
 
 
 def _live(rec: Any) -> bool:
@@ -119,12 +119,12 @@ def flock_held(path: Path) -> bool | None:
     lock itself, even for an instant, made a supervisor starting at that instant lose
     its ``LOCK_EX | LOCK_NB`` and exit 3 with no other driver anywhere."""
     try:
-        st = os.stat(path, follow_symlinks=False)
+        info = os.stat(path, follow_symlinks=False)
         with open("/proc/locks", encoding="ascii", errors="replace") as f:
             table = f.read()
     except OSError:
         return None
-    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    want = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
     for line in table.splitlines():
         cols = line.split()
         # "1: FLOCK  ADVISORY  WRITE 5643 fd:00:1234567 0 EOF" (a "->" marks a waiter)
@@ -167,9 +167,9 @@ class RunLock:
 
     def acquire(self) -> None:
         """Take the run or raise LockHeld. Creates nothing when the run is held."""
-        hb = heartbeat_holder(self.state_dir)
-        if hb is not None:
-            raise LockHeld(describe_holder(hb))
+        beat = heartbeat_holder(self.state_dir)
+        if beat is not None:
+            raise LockHeld(describe_holder(beat))
         ensure_private_dir(self.state_dir)
         fd = open_private(self.state_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT)
         try:
@@ -179,16 +179,16 @@ class RunLock:
             raise LockHeld(describe_holder(self._holder_record())) from None
         # Re-check under the lock: a holder may have written its heartbeat and exited
         # between our first look and the flock.
-        hb = heartbeat_holder(self.state_dir)
-        if hb is not None:
+        beat = heartbeat_holder(self.state_dir)
+        if beat is not None:
             os.close(fd)
-            raise LockHeld(describe_holder(hb))
+            raise LockHeld(describe_holder(beat))
         self.fd = fd
         self.started_at = iso()
         # The holder's identity goes into the lock file itself at once, so a loser of a
         # simultaneous start can name it before the first heartbeat is written.
-        pid, ct = _me()
-        record = {"pid": pid, "create_time": ct, "host": socket.gethostname(),
+        pid, create_time = _me()
+        record = {"pid": pid, "create_time": create_time, "host": socket.gethostname(),
                   "started_at": self.started_at}
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
@@ -206,10 +206,10 @@ class RunLock:
         return Holder(starting=True)
 
     def beat(self, phase: str, released: bool = False) -> None:
-        pid, ct = _me()
+        pid, create_time = _me()
         self.phase, self.beaten = phase, True
         atomic_write_json(self.state_dir / HEARTBEAT_NAME, {
-            "pid": pid, "create_time": ct, "host": socket.gethostname(),
+            "pid": pid, "create_time": create_time, "host": socket.gethostname(),
             "started_at": self.started_at, "ts": iso(), "epoch": time.time(), "phase": phase,
             "interval_secs": beat_interval(), **({"released": True} if released else {}),
         })

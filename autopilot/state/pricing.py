@@ -35,14 +35,14 @@ def price(tokens: Tokens, rate: Rate | None) -> Price:
         return Price(None, "unpriced")
     usd, missing = 0.0, []
     for bucket in BILLED:
-        n = getattr(tokens, bucket)
-        if not n:
+        count = getattr(tokens, bucket)
+        if not count:
             continue
-        p = rate.price_of(bucket)
-        if p is None:
+        unit_price = rate.price_of(bucket)
+        if unit_price is None:
             missing.append(bucket)
         else:
-            usd += n * p / 1e6
+            usd += count * unit_price / 1e6
     return Price(usd, "floor" if missing else "buckets", tuple(missing))
 
 
@@ -60,10 +60,10 @@ class Priced:
 
 def total(prices: Iterable[Price]) -> Priced:
     usd, bases, missing = 0.0, Counter[str](), set[str]()
-    for p in prices:
-        bases[p.basis] += 1
-        usd += p.usd or 0.0
-        missing.update(p.unpriced)
+    for priced in prices:
+        bases[priced.basis] += 1
+        usd += priced.usd or 0.0
+        missing.update(priced.unpriced)
     return Priced(usd, bases, frozenset(missing))
 
 

@@ -30,20 +30,20 @@ def fmt_secs(secs: float | None) -> str:
 
 def oneline(status: Status) -> str:
     """``run:pass1 demo 14/24 done P9 F5 I0 | 2 running | eta 0:31``"""
-    t = status.totals
+    totals = status.totals
     masked = status.trust.get("teardown_masked_cells")
     parts = [
-        f"{status.phase or '?'} {status.preset or '?'} {t.done}/{t.total} done "
-        f"P{t.pass_} F{t.fail} I{t.invalid}"
-        + (f" Q{t.quarantined}" if t.quarantined else "")
-        + (f" U{t.ungraded}" if t.ungraded else "")
+        f"{status.phase or '?'} {status.preset or '?'} {totals.done}/{totals.total} done "
+        f"P{totals.pass_} F{totals.fail} I{totals.invalid}"
+        + (f" Q{totals.quarantined}" if totals.quarantined else "")
+        + (f" U{totals.ungraded}" if totals.ungraded else "")
         + (f" M{masked}" if type(masked) is int and masked else ""),
-        f"{t.running} running",
+        f"{totals.running} running",
         f"eta {fmt_secs(status.eta_secs)}",
     ]
     live = status.liveness
     if live is not None and live.label:  # STALE / stopped: see autopilot.state.liveness
-        parts[1] = f"{t.running} running when last seen"
+        parts[1] = f"{totals.running} running when last seen"
         parts.append(live.label)
     if status.released:
         parts.append(f"released {status.released}: its outputs may be another run's now; "

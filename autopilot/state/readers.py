@@ -165,9 +165,9 @@ def load_trusted(state_dir: Path, ref: str | None,
     plan = _plan(preset, rec)
     # The cells must be the run's (a fixed grader may change the identity: that is what
     # regrade is for), so the recorded tasks and arms are compared, not the identity.
-    if (rec.tasks, rec.arms) != (tuple(t.id for t in preset.tasks),
-                                 tuple(a.label for a in preset.arms)):
-        given = [f"--config {c!r}" for c in rec.overlays]
+    if (rec.tasks, rec.arms) != (tuple(task.id for task in preset.tasks),
+                                 tuple(arm.label for arm in preset.arms)):
+        given = [f"--config {overlay_path!r}" for overlay_path in rec.overlays]
         if rec.preset_path is not None:
             given.insert(0, f"--preset {rec.preset_path!r}")
         hint = " ".join(given)

@@ -59,10 +59,10 @@ def document(preset: Preset, environ: dict[str, str] | None = None) -> dict[str,
     """The record of ``preset``: its full dump with secrets replaced by their names."""
     environ = dict(os.environ) if environ is None else environ
     names = _secret_names(preset)
-    values = {r.value: r.name for r in preset.env_refs() if r.name in names}
-    values |= {environ[n]: n for n in names if len(environ.get(n, "")) >= 4}
+    values = {ref.value: ref.name for ref in preset.env_refs() if ref.name in names}
+    values |= {environ[name]: name for name in names if len(environ.get(name, "")) >= 4}
     # Longest first: a secret that contains another is replaced whole.
-    swaps = [(v, f"${{{n}}}") for v, n in sorted(values.items(), key=lambda x: -len(x[0]))
+    swaps = [(v, f"${{{name}}}") for v, name in sorted(values.items(), key=lambda x: -len(x[0]))
              if v]
     doc = _masked(preset.model_dump(mode="json"), swaps)
     for role in ("harness", "grader"):  # a relative cwd meant the launching shell's
@@ -70,9 +70,9 @@ def document(preset: Preset, environ: dict[str, str] | None = None) -> dict[str,
         if isinstance(cwd, str) and cwd and not cwd.startswith(("/", "{")):
             doc[role]["cwd"] = os.path.join(os.getcwd(), cwd)
     doc["notify"]["urls"] = [MASK for _ in doc["notify"]["urls"]]  # each a credential
-    env = [{"name": r.name, "value": f"${{{r.name}}}" if r.name in names else
-            _masked(r.value, swaps), "defaulted": r.defaulted, "key": r.key}
-           for r in preset.env_refs()]
+    env = [{"name": ref.name, "value": f"${{{ref.name}}}" if ref.name in names else
+            _masked(ref.value, swaps), "defaulted": ref.defaulted, "key": ref.key}
+           for ref in preset.env_refs()]
     return {"version": VERSION, "preset": doc, "env": env}
 
 
@@ -98,8 +98,8 @@ def changes(old: Any, new: dict[str, Any]) -> list[str]:
     """The dotted keys whose value differs between two records' presets."""
     if not isinstance(old, dict) or not isinstance(old.get("preset"), dict):
         return []
-    a, b = leaves(old["preset"]), leaves(new["preset"])
-    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    before, after = leaves(old["preset"]), leaves(new["preset"])
+    return sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
 
 
 def previous(state_dir: Path) -> dict[str, Any] | None:
@@ -137,11 +137,11 @@ def load(state_dir: Path, expected: object) -> Preset:
     try:
         doc = json.loads(blob)
         preset = Preset.model_validate(doc["preset"])
-        refs = tuple(EnvRef(str(r["name"]), str(r["value"]), bool(r["defaulted"]),
-                            str(r.get("key", ""))) for r in doc.get("env", []))
+        refs = tuple(EnvRef(str(ref["name"]), str(ref["value"]), bool(ref["defaulted"]),
+                            str(ref.get("key", ""))) for ref in doc.get("env", []))
     except ValidationError as e:
         first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        where = ".".join(str(part) for part in first["loc"]) or "(top level)"
         raise ConfigError(f"{path}: not a preset: {where}: {first['msg']}") from None
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ConfigError(f"{path}: malformed record ({type(e).__name__}: {e})") from None

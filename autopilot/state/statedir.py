@@ -54,14 +54,14 @@ def _describe(path: Path, st: os.stat_result) -> str:
 
 def _check_entry(path: Path) -> None:
     try:
-        st = os.lstat(path)
+        info = os.lstat(path)
     except FileNotFoundError:
         return
-    if stat.S_ISLNK(st.st_mode):
+    if stat.S_ISLNK(info.st_mode):
         raise StateDirError(f"state dir entry {path} is a symlink (to "
                             f"{os.readlink(path)}); refusing to use it: remove it")
-    if not _trusted_uid(st.st_uid) or st.st_mode & 0o022:
-        raise StateDirError(f"untrusted state dir entry {_describe(path, st)}: it must be "
+    if not _trusted_uid(info.st_uid) or info.st_mode & 0o022:
+        raise StateDirError(f"untrusted state dir entry {_describe(path, info)}: it must be "
                             "owned by you or root and not writable by group or other")
 
 
@@ -87,23 +87,23 @@ def settled(state_dir: Path) -> Path:
             continue
         nxt = cur / name
         try:
-            st = os.lstat(nxt)
+            info = os.lstat(nxt)
         except FileNotFoundError:
             return Path(nxt, *todo)  # the rest is made by us, later
         except NotADirectoryError:
             raise StateDirError(f"state dir {given}: {cur} is not a directory") from None
         except OSError as e:
             raise StateDirError(f"state dir {given}: {nxt}: {e.strerror}") from None
-        if not stat.S_ISLNK(st.st_mode):
+        if not stat.S_ISLNK(info.st_mode):
             cur = nxt
             continue
         hops += 1
         if hops > MAX_LINKS:
             raise StateDirError(f"state dir {given}: more than {MAX_LINKS} symlinks "
                                 "(a symlink loop)")
-        if not _trusted_uid(st.st_uid):
+        if not _trusted_uid(info.st_uid):
             raise StateDirError(f"state dir {given}: {nxt} is a symlink owned by "
-                                f"{_owner(st.st_uid)}, who could point it anywhere; use "
+                                f"{_owner(info.st_uid)}, who could point it anywhere; use "
                                 "the path it names, or another --state-dir")
         target = Path(os.readlink(nxt))
         if target.is_absolute():
@@ -122,32 +122,32 @@ def check_trusted(state_dir: Path) -> None:
         _check_ancestors(path.parent)
         return
     real = path.resolve()
-    st = os.stat(real)
-    if not stat.S_ISDIR(st.st_mode):
+    info = os.stat(real)
+    if not stat.S_ISDIR(info.st_mode):
         raise StateDirError(f"state dir {path} is not a directory")
-    if not _trusted_uid(st.st_uid) or st.st_mode & 0o022:
-        raise StateDirError(f"untrusted state dir {_describe(path, st)}: it must be owned "
+    if not _trusted_uid(info.st_uid) or info.st_mode & 0o022:
+        raise StateDirError(f"untrusted state dir {_describe(path, info)}: it must be owned "
                             "by you or root and not writable by group or other "
                             f"(fix with: chmod 700 {path}, or use another --state-dir)")
     _check_ancestors(real.parent)
     for entry in os.scandir(real):
         _check_entry(Path(entry.path))
     for sub in CHECKED_SUBDIRS:
-        d = real / sub
-        if d.is_dir() and not d.is_symlink():
-            for entry in os.scandir(d):
+        sub_dir = real / sub
+        if sub_dir.is_dir() and not sub_dir.is_symlink():
+            for entry in os.scandir(sub_dir):
                 _check_entry(Path(entry.path))
 
 
 def _check_ancestors(start: Path) -> None:
     for anc in [start, *start.parents]:
         try:
-            st = os.stat(anc)
+            info = os.stat(anc)
         except FileNotFoundError:
             continue
-        sticky = bool(st.st_mode & stat.S_ISVTX)
-        if not _trusted_uid(st.st_uid) or (st.st_mode & 0o022 and not sticky):
-            raise StateDirError(f"untrusted parent of the state dir {_describe(anc, st)}: "
+        sticky = bool(info.st_mode & stat.S_ISVTX)
+        if not _trusted_uid(info.st_uid) or (info.st_mode & 0o022 and not sticky):
+            raise StateDirError(f"untrusted parent of the state dir {_describe(anc, info)}: "
                                 "its owner or group could replace the state dir")
 
 
@@ -163,8 +163,8 @@ def open_private(path: Path, flags: int) -> int:
     An existing file we own is set to 0600 too (an older version wrote 0644)."""
     fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
     try:
-        st = os.fstat(fd)
-        if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != FILE_MODE:
+        info = os.fstat(fd)
+        if info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) != FILE_MODE:
             os.fchmod(fd, FILE_MODE)
     except BaseException:
         os.close(fd)

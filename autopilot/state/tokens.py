@@ -50,19 +50,19 @@ class Tokens:
     """The part of ``output`` the model spent reasoning."""
 
     def __add__(self, other: Tokens) -> Tokens:
-        return Tokens(*(_plus(getattr(self, b), getattr(other, b)) for b in BUCKETS))
+        return Tokens(*(_plus(getattr(self, bucket), getattr(other, bucket)) for bucket in BUCKETS))
 
     def over(self, other: Tokens) -> Tokens:
         """These counts where reported, ``other``'s elsewhere (a stream that says its
         input at the start and its output at the end)."""
-        return Tokens(*(getattr(other, b) if getattr(self, b) is None else getattr(self, b)
-                        for b in BUCKETS))
+        return Tokens(*(getattr(other, bucket) if getattr(self, bucket) is None
+                        else getattr(self, bucket) for bucket in BUCKETS))
 
     @property
     def prompt(self) -> int | None:
         """Every input token, cache-inclusive (what chat's ``prompt_tokens`` counts)."""
         parts = [self.input, self.cache_write, self.cache_read]
-        return None if all(p is None for p in parts) else sum(p or 0 for p in parts)
+        return None if all(part is None for part in parts) else sum(part or 0 for part in parts)
 
     @property
     def fresh(self) -> int:
@@ -72,15 +72,15 @@ class Tokens:
     @property
     def total(self) -> int:
         """Every billed token, cache-inclusive."""
-        return sum(getattr(self, b) or 0 for b in BILLED)
+        return sum(getattr(self, bucket) or 0 for bucket in BILLED)
 
     @property
     def empty(self) -> bool:
-        return all(getattr(self, b) is None for b in BUCKETS)
+        return all(getattr(self, bucket) is None for bucket in BUCKETS)
 
     def as_dict(self) -> dict[str, int]:
         """The reported buckets only (an absent one is not written as 0)."""
-        return {b: v for b in BUCKETS if (v := getattr(self, b)) is not None}
+        return {bucket: v for bucket in BUCKETS if (v := getattr(self, bucket)) is not None}
 
 
 def count_of(value: Any) -> int | None:
@@ -102,13 +102,13 @@ def tokens_of(raw: Any) -> Tokens | None:
     if not isinstance(raw, Mapping):
         return None
     kept: dict[str, int] = {}
-    for b in BUCKETS:
-        if raw.get(b) is None:
+    for bucket in BUCKETS:
+        if raw.get(bucket) is None:
             continue
-        n = count_of(raw[b])
-        if n is None:
+        count = count_of(raw[bucket])
+        if count is None:
             return None
-        kept[b] = n
+        kept[bucket] = count
     return Tokens(**kept)
 
 

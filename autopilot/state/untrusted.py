@@ -42,11 +42,11 @@ def open_fd(path: Path | str, owner: int | None = None) -> int:
             raise Refused(e.errno, "a symlink (not followed)", str(path)) from None
         raise
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise Refused(0, f"not a regular file ({_kind(st.st_mode)})", str(path))
-        if owner is not None and st.st_uid != owner:
-            raise Refused(0, f"owned by uid {st.st_uid}, not by the state dir's owner "
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise Refused(0, f"not a regular file ({_kind(info.st_mode)})", str(path))
+        if owner is not None and info.st_uid != owner:
+            raise Refused(0, f"owned by uid {info.st_uid}, not by the state dir's owner "
                           f"(uid {owner})", str(path))
     except BaseException:
         os.close(fd)

@@ -37,47 +37,48 @@ def priced(preset: Preset, arm: str, cells: Iterable[Costed]) -> Priced:
     return total(price(f.tokens, rate) for f in cells if f.tokens is not None)
 
 
-def histogram(p: Priced) -> str:
+def histogram(cost: Priced) -> str:
     """``buckets 12, floor 3 (no price for cache_write), unpriced 1``."""
     parts = []
     for basis in PRICE_BASES:
-        if p.bases[basis]:
-            extra = (f" (no price for {', '.join(sorted(p.unpriced_buckets))})"
+        if cost.bases[basis]:
+            extra = (f" (no price for {', '.join(sorted(cost.unpriced_buckets))})"
                      if basis == "floor" else "")
-            parts.append(f"{basis} {p.bases[basis]}{extra}")
+            parts.append(f"{basis} {cost.bases[basis]}{extra}")
     return ", ".join(parts) or "-"
 
 
-def usd_text(p: Priced) -> str:
-    if not p.bases:
+def usd_text(cost: Priced) -> str:
+    if not cost.bases:
         return "-"
-    if p.bases["unpriced"] == sum(p.bases.values()):
+    if cost.bases["unpriced"] == sum(cost.bases.values()):
         return "unpriced"
-    figure = f"{p.usd:.4f}"
-    if p.bases["floor"]:
+    figure = f"{cost.usd:.4f}"
+    if cost.bases["floor"]:
         figure = f"≥ {figure}"
-    if p.bases["unpriced"]:
-        figure += f" (+{p.bases['unpriced']} unpriced)"
+    if cost.bases["unpriced"]:
+        figure += f" (+{cost.bases['unpriced']} unpriced)"
     return figure
 
 
 def cost_line(preset: Preset, arm: str, cells: Sequence[Costed]) -> list[str]:
     """Cache-inclusive tokens, fresh tokens, each bucket, USD, the basis histogram."""
-    t = summed(cells)
-    p = priced(preset, arm, cells)
-    buckets = ["-" if getattr(t, b) is None else str(getattr(t, b)) for b in BUCKETS]
-    return [str(t.total), str(t.fresh), *buckets, usd_text(p), histogram(p)]
+    tokens = summed(cells)
+    cost = priced(preset, arm, cells)
+    buckets = ["-" if getattr(tokens, bucket) is None else str(getattr(tokens, bucket))
+               for bucket in BUCKETS]
+    return [str(tokens.total), str(tokens.fresh), *buckets, usd_text(cost), histogram(cost)]
 
 
 def cost_doc(preset: Preset, arm: str, cells: Sequence[Costed]) -> dict[str, Any]:
     """The same for JSON (the board)."""
-    t = summed(cells)
-    p = priced(preset, arm, cells)
-    basis = "unpriced" if not p.bases or p.bases["unpriced"] == sum(p.bases.values()) \
-        else ("buckets" if p.exact else "floor" if not p.bases["unpriced"] else "partial")
-    return {"usd": None if basis == "unpriced" else round(p.usd, 6), "basis": basis,
-            "bases": dict(p.bases), "unpriced_buckets": sorted(p.unpriced_buckets),
-            "tokens": t.as_dict(), "tokens_total": t.total, "tokens_fresh": t.fresh}
+    tokens = summed(cells)
+    cost = priced(preset, arm, cells)
+    basis = "unpriced" if not cost.bases or cost.bases["unpriced"] == sum(cost.bases.values()) \
+        else ("buckets" if cost.exact else "floor" if not cost.bases["unpriced"] else "partial")
+    return {"usd": None if basis == "unpriced" else round(cost.usd, 6), "basis": basis,
+            "bases": dict(cost.bases), "unpriced_buckets": sorted(cost.unpriced_buckets),
+            "tokens": tokens.as_dict(), "tokens_total": tokens.total, "tokens_fresh": tokens.fresh}
 
 
 def tokens_section(preset: Preset, facts: Sequence[Any], arms: list[str]) -> list[str]:
@@ -119,10 +120,10 @@ def tokens_section(preset: Preset, facts: Sequence[Any], arms: list[str]) -> lis
                     if f.completion_tokens is not None]
             walls = [f.wall_secs for f in cells if f.wall_secs is not None]
             passes = sum(f.verdict == "PASS" for f in cells)
-            wh = [f.joules * 1000 / J_PER_KWH for f in cells if f.joules is not None]
+            watt_hours = [f.joules * 1000 / J_PER_KWH for f in cells if f.joules is not None]
             out.append(f"| {task} | {arm} | {passes}/{len(cells)} | "
                        f"{_median(toks, '{:.0f}')} | {_median(walls, '{:.1f}')} |"
-                       + (f" {_median(wh, '{:.2f}')} |" if energy else ""))
+                       + (f" {_median(watt_hours, '{:.2f}')} |" if energy else ""))
     return [*out, ""]
 
 
@@ -132,10 +133,10 @@ def _median(values: list[float], fmt: str) -> str:
 
 def route_name(preset: Preset, arm: str) -> str:
     """Where an arm's requests go, for a column head: its route, or the run's endpoint."""
-    r = preset.arm(arm).route
-    if r is None:
+    route = preset.arm(arm).route
+    if route is None:
         return f"endpoint · {preset.endpoint.engine}"
-    return f"{r.dialect} · {r.origin()} · {r.model}"
+    return f"{route.dialect} · {route.origin()} · {route.model}"
 
 
 __all__ = ["cost_doc", "cost_line", "histogram", "priced", "route_name", "summed",

@@ -46,12 +46,12 @@ class RunCollector(Collector):
                                   labels=["preset", "arm", "state"])
         by: Counter[tuple[str, str]] = Counter()
         invalid: Counter[tuple[str, str]] = Counter()
-        arms = sorted({c.arm for c in self.ledger.cells.values()})
-        for c in self.ledger.cells.values():
-            state = STATES.get(c.status, "pending")
-            by[(c.arm, state)] += 1
+        arms = sorted({cell.arm for cell in self.ledger.cells.values()})
+        for cell in self.ledger.cells.values():
+            state = STATES.get(cell.status, "pending")
+            by[(cell.arm, state)] += 1
             if state == "invalid":
-                invalid[(c.arm, c.reason or "unknown")] += 1
+                invalid[(cell.arm, cell.reason or "unknown")] += 1
         for arm in arms:
             for state in sorted(set(STATES.values())):
                 cells.add_metric([preset, arm, state], by[(arm, state)])
@@ -59,8 +59,8 @@ class RunCollector(Collector):
         inv = GaugeMetricFamily("autopilot_invalid_cells",
                                 "Cells whose latest verdict is INVALID, by arm and reason",
                                 labels=["preset", "arm", "reason"])
-        for (arm, reason), n in sorted(invalid.items()):
-            inv.add_metric([preset, arm, reason], n)
+        for (arm, reason), count in sorted(invalid.items()):
+            inv.add_metric([preset, arm, reason], count)
         yield inv
         kills = CounterMetricFamily("autopilot_cell_kills", "Watchdog kills of cells by kind",
                                     labels=["preset", "kind"])
@@ -68,18 +68,19 @@ class RunCollector(Collector):
             kills.add_metric([preset, kind], self.ledger.kills[kind])
         yield kills
         eps = doc.endpoints or [doc.endpoint]  # one endpoint: status.json's "endpoint"
-        up = GaugeMetricFamily("autopilot_endpoint_up", "1 when the model endpoint answers",
-                               labels=["preset", "replica"])
+        endpoint_up = GaugeMetricFamily("autopilot_endpoint_up",
+                                        "1 when the model endpoint answers",
+                                        labels=["preset", "replica"])
         restarts = CounterMetricFamily("autopilot_endpoint_restarts", "Endpoint restarts",
                                        labels=["preset", "replica"])
         down = CounterMetricFamily("autopilot_endpoint_down_seconds",
                                    "Seconds the endpoint was down", labels=["preset", "replica"])
-        for i, ep in enumerate(eps):
-            replica = str(ep.get("replica", i))
-            up.add_metric([preset, replica], 1 if ep.get("state") == "up" else 0)
-            restarts.add_metric([preset, replica], _num(ep.get("restarts")))
-            down.add_metric([preset, replica], _num(ep.get("down_secs")))
-        yield from (up, restarts, down)
+        for i, endpoint in enumerate(eps):
+            replica = str(endpoint.get("replica", i))
+            endpoint_up.add_metric([preset, replica], 1 if endpoint.get("state") == "up" else 0)
+            restarts.add_metric([preset, replica], _num(endpoint.get("restarts")))
+            down.add_metric([preset, replica], _num(endpoint.get("down_secs")))
+        yield from (endpoint_up, restarts, down)
         yield _counter("autopilot_notify_failures", "Notifications that failed to send",
                        [preset], self.ledger.notify_failures)
         yield _counter("autopilot_request_failovers",
@@ -106,15 +107,15 @@ def _num(v: Any) -> float:
 
 
 def _gauge(name: str, doc: str, values: list[str], value: float) -> GaugeMetricFamily:
-    g = GaugeMetricFamily(name, doc, labels=["preset"])
-    g.add_metric(values, value)
-    return g
+    gauge = GaugeMetricFamily(name, doc, labels=["preset"])
+    gauge.add_metric(values, value)
+    return gauge
 
 
 def _counter(name: str, doc: str, values: list[str], value: float) -> CounterMetricFamily:
-    c = CounterMetricFamily(name, doc, labels=["preset"])
-    c.add_metric(values, value)
-    return c
+    counter = CounterMetricFamily(name, doc, labels=["preset"])
+    counter.add_metric(values, value)
+    return counter
 
 
 def registry(ledger: Ledger, status: dict[str, Any], live: Liveness) -> CollectorRegistry:
@@ -133,12 +134,12 @@ def textfile_dir_problem(directory: Path) -> str | None:
     directory others may write into, without the sticky bit, lets them swap our temp file
     or the target for a symlink between our checks and our writes."""
     try:
-        st = os.stat(directory)
+        info = os.stat(directory)
     except OSError as e:
         return f"directory {directory}: {e.strerror}"
-    if not stat.S_ISDIR(st.st_mode):
+    if not stat.S_ISDIR(info.st_mode):
         return f"{directory} is not a directory"
-    if st.st_mode & (stat.S_IWOTH | stat.S_IWGRP) and not st.st_mode & stat.S_ISVTX:
+    if info.st_mode & (stat.S_IWOTH | stat.S_IWGRP) and not info.st_mode & stat.S_ISVTX:
         return (f"directory {directory} is writable by others without the sticky bit "
                 "(chmod o-w,g-w or +t)")
     return None

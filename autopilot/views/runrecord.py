@@ -17,8 +17,8 @@ from autopilot.state.runevents import PlanChanged
 def plan_changes(state_dir: Path) -> list[tuple[str, str, str]]:
     """(when, old identity, new identity) of every plan change the journal records (a
     resume with --allow-plan-change relabels earlier verdicts under the new preset)."""
-    return [(md(ev.ts, 40), md(ev.old, 40), md(ev.new, 40))
-            for ev in state_events(state_dir).typed() if isinstance(ev, PlanChanged)]
+    return [(md(event.ts, 40), md(event.old, 40), md(event.new, 40))
+            for event in state_events(state_dir).typed() if isinstance(event, PlanChanged)]
 
 
 def recorded_pins(state_dir: Path) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
@@ -31,10 +31,10 @@ def recorded_pins(state_dir: Path) -> tuple[list[tuple[str, str]], list[tuple[st
     raw = rec.get("benchmark_files") if isinstance(rec, dict) else None
     pins = [(md(k, 300), md(v, 80) if isinstance(v, str) else "missing")
             for k, v in list(raw.items())[:200]] if isinstance(raw, dict) else []
-    drifts = [(md(ev.get("ts"), 40), md(", ".join(map(str, files))[:600], 600))
-              for ev in state_events(state_dir)
-              if ev.get("event") == "benchmark_drift"
-              and isinstance(files := ev.get("files"), dict)]
+    drifts = [(md(event.get("ts"), 40), md(", ".join(map(str, files))[:600], 600))
+              for event in state_events(state_dir)
+              if event.get("event") == "benchmark_drift"
+              and isinstance(files := event.get("files"), dict)]
     return pins, drifts
 
 
@@ -66,16 +66,16 @@ def endpoint_record(state_dir: Path) -> list[str]:
     gpus = last.get("gpus")
     if isinstance(gpus, list):
         out += ["- gpu: " + ", ".join(f"{md(k, 20)} {md(v, 80)}" for k, v in
-                                       list(g.items())[:6]) for g in gpus[:16]
-                if isinstance(g, dict)]
+                                       list(gpu.items())[:6]) for gpu in gpus[:16]
+                if isinstance(gpu, dict)]
     return out
 
 
 def gateway_errors(state_dir: Path) -> dict[str, int]:
     """Every attempt's gateway errors by kind (cell_metered), summed; shape-checked."""
     total: Counter[str] = Counter()
-    for ev in state_events(state_dir).typed():
-        errors = ev.errors if isinstance(ev, CellMetered) else None
+    for event in state_events(state_dir).typed():
+        errors = event.errors if isinstance(event, CellMetered) else None
         if isinstance(errors, dict):
             total.update({md(k, 40): v for k, v in errors.items()
                           if type(v) is int and 0 < v < 10**9})
@@ -86,9 +86,9 @@ def isolation(state_dir: Path) -> list[str]:
     """Who the latest launch's harnesses ran as and how they were contained (its
     ``run_started``), as markdown list items; shape-checked (the journal is untrusted)."""
     last: Any = None
-    for ev in state_events(state_dir):
-        if ev.get("event") == "run_started" and isinstance(ev.get("harness_user"), dict):
-            last = ev
+    for event in state_events(state_dir):
+        if event.get("event") == "run_started" and isinstance(event.get("harness_user"), dict):
+            last = event
     if last is None:
         return ["- harness user: not journaled (a launch before harness.user existed)"]
     who = last["harness_user"]

@@ -65,18 +65,18 @@ def connect(cfg: BackendConfig) -> Any:
 def node_state_dir(preset: Preset, token: str, state_dir: Path) -> Path:
     """Where a node keeps the run's files: the state dir itself on shared storage, else
     its private mirror (autopilot.backends.ray.node.NodeAgent)."""
-    b = preset.backend
-    return state_dir if b.shared_state_dir else Path(b.node_dir) / token[:16]
+    backend = preset.backend
+    return state_dir if backend.shared_state_dir else Path(backend.node_dir) / token[:16]
 
 
 def endpoint_containers(preset: Preset) -> tuple[str, ...]:
     """Each replica's endpoint container name (Endpoint.container_name), in Docker mode."""
     from autopilot.endpoints import ENGINES
 
-    d = preset.endpoint.container()
-    if d is None:
+    container = preset.endpoint.container()
+    if container is None:
         return ()
-    name = d.container_name or ENGINES[preset.endpoint.engine].default_container
+    name = container.container_name or ENGINES[preset.endpoint.engine].default_container
     return tuple(name if i == 0 else f"{name}-{i}" for i in range(preset.endpoint.replicas))
 
 
@@ -91,7 +91,7 @@ def node_containers(preset: Preset, token: str, state_dir: Path, *,
         return None
     where = node_state_dir(preset, token, state_dir)
     return Containers(str(where), endpoints, sandboxes,
-                      tuple(str(r) for r in run_roots(preset, where)), since, docker_host)
+                      tuple(str(root) for root in run_roots(preset, where)), since, docker_host)
 
 
 def cleanup_cluster(preset: Preset, token: str, grace: float, endpoint: bool,

@@ -94,8 +94,9 @@ class RayBackend(Backend):
 
     @classmethod
     def dry_run_lines(cls, preset: Preset) -> list[str]:
-        b = preset.backend
-        return (placement_lines(b.resources, preset.endpoint.replicas, b.placement, b.address)
+        backend = preset.backend
+        return (placement_lines(backend.resources, preset.endpoint.replicas, backend.placement,
+                                backend.address)
                 + replica_lines(preset, "its Ray node"))
 
     @classmethod
@@ -133,21 +134,21 @@ class RayBackend(Backend):
         (autopilot.backends.ray.reattach.survey)."""
         return await survey(preset, run_token, state_dir, port, ledger)
 
-    def __init__(self, w: Wiring, setting: ArmEndpoint, group: tuple[str, ...]) -> None:
+    def __init__(self, wiring: Wiring, setting: ArmEndpoint, group: tuple[str, ...]) -> None:
         # Ray serves one arm group (refused otherwise at load): its first, on every node.
-        super().__init__(w, setting, group)
-        self.cfg = w.preset.backend
+        super().__init__(wiring, setting, group)
+        self.cfg = wiring.preset.backend
         self.poll_secs = self.cfg.poll_secs
         self.ray = import_ray()
-        self.n = w.preset.endpoint.replicas
+        self.n = wiring.preset.endpoint.replicas
         res = self.cfg.resources
         self.bundles = [bundle_of(res[i] if len(res) > 1 else (res[0] if res else {}))
                         for i in range(self.n)]
         from autopilot.plan import arm_groups
 
-        group = arm_groups(w.preset)[0][1]
+        group = arm_groups(wiring.preset)[0][1]
         self.remote = [RemoteKeeper(self, i, RemoteEndpoint(
-            self, i, w.state_dir / (f"endpoint-{i}.log" if self.n > 1 else "endpoint.log"),
+            self, i, wiring.state_dir / (f"endpoint-{i}.log" if self.n > 1 else "endpoint.log"),
             group)) for i in range(self.n)]
         self.keepers = self.remote
         self.actors: list[Any] = [None] * self.n
@@ -162,7 +163,7 @@ class RayBackend(Backend):
         # Attempts whose result the loop has journaled: the actor may forget them.
         self.taken: list[list[tuple[str, int]]] = [[] for _ in range(self.n)]
         # What a predecessor left that proved this run's (survey): re-attached at start.
-        self.survivors: dict[int, Survivor] = dict(w.survivors or {})
+        self.survivors: dict[int, Survivor] = dict(wiring.survivors or {})
         self._swept: dict[str, anyio.Event] = {}  # lease -> it is fenced (swept or expired)
         # lease -> when the head last heard its actor (monotonic): the actor fences itself
         # lease_secs after it last heard a head, which is no later than this
@@ -171,7 +172,7 @@ class RayBackend(Backend):
         from autopilot.state.journal import began
 
         # the run's first launch: a node's sandboxes older than it are not the run's
-        self.began = began(w.state_dir / "journal.jsonl")
+        self.began = began(wiring.state_dir / "journal.jsonl")
 
     # ------------------------------------------------------------------ names
 
@@ -214,13 +215,13 @@ class RayBackend(Backend):
             self.w.port.emit(RayActorReaped(replica=i, killed_cells=stopped,
                           why="left by a supervisor that did not stop it"))
         try:
-            pg = ray.util.get_placement_group(self._name("pg"))
+            group = ray.util.get_placement_group(self._name("pg"))
         except ValueError:
             return
         if self.survivors:
-            self.pg = pg  # theirs: the replicas recreated beside them go in it too
+            self.pg = group  # theirs: the replicas recreated beside them go in it too
         else:
-            ray.util.remove_placement_group(pg)
+            ray.util.remove_placement_group(group)
 
     def _place(self) -> None:
         ray = self.ray
@@ -257,9 +258,9 @@ class RayBackend(Backend):
     async def start_replica(self, i: int) -> None:
         await self.ready()
         k = self.remote[i]
-        s = self.survivors.pop(i, None)
-        if s is not None:
-            return await self._reattach(i, s)
+        survivor = self.survivors.pop(i, None)
+        if survivor is not None:
+            return await self._reattach(i, survivor)
         actor = self._new_actor(i)
         self.actors[i] = actor
         try:
@@ -280,21 +281,22 @@ class RayBackend(Backend):
                       **{**k.where, "node": k.where["node"][:12]}))
         await self._drain(i)
 
-    async def _reattach(self, i: int, s: Survivor) -> None:
+    async def _reattach(self, i: int, survivor: Survivor) -> None:
         """Replica ``i`` is a predecessor's live actor: mirror it under its own lease."""
         k = self.remote[i]
         k.incarnation += 1
-        k.lease, k.acked, k.where = s.hello.lease, s.acked, dict(s.hello.where)
-        self.actors[i] = s.actor
+        k.lease, k.acked, k.where = survivor.hello.lease, survivor.acked, dict(survivor.hello.where)
+        self.actors[i] = survivor.actor
         self.heard[k.lease] = time.monotonic()  # the survey's poll
-        self.revoked[i] += s.revoked
-        self.taken[i] += s.taken
+        self.revoked[i] += survivor.revoked
+        self.taken[i] += survivor.taken
         k.state, k.lost_since = "up", None
-        self._apply_keeper(i, s.hello.keeper)
+        self._apply_keeper(i, survivor.hello.keeper)
         self.w.port.emit(RayActorReattached(
             replica=i, lease=k.lease, node=str(k.where.get("node", ""))[:12],
-            running=[f"{c}#{a}" for c, a in s.running],
-            revoked=[f"{c}#{a}" for c, a in s.revoked], replayed=s.replayed))
+            running=[f"{cid}#{attempt}" for cid, attempt in survivor.running],
+            revoked=[f"{cid}#{attempt}" for cid, attempt in survivor.revoked],
+            replayed=survivor.replayed))
         await self._drain(i)
 
     # ------------------------------------------------------------------ the loop
@@ -312,8 +314,8 @@ class RayBackend(Backend):
             stopping = port.stopping() and not port.handing_over()
             try:
                 got: Polled = await actor.poll.remote(
-                    [list(r) for r in revoked], stopping, stopping and port.forced(),
-                    self.origins(i), k.acked, [list(t) for t in taken])
+                    [list(revoke) for revoke in revoked], stopping, stopping and port.forced(),
+                    self.origins(i), k.acked, [list(take) for take in taken])
             except self.ray.exceptions.RayActorError as e:
                 self.revoked[i] = revoked + self.revoked[i]
                 self.taken[i] = taken + self.taken[i]
@@ -355,7 +357,7 @@ class RayBackend(Backend):
         k.lost_since = time.monotonic()
         self.w.port.milestone("node_lost", replica=i, node=k.where.get("node", "")[:12],
                            host=k.where.get("host"), why=why,
-                           running=sorted(f"{c}#{a}" for c, a in self.inflight[i]))
+                           running=sorted(f"{cid}#{attempt}" for cid, attempt in self.inflight[i]))
 
     async def watch(self, i: int) -> None:
         """Poll replica ``i`` for ever: journal its events, notice a lost actor, recreate
@@ -419,23 +421,23 @@ class RayBackend(Backend):
     def _containers(self, i: int) -> Containers | None:
         """Replica ``i``'s containers on its node's daemon: its endpoint's, and the
         sandboxes of the cells it was running."""
-        w = self.w
-        template = w.preset.harness.sandbox_container
-        mine = endpoint_containers(w.preset)[i:i + 1]
-        boxes = tuple(render(template, cell_context(w.preset, self.cells[cid], a,
-                                                    w.state_dir))
-                      for cid, a in sorted(self.inflight[i]) if cid in self.cells
+        wiring = self.w
+        template = wiring.preset.harness.sandbox_container
+        mine = endpoint_containers(wiring.preset)[i:i + 1]
+        boxes = tuple(render(template, cell_context(wiring.preset, self.cells[cid], attempt,
+                                                    wiring.state_dir))
+                      for cid, attempt in sorted(self.inflight[i]) if cid in self.cells
                       ) if template else ()
         host = self.remote[i].where.get("docker_host")
-        return node_containers(w.preset, w.run_token, w.state_dir, endpoints=mine,
+        return node_containers(wiring.preset, wiring.run_token, wiring.state_dir, endpoints=mine,
                                sandboxes=boxes, since=self.began,
                                docker_host=host if isinstance(host, str) else None)
 
     async def _sweep_once(self, i: int, lease: str, ip: str | None) -> bool:
         """Whether the lease's processes were killed on its machine."""
         ray = self.ray
-        nodes = [n for n in await anyio.to_thread.run_sync(ray.nodes)
-                 if n.get("Alive") and n.get("NodeManagerAddress") == ip]
+        nodes = [node for node in await anyio.to_thread.run_sync(ray.nodes)
+                 if node.get("Alive") and node.get("NodeManagerAddress") == ip]
         if not nodes:
             self.w.port.emit(LeaseSweepUnreachable(
                 replica=i, lease=lease, ip=ip,
@@ -516,7 +518,7 @@ class RayBackend(Backend):
         self.heard[lease] = time.monotonic()
         if got is None:
             return None
-        c, files = got
+        judged, files = got
         if files is not None:  # no shared storage: its files come back before its verdict
             await self._receive(cell, attempt, files)
         await self._drain(i)  # its events (started, exited, graded) before its verdict
@@ -525,7 +527,7 @@ class RayBackend(Backend):
             # poll tells the actor it may forget the result. A head killed before it
             # leaves the result to its successor.
             self.taken[i].append(key)
-        return c
+        return judged
 
     async def _unless_handover(self, call: Awaitable[Result | None]) -> Result | None:
         """``call``'s result, or None once the loop hands over: the actor's attempt runs
@@ -551,17 +553,17 @@ class RayBackend(Backend):
     async def _receive(self, cell: Cell, attempt: int, files: bytes) -> None:
         """Unpack an attempt's shipped files into the state dir, the previous attempt's
         output moved aside first (as a local attempt does at its start)."""
-        w = self.w
-        ctx = cell_context(w.preset, cell, attempt, w.state_dir)
+        wiring = self.w
+        ctx = cell_context(wiring.preset, cell, attempt, wiring.state_dir)
         out = Path(ctx["output_dir"])
-        roots = run_roots(w.preset, w.state_dir)
+        roots = run_roots(wiring.preset, wiring.state_dir)
         try:
-            await anyio.to_thread.run_sync(move_aside, out, w.state_dir, cell.id,
+            await anyio.to_thread.run_sync(move_aside, out, wiring.state_dir, cell.id,
                                            attempt - 1, roots)
         except UnsafePath as e:
-            w.port.emit(UnsafePathRefused(cell=cell.id, path=str(out), why=str(e)))
-        written, skipped = await anyio.to_thread.run_sync(unpack, files, w.state_dir)
-        w.port.emit(CellFilesReceived(cell=cell.id, attempt=attempt, files=written,
+            wiring.port.emit(UnsafePathRefused(cell=cell.id, path=str(out), why=str(e)))
+        written, skipped = await anyio.to_thread.run_sync(unpack, files, wiring.state_dir)
+        wiring.port.emit(CellFilesReceived(cell=cell.id, attempt=attempt, files=written,
                  bytes=len(files), skipped=skipped[:20]))
 
     async def stop_replica(self, i: int) -> None:

@@ -28,20 +28,20 @@ def watch(actor: ProcIdentity, poll: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="kill a lost actor's lease processes")
-    ap.add_argument("--pid", type=int, required=True)
-    ap.add_argument("--ticks", type=int, required=True, help="the actor's start ticks")
-    ap.add_argument("--token", required=True)
-    ap.add_argument("--lease", required=True)
-    ap.add_argument("--poll", type=float, default=1.0)
-    ap.add_argument("--grace", type=float, default=2.0)
-    a = ap.parse_args(argv)
-    watch(ProcIdentity(a.pid, 0.0, a.ticks), a.poll)  # exact: a recycled pid is not it
+    parser = argparse.ArgumentParser(description="kill a lost actor's lease processes")
+    parser.add_argument("--pid", type=int, required=True)
+    parser.add_argument("--ticks", type=int, required=True, help="the actor's start ticks")
+    parser.add_argument("--token", required=True)
+    parser.add_argument("--lease", required=True)
+    parser.add_argument("--poll", type=float, default=1.0)
+    parser.add_argument("--grace", type=float, default=2.0)
+    args = parser.parse_args(argv)
+    watch(ProcIdentity(args.pid, 0.0, args.ticks), args.poll)  # exact: a recycled pid is not it
     from autopilot.backends.ray.node import sweep_lease  # after the wait: keep the guard small
 
-    killed = sweep_lease(a.token, a.lease, a.grace)
+    killed = sweep_lease(args.token, args.lease, args.grace)
     if killed:
-        print(f"leaseguard: lease {a.lease}: killed {killed}", flush=True)
+        print(f"leaseguard: lease {args.lease}: killed {killed}", flush=True)
     return 0
 
 

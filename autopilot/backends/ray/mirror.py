@@ -72,14 +72,15 @@ def peer_origin(api_base: str, up: bool, its_ip: str | None, here: str | None) -
     import ipaddress
     from urllib.parse import urlsplit
 
-    u = urlsplit(api_base)
-    if not up or not u.netloc:
+    parts = urlsplit(api_base)
+    if not up or not parts.netloc:
         return ""
     try:
-        loopback = u.hostname == "localhost" or ipaddress.ip_address(u.hostname or "").is_loopback
+        loopback = (parts.hostname == "localhost"
+                    or ipaddress.ip_address(parts.hostname or "").is_loopback)
     except ValueError:
         loopback = False  # a name: the node resolves it
-    return f"{u.scheme}://{u.netloc}" if not loopback or its_ip == here else ""
+    return f"{parts.scheme}://{parts.netloc}" if not loopback or its_ip == here else ""
 
 
 class RemoteKeeper(KeeperBase):

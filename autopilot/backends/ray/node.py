@@ -185,8 +185,8 @@ class NodePort:
     def tick(self, cid: str, frozen_secs: float, tier: str, last_signal: Any) -> None:
         self.ticks[cid] = Tick(frozen_secs, tier, last_signal)
 
-    def grade_failure(self, cid: str, c: Classification) -> None:
-        self._add(GradeFailureReport(cid, c))
+    def grade_failure(self, cid: str, judged: Classification) -> None:
+        self._add(GradeFailureReport(cid, judged))
 
     def throttled(self) -> None:
         return None  # the head's keeper mirror sees the node keeper's throttling
@@ -206,7 +206,7 @@ class NodePort:
         """Every report after ``acked`` (the head journaled those up to it: they are
         dropped), kept until a later poll acknowledges them: a head killed between
         this answer and its journal leaves them to its successor."""
-        self.reports = [n for n in self.reports if n.seq > acked]
+        self.reports = [note for note in self.reports if note.seq > acked]
         ticks, self.ticks = self.ticks, {}
         return list(self.reports), ticks
 
@@ -266,21 +266,21 @@ class NodeAgent:
 
     async def start(self) -> dict[str, Any]:
         """Start this replica's endpoint and keeper; where it runs, for the journal."""
-        p = self.preset
-        ep = make_endpoint(p, self.state_dir, self.replica)
-        ep.marker = self.run_token  # the head's run, wherever this node keeps its files
-        ep.extra_env = {LEASE_ENV: self.lease}  # the lease guard's to end with the actor
-        ep.arm_setting, ep.arm_group = arm_groups(p)[0]
-        self.keeper = Keeper(ep, self.port.emit, self.port.milestone)
+        preset = self.preset
+        endpoint = make_endpoint(preset, self.state_dir, self.replica)
+        endpoint.marker = self.run_token  # the head's run, wherever this node keeps its files
+        endpoint.extra_env = {LEASE_ENV: self.lease}  # the lease guard's to end with the actor
+        endpoint.arm_setting, endpoint.arm_group = arm_groups(preset)[0]
+        self.keeper = Keeper(endpoint, self.port.emit, self.port.milestone)
         self._start_guard()
         self.heard = time.monotonic()
         self._fence = asyncio.ensure_future(self._fence_watch())
         await self.keeper.start()
         self._watch = asyncio.ensure_future(self.keeper.watch())
-        w = Wiring(preset=p, state_dir=self.state_dir, run_token=self.run_token,
-                   port=self.port, redactor=self.redactor, clock=time.monotonic,
-                   sandboxes=self._sandboxes())
-        self.cx = replace(cell_context(w, self.keeper, replica=self.replica,
+        wiring = Wiring(preset=preset, state_dir=self.state_dir, run_token=self.run_token,
+                        port=self.port, redactor=self.redactor, clock=time.monotonic,
+                        sandboxes=self._sandboxes())
+        self.cx = replace(cell_context(wiring, self.keeper, replica=self.replica,
                                        extra_env={LEASE_ENV: self.lease}, forks=True,
                                        # its own: ends with the actor, and the nodes
                                        # may share the state dir
@@ -291,8 +291,8 @@ class NodeAgent:
 
     def _sandboxes(self) -> Any:
         """The cells' Docker side on this node's own daemon, when the preset has one."""
-        h = self.preset.harness
-        if not (h.sandbox_container or h.scratch_remove_image):
+        harness = self.preset.harness
+        if not (harness.sandbox_container or harness.scratch_remove_image):
             return None
         from autopilot.cell.sandbox import Docker, DockerSandboxes, Owner
         from autopilot.state.fsguard import run_roots
@@ -314,17 +314,18 @@ class NodeAgent:
     def peers(self) -> list[Any]:
         """Every replica, by number, as this node's gateways see it: its own keeper, and
         the others where the head last saw them answer."""
-        return [self.keeper if i == self.replica else PeerReplica(PeerEndpoint(o), bool(o))
-                for i, o in enumerate(self.origins or [""] * (self.replica + 1))]
+        return [self.keeper if i == self.replica
+                else PeerReplica(PeerEndpoint(origin), bool(origin))
+                for i, origin in enumerate(self.origins or [""] * (self.replica + 1))]
 
     def _start_guard(self) -> None:
         """The lease guard (autopilot.backends.ray.leaseguard): kills this lease's processes on this
         machine if this actor dies before it could (a worker crash, a raylet gone)."""
         env = {k: v for k, v in os.environ.items() if k not in (LEASE_ENV, RUN_TOKEN_ENV)}
-        me = os.getpid()
+        own_pid = os.getpid()
         self.guard = subprocess.Popen(
-            [sys.executable, "-m", "autopilot.backends.ray.leaseguard", "--pid", str(me),
-             "--ticks", str(start_ticks(me)), "--token", self.run_token, "--lease", self.lease,
+            [sys.executable, "-m", "autopilot.backends.ray.leaseguard", "--pid", str(own_pid),
+             "--ticks", str(start_ticks(own_pid)), "--token", self.run_token, "--lease", self.lease,
              "--grace", str(self.preset.watchdog.kill_grace_secs)],
             env=env, start_new_session=True, stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -353,7 +354,7 @@ class NodeAgent:
         the head has journaled (forgotten here)."""
         self.heard = time.monotonic()
         if origins is not None:
-            self.origins = [str(o) for o in origins]
+            self.origins = [str(origin) for origin in origins]
         for cid, attempt in taken or ():
             self.results.pop((str(cid), int(attempt)), None)
         self.port.stop = self.port.stop or stopping
@@ -412,13 +413,13 @@ class NodeAgent:
         task = asyncio.ensure_future(run.run())
         self.running[key] = task
         try:
-            c = await task
+            judged = await task
         finally:
             self.running.pop(key, None)
-        if self.shared or c is None:
-            return c, None
+        if self.shared or judged is None:
+            return judged, None
         files = shipping.cell_files(self.state_dir, cell.id, run.output_dir)
-        return c, await asyncio.to_thread(shipping.pack, self.state_dir, files)
+        return judged, await asyncio.to_thread(shipping.pack, self.state_dir, files)
 
     async def stop(self) -> list[str]:
         """Kill every cell this actor runs and stop its endpoint (a supervisor ending,
@@ -439,9 +440,9 @@ class NodeAgent:
             await self.keeper.ep.stop()
             await self.keeper.ep.aclose()
             self.redactor.scrub_file(self.keeper.ep.log_path, cap=SPOOL_CAP)
-        cx = getattr(self, "cx", None)
-        if cx is not None:  # this node's fork server of data paths
-            await cx.launch.aclose()
+        context = getattr(self, "cx", None)
+        if context is not None:  # this node's fork server of data paths
+            await context.launch.aclose()
         if self.docker is not None:
             await self.docker.close()
             self.docker = None
@@ -480,10 +481,10 @@ class Containers:
 
         docker = Docker(self.docker_host)
         try:
-            gone = [n for n in self.endpoints
-                    if await docker.remove_endpoint(n, self.state_dir)]
+            gone = [endpoint for endpoint in self.endpoints
+                    if await docker.remove_endpoint(endpoint, self.state_dir)]
             return gone + await docker.remove_exact(
-                self.sandboxes, Owner(tuple(Path(r) for r in self.roots), self.since))
+                self.sandboxes, Owner(tuple(Path(root) for root in self.roots), self.since))
         finally:
             await docker.close()
 
@@ -498,7 +499,7 @@ def sweep_run(run_token: str, grace: float, endpoint: bool,
     found: list[dict[str, Any]] = [{"cell": k.cell, "pids": k.pids}
                                    for k in orphan_marked(run_token, grace, endpoint=endpoint)]
     if containers is not None:
-        found += [{"container": n} for n in asyncio.run(containers.remove())]
+        found += [{"container": name} for name in asyncio.run(containers.remove())]
     return found
 
 

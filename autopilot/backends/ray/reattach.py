@@ -64,8 +64,8 @@ def acked_reports(journal: Path) -> dict[str, int]:
     from autopilot.state.journal import iter_events
 
     out: dict[str, int] = {}
-    for ev in iter_events(journal):
-        lease, seq = ev.get("lease"), ev.get("report_seq")
+    for event in iter_events(journal):
+        lease, seq = event.get("lease"), event.get("report_seq")
         if isinstance(lease, str) and type(seq) is int:
             out[lease] = max(out.get(lease, 0), seq)
     return out
@@ -75,20 +75,20 @@ def apply_polled(port: Port, replica: int, node: str, lease: str, acked: int,
                  got: Polled) -> int:
     """Journal what an actor reported after ``acked`` (each line carries its lease and
     number), pass its ticks on; the number now acknowledged."""
-    for n in got.reports:
-        if n.seq <= acked:
+    for note in got.reports:
+        if note.seq <= acked:
             continue  # journaled already (by a predecessor, or an earlier poll)
-        acked = n.seq
-        r = n.report
-        tag = {"replica": replica, "node": node[:12], "lease": lease, "report_seq": n.seq}
-        if isinstance(r, MilestoneReport):
-            port.milestone(r.kind, **{**r.info, **tag})
-        elif isinstance(r, GradeFailureReport):
-            port.grade_failure(r.cell, r.classification)
+        acked = note.seq
+        report = note.report
+        tag = {"replica": replica, "node": node[:12], "lease": lease, "report_seq": note.seq}
+        if isinstance(report, MilestoneReport):
+            port.milestone(report.kind, **{**report.info, **tag})
+        elif isinstance(report, GradeFailureReport):
+            port.grade_failure(report.cell, report.classification)
         else:
-            port.emit(r.event, **{**r.extra, **tag})
-    for cid, t in got.ticks.items():
-        port.tick(cid, t.frozen_secs, t.tier, t.last_signal)
+            port.emit(report.event, **{**report.extra, **tag})
+    for cid, tick in got.ticks.items():
+        port.tick(cid, tick.frozen_secs, tick.tier, tick.last_signal)
     return acked
 
 
@@ -139,25 +139,27 @@ async def survey(preset: Preset, run_token: str, state_dir: Path, port: Port,
         before = acked.get(hello.lease, 0)
         after = apply_polled(port, i, str(hello.where.get("node", "")), hello.lease, before,
                              got)
-        s = out[i] = Survivor(actor, hello, after, replayed=after - before)
-        still = {(str(c), int(a)) for c, a in got.running}
+        survivor = out[i] = Survivor(actor, hello, after, replayed=after - before)
+        still = {(str(name), int(number)) for name, number in got.running}
         for cid, attempt in dict.fromkeys(
-                (str(c), int(a)) for c, a in [*hello.running, *got.running, *hello.finished]):
+                (str(name), int(number))
+                for name, number in [*hello.running, *got.running, *hello.finished]):
             state = ledger.cells.get(cid)
             if state is not None and state.status == "running" and state.attempts == attempt:
-                s.running.append((cid, attempt))
+                survivor.running.append((cid, attempt))
             elif (cid, attempt) not in still:  # ended: its verdict is journaled already
-                s.taken.append((cid, attempt))
+                survivor.taken.append((cid, attempt))
             else:  # an attempt the journal does not know (or knows as ended): killed
-                s.revoked.append((cid, attempt))
+                survivor.revoked.append((cid, attempt))
     return Survivors(
-        attempts=tuple((cid, a, RayAttempt(i, s.hello.lease))
-                       for i, s in out.items() for cid, a in s.running),
-        leases=frozenset(s.hello.lease for s in out.values()),
-        pids=frozenset(s.hello.endpoint_pid for s in out.values()
-                       if s.hello.endpoint_pid is not None),
+        attempts=tuple((cid, number, RayAttempt(i, survivor.hello.lease))
+                       for i, survivor in out.items() for cid, number in survivor.running),
+        leases=frozenset(survivor.hello.lease for survivor in out.values()),
+        pids=frozenset(survivor.hello.endpoint_pid for survivor in out.values()
+                       if survivor.hello.endpoint_pid is not None),
         groups=frozenset({f"endpoint-{i}" for i in out} | {
-            group_name(kind, cid, a) for s in out.values() for cid, a in s.running
+            group_name(kind, cid, number)
+            for survivor in out.values() for cid, number in survivor.running
             for kind in ("cell", "grade")}),
         replicas=out)
 

@@ -24,11 +24,11 @@ from autopilot.config import Preset
 
 
 def _templates(preset: Preset) -> list[tuple[str, str]]:
-    h, g = preset.harness, preset.grader
-    out = [("harness.output_dir", h.output_dir), ("harness.transcript", h.transcript),
-           ("harness.summary", h.summary), ("grader.grade_file", g.grade_file)]
-    out += [(f"harness.completion[{i}]", t) for i, t in enumerate(h.completion)]
-    return [(k, t) for k, t in out if t]
+    harness, grader = preset.harness, preset.grader
+    out = [("harness.output_dir", harness.output_dir), ("harness.transcript", harness.transcript),
+           ("harness.summary", harness.summary), ("grader.grade_file", grader.grade_file)]
+    out += [(f"harness.completion[{i}]", template) for i, template in enumerate(harness.completion)]
+    return [(k, template) for k, template in out if template]
 
 
 def outside_problems(preset: Preset) -> list[tuple[str, str]]:
@@ -80,29 +80,29 @@ def unpack(data: bytes, state_dir: Path) -> tuple[int, list[str]]:
     written, skipped = 0, []
     root = state_dir.resolve()
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        for m in tar:
-            rel = PurePosixPath(m.name)
+        for member in tar:
+            rel = PurePosixPath(member.name)
             if rel.is_absolute() or ".." in rel.parts or not rel.parts:
-                skipped.append(f"{m.name!r}: not a plain relative name")
+                skipped.append(f"{member.name!r}: not a plain relative name")
                 continue
-            if not (m.isfile() or m.isdir()):
-                skipped.append(f"{m.name!r}: not a regular file or directory")
+            if not (member.isfile() or member.isdir()):
+                skipped.append(f"{member.name!r}: not a regular file or directory")
                 continue
             target = root.joinpath(*rel.parts)
             if not _plain_parents(root, target):
-                skipped.append(f"{m.name!r}: a parent is a symlink or not a directory")
+                skipped.append(f"{member.name!r}: a parent is a symlink or not a directory")
                 continue
-            if m.isdir():
+            if member.isdir():
                 target.mkdir(mode=0o700, exist_ok=True)
                 continue
-            src = tar.extractfile(m)
+            src = tar.extractfile(member)
             if src is None:
                 continue
             try:  # O_NOFOLLOW: a symlink planted at the name is refused, not followed
                 fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
                              | os.O_CLOEXEC, 0o600)
             except OSError as e:
-                skipped.append(f"{m.name!r}: {e.strerror}")
+                skipped.append(f"{member.name!r}: {e.strerror}")
                 continue
             with os.fdopen(fd, "wb") as f:
                 while chunk := src.read(1 << 20):
@@ -118,10 +118,10 @@ def _plain_parents(root: Path, target: Path) -> bool:
     for part in target.relative_to(root).parts[:-1]:
         cur = cur / part
         try:
-            st = os.lstat(cur)
+            info = os.lstat(cur)
         except FileNotFoundError:
             cur.mkdir(mode=0o700)
             continue
-        if not stat.S_ISDIR(st.st_mode):
+        if not stat.S_ISDIR(info.st_mode):
             return False
     return True

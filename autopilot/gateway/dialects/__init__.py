@@ -23,13 +23,13 @@ DIALECTS: dict[str, Dialect] = {d.name: d for d in (CHAT, RESPONSES, MESSAGES, G
 
 def route_of(method: str, path: str) -> Route | None:
     """The route a request is to the dialect that knows it, or None."""
-    p = path.rstrip("/")
-    if "//" in p or "/../" in p + "/" or "%" in p:
+    trimmed = path.rstrip("/")
+    if "//" in trimmed or "/../" in trimmed + "/" or "%" in trimmed:
         return None
-    for d in DIALECTS.values():
-        r = d.route(method, p)
-        if r is not None:
-            return r
+    for dialect in DIALECTS.values():
+        route = dialect.route(method, trimmed)
+        if route is not None:
+            return route
     return None
 
 

@@ -67,10 +67,10 @@ class Counts:
             v = v.get(key)
         if v is None:
             return None
-        n = count_of(v)
-        if n is None:
+        count = count_of(v)
+        if count is None:
             self.malformed = True
-        return n
+        return count
 
     def usage(self, tokens: Tokens) -> Usage:
         return Usage(tokens, self.malformed)

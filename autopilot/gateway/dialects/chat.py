@@ -49,23 +49,24 @@ class Chat(Dialect):
     def usage(self, doc: Any) -> Usage | None:
         if not isinstance(doc, dict) or not isinstance(doc.get("usage"), dict):
             return None
-        u = doc["usage"]
-        if "prompt_tokens" not in u and ("input_tokens" in u or "output_tokens" in u):
-            return usage_of_responses(u)  # a Responses-shaped usage (some servers)
-        c = Counts(u)
-        prompt = c.get("prompt_tokens")
-        cached = c.get("prompt_tokens_details", "cached_tokens")
-        return c.usage(Tokens(input=minus(prompt, cached), cache_read=cached,
-                              output=c.get("completion_tokens"),
-                              reasoning=c.get("completion_tokens_details",
-                                              "reasoning_tokens")))
+        reported = doc["usage"]
+        if "prompt_tokens" not in reported \
+                and ("input_tokens" in reported or "output_tokens" in reported):
+            return usage_of_responses(reported)  # a Responses-shaped usage (some servers)
+        counts = Counts(reported)
+        prompt = counts.get("prompt_tokens")
+        cached = counts.get("prompt_tokens_details", "cached_tokens")
+        return counts.usage(Tokens(input=minus(prompt, cached), cache_read=cached,
+                                   output=counts.get("completion_tokens"),
+                                   reasoning=counts.get("completion_tokens_details",
+                                                   "reasoning_tokens")))
 
     def finish(self, doc: Any) -> str | None:
         if not isinstance(doc, dict) or not isinstance(doc.get("choices"), list):
             return None
-        for ch in doc["choices"]:
-            if isinstance(ch, dict) and isinstance(ch.get("finish_reason"), str):
-                return str(ch["finish_reason"])[:40]
+        for choice in doc["choices"]:
+            if isinstance(choice, dict) and isinstance(choice.get("finish_reason"), str):
+                return str(choice["finish_reason"])[:40]
         return None
 
     def event(self, state: StreamState, name: str | None, payload: bytes) -> None:
@@ -93,12 +94,12 @@ def _has_content(doc: Any) -> bool:
     """A stream chunk that carries generated text (content, reasoning or a tool call)."""
     if not isinstance(doc, dict) or not isinstance(doc.get("choices"), list):
         return False
-    for ch in doc["choices"]:
-        d = ch.get("delta") if isinstance(ch, dict) else None
-        if isinstance(d, dict) and any(d.get(k) for k in ("content", "reasoning_content",
+    for choice in doc["choices"]:
+        delta = choice.get("delta") if isinstance(choice, dict) else None
+        if isinstance(delta, dict) and any(delta.get(k) for k in ("content", "reasoning_content",
                                                            "reasoning", "tool_calls")):
             return True
-        if isinstance(ch, dict) and isinstance(ch.get("text"), str) and ch["text"]:
+        if isinstance(choice, dict) and isinstance(choice.get("text"), str) and choice["text"]:
             return True
     return False
 

@@ -41,12 +41,12 @@ class Gemini(Dialect):
     models_path: ClassVar[str] = "/v1beta/models?pageSize=1000"
 
     def route(self, method: str, path: str) -> Route | None:
-        m = _PATH.search(path)
-        if method != "POST" or m is None:
+        match = _PATH.search(path)
+        if method != "POST" or match is None:
             return None
-        if m.group(2) == "countTokens":
-            return Route(self, keyed=True, model=m.group(1))
-        return Route(self, generates=True, metered=True, keyed=True, model=m.group(1))
+        if match.group(2) == "countTokens":
+            return Route(self, keyed=True, model=match.group(1))
+        return Route(self, generates=True, metered=True, keyed=True, model=match.group(1))
 
     def model_ids(self, doc: Any) -> list[str]:
         models = doc.get("models") if isinstance(doc, dict) else None
@@ -57,28 +57,28 @@ class Gemini(Dialect):
         return route.model
 
     def with_model(self, doc: Any, path: str, route: Route, model: str) -> tuple[Any, str]:
-        m = _PATH.search(path)
-        if m is None:
+        match = _PATH.search(path)
+        if match is None:
             return doc, path
-        return doc, path[:m.start(1)] + quote(model, safe="") + path[m.end(1):]
+        return doc, path[:match.start(1)] + quote(model, safe="") + path[match.end(1):]
 
     def streams(self, doc: Any, route: Route, path: str) -> bool:
         return path.endswith(":streamGenerateContent")
 
     def usage(self, doc: Any) -> Usage | None:
-        u = doc.get("usageMetadata") if isinstance(doc, dict) else None
-        if not isinstance(u, dict):
+        reported = doc.get("usageMetadata") if isinstance(doc, dict) else None
+        if not isinstance(reported, dict):
             return None
-        c = Counts(u)
-        prompt, cached = c.get("promptTokenCount"), c.get("cachedContentTokenCount")
-        tool = c.get("toolUsePromptTokenCount")
-        answer, thoughts = c.get("candidatesTokenCount"), c.get("thoughtsTokenCount")
+        counts = Counts(reported)
+        prompt, cached = counts.get("promptTokenCount"), counts.get("cachedContentTokenCount")
+        tool = counts.get("toolUsePromptTokenCount")
+        answer, thoughts = counts.get("candidatesTokenCount"), counts.get("thoughtsTokenCount")
         fresh = minus(prompt, cached)
         if fresh is not None and tool is not None:
             fresh += tool
         output = None if answer is None and thoughts is None else (answer or 0) + (thoughts or 0)
-        return c.usage(Tokens(input=fresh, cache_read=cached, output=output,
-                              reasoning=thoughts))
+        return counts.usage(Tokens(input=fresh, cache_read=cached, output=output,
+                                   reasoning=thoughts))
 
     def finish(self, doc: Any) -> str | None:
         cands = doc.get("candidates") if isinstance(doc, dict) else None

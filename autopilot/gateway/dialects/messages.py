@@ -46,14 +46,14 @@ class Messages(Dialect):
         return {**self.auth(key), "anthropic-version": ANTHROPIC_VERSION}
 
     def usage(self, doc: Any) -> Usage | None:
-        u = doc.get("usage") if isinstance(doc, dict) else None
-        if not isinstance(u, dict):
+        reported = doc.get("usage") if isinstance(doc, dict) else None
+        if not isinstance(reported, dict):
             return None
-        c = Counts(u)
-        return c.usage(Tokens(input=c.get("input_tokens"),
-                              cache_write=c.get("cache_creation_input_tokens"),
-                              cache_read=c.get("cache_read_input_tokens"),
-                              output=c.get("output_tokens")))
+        counts = Counts(reported)
+        return counts.usage(Tokens(input=counts.get("input_tokens"),
+                                   cache_write=counts.get("cache_creation_input_tokens"),
+                                   cache_read=counts.get("cache_read_input_tokens"),
+                                   output=counts.get("output_tokens")))
 
     def finish(self, doc: Any) -> str | None:
         reason = doc.get("stop_reason") if isinstance(doc, dict) else None

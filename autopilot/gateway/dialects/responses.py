@@ -33,12 +33,12 @@ _ENDS = frozenset({"response.completed", "response.incomplete", "response.failed
 
 
 def usage_of_responses(u: Any) -> Usage:
-    c = Counts(u)
-    total = c.get("input_tokens")
-    cached = c.get("input_tokens_details", "cached_tokens")
-    return c.usage(Tokens(input=minus(total, cached), cache_read=cached,
-                          output=c.get("output_tokens"),
-                          reasoning=c.get("output_tokens_details", "reasoning_tokens")))
+    counts = Counts(u)
+    total = counts.get("input_tokens")
+    cached = counts.get("input_tokens_details", "cached_tokens")
+    return counts.usage(Tokens(input=minus(total, cached), cache_read=cached,
+                               output=counts.get("output_tokens"),
+                               reasoning=counts.get("output_tokens_details", "reasoning_tokens")))
 
 
 class Responses(Dialect):

@@ -49,9 +49,9 @@ class Claim:
     turns: int | None = None
 
     def add(self, bucket: str, value: Any) -> None:
-        n = count(value)
-        if n is not None:
-            self.tokens[bucket] = self.tokens.get(bucket, 0) + n
+        counted = count(value)
+        if counted is not None:
+            self.tokens[bucket] = self.tokens.get(bucket, 0) + counted
 
     @property
     def finish(self) -> str:
@@ -61,7 +61,7 @@ class Claim:
         own limit: the model's, judged by the grader)."""
         if self.error is not None:
             low = self.error.lower()
-            if any(w in low for w in THROTTLE_WORDS):
+            if any(word in low for word in THROTTLE_WORDS):
                 return f"rate_limited: {self.error}"[:300]
             return f"api_error: {self.error}"[:300]
         return f"stopped: {self.stopped}"[:300] if self.stopped else "completed"

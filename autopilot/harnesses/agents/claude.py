@@ -34,35 +34,35 @@ class ClaudeCode(Agent):
         return Launch(argv, env)
 
     def claim(self, stdout: str) -> Claim:
-        c = Claim()
+        claimed = Claim()
         events = json_lines(stdout)
         result = next((e for e in reversed(events) if e.get("type") == "result"), None)
         init = next((e for e in events if e.get("subtype") == "init"), None)
         if init is not None and isinstance(init.get("model"), str):
-            c.model = init["model"][:200]
+            claimed.model = init["model"][:200]
         if result is None:
-            c.error = "no result line in its output"
-            return c
+            claimed.error = "no result line in its output"
+            return claimed
         usage = result.get("usage") if isinstance(result.get("usage"), dict) else {}
         for bucket, key in (("input", "input_tokens"), ("cache_write",
                             "cache_creation_input_tokens"),
                             ("cache_read", "cache_read_input_tokens"),
                             ("output", "output_tokens")):
-            c.add(bucket, usage.get(key))
+            claimed.add(bucket, usage.get(key))
         cost = result.get("total_cost_usd")
-        c.cost_usd = float(cost) if isinstance(cost, int | float) else None
-        c.answer = str(result.get("result") or "")[:20000]
+        claimed.cost_usd = float(cost) if isinstance(cost, int | float) else None
+        claimed.answer = str(result.get("result") or "")[:20000]
         turns = result.get("num_turns")
-        c.turns = turns if type(turns) is int else None
+        claimed.turns = turns if type(turns) is int else None
         if result.get("api_error") == "max_output_tokens":  # the model's length, no outage
-            c.stopped = "max_output_tokens"
+            claimed.stopped = "max_output_tokens"
         elif result.get("api_error") or result.get("api_error_status"):
-            c.error = str(result.get("api_error") or result.get("api_error_status"))[:200]
+            claimed.error = str(result.get("api_error") or result.get("api_error_status"))[:200]
             if isinstance(result.get("result"), str):
-                c.error += f" ({result['result'][:200]})"
+                claimed.error += f" ({result['result'][:200]})"
         elif result.get("is_error"):
-            c.stopped = str(result.get("subtype") or "error")[:100]
-        return c
+            claimed.stopped = str(result.get("subtype") or "error")[:100]
+        return claimed
 
 
 AGENT = ClaudeCode()

@@ -39,27 +39,28 @@ class Codex(Agent):
         return Launch(argv, {"CODEX_HOME": str(home), KEY_VAR: s.key})
 
     def claim(self, stdout: str) -> Claim:
-        c = Claim()
+        claimed = Claim()
         for e in json_lines(stdout):
             kind = e.get("type")
             if kind == "turn.completed" and isinstance(e.get("usage"), dict):
-                u = e["usage"]
-                total, cached = count(u.get("input_tokens")), count(u.get("cached_input_tokens"))
+                usage = e["usage"]
+                total = count(usage.get("input_tokens"))
+                cached = count(usage.get("cached_input_tokens"))
                 if total is not None:
-                    c.add("input", total - min(cached or 0, total))
-                c.add("cache_read", cached)
-                c.add("cache_write", u.get("cache_write_input_tokens"))
-                c.add("output", u.get("output_tokens"))
-                c.add("reasoning", u.get("reasoning_output_tokens"))
-                c.turns = (c.turns or 0) + 1
+                    claimed.add("input", total - min(cached or 0, total))
+                claimed.add("cache_read", cached)
+                claimed.add("cache_write", usage.get("cache_write_input_tokens"))
+                claimed.add("output", usage.get("output_tokens"))
+                claimed.add("reasoning", usage.get("reasoning_output_tokens"))
+                claimed.turns = (claimed.turns or 0) + 1
             elif kind == "item.completed" and isinstance(e.get("item"), dict):
                 item = e["item"]
                 if item.get("type") == "agent_message" and isinstance(item.get("text"), str):
-                    c.answer = item["text"][:20000]
+                    claimed.answer = item["text"][:20000]
             elif kind in ("turn.failed", "error"):
                 err = obj(e.get("error")) or e
-                c.error = str(err.get("message") or kind)[:300]
-        return c
+                claimed.error = str(err.get("message") or kind)[:300]
+        return claimed
 
 
 AGENT = Codex()

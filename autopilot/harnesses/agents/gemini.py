@@ -35,43 +35,44 @@ class GeminiCli(Agent):
                              "GEMINI_CLI_TRUST_WORKSPACE": "true", "NO_BROWSER": "true"})
 
     def claim(self, stdout: str) -> Claim:
-        c = Claim()
+        claimed = Claim()
         parts: list[str] = []
         for e in json_lines(stdout):
             kind = e.get("type")
             if kind == "init" and isinstance(e.get("model"), str):
-                c.model = e["model"][:200]
+                claimed.model = e["model"][:200]
             elif kind == "message" and e.get("role") == "assistant" \
                     and isinstance(e.get("content"), str):
                 parts.append(e["content"])
             elif kind == "error" or (kind == "result" and e.get("status") == "error"):
                 err = obj(e.get("error")) or e
-                c.error = str(err.get("message") or err.get("type") or "error")[:300]
+                claimed.error = str(err.get("message") or err.get("type") or "error")[:300]
             if kind == "result" and isinstance(e.get("stats"), dict):
-                self._stats(c, e["stats"])
-        c.answer = "".join(parts)[:20000]
-        return c
+                self._stats(claimed, e["stats"])
+        claimed.answer = "".join(parts)[:20000]
+        return claimed
 
     @staticmethod
     def _stats(c: Claim, stats: dict[str, Any]) -> None:
         models = stats.get("models")
-        for m in models.values() if isinstance(models, dict) else [stats]:
-            if not isinstance(m, dict):
+        for model in models.values() if isinstance(models, dict) else [stats]:
+            if not isinstance(model, dict):
                 continue
-            t = m.get("tokens")
-            if isinstance(t, dict):  # --output-format json
-                GeminiCli._tokens(c, t.get("prompt", t.get("input")), t.get("cached"),
-                                  t.get("candidates"), t.get("thoughts"))
+            tokens = model.get("tokens")
+            if isinstance(tokens, dict):  # --output-format json
+                GeminiCli._tokens(c, tokens.get("prompt", tokens.get("input")),
+                                  tokens.get("cached"), tokens.get("candidates"),
+                                  tokens.get("thoughts"))
                 continue
             # stream-json: input_tokens (cache-inclusive), output_tokens (the answer),
             # cached; the thinking is what the total holds beyond them
-            total, inp, out = (count(m.get(k)) for k in ("total_tokens", "input_tokens",
+            total, inp, out = (count(model.get(k)) for k in ("total_tokens", "input_tokens",
                                                           "output_tokens"))
             thoughts = None
             if total is not None and inp is not None and out is not None \
                     and total > inp + out:
                 thoughts = total - inp - out
-            GeminiCli._tokens(c, inp, m.get("cached"), out, thoughts)
+            GeminiCli._tokens(c, inp, model.get("cached"), out, thoughts)
 
     @staticmethod
     def _tokens(c: Claim, prompt: Any, cached: Any, answer: Any, thoughts: Any) -> None:

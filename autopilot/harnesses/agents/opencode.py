@@ -42,7 +42,7 @@ class OpenCode(Agent):
                              "OPENCODE_DISABLE_MODELS_FETCH": "1"})
 
     def claim(self, stdout: str) -> Claim:
-        c = Claim()
+        claimed = Claim()
         parts: list[str] = []
         cost = 0.0
         for e in json_lines(stdout):
@@ -51,25 +51,25 @@ class OpenCode(Agent):
             if kind == "text" and isinstance(part.get("text"), str):
                 parts.append(part["text"])
             elif kind == "step_finish" and part.get("tokens"):
-                t = obj(part.get("tokens"))
-                cache = obj(t.get("cache"))
-                c.add("input", t.get("input"))
-                c.add("cache_read", cache.get("read"))
-                c.add("cache_write", cache.get("write"))
-                out, why = count(t.get("output")), count(t.get("reasoning"))
+                tokens = obj(part.get("tokens"))
+                cache = obj(tokens.get("cache"))
+                claimed.add("input", tokens.get("input"))
+                claimed.add("cache_read", cache.get("read"))
+                claimed.add("cache_write", cache.get("write"))
+                out, why = count(tokens.get("output")), count(tokens.get("reasoning"))
                 if out is not None or why is not None:
-                    c.add("output", (out or 0) + (why or 0))
-                c.add("reasoning", why)
+                    claimed.add("output", (out or 0) + (why or 0))
+                claimed.add("reasoning", why)
                 if isinstance(part.get("cost"), int | float):
                     cost += float(part["cost"])
-                c.turns = (c.turns or 0) + 1
+                claimed.turns = (claimed.turns or 0) + 1
             elif kind == "error":
                 err = obj(e.get("error")) or e
                 data = obj(err.get("data")) or err
-                c.error = str(data.get("message") or err.get("name") or "error")[:300]
-        c.answer = "".join(parts)[:20000]
-        c.cost_usd = cost if c.turns else None
-        return c
+                claimed.error = str(data.get("message") or err.get("name") or "error")[:300]
+        claimed.answer = "".join(parts)[:20000]
+        claimed.cost_usd = cost if claimed.turns else None
+        return claimed
 
 
 AGENT = OpenCode()

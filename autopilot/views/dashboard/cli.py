@@ -35,18 +35,18 @@ def positive_float(value: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = OneLineParser(prog="dashboard", description="Read-only view of a bench-autopilot run.")
-    ap.add_argument("--state-dir", default=None, metavar="DIR",
-                    help="default $AUTOPILOT_STATE_DIR or /tmp/bench-autopilot")
-    views = ap.add_mutually_exclusive_group()
+    parser = OneLineParser(prog="dashboard", description="Read-only view of a bench-autopilot run.")
+    parser.add_argument("--state-dir", default=None, metavar="DIR",
+                        help="default $AUTOPILOT_STATE_DIR or /tmp/bench-autopilot")
+    views = parser.add_mutually_exclusive_group()
     views.add_argument("--oneline", action="store_true", help="one compact status line")
     views.add_argument("--watch", nargs="?", type=positive_float, const=2.0, metavar="SECS",
                        help="redraw in place every SECS (default 2: it reads one small "
                        "file); Ctrl-C exits")
-    ap.add_argument("--html", metavar="FILE", help="write a self-contained HTML page (with "
-                    "--watch: rewritten atomically every SECS)")
+    parser.add_argument("--html", metavar="FILE", help="write a self-contained HTML page (with "
+                        "--watch: rewritten atomically every SECS)")
     views.add_argument("--json", action="store_true", help="compact machine-readable status")
-    ap.add_argument("--board", nargs="+", metavar="DIR",
+    parser.add_argument("--board", nargs="+", metavar="DIR",
                        help="the board across runs (a campaign dir, or run dirs); with "
                        "--json or --html for those forms")
     views.add_argument("--serve", action="store_true",
@@ -56,22 +56,22 @@ def build_parser() -> argparse.ArgumentParser:
                        help="per-task cumulative pass rate over v1-3/5/10/20")
     views.add_argument("--flips", action="store_true",
                        help="per-task cells that differ from the modal verdict")
-    ap.add_argument("--bind", default="127.0.0.1:8765", metavar="HOST:PORT",
-                    help="--serve address (default 127.0.0.1:8765; anything but loopback "
-                    "needs --token-file)")
-    ap.add_argument("--allow-host", action="append", default=[], metavar="NAME",
-                    help="--serve: another name clients may reach it by (the Host header; "
-                    "besides the bound address, localhost and loopback); repeatable")
-    ap.add_argument("--token-file", metavar="FILE",
-                    help="--serve: clients must present this token (Bearer header, or "
-                    "?token= once, then a cookie)")
-    ap.add_argument("--no-color", action="store_true", help="no colour (also: NO_COLOR)")
-    ap.add_argument("--no-events", action="store_true", help="grid without recent events")
-    ap.add_argument("--no-sparkline", action="store_true", help="grid without the sparkline")
-    ap.add_argument("--width", type=int, default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--print-completion", choices=("bash", "zsh", "tcsh"), metavar="SHELL",
-                    help="print a shell completion script (bash, zsh, tcsh) and exit")
-    return ap
+    parser.add_argument("--bind", default="127.0.0.1:8765", metavar="HOST:PORT",
+                        help="--serve address (default 127.0.0.1:8765; anything but loopback "
+                        "needs --token-file)")
+    parser.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                        help="--serve: another name clients may reach it by (the Host header; "
+                        "besides the bound address, localhost and loopback); repeatable")
+    parser.add_argument("--token-file", metavar="FILE",
+                        help="--serve: clients must present this token (Bearer header, or "
+                        "?token= once, then a cookie)")
+    parser.add_argument("--no-color", action="store_true", help="no colour (also: NO_COLOR)")
+    parser.add_argument("--no-events", action="store_true", help="grid without recent events")
+    parser.add_argument("--no-sparkline", action="store_true", help="grid without the sparkline")
+    parser.add_argument("--width", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--print-completion", choices=("bash", "zsh", "tcsh"), metavar="SHELL",
+                        help="print a shell completion script (bash, zsh, tcsh) and exit")
+    return parser
 
 
 def _no_run(state_dir: Path) -> int:
@@ -127,7 +127,7 @@ def board_view(args: argparse.Namespace, no_color: bool) -> int:
     from autopilot.views import board
 
     try:
-        result = board.build([Path(d) for d in args.board], allow_mixed=True)
+        result = board.build([Path(directory) for directory in args.board], allow_mixed=True)
     except AutopilotError as e:
         print(f"dashboard: error: {e}", file=sys.stderr)
         return EXIT_USAGE

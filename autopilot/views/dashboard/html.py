@@ -22,30 +22,31 @@ _env = Environment(
 
 
 def _spark(times: list[float], width: int = 400, height: int = 40) -> dict[str, Any] | None:
-    b = analysis.bins(times)
-    if not b:
+    bins = analysis.bins(times)
+    if not bins:
         return None
-    top = max(b) or 1
-    w = width / len(b)
-    bars = [{"x": round(i * w, 2), "w": round(w * 0.9, 2), "h": round(c / top * height, 2),
-             "y": round(height - c / top * height, 2)} for i, c in enumerate(b) if c]
+    top = max(bins) or 1
+    bar_width = width / len(bins)
+    bars = [{"x": round(i * bar_width, 2), "w": round(bar_width * 0.9, 2),
+             "h": round(count / top * height, 2), "y": round(height - count / top * height, 2)}
+            for i, count in enumerate(bins) if count]
     return {"width": width, "height": height, "bars": bars}
 
 
-def live_context(d: DashData, links: bool = False) -> dict[str, Any]:
+def live_context(data: DashData, links: bool = False) -> dict[str, Any]:
     """What the grid fragment (``_live.html.j2``) shows; ``links``: each cell links to
     its own page (the served view)."""
-    warn = finite(d.doc.thresholds.warn_secs)
+    warn = finite(data.doc.thresholds.warn_secs)
     arms = []
-    for arm in d.arms:
+    for arm in data.arms:
         rows = []
-        tp = tv = 0
-        for task, row in d.matrix(arm).items():
-            c = counts(row.values())
-            tp, tv = tp + c["pass"], tv + c["valid"]
+        pass_total = valid_total = 0
+        for task, row in data.matrix(arm).items():
+            tally = counts(row.values())
+            pass_total, valid_total = pass_total + tally["pass"], valid_total + tally["valid"]
             cells = []
-            for n in range(1, d.target_n + 1):
-                cell = row.get(n)
+            for replicate in range(1, data.target_n + 1):
+                cell = row.get(replicate)
                 title = cell.id if cell else ""
                 if cell is not None and cell.reason:
                     title += f" INVALID({cell.reason})"
@@ -53,18 +54,18 @@ def live_context(d: DashData, links: bool = False) -> dict[str, Any]:
                     title += f" FAIL ({cell.caveat})"
                 cells.append({"kind": analysis.kind(cell), "code": analysis.code(cell, warn),
                               "title": title, "id": cell.id if cell else ""})
-            rows.append({"task": task, "cells": cells, "score": f"{c['pass']}/{c['valid']}",
-                         "delta": delta(d, arm, task, c["pass"], c["valid"])})
-        arms.append({"name": arm, "rows": rows, "total": f"{tp}/{tv}",
-                     "has_base": bool(d.baseline and d.baseline.get("arm") == arm)})
-    return {"status": d.status, "header": header(d), "arms": arms,
-            "ns": range(1, d.target_n + 1), "legend": analysis.LEGEND,
-            "spark": _spark(d.completions), "events": events_text(d), "links": links}
+            rows.append({"task": task, "cells": cells, "score": f"{tally['pass']}/{tally['valid']}",
+                         "delta": delta(data, arm, task, tally["pass"], tally["valid"])})
+        arms.append({"name": arm, "rows": rows, "total": f"{pass_total}/{valid_total}",
+                     "has_base": bool(data.baseline and data.baseline.get("arm") == arm)})
+    return {"status": data.status, "header": header(data), "arms": arms,
+            "ns": range(1, data.target_n + 1), "legend": analysis.LEGEND,
+            "spark": _spark(data.completions), "events": events_text(data), "links": links}
 
 
-def render_html(d: DashData, refresh: int = 15) -> str:
+def render_html(data: DashData, refresh: int = 15) -> str:
     return _env.get_template("dashboard.html.j2").render(
-        **live_context(d), refresh=refresh, generated=iso(), state_dir=str(d.state_dir))
+        **live_context(data), refresh=refresh, generated=iso(), state_dir=str(data.state_dir))
 
 
 def render_template(name: str, **ctx: Any) -> str:

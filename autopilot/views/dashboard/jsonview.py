@@ -28,32 +28,34 @@ from autopilot.views.dashboard.model import DashData, counts
 SCHEMA_VERSION = 1
 
 
-def _word(c: CellState) -> str:
-    if c.status in ("PASS", "FAIL"):
-        return c.status
-    if c.status == "invalid":
-        return f"INVALID({c.reason})"
-    if c.status == "ungraded":  # its run stands, its grade does not: excluded, not pending
-        return f"UNGRADED({c.reason})"
+def _word(cell: CellState) -> str:
+    if cell.status in ("PASS", "FAIL"):
+        return cell.status
+    if cell.status == "invalid":
+        return f"INVALID({cell.reason})"
+    if cell.status == "ungraded":  # its run stands, its grade does not: excluded, not pending
+        return f"UNGRADED({cell.reason})"
     return {"quarantined": "QUARANTINED", "running": "RUNNING", "ran": "RUNNING"}.get(
-        c.status, "PENDING")
+        cell.status, "PENDING")
 
 
-def to_json(d: DashData) -> str:
+def to_json(data: DashData) -> str:
     arms: dict[str, Any] = {}
-    for arm in d.arms:
+    for arm in data.arms:
         tasks = {}
         every = []
-        for task, row in d.matrix(arm).items():
-            c = counts(row.values())
+        for task, row in data.matrix(arm).items():
+            tally = counts(row.values())
             every += list(row.values())
-            tasks[task] = {"pass": c["pass"], "valid": c["valid"],
-                           **({"samples": c["samples"]} if "samples" in c else {}),
-                           "cells": {f"v{n}": _word(cell) for n, cell in sorted(row.items())}}
+            tasks[task] = {"pass": tally["pass"], "valid": tally["valid"],
+                           **({"samples": tally["samples"]} if "samples" in tally else {}),
+                           "cells": {f"v{replicate}": _word(cell)
+                                     for replicate, cell in sorted(row.items())}}
         arms[arm] = {"totals": counts(every), "tasks": tasks}
-    s = d.status
-    doc = {"schema_version": SCHEMA_VERSION, "phase": s.get("phase"), "preset": s.get("preset"),
-           "model": s.get("model"), "target_n": d.target_n, "generated_at": iso(),
-           "liveness": s.get("liveness"),
-           "arms": arms, "trust": d.trust.as_json()}
+    status = data.status
+    doc = {"schema_version": SCHEMA_VERSION, "phase": status.get("phase"),
+           "preset": status.get("preset"),
+           "model": status.get("model"), "target_n": data.target_n, "generated_at": iso(),
+           "liveness": status.get("liveness"),
+           "arms": arms, "trust": data.trust.as_json()}
     return json.dumps(doc, separators=(",", ":"), sort_keys=False)

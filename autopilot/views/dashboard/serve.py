@@ -77,10 +77,10 @@ def read_token(path: Path) -> str:
 
 def host_of(header: str) -> str:
     """The name in a Host header (``name``, ``name:port``, ``[v6]:port``), lowercased."""
-    h = header.strip().lower()
-    if h.startswith("["):
-        return h[1:h.find("]")] if "]" in h else h
-    return h.rsplit(":", 1)[0] if h.count(":") == 1 else h
+    host = header.strip().lower()
+    if host.startswith("["):
+        return host[1:host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
 class Server:
@@ -88,7 +88,7 @@ class Server:
                  allow_hosts: tuple[str, ...] = ()) -> None:
         self.state_dir = state_dir
         self.token = token
-        self.hosts = {bound.lower(), "localhost", *(h.lower() for h in allow_hosts)}
+        self.hosts = {bound.lower(), "localhost", *(host.lower() for host in allow_hosts)}
         self.streams: dict[str, int] = {}
         self._redactor: Any = None
 
@@ -159,23 +159,23 @@ class Server:
         out: list[tuple[int, int] | None] = []
         for name in WATCHED:
             try:
-                st = os.stat(self.state_dir / name)
-                out.append((st.st_mtime_ns, st.st_size))
+                info = os.stat(self.state_dir / name)
+                out.append((info.st_mtime_ns, info.st_size))
             except OSError:
                 out.append(None)
         return tuple(out)
 
     def _fragment(self) -> str:
-        d = model.load(self.state_dir)
-        if d is None:
+        data = model.load(self.state_dir)
+        if data is None:
             return render_template("_empty.html.j2", state_dir=str(self.state_dir))
-        return render_template("_live.html.j2", **live_context(d, links=True))
+        return render_template("_live.html.j2", **live_context(data, links=True))
 
     # ------------------------------------------------------------------ pages
 
     async def index(self, request: web.Request) -> web.Response:
-        d = await asyncio.to_thread(model.load, self.state_dir)
-        status = d.status if d is not None else {}
+        data = await asyncio.to_thread(model.load, self.state_dir)
+        status = data.status if data is not None else {}
         fragment = await asyncio.to_thread(self._fragment)
         html = render_template("serve.html.j2", status=status, base="",
                                state_dir=str(self.state_dir), live=fragment)
@@ -235,11 +235,11 @@ class Server:
     def _metrics(self) -> bytes | None:
         from autopilot.views.metrics import exposition
 
-        d = model.load(self.state_dir)
-        if d is None or d.ledger is None:
+        data = model.load(self.state_dir)
+        if data is None or data.ledger is None:
             return None
         raw = state_json(self.state_dir, "status.json")
-        return exposition(d.ledger, d.status, look(
+        return exposition(data.ledger, data.status, look(
             self.state_dir, raw.get("phase") if isinstance(raw, dict) else None))
 
     async def static(self, request: web.Request) -> web.Response:
@@ -257,22 +257,22 @@ class Server:
         return web.Response(text=page, content_type="text/html")
 
     def _cell_page(self, cid: str) -> str | None:
-        d = model.load(self.state_dir)
+        data = model.load(self.state_dir)
         # A plain name of this plan, or nothing: the id becomes part of file paths.
-        if d is None or cid not in d.cells or not NAME_RE.fullmatch(cid) or ".." in cid:
+        if data is None or cid not in data.cells or not NAME_RE.fullmatch(cid) or ".." in cid:
             return None
-        c = d.cells[cid]
-        verdict = {"PASS": "PASS", "FAIL": "FAIL"}.get(c.status) or (
-            f"INVALID({c.reason})" if c.status == "invalid" else c.status.upper())
+        cell = data.cells[cid]
+        verdict = {"PASS": "PASS", "FAIL": "FAIL"}.get(cell.status) or (
+            f"INVALID({cell.reason})" if cell.status == "invalid" else cell.status.upper())
         evs = []
-        for ev in state_events(self.state_dir):
-            if ev.get("cell") != cid:
+        for event in state_events(self.state_dir):
+            if event.get("cell") != cid:
                 continue
-            ev = sane(ev)
-            evidence = {k: v for k, v in ev.items()
+            event = sane(event)
+            evidence = {k: v for k, v in event.items()
                         if k not in ("ts", "event", "cell", "attempt", "token")}
-            evs.append({"ts": clean(ev.get("ts"), 40), "attempt": clean(ev.get("attempt"), 8),
-                        "event": clean(ev.get("event"), 40),
+            evs.append({"ts": clean(event.get("ts"), 40), "attempt": clean(event.get("attempt"), 8),
+                        "event": clean(event.get("event"), 40),
                         "evidence": clean(json.dumps(evidence, default=str), 600)})
         logs, owner = self.state_dir / "logs", owner_of(self.state_dir)
         found = [
@@ -281,7 +281,7 @@ class Server:
             *self._artifacts(cid),
         ]
         return render_template("cell.html.j2", cell=cid, verdict=verdict,
-                               kind=cell_kind(c).split()[0], detail=clean(c.detail, 600),
+                               kind=cell_kind(cell).split()[0], detail=clean(cell.detail, 600),
                                events=evs[-200:], files=found)
 
     def _artifacts(self, cid: str) -> list[dict[str, Any]]:
