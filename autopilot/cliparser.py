@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "order, a later one wins)")
     parser.add_argument("--target-n", type=positive_int, metavar="N",
                         help="replicates per task x arm")
-    parser.add_argument("--concurrency", type=positive_int, metavar="N", help="cells at once")
+    parser.add_argument("--concurrency", type=positive_int, metavar="N",
+                        help="cells at once (their harnesses)")
     parser.add_argument("--max-passes", type=positive_int, metavar="N",
                         help="sweeps over pending cells")
     parser.add_argument("--state-dir", default=None, metavar="DIR",

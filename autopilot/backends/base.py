@@ -22,7 +22,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import importlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -42,6 +42,10 @@ if TYPE_CHECKING:  # the loader asks a backend kind's load checks: this module s
     from autopilot.logsetup import Redactor
     from autopilot.plan import Cell
     from autopilot.state.diskspace import DiskWatch
+
+# Awaited by a backend once an attempt's harness has ended, before it is graded: the
+# pass gives the cell's slot to the next cell (autopilot.run.passes).
+Ran = Callable[[], Awaitable[None]]
 
 
 @runtime_checkable
@@ -285,9 +289,12 @@ class Backend(abc.ABC):
         return self._cx[replica]
 
     @abc.abstractmethod
-    async def run(self, cell: Cell, attempt: int, replica: int) -> Classification | None:
+    async def run(self, cell: Cell, attempt: int, replica: int,
+                  ran: Ran | None = None) -> Classification | None:
         """Run one attempt of ``cell`` against replica ``replica``: its classification,
-        or None (abandoned, or journaled as ``cell_ran`` to be graded with its arm)."""
+        or None (abandoned, or journaled as ``cell_ran`` to be graded with its arm).
+        ``ran``: awaited once the harness has ended and before it is graded, where the
+        grading may run beside the next cell's harness (``grades_beside``)."""
 
     async def reconfigure(self, setting: ArmEndpoint, arms: tuple[str, ...]) -> None:
         """Restart replica 0's endpoint for another arm group (no cell is running)."""
@@ -355,12 +362,30 @@ class Backend(abc.ABC):
         return Survivors()
 
     async def resume(self, cell: Cell, attempt: int, replica: int,
-                     attached: Any) -> Classification | None:
+                     attached: Any, ran: Ran | None = None) -> Classification | None:
         """Watch an attempt a predecessor started (its data path, re-attached) to its
         end, then judge it as any other."""
         raise EndpointError(f"the {self.kind} backend does not re-attach to attempts")
 
-    async def conclude(self, run: Any, outcome: RunOutcome | None) -> Classification | None:
+    @property
+    def grades_beside(self) -> bool:
+        """Whether a finished harness's slot may go to the next cell while it is graded
+        (per-cell grading here). Not where the grading uses the model (``[grader]
+        model_access``: the endpoint's load is the cells' and their graders'), nor under a
+        ``[budget]`` (a verdict's spend must count before the next launch is decided), nor
+        where a user per cell may run short of uids (a cell being graded keeps its uid,
+        so twice the concurrency may hold one: a range narrower than that would refuse a
+        launch, which costs a retry)."""
+        preset = self.w.preset
+        first, last = preset.harness.uids
+        uids_short = (preset.harness.user != "same"
+                      and last - first + 1 < 2 * preset.run.concurrency)
+        return (preset.grader.mode == "per-cell" and not preset.grader.model_access
+                and preset.budget.tokens is None and preset.budget.usd is None
+                and not uids_short)
+
+    async def conclude(self, run: Any, outcome: RunOutcome | None,
+                       ran: Ran | None = None) -> Classification | None:
         """An attempt's run is over: judge it now (per-cell grading), or journal it as
         ``cell_ran`` to be graded with its arm (per-arm; one without outputs is INVALID
         at once: no grader could change that)."""
@@ -369,6 +394,8 @@ class Backend(abc.ABC):
         if outcome is None:
             return None
         if self.w.preset.grader.mode == "per-cell":
+            if ran is not None and self.grades_beside:
+                await ran()  # its slot goes to the next cell while this one is graded
             return await run.judge(outcome)  # type: ignore[no-any-return]
         if not outcome.completion:
             return classify(outcome, None, self.w.preset.grader.verdicts)
@@ -417,5 +444,5 @@ def backend_class(kind: str) -> type[Backend]:
     return cls
 
 
-__all__ = ["BACKENDS", "Backend", "Keeper", "Port", "Survivors", "Wiring", "backend_class",
+__all__ = ["BACKENDS", "Backend", "Keeper", "Port", "Ran", "Survivors", "Wiring", "backend_class",
            "cell_context", "replica_lines"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from autopilot.backends.base import Backend, Wiring
+from autopilot.backends.base import Backend, Ran, Wiring
 
 if TYPE_CHECKING:  # loaded on use: the loader asks this class its (no) load checks
     from autopilot.cell.validity import Classification
@@ -51,18 +51,19 @@ class LocalBackend(Backend):
     # Each attempt's data path runs here and outlives the loop (autopilot.datapath).
     reattaches = True
 
-    async def run(self, cell: Cell, attempt: int, replica: int) -> Classification | None:
+    async def run(self, cell: Cell, attempt: int, replica: int,
+                  ran: Ran | None = None) -> Classification | None:
         from autopilot.cell.runner import CellRun
 
         run = CellRun(self.context(replica), cell, attempt)
-        return await self.conclude(run, await run.execute())
+        return await self.conclude(run, await run.execute(), ran)
 
     async def resume(self, cell: Cell, attempt: int, replica: int,
-                     attached: Any) -> Classification | None:
+                     attached: Any, ran: Ran | None = None) -> Classification | None:
         from autopilot.cell.runner import CellRun
 
         run = CellRun(self.context(replica), cell, attempt)
-        return await self.conclude(run, await run.execute(attached=attached))
+        return await self.conclude(run, await run.execute(attached=attached), ran)
 
 
 __all__ = ["LocalBackend"]

@@ -81,6 +81,9 @@ class Passes:
         self.replica_slots: list[anyio.Semaphore] = []
         self._grading = anyio.Lock()
         self.slots = anyio.Semaphore(self.preset.run.concurrency)
+        # Graders running beside the next cells' harnesses (Backend.grades_beside): as
+        # many at most as cells run at once.
+        self.graders = anyio.Semaphore(self.preset.run.concurrency)
         self._resumed = 0  # re-attached attempts still running
         self._resumed_changed = anyio.Event()
         # Set (and replaced) whenever a cell's slots are given back: what the replica and
@@ -290,13 +293,32 @@ class Passes:
     async def _run_cell(self, cell: Cell, attempt: int, slots: anyio.Semaphore,
                         replica: int = 0, attached: Any = None) -> None:
         loop = self.loop
+        held, grading = True, False
+
+        def give_back() -> None:
+            nonlocal held
+            if held:
+                held = False
+                slots.release()
+                if self.replica_slots and replica >= 0:
+                    self.replica_slots[replica].release()
+                self._slot_freed()
+
+        async def ran() -> None:
+            # The harness has ended: the endpoint's slot goes to the next cell while
+            # this one is graded, beside it (graders bounded on their own).
+            nonlocal grading
+            give_back()
+            await self.graders.acquire()
+            grading = True
+
         try:
             try:
                 if attached is not None:
                     result = await self._backend.resume(cell, attempt, max(replica, 0),
-                                                        attached)
+                                                        attached, ran)
                 else:
-                    result = await self._backend.run(cell, attempt, replica)
+                    result = await self._backend.run(cell, attempt, replica, ran)
             except Exception as e:  # a bug in our own code must not take the run down
                 disk = storage_error(e)
                 if disk is not None:  # the run hands over (Supervisor._disk_full), before
@@ -309,10 +331,9 @@ class Passes:
             if result is not None:
                 loop.record_verdict(cell.id, attempt, result)
         finally:
-            slots.release()
-            if self.replica_slots and replica >= 0:
-                self.replica_slots[replica].release()
-            self._slot_freed()
+            give_back()
+            if grading:
+                self.graders.release()
             if attached is not None:
                 self._resumed -= 1
                 self._resumed_changed.set()

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from autopilot.backends.base import Backend, Port, Survivors, Wiring, replica_lines
+from autopilot.backends.base import Backend, Port, Ran, Survivors, Wiring, replica_lines
 from autopilot.backends.ray.cluster import (
     STRATEGY,
     actor_name,
@@ -462,9 +462,11 @@ class RayBackend(Backend):
 
     # ------------------------------------------------------------------ cells
 
-    async def run(self, cell: Cell, attempt: int, replica: int) -> Classification | None:
+    async def run(self, cell: Cell, attempt: int, replica: int,
+                  ran: Ran | None = None) -> Classification | None:
         """Run one attempt on the replica's actor; its verdict, INVALID(node_lost) when
-        the actor or node went away, or None when it was abandoned (stopping)."""
+        the actor or node went away, or None when it was abandoned (stopping). The node
+        grades it in the same call, so its slot is held to the verdict (``ran`` unused)."""
         actor = self.actors[replica]
         if actor is None:  # lost between being picked and now
             return Classification("INVALID", reason="node_lost", launched=time.time(),
@@ -472,7 +474,7 @@ class RayBackend(Backend):
         return await self._follow(cell, attempt, replica, actor.run_cell.remote(cell, attempt))
 
     async def resume(self, cell: Cell, attempt: int, replica: int,
-                     attached: Any) -> Classification | None:
+                     attached: Any, ran: Ran | None = None) -> Classification | None:
         """Follow an attempt a predecessor started on a node's actor (``survey``) to its
         end: the same attempt, its verdict as the node judged it."""
         i = attached.replica if isinstance(attached, RayAttempt) else replica
