@@ -371,8 +371,9 @@ class Backend(abc.ABC):
     def grades_beside(self) -> bool:
         """Whether a finished harness's slot may go to the next cell while it is graded
         (per-cell grading here). Not where the grading uses the model (``[grader]
-        model_access``: the endpoint's load is the cells' and their graders'), nor under a
-        ``[budget]`` (a verdict's spend must count before the next launch is decided), nor
+        model_access``: the endpoint's load is the cells' and their graders'), nor where a
+        verdict may stop launching (a ``[budget]``: its spend must count first; ``[trust]
+        on_anomaly = "pause"``: the streak's last break launches nothing after it), nor
         where a user per cell may run short of uids (a cell being graded keeps its uid,
         so twice the concurrency may hold one: a range narrower than that would refuse a
         launch, which costs a retry)."""
@@ -382,7 +383,7 @@ class Backend(abc.ABC):
                       and last - first + 1 < 2 * preset.run.concurrency)
         return (preset.grader.mode == "per-cell" and not preset.grader.model_access
                 and preset.budget.tokens is None and preset.budget.usd is None
-                and not uids_short)
+                and preset.trust.on_anomaly != "pause" and not uids_short)
 
     async def conclude(self, run: Any, outcome: RunOutcome | None,
                        ran: Ran | None = None) -> Classification | None:

@@ -25,9 +25,9 @@ class Run(_Frozen):
     concurrency: int = Field(default=2, ge=1)
     """Cells running at once (``--concurrency``): their harnesses. A cell's grading runs
     beside the next cells' harnesses (as many graders at once at most), except where it
-    uses the model (``[grader] model_access``), a ``[budget]`` is set, or a user per cell
-    has fewer than twice this many ``uids``: there a cell keeps its slot until its
-    verdict."""
+    uses the model (``[grader] model_access``), a verdict may stop launching (a
+    ``[budget]``, ``on_anomaly = "pause"``), or a user per cell has fewer than twice this
+    many ``uids``: there a cell keeps its slot until its verdict."""
     max_passes: int = Field(default=6, ge=1)
     """Passes over the matrix before the run ends INCOMPLETE (``--max-passes``)."""
     status_debounce_secs: float = Field(default=0.5, ge=0)
